@@ -3,9 +3,14 @@ module github.com/nomad-bridge-cni/nomad-bridge-cni
 go 1.26.8
 
 require (
+	github.com/containernetworking/cni v1.3.1
+	github.com/spf13/pflag v1.1.0
+	golang.org/x/sys v0.49.0
+)
+
+require (
 	github.com/alexflint/go-filemutex v1.3.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/containernetworking/cni v1.3.1 // indirect
 	github.com/containernetworking/plugins v1.10.0 // indirect
 	github.com/coreos/go-iptables v0.8.0 // indirect
 	github.com/godbus/dbus/v5 v5.2.4 // indirect
@@ -19,14 +24,12 @@ require (
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/safchain/ethtool v0.7.0 // indirect
 	github.com/spf13/cobra v1.9.1 // indirect
-	github.com/spf13/pflag v1.1.0 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	sigs.k8s.io/knftables v0.0.22 // indirect
 )
 

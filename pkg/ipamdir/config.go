@@ -1,0 +1,179 @@
+// Package ipamdir parses a nomad-bridge-cni conflist entry and rewrites it,
+// losslessly, into the entry its delegate (bridge) expects: host-local's
+// dataDir pointed at a directory that dies with the boot.
+package ipamdir
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
+)
+
+const (
+	// DefaultDelegate is the plugin the wrapper hands the rewritten entry to.
+	DefaultDelegate = "bridge"
+	// DefaultDataDir is tmpfs on every systemd distribution (/var/run -> /run),
+	// and where Nomad points its own bridge's host-local since 1.9.
+	DefaultDataDir = "/var/run/cni"
+	// DefaultLegacyDataDir is host-local's own default, where leases written
+	// before adoption live.
+	DefaultLegacyDataDir = "/var/lib/cni/networks"
+	// HostLocal is the only IPAM this plugin manages.
+	HostLocal = "host-local"
+
+	keyDelegate = "delegate"
+	keyDataDir  = "dataDir"
+	keyType     = "type"
+	keyIPAM     = "ipam"
+)
+
+// Config is one validated conflist entry. Only the keys the wrapper acts on
+// are modelled; everything else stays in raw and reaches the delegate as
+// it came.
+type Config struct {
+	Name       string
+	CNIVersion string
+	// Type is the name this entry invoked us by (normally "nomad-bridge-cni").
+	Type string
+	// Delegate is the plugin binary looked up in CNI_PATH.
+	Delegate string
+	// DataDir holds host-local's leases (<DataDir>/<Name>/) and our records.
+	DataDir string
+	// LegacyDataDir is where host-local kept leases before the rewrite: the
+	// user's own ipam.dataDir, or host-local's default.
+	LegacyDataDir string
+
+	raw  map[string]json.RawMessage
+	ipam map[string]json.RawMessage
+}
+
+// Parse decodes and validates a conflist entry. Every error is a
+// *types.Error carrying the CNI code the runtime should see; nothing on
+// disk is touched.
+func Parse(stdin []byte) (*Config, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &raw); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "failed to decode network configuration", err.Error())
+	}
+	if raw == nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "failed to decode network configuration", "configuration is not a JSON object")
+	}
+	c := &Config{raw: raw}
+
+	var err error
+	if c.Name, err = stringKey(raw, "name", ""); err != nil {
+		return nil, err
+	}
+	if e := utils.ValidateNetworkName(c.Name); e != nil {
+		return nil, e
+	}
+	if c.CNIVersion, err = stringKey(raw, "cniVersion", ""); err != nil {
+		return nil, err
+	}
+	if c.Type, err = stringKey(raw, keyType, ""); err != nil {
+		return nil, err
+	}
+	if c.Delegate, err = stringKey(raw, keyDelegate, DefaultDelegate); err != nil {
+		return nil, err
+	}
+	if err := validateDelegate(c.Delegate, c.Type); err != nil {
+		return nil, err
+	}
+	if c.DataDir, err = stringKey(raw, keyDataDir, DefaultDataDir); err != nil {
+		return nil, err
+	}
+	if err := validateDir(keyDataDir, c.DataDir); err != nil {
+		return nil, err
+	}
+	c.DataDir = filepath.Clean(c.DataDir)
+
+	ipamRaw, ok := raw[keyIPAM]
+	if !ok || isNull(ipamRaw) {
+		return nil, invalidConfig(`missing "ipam": nomad-bridge-cni manages host-local leases and needs an "ipam" of type "host-local"`)
+	}
+	if err := json.Unmarshal(ipamRaw, &c.ipam); err != nil || c.ipam == nil {
+		return nil, invalidConfig(`"ipam" must be a JSON object`)
+	}
+	ipamType, err := stringKey(c.ipam, keyType, "")
+	if err != nil {
+		return nil, invalidConfig(`"ipam.type" must be a string`)
+	}
+	if ipamType != HostLocal {
+		return nil, invalidConfig(fmt.Sprintf(`"ipam.type" is %q: nomad-bridge-cni only manages "host-local"`, ipamType))
+	}
+	if c.LegacyDataDir, err = stringKey(c.ipam, keyDataDir, DefaultLegacyDataDir); err != nil {
+		return nil, invalidConfig(`"ipam.dataDir" must be a string`)
+	}
+	if c.LegacyDataDir != "" {
+		c.LegacyDataDir = filepath.Clean(c.LegacyDataDir)
+	}
+	return c, nil
+}
+
+// NetworkDir is host-local's lease directory for this network.
+func (c *Config) NetworkDir() string {
+	return filepath.Join(c.DataDir, c.Name)
+}
+
+// stringKey reads an optional string key, falling back to def when the key
+// is absent or null.
+func stringKey(m map[string]json.RawMessage, key, def string) (string, error) {
+	v, ok := m[key]
+	if !ok || isNull(v) {
+		return def, nil
+	}
+	var s string
+	if err := json.Unmarshal(v, &s); err != nil {
+		return "", invalidConfig(fmt.Sprintf("%q must be a string", key))
+	}
+	return s, nil
+}
+
+func isNull(v json.RawMessage) bool {
+	return strings.TrimSpace(string(v)) == "null"
+}
+
+// validateDelegate keeps the delegate a bare plugin name: CNI_PATH lookup
+// is the only way a binary gets chosen, and naming ourselves would recurse
+// until the runtime's timeout.
+func validateDelegate(delegate, self string) error {
+	switch {
+	case delegate == "":
+		return invalidConfig(`"delegate" must not be empty`)
+	case strings.ContainsAny(delegate, `/\`) || delegate == "." || delegate == "..":
+		return invalidConfig(fmt.Sprintf(`"delegate" %q must be a plugin name looked up in CNI_PATH, not a path`, delegate))
+	case strings.ContainsRune(delegate, 0):
+		return invalidConfig(`"delegate" contains a NUL byte`)
+	case delegate == self:
+		return invalidConfig(fmt.Sprintf(`"delegate" %q names this plugin itself`, delegate))
+	}
+	return nil
+}
+
+// validateDir accepts only absolute, already-clean paths: a relative path
+// would resolve against whatever directory the runtime happens to exec us
+// in, and ".." could climb out of the directory the operator chose.
+func validateDir(key, dir string) error {
+	switch {
+	case dir == "":
+		return invalidConfig(fmt.Sprintf("%q must not be empty", key))
+	case !filepath.IsAbs(dir):
+		return invalidConfig(fmt.Sprintf("%q %q must be an absolute path", key, dir))
+	case strings.ContainsRune(dir, 0):
+		return invalidConfig(fmt.Sprintf("%q contains a NUL byte", key))
+	}
+	for _, part := range strings.Split(dir, "/") {
+		if part == ".." {
+			return invalidConfig(fmt.Sprintf("%q %q must not contain \"..\"", key, dir))
+		}
+	}
+	return nil
+}
+
+func invalidConfig(msg string) *types.Error {
+	return types.NewError(types.ErrInvalidNetworkConfig, msg, "")
+}

@@ -1,0 +1,61 @@
+package ipamdir
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// EnsureDataDir creates the data directory (0700: leases name containers)
+// if it is missing. An existing directory keeps its modes.
+func (c *Config) EnsureDataDir() error {
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create dataDir %s: %w", c.DataDir, err)
+	}
+	return nil
+}
+
+// OnTmpfs reports whether the data directory lives on a tmpfs, i.e. whether
+// its leases die with the boot, and the filesystem magic it found.
+func (c *Config) OnTmpfs() (bool, int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(c.DataDir, &st); err != nil {
+		return false, 0, fmt.Errorf("statfs dataDir %s: %w", c.DataDir, err)
+	}
+	return st.Type == unix.TMPFS_MAGIC, st.Type, nil
+}
+
+// CheckUsable proves the data directory can hold a lease: it exists (or can
+// be created), is a directory, and accepts a new file. Writing a probe is
+// the only check that also catches read-only mounts and full filesystems.
+func (c *Config) CheckUsable() error {
+	if err := c.EnsureDataDir(); err != nil {
+		return err
+	}
+	fi, err := os.Stat(c.DataDir)
+	if err != nil {
+		return fmt.Errorf("stat dataDir %s: %w", c.DataDir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("dataDir %s is not a directory", c.DataDir)
+	}
+	probe, err := os.CreateTemp(c.DataDir, ".status-probe-*")
+	if err != nil {
+		return fmt.Errorf("dataDir %s is not writable: %w", c.DataDir, err)
+	}
+	_, werr := probe.Write([]byte{0})
+	return errors.Join(
+		wrapIf(werr, "write to dataDir %s", c.DataDir),
+		probe.Close(),
+		os.Remove(probe.Name()),
+	)
+}
+
+func wrapIf(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
+}

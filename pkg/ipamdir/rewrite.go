@@ -1,0 +1,61 @@
+package ipamdir
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+)
+
+// DelegateConfig is the entry the delegate receives: ours, minus the
+// wrapper's own keys, with type set to the delegate and ipam.dataDir set to
+// our DataDir. Keys we do not model (prevResult, runtimeConfig, args,
+// capabilities, hairpinMode, vlan, dns, ...) are copied byte for byte.
+func (c *Config) DelegateConfig() ([]byte, error) {
+	return c.render(c.Delegate, "")
+}
+
+// HostLocalGCConfig is the entry host-local's GC expects. bridge v1.10.0
+// neither implements GC nor forwards it to its IPAM, so the wrapper sends it
+// to host-local itself; GC only exists from spec 1.1.0.
+func (c *Config) HostLocalGCConfig() ([]byte, error) {
+	return c.render(HostLocal, "1.1.0")
+}
+
+func (c *Config) render(pluginType, cniVersion string) ([]byte, error) {
+	out := maps.Clone(c.raw)
+	delete(out, keyDelegate)
+	delete(out, keyDataDir)
+
+	ipam := maps.Clone(c.ipam)
+	if err := setJSON(ipam, keyDataDir, c.DataDir); err != nil {
+		return nil, err
+	}
+	ipamBytes, err := json.Marshal(ipam)
+	if err != nil {
+		return nil, fmt.Errorf("encode ipam for %s: %w", pluginType, err)
+	}
+	out[keyIPAM] = ipamBytes
+
+	if err := setJSON(out, keyType, pluginType); err != nil {
+		return nil, err
+	}
+	if cniVersion != "" {
+		if err := setJSON(out, "cniVersion", cniVersion); err != nil {
+			return nil, err
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("encode configuration for %s: %w", pluginType, err)
+	}
+	return b, nil
+}
+
+func setJSON(m map[string]json.RawMessage, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %q: %w", key, err)
+	}
+	m[key] = b
+	return nil
+}

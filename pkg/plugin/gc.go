@@ -1,0 +1,51 @@
+package plugin
+
+import (
+	"errors"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+)
+
+// GC forwards the runtime's GC (with its cni.dev/valid-attachments) to the
+// delegate, as the spec asks of a plugin that delegates, and to host-local
+// directly: bridge v1.10.0 has no GC and does not pass it to its IPAM, so
+// without this the leases of attachments the runtime forgot would stay.
+// Both run even if one fails; the errors are joined.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	conf, delegateConf, err := p.load(args)
+	if err != nil {
+		return err
+	}
+	if _, err := p.find(ipamdir.HostLocal); err != nil {
+		return err
+	}
+	hostLocalConf, err := conf.HostLocalGCConfig()
+	if err != nil {
+		return types.NewError(types.ErrInternal, "failed to render the host-local configuration", err.Error())
+	}
+
+	var errs []error
+	if err := invoke.DelegateGC(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
+		errs = append(errs, delegateError(conf.Delegate, "gc", err))
+	}
+	if err := invoke.DelegateGC(ctx(), ipamdir.HostLocal, hostLocalConf, p.Exec); err != nil {
+		errs = append(errs, delegateError(ipamdir.HostLocal, "gc", err))
+	}
+	return joinCNIErrors(errs)
+}
+
+// joinCNIErrors keeps a single error as it is (with its code) and folds
+// several into one internal error that names them all.
+func joinCNIErrors(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return types.NewError(types.ErrInternal, "garbage collection failed", errors.Join(errs...).Error())
+}

@@ -1,0 +1,95 @@
+// Package plugin implements the CNI verbs of nomad-bridge-cni: each one
+// parses the entry, rewrites it for host-local's tmpfs dataDir and hands it
+// to the delegate (bridge) through invoke.Delegate*.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+)
+
+// Plugin carries the edges the verbs talk through, so tests can replace the
+// delegate's process with a fake and capture what we print.
+type Plugin struct {
+	// Exec runs delegates; nil means the real exec(2).
+	Exec invoke.Exec
+	// Stdout receives the CNI result and nothing else.
+	Stdout io.Writer
+	// Stderr receives diagnostics for the operator.
+	Stderr io.Writer
+}
+
+// New returns a Plugin wired to the real process.
+func New() *Plugin {
+	return &Plugin{
+		Exec:   &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}},
+		Stdout: os.Stdout,
+		Stderr: os.Stderr,
+	}
+}
+
+// Funcs lists the verbs for skel.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
+}
+
+// load parses the entry and makes sure its delegate can be found, before
+// any verb touches the filesystem.
+func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
+	conf, err := ipamdir.Parse(args.StdinData)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := p.find(conf.Delegate); err != nil {
+		return nil, nil, err
+	}
+	delegateConf, err := conf.DelegateConfig()
+	if err != nil {
+		return nil, nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+	}
+	return conf, delegateConf, nil
+}
+
+// find resolves a plugin in CNI_PATH exactly as invoke.Delegate* will (it
+// reads the process environment too), so a missing delegate is reported as
+// a configuration problem up-front rather than after we have written state.
+func (p *Plugin) find(plugin string) (string, error) {
+	cniPath := os.Getenv("CNI_PATH")
+	path, err := p.Exec.FindInPath(plugin, filepath.SplitList(cniPath))
+	if err != nil {
+		return "", types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("plugin %q not found in CNI_PATH %q: install the reference CNI plugins there or set \"delegate\"", plugin, cniPath),
+			err.Error())
+	}
+	return path, nil
+}
+
+// delegateError keeps the delegate's CNI error code (the runtime may act on
+// it, e.g. 11 "try again later") and says which plugin and verb failed.
+func delegateError(plugin, verb string, err error) error {
+	var cniErr *types.Error
+	if errors.As(err, &cniErr) {
+		return types.NewError(cniErr.Code, fmt.Sprintf("delegate %s failed (%s): %s", plugin, verb, cniErr.Msg), cniErr.Details)
+	}
+	return types.NewError(types.ErrInternal, fmt.Sprintf("delegate %s failed (%s)", plugin, verb), err.Error())
+}
+
+func (p *Plugin) warnf(format string, args ...any) {
+	if p.Stderr != nil {
+		fmt.Fprintf(p.Stderr, "nomad-bridge-cni: "+format+"\n", args...)
+	}
+}
+
+// ctx is the context delegates run under. The runtime bounds our lifetime
+// (it kills us on its own timeout), so no deadline of our own is added.
+func ctx() context.Context { return context.Background() }

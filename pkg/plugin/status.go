@@ -1,0 +1,33 @@
+package plugin
+
+import (
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+)
+
+// Status answers "can an ADD succeed now?" (spec 1.1.0): the delegate must
+// be installed and say so, and the dataDir must accept a lease. Either
+// failing is code 50, which tells the runtime to hold new ADDs.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	conf, err := ipamdir.Parse(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if _, err := p.find(conf.Delegate); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	if err := conf.CheckUsable(); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "dataDir is not usable", err.Error())
+	}
+	delegateConf, err := conf.DelegateConfig()
+	if err != nil {
+		return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+	}
+	if err := invoke.DelegateStatus(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
+		return delegateError(conf.Delegate, "status", err)
+	}
+	return nil
+}
