@@ -1,0 +1,246 @@
+package ipamdir
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+// bridgeEntry carries every key bridge v1.10.0 reads, plus keys that only
+// later plugins or the runtime care about, so the rewrite is checked
+// against the full surface a user may put in a conflist.
+const bridgeEntry = `{
+  "cniVersion": "1.0.0",
+  "name": "nomad",
+  "type": "nomad-bridge-cni",
+  "delegate": "bridge",
+  "dataDir": "/run/nbc",
+  "bridge": "nomad",
+  "isGateway": true,
+  "isDefaultGateway": false,
+  "forceAddress": true,
+  "ipMasq": true,
+  "ipMasqBackend": "iptables",
+  "mtu": 1450,
+  "hairpinMode": true,
+  "promiscMode": false,
+  "vlan": 0,
+  "vlanTrunk": [{"minID": 10, "maxID": 20}],
+  "preserveDefaultVlan": true,
+  "macspoofchk": true,
+  "enabledad": false,
+  "disableContainerInterface": false,
+  "portIsolation": false,
+  "Documentation": "kept verbatim",
+  "capabilities": {"portMappings": true, "ips": true, "io.kubernetes.cri.pod-annotations": true},
+  "runtimeConfig": {"mac": "00:11:22:33:44:55", "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]},
+  "args": {"cni": {"mac": "00:11:22:33:44:55"}},
+  "dns": {"nameservers": ["10.0.0.53"], "search": ["svc"]},
+  "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "lo", "sandbox": "/var/run/netns/x"}], "ips": [{"address": "127.0.0.1/8", "interface": 0}]},
+  "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}],
+  "big": 123456789012345678901234567890,
+  "ipam": {
+    "type": "host-local",
+    "dataDir": "/var/lib/old",
+    "ranges": [[{"subnet": "172.26.64.0/20", "rangeStart": "172.26.64.10", "gateway": "172.26.64.1"}], [{"subnet": "fd00::/64"}]],
+    "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0", "gw": "fd00::1"}],
+    "resolvConf": "/etc/resolv.conf",
+    "unknownIpamKey": {"nested": [1, 2.5, "x", null]}
+  }
+}`
+
+func TestDelegateConfigIsLossless(t *testing.T) {
+	conf, err := Parse([]byte(bridgeEntry))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	out, err := conf.DelegateConfig()
+	if err != nil {
+		t.Fatalf("DelegateConfig: %v", err)
+	}
+
+	var in, got map[string]json.RawMessage
+	mustUnmarshal(t, []byte(bridgeEntry), &in)
+	mustUnmarshal(t, out, &got)
+
+	for _, key := range []string{"delegate", "dataDir"} {
+		if _, ok := got[key]; ok {
+			t.Errorf("delegate config still carries the wrapper's key %q", key)
+		}
+	}
+	if string(got["type"]) != `"bridge"` {
+		t.Errorf("type = %s, want \"bridge\"", got["type"])
+	}
+	// Every other top-level key must arrive byte-for-byte (after compaction:
+	// the values are re-emitted by encoding/json, whitespace aside).
+	for key, want := range in {
+		switch key {
+		case "delegate", "dataDir", "type", "ipam":
+			continue
+		}
+		if g, ok := got[key]; !ok {
+			t.Errorf("key %q lost in the rewrite", key)
+		} else if compact(t, g) != compact(t, want) {
+			t.Errorf("key %q changed: got %s, want %s", key, compact(t, g), compact(t, want))
+		}
+	}
+	if len(got) != len(in)-2 {
+		t.Errorf("delegate config has %d keys, want %d (input minus delegate, dataDir)", len(got), len(in)-2)
+	}
+
+	var inIPAM, gotIPAM map[string]json.RawMessage
+	mustUnmarshal(t, in["ipam"], &inIPAM)
+	mustUnmarshal(t, got["ipam"], &gotIPAM)
+	if string(gotIPAM["dataDir"]) != `"/run/nbc"` {
+		t.Errorf("ipam.dataDir = %s, want \"/run/nbc\"", gotIPAM["dataDir"])
+	}
+	for key, want := range inIPAM {
+		if key == "dataDir" {
+			continue
+		}
+		if compact(t, gotIPAM[key]) != compact(t, want) {
+			t.Errorf("ipam key %q changed: got %s, want %s", key, gotIPAM[key], want)
+		}
+	}
+	if len(gotIPAM) != len(inIPAM) {
+		t.Errorf("ipam has %d keys, want %d", len(gotIPAM), len(inIPAM))
+	}
+}
+
+func TestParseReadsWrapperKeys(t *testing.T) {
+	conf, err := Parse([]byte(bridgeEntry))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	want := Config{Name: "nomad", CNIVersion: "1.0.0", Type: "nomad-bridge-cni", Delegate: "bridge", DataDir: "/run/nbc", LegacyDataDir: "/var/lib/old"}
+	got := Config{Name: conf.Name, CNIVersion: conf.CNIVersion, Type: conf.Type, Delegate: conf.Delegate, DataDir: conf.DataDir, LegacyDataDir: conf.LegacyDataDir}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Parse = %+v, want %+v", got, want)
+	}
+	if conf.NetworkDir() != "/run/nbc/nomad" {
+		t.Errorf("NetworkDir = %q", conf.NetworkDir())
+	}
+}
+
+func TestParseDefaults(t *testing.T) {
+	conf, err := Parse([]byte(`{"cniVersion":"0.4.0","name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if conf.Delegate != "bridge" || conf.DataDir != "/var/run/cni" || conf.LegacyDataDir != "/var/lib/cni/networks" {
+		t.Errorf("defaults: delegate=%q dataDir=%q legacy=%q", conf.Delegate, conf.DataDir, conf.LegacyDataDir)
+	}
+	out, err := conf.DelegateConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"dataDir":"/var/run/cni"`) {
+		t.Errorf("default dataDir not injected into ipam: %s", out)
+	}
+}
+
+func TestHostLocalGCConfig(t *testing.T) {
+	conf, err := Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"nomad-bridge-cni","dataDir":"/run/x","ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"}]}`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	out, err := conf.HostLocalGCConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		CNIVersion string               `json:"cniVersion"`
+		Name       string               `json:"name"`
+		Type       string               `json:"type"`
+		Valid      []types.GCAttachment `json:"cni.dev/valid-attachments"`
+		IPAM       struct {
+			Type    string `json:"type"`
+			DataDir string `json:"dataDir"`
+		} `json:"ipam"`
+	}
+	mustUnmarshal(t, out, &got)
+	if got.CNIVersion != "1.1.0" || got.Name != "n" || got.Type != "host-local" || got.IPAM.Type != "host-local" || got.IPAM.DataDir != "/run/x" {
+		t.Errorf("host-local GC config = %+v", got)
+	}
+	if len(got.Valid) != 1 || got.Valid[0].ContainerID != "c1" {
+		t.Errorf("valid attachments not passed through: %+v", got.Valid)
+	}
+}
+
+func TestParseRejectsBadInput(t *testing.T) {
+	const ipam = `"ipam":{"type":"host-local","subnet":"10.0.0.0/24"}`
+	cases := []struct {
+		name  string
+		input string
+		code  uint
+		msg   string
+	}{
+		{"malformed JSON", `{"name":`, types.ErrDecodingFailure, "decode"},
+		{"not an object", `[1,2]`, types.ErrDecodingFailure, "decode"},
+		{"null", `null`, types.ErrDecodingFailure, "not a JSON object"},
+		{"missing name", `{"cniVersion":"1.0.0",` + ipam + `}`, types.ErrInvalidNetworkConfig, "network name"},
+		{"name with slash", `{"name":"a/b",` + ipam + `}`, types.ErrInvalidNetworkConfig, "invalid characters"},
+		{"name with dotdot", `{"name":"..",` + ipam + `}`, types.ErrInvalidNetworkConfig, "invalid characters"},
+		{"name wrong type", `{"name":5,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"name" must be a string`},
+		{"missing ipam", `{"name":"n"}`, types.ErrInvalidNetworkConfig, `missing "ipam"`},
+		{"null ipam", `{"name":"n","ipam":null}`, types.ErrInvalidNetworkConfig, `missing "ipam"`},
+		{"ipam not object", `{"name":"n","ipam":"host-local"}`, types.ErrInvalidNetworkConfig, "must be a JSON object"},
+		{"ipam not host-local", `{"name":"n","ipam":{"type":"dhcp"}}`, types.ErrInvalidNetworkConfig, `only manages "host-local"`},
+		{"ipam without type", `{"name":"n","ipam":{"subnet":"10.0.0.0/24"}}`, types.ErrInvalidNetworkConfig, `only manages "host-local"`},
+		{"ipam type wrong type", `{"name":"n","ipam":{"type":1}}`, types.ErrInvalidNetworkConfig, `"ipam.type" must be a string`},
+		{"ipam dataDir wrong type", `{"name":"n","ipam":{"type":"host-local","dataDir":[]}}`, types.ErrInvalidNetworkConfig, `"ipam.dataDir" must be a string`},
+		{"relative dataDir", `{"name":"n","dataDir":"run/cni",` + ipam + `}`, types.ErrInvalidNetworkConfig, "absolute"},
+		{"empty dataDir", `{"name":"n","dataDir":"",` + ipam + `}`, types.ErrInvalidNetworkConfig, "must not be empty"},
+		{"dataDir with dotdot", `{"name":"n","dataDir":"/run/../etc",` + ipam + `}`, types.ErrInvalidNetworkConfig, `".."`},
+		{"dataDir wrong type", `{"name":"n","dataDir":true,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"dataDir" must be a string`},
+		{"delegate with slash", `{"name":"n","delegate":"/usr/bin/bridge",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
+		{"delegate relative path", `{"name":"n","delegate":"../bridge",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
+		{"delegate dotdot", `{"name":"n","delegate":"..",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
+		{"delegate empty", `{"name":"n","delegate":"",` + ipam + `}`, types.ErrInvalidNetworkConfig, "must not be empty"},
+		{"delegate is self", `{"name":"n","type":"nomad-bridge-cni","delegate":"nomad-bridge-cni",` + ipam + `}`, types.ErrInvalidNetworkConfig, "itself"},
+		{"delegate wrong type", `{"name":"n","delegate":1,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegate" must be a string`},
+		{"cniVersion wrong type", `{"name":"n","cniVersion":1.0,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"cniVersion" must be a string`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.input))
+			var cniErr *types.Error
+			if !errors.As(err, &cniErr) {
+				t.Fatalf("Parse(%s) = %v, want a *types.Error", tc.input, err)
+			}
+			if cniErr.Code != tc.code {
+				t.Errorf("code = %d, want %d (%v)", cniErr.Code, tc.code, cniErr)
+			}
+			if !strings.Contains(cniErr.Error(), tc.msg) {
+				t.Errorf("error %q does not mention %q", cniErr.Error(), tc.msg)
+			}
+		})
+	}
+}
+
+func mustUnmarshal(t *testing.T, b []byte, v any) {
+	t.Helper()
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("unmarshal %s: %v", b, err)
+	}
+}
+
+func compact(t *testing.T, b []byte) string {
+	t.Helper()
+	var out strings.Builder
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("decode %s: %v", b, err)
+	}
+	enc := json.NewEncoder(&out)
+	if err := enc.Encode(v); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
+}

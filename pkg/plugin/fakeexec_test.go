@@ -1,0 +1,72 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// fakeExec stands in for the delegate processes: it records the exact
+// stdin and environment each one would get and answers with canned output.
+type fakeExec struct {
+	version.PluginDecoder
+	// installed lists the plugins FindInPath can find.
+	installed map[string]bool
+	// reply maps "plugin VERB" to the delegate's stdout; missing means "".
+	reply map[string]string
+	// fail maps "plugin VERB" to an error the delegate returns.
+	fail  map[string]error
+	calls []execCall
+}
+
+type execCall struct {
+	Plugin  string
+	Command string
+	Stdin   string
+	Env     map[string]string
+}
+
+func newFakeExec(installed ...string) *fakeExec {
+	f := &fakeExec{installed: map[string]bool{}, reply: map[string]string{}, fail: map[string]error{}}
+	for _, p := range installed {
+		f.installed[p] = true
+	}
+	return f
+}
+
+func (f *fakeExec) ExecPlugin(_ context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	env := map[string]string{}
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	call := execCall{Plugin: filepath.Base(pluginPath), Command: env["CNI_COMMAND"], Stdin: string(stdin), Env: env}
+	f.calls = append(f.calls, call)
+	key := call.Plugin + " " + call.Command
+	if err := f.fail[key]; err != nil {
+		return nil, err
+	}
+	return []byte(f.reply[key]), nil
+}
+
+func (f *fakeExec) FindInPath(plugin string, paths []string) (string, error) {
+	if len(paths) == 0 {
+		return "", fmt.Errorf("no paths provided")
+	}
+	if !f.installed[plugin] {
+		return "", fmt.Errorf("failed to find plugin %q in path %s", plugin, paths)
+	}
+	return filepath.Join(paths[0], plugin), nil
+}
+
+func (f *fakeExec) only(t *testing.T) execCall {
+	t.Helper()
+	if len(f.calls) != 1 {
+		t.Fatalf("delegate calls = %d (%+v), want exactly 1", len(f.calls), f.calls)
+	}
+	return f.calls[0]
+}

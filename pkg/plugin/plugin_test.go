@@ -1,0 +1,335 @@
+package plugin
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+const bridgeResult100 = `{
+  "cniVersion": "1.0.0",
+  "interfaces": [{"name": "nomad", "mac": "02:00:00:00:00:01"}, {"name": "eth0", "mac": "02:00:00:00:00:02", "sandbox": "/var/run/netns/x"}],
+  "ips": [{"address": "172.26.64.2/20", "gateway": "172.26.64.1", "interface": 1}],
+  "routes": [{"dst": "0.0.0.0/0"}],
+  "dns": {}
+}`
+
+type harness struct {
+	t       *testing.T
+	exec    *fakeExec
+	plugin  *Plugin
+	stdout  *bytes.Buffer
+	stderr  *bytes.Buffer
+	dataDir string
+}
+
+func newHarness(t *testing.T, installed ...string) *harness {
+	t.Helper()
+	t.Setenv("CNI_PATH", "/opt/cni/bin")
+	t.Setenv("CNI_COMMAND", "ADD") // overridden per delegate call by invoke
+	h := &harness{t: t, exec: newFakeExec(installed...), stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+	h.dataDir = filepath.Join(t.TempDir(), "run-cni")
+	h.plugin = &Plugin{Exec: h.exec, Stdout: h.stdout, Stderr: h.stderr}
+	return h
+}
+
+func (h *harness) conf(cniVersion string, extra string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":%q,"name":"nomad","type":"nomad-bridge-cni","dataDir":%q,"bridge":"nomad","ipMasq":true%s,"ipam":{"type":"host-local","subnet":"172.26.64.0/20"}}`, cniVersion, h.dataDir, extra))
+}
+
+func (h *harness) args(stdin []byte) *skel.CmdArgs {
+	return &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/x", IfName: "eth0", Path: "/opt/cni/bin", StdinData: stdin}
+}
+
+func delegatedConf(t *testing.T, call execCall) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(call.Stdin), &m); err != nil {
+		t.Fatalf("delegate stdin is not JSON: %v\n%s", err, call.Stdin)
+	}
+	return m
+}
+
+func TestAddDelegatesRewrittenConfigAndEnv(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	t.Setenv("CNI_CONTAINERID", "c1")
+	t.Setenv("CNI_IFNAME", "eth0")
+	t.Setenv("CNI_NETNS", "/var/run/netns/x")
+
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", `,"hairpinMode":true`))); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	call := h.exec.only(t)
+	if call.Plugin != "bridge" || call.Command != "ADD" {
+		t.Errorf("delegated %s %s, want bridge ADD", call.Plugin, call.Command)
+	}
+	for k, want := range map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_NETNS": "/var/run/netns/x", "CNI_PATH": "/opt/cni/bin"} {
+		if call.Env[k] != want {
+			t.Errorf("delegate env %s = %q, want %q", k, call.Env[k], want)
+		}
+	}
+	want := map[string]any{
+		"cniVersion": "1.0.0", "name": "nomad", "type": "bridge", "bridge": "nomad", "ipMasq": true, "hairpinMode": true,
+		"ipam": map[string]any{"type": "host-local", "subnet": "172.26.64.0/20", "dataDir": h.dataDir},
+	}
+	got := delegatedConf(t, call)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("delegate stdin =\n%v\nwant\n%v", got, want)
+	}
+	if fi, err := os.Stat(h.dataDir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Errorf("dataDir not created 0700: %v %v", fi, err)
+	}
+	if !strings.Contains(h.stdout.String(), "172.26.64.2/20") {
+		t.Errorf("result not printed: %q", h.stdout.String())
+	}
+}
+
+func TestAddPrintsResultInConfigVersion(t *testing.T) {
+	for _, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			h := newHarness(t, "bridge")
+			// bridge answers in the version it was given; model the harder
+			// case of a delegate answering at another version.
+			h.exec.reply["bridge ADD"] = bridgeResult100
+			if err := h.plugin.Add(h.args(h.conf(v, ""))); err != nil {
+				t.Fatalf("Add: %v", err)
+			}
+			var res struct {
+				CNIVersion string `json:"cniVersion"`
+				IPs        []struct {
+					Version string `json:"version"`
+					Address string `json:"address"`
+				} `json:"ips"`
+			}
+			if err := json.Unmarshal(h.stdout.Bytes(), &res); err != nil {
+				t.Fatalf("stdout is not a result: %v\n%s", err, h.stdout)
+			}
+			if res.CNIVersion != v {
+				t.Errorf("result cniVersion = %q, want %q", res.CNIVersion, v)
+			}
+			if len(res.IPs) != 1 || res.IPs[0].Address != "172.26.64.2/20" {
+				t.Fatalf("ips = %+v", res.IPs)
+			}
+			wantIPVersion := ""
+			if strings.HasPrefix(v, "0.") {
+				wantIPVersion = "4"
+			}
+			if res.IPs[0].Version != wantIPVersion {
+				t.Errorf("ips[0].version = %q, want %q for cniVersion %s", res.IPs[0].Version, wantIPVersion, v)
+			}
+		})
+	}
+}
+
+func TestAddWarnsOncePerAddWhenDataDirIsNotTmpfs(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	onTmpfs, _, err := tmpfsOf(h.t, filepath.Dir(h.dataDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatalf("Add: %v", err)
+	}
+	n := strings.Count(h.stderr.String(), "is not on tmpfs")
+	if onTmpfs && n != 0 {
+		t.Errorf("warned about tmpfs on a tmpfs dataDir: %q", h.stderr.String())
+	}
+	if !onTmpfs && n != 1 {
+		t.Errorf("tmpfs warnings = %d, want 1: %q", n, h.stderr.String())
+	}
+	if strings.Contains(h.stdout.String(), "tmpfs") {
+		t.Errorf("warning leaked onto stdout: %q", h.stdout.String())
+	}
+}
+
+func TestDelegateErrorKeepsCodeAndMessage(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.fail["bridge ADD"] = types.NewError(types.ErrTryAgainLater, "failed to allocate for range 0: 172.26.64.12 has been allocated to c1, duplicate allocation is not allowed", "d")
+	err := h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) {
+		t.Fatalf("Add error = %v, want *types.Error", err)
+	}
+	if cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "duplicate allocation is not allowed") || !strings.Contains(cniErr.Msg, "delegate bridge failed (add)") || cniErr.Details != "d" {
+		t.Errorf("error = %+v", cniErr)
+	}
+	if h.stdout.Len() != 0 {
+		t.Errorf("stdout on failure: %q", h.stdout.String())
+	}
+
+	h.exec.fail["bridge ADD"] = errors.New("exec: signal: killed")
+	err = h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInternal || !strings.Contains(cniErr.Details, "killed") {
+		t.Errorf("plain delegate error = %+v", err)
+	}
+}
+
+// Bad input is rejected before anything is delegated or written.
+func TestBadInputTouchesNothing(t *testing.T) {
+	type verb func(*Plugin, *skel.CmdArgs) error
+	verbs := map[string]verb{"ADD": (*Plugin).Add, "DEL": (*Plugin).Del, "CHECK": (*Plugin).Check, "GC": (*Plugin).GC, "STATUS": (*Plugin).Status}
+	cases := []struct {
+		name  string
+		stdin func(h *harness) []byte
+		code  uint
+	}{
+		{"malformed JSON", func(h *harness) []byte { return []byte(`{"name": "x",`) }, types.ErrDecodingFailure},
+		{"missing ipam", func(h *harness) []byte {
+			return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","dataDir":%q}`, h.dataDir))
+		}, types.ErrInvalidNetworkConfig},
+		{"non host-local ipam", func(h *harness) []byte {
+			return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","dataDir":%q,"ipam":{"type":"static"}}`, h.dataDir))
+		}, types.ErrInvalidNetworkConfig},
+		{"relative dataDir", func(h *harness) []byte {
+			return []byte(`{"cniVersion":"1.1.0","name":"n","dataDir":"run/cni","ipam":{"type":"host-local"}}`)
+		}, types.ErrInvalidNetworkConfig},
+		{"delegate with slash", func(h *harness) []byte {
+			return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","dataDir":%q,"delegate":"/tmp/evil","ipam":{"type":"host-local"}}`, h.dataDir))
+		}, types.ErrInvalidNetworkConfig},
+		{"delegate not in CNI_PATH", func(h *harness) []byte {
+			return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","dataDir":%q,"delegate":"no-such-plugin","ipam":{"type":"host-local"}}`, h.dataDir))
+		}, types.ErrInvalidNetworkConfig},
+	}
+	for _, tc := range cases {
+		for verbName, call := range verbs {
+			t.Run(tc.name+"/"+verbName, func(t *testing.T) {
+				h := newHarness(t, "bridge", "host-local")
+				err := call(h.plugin, h.args(tc.stdin(h)))
+				var cniErr *types.Error
+				if !errors.As(err, &cniErr) {
+					t.Fatalf("error = %v, want *types.Error", err)
+				}
+				want := tc.code
+				if verbName == "STATUS" && tc.name == "delegate not in CNI_PATH" {
+					want = types.ErrPluginNotAvailable
+				}
+				if cniErr.Code != want {
+					t.Errorf("code = %d (%v), want %d", cniErr.Code, cniErr, want)
+				}
+				if len(h.exec.calls) != 0 {
+					t.Errorf("delegated despite bad input: %+v", h.exec.calls)
+				}
+				if _, err := os.Lstat(h.dataDir); !os.IsNotExist(err) {
+					t.Errorf("dataDir %s was created (err=%v)", h.dataDir, err)
+				}
+				if h.stdout.Len() != 0 {
+					t.Errorf("stdout = %q, want nothing", h.stdout.String())
+				}
+			})
+		}
+	}
+}
+
+func TestDelAndCheckDelegate(t *testing.T) {
+	for _, tc := range []struct {
+		verb string
+		call func(*Plugin, *skel.CmdArgs) error
+	}{{"DEL", (*Plugin).Del}, {"CHECK", (*Plugin).Check}} {
+		t.Run(tc.verb, func(t *testing.T) {
+			h := newHarness(t, "bridge")
+			stdin := h.conf("1.0.0", `,"prevResult":`+bridgeResult100)
+			if err := tc.call(h.plugin, h.args(stdin)); err != nil {
+				t.Fatalf("%s: %v", tc.verb, err)
+			}
+			call := h.exec.only(t)
+			if call.Plugin != "bridge" || call.Command != tc.verb {
+				t.Errorf("delegated %s %s, want bridge %s", call.Plugin, call.Command, tc.verb)
+			}
+			conf := delegatedConf(t, call)
+			if conf["type"] != "bridge" || conf["ipam"].(map[string]any)["dataDir"] != h.dataDir || conf["prevResult"] == nil {
+				t.Errorf("delegate conf = %v", conf)
+			}
+			if h.stdout.Len() != 0 {
+				t.Errorf("stdout = %q", h.stdout.String())
+			}
+		})
+	}
+}
+
+func TestDelIsIdempotentWhenDelegateSucceeds(t *testing.T) {
+	h := newHarness(t, "bridge")
+	for i := 0; i < 2; i++ {
+		if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err != nil {
+			t.Fatalf("DEL #%d: %v", i+1, err)
+		}
+	}
+}
+
+func TestGCForwardsToDelegateAndHostLocal(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	stdin := h.conf("1.1.0", `,"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"eth0"}]`)
+	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: stdin}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if len(h.exec.calls) != 2 {
+		t.Fatalf("calls = %+v, want bridge GC then host-local GC", h.exec.calls)
+	}
+	for i, want := range []string{"bridge", "host-local"} {
+		call := h.exec.calls[i]
+		if call.Plugin != want || call.Command != "GC" {
+			t.Errorf("call %d = %s %s, want %s GC", i, call.Plugin, call.Command, want)
+		}
+		conf := delegatedConf(t, call)
+		if conf["type"] != want || conf["cniVersion"] != "1.1.0" || conf["ipam"].(map[string]any)["dataDir"] != h.dataDir {
+			t.Errorf("%s GC conf = %v", want, conf)
+		}
+		valid, _ := json.Marshal(conf["cni.dev/valid-attachments"])
+		if string(valid) != `[{"containerID":"keep","ifname":"eth0"}]` {
+			t.Errorf("%s GC valid attachments = %s", want, valid)
+		}
+	}
+}
+
+func TestGCRunsHostLocalEvenIfDelegateFails(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	h.exec.fail["bridge GC"] = types.NewError(types.ErrInternal, "boom", "")
+	err := h.plugin.GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
+	if err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("GC error = %v, want the delegate's", err)
+	}
+	if len(h.exec.calls) != 2 || h.exec.calls[1].Plugin != "host-local" {
+		t.Errorf("host-local GC skipped after delegate failure: %+v", h.exec.calls)
+	}
+}
+
+func TestStatus(t *testing.T) {
+	h := newHarness(t, "bridge")
+	if err := h.plugin.Status(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")}); err != nil {
+		t.Fatalf("STATUS: %v", err)
+	}
+	call := h.exec.only(t)
+	if call.Plugin != "bridge" || call.Command != "STATUS" {
+		t.Errorf("delegated %s %s", call.Plugin, call.Command)
+	}
+	entries, err := os.ReadDir(h.dataDir)
+	if err != nil || len(entries) != 0 {
+		t.Errorf("STATUS left files in dataDir: %v %v", entries, err)
+	}
+}
+
+func TestStatusFailsWhenDataDirUnusable(t *testing.T) {
+	h := newHarness(t, "bridge")
+	// A regular file where the directory should be: no mode bits to lean on,
+	// so this holds as root too.
+	if err := os.WriteFile(h.dataDir, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := h.plugin.Status(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrPluginNotAvailable {
+		t.Fatalf("STATUS error = %v, want code 50", err)
+	}
+	if len(h.exec.calls) != 0 {
+		t.Errorf("delegated although dataDir is unusable")
+	}
+}

@@ -1,0 +1,78 @@
+package skel
+
+import (
+	"bytes"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func run4(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, func(k string) string { return env[k] }, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// Nomad runs every executable in cni_path with no arguments and records the
+// first semver it prints; the reference plugins print the same shape.
+func TestNoArgumentsPrintsAboutLine(t *testing.T) {
+	code, stdout, stderr := run4(t, nil)
+	if code != 0 {
+		t.Fatalf("exit = %d, want 0", code)
+	}
+	if !regexp.MustCompile(`^CNI nomad-bridge-cni plugin v\d+\.\d+\.\d+\S*\n$`).MatchString(stdout) {
+		t.Errorf("stdout = %q, want the about line", stdout)
+	}
+	if !strings.Contains(stderr, "CNI protocol versions supported: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0") {
+		t.Errorf("stderr = %q, want the supported versions", stderr)
+	}
+}
+
+func TestAboutCarriesStampedVersion(t *testing.T) {
+	old := Version
+	t.Cleanup(func() { Version = old })
+	Version = "v9.8.7-rc.1"
+	if got := About(); got != "CNI nomad-bridge-cni plugin v9.8.7-rc.1" {
+		t.Errorf("About() = %q", got)
+	}
+}
+
+func TestSupportedVersions(t *testing.T) {
+	got := strings.Join(SupportedVersions.SupportedVersions(), ",")
+	if got != "0.3.0,0.3.1,0.4.0,1.0.0,1.1.0" {
+		t.Errorf("supported versions = %s", got)
+	}
+}
+
+func TestCLI(t *testing.T) {
+	cases := []struct {
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{args: []string{"--version"}, code: 0, stdout: "CNI nomad-bridge-cni plugin v"},
+		{args: []string{"--help"}, code: 0, stdout: "Usage:"},
+		{args: []string{"-h"}, code: 0, stdout: "--version"},
+		{args: []string{"--bogus"}, code: 2, stderr: "unknown flag: --bogus"},
+		{args: []string{"frobnicate"}, code: 2, stderr: `unknown command "frobnicate"`},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stdout, stderr := run4(t, nil, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit = %d, want %d (stderr %q)", code, tc.code, stderr)
+			}
+			if tc.stdout != "" && !strings.Contains(stdout, tc.stdout) {
+				t.Errorf("stdout = %q, want it to contain %q", stdout, tc.stdout)
+			}
+			if tc.stderr != "" && !strings.Contains(stderr, tc.stderr) {
+				t.Errorf("stderr = %q, want it to contain %q", stderr, tc.stderr)
+			}
+			if strings.Contains(stdout, `"code"`) {
+				t.Errorf("CLI printed a CNI error: %q", stdout)
+			}
+		})
+	}
+}
