@@ -177,3 +177,33 @@ func validateDir(key, dir string) error {
 func invalidConfig(msg string) *types.Error {
 	return types.NewError(types.ErrInvalidNetworkConfig, msg, "")
 }
+
+// ValidAttachments reads the GC verb's list of attachments to keep:
+// "cni.dev/valid-attachments", or "cni.dev/attachments" as the spec first
+// misnamed it. It is parsed from the raw entry because types.NetConf's
+// omitempty cannot tell an absent list from an empty one; both mean that
+// no attachment is valid, as host-local reads it.
+func (c *Config) ValidAttachments() ([]types.GCAttachment, error) {
+	for _, key := range []string{"cni.dev/valid-attachments", "cni.dev/attachments"} {
+		raw, ok := c.raw[key]
+		if !ok || isNull(raw) {
+			continue
+		}
+		var list []types.GCAttachment
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return nil, invalidConfig(fmt.Sprintf("%q must be a list of {\"containerID\", \"ifname\"}: %v", key, err))
+		}
+		for i, a := range list {
+			if e := utils.ValidateContainerID(a.ContainerID); e != nil {
+				return nil, invalidConfig(fmt.Sprintf("%q entry %d: %s", key, i, e.Error()))
+			}
+			if a.IfName != "" {
+				if e := utils.ValidateInterfaceName(a.IfName); e != nil {
+					return nil, invalidConfig(fmt.Sprintf("%q entry %d: %s", key, i, e.Error()))
+				}
+			}
+		}
+		return list, nil
+	}
+	return nil, nil
+}

@@ -4,11 +4,16 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 )
 
 // Add delegates ADD with host-local's dataDir rewritten and prints the
 // delegate's result in the entry's cniVersion, so later plugins in the
-// chain see exactly what bridge would have given them.
+// chain see exactly what bridge would have given them. Around it: legacy
+// leases are migrated (once per boot), a stale earlier attachment of the
+// same container ID + ifname is released (Nomad's re-ADD after a failed
+// CHECK), and the attachment record is written pending before the
+// delegate runs and completed after.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	conf, delegateConf, err := p.load(args)
 	if err != nil {
@@ -18,12 +23,39 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrIOFailure, "failed to prepare dataDir", err.Error())
 	}
 	p.warnIfPersistent(conf)
+	if err := p.migrate(conf); err != nil {
+		return err
+	}
+	attach, err := p.Reclaim.BeginAdd(conf.DataDir, conf.Name, attachmentKey(args), args.Netns)
+	if err != nil {
+		return err
+	}
 
 	result, err := invoke.DelegateAdd(ctx(), conf.Delegate, delegateConf, p.Exec)
 	if err != nil {
+		if aerr := attach.Abort(); aerr != nil {
+			p.warnf("warning: %v", aerr)
+		}
 		return delegateError(conf.Delegate, "add", err)
 	}
+	if err := attach.Complete(resultIPs(result)); err != nil {
+		// The attachment works; a pending record of a finished ADD is
+		// judged by its namespace like a complete one.
+		p.warnf("warning: %v", err)
+	}
 	return p.printResult(result, conf.CNIVersion)
+}
+
+func resultIPs(result types.Result) []string {
+	r, err := current.NewResultFromResult(result)
+	if err != nil {
+		return nil
+	}
+	ips := make([]string, 0, len(r.IPs))
+	for _, ip := range r.IPs {
+		ips = append(ips, ip.Address.String())
+	}
+	return ips
 }
 
 func (p *Plugin) printResult(result types.Result, cniVersion string) error {

@@ -3,17 +3,30 @@ package plugin
 import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// Check delegates CHECK: bridge verifies the interface and addresses in the
-// netns against prevResult and host-local verifies the lease in our dataDir.
+// Check delegates CHECK (bridge verifies the interface and addresses in the
+// netns, host-local the lease in our dataDir), then sweeps the network.
+// Nomad never sends GC but sends CHECK for every allocation it restores
+// when a client restarts: that is the moment to reclaim. The sweep's
+// problems are logged; the runtime gets CHECK's own verdict.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
 	conf, delegateConf, err := p.load(args)
 	if err != nil {
 		return err
 	}
-	if err := invoke.DelegateCheck(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
-		return delegateError(conf.Delegate, "check", err)
+	checkErr := invoke.DelegateCheck(ctx(), conf.Delegate, delegateConf, p.Exec)
+
+	if err := p.migrate(conf); err != nil {
+		p.warnf("warning: %v", err)
+	} else if _, err := p.Reclaim.Sweep(reclaim.Request{DataDir: conf.DataDir, Network: conf.Name}); err != nil {
+		p.warnf("warning: sweep of %s: %v", conf.Name, err)
+	}
+
+	if checkErr != nil {
+		return delegateError(conf.Delegate, "check", checkErr)
 	}
 	return nil
 }

@@ -1,20 +1,34 @@
 package plugin
 
 import (
+	"os"
+
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
 )
 
-// Del delegates DEL. It is idempotent because bridge's is: a missing netns
-// (or an empty CNI_NETNS) still releases the lease, and host-local treats
-// an unknown container as already released.
+// Del delegates DEL, then finishes what bridge leaves undone. It is
+// idempotent: a second DEL, a missing namespace, an empty CNI_NETNS or a
+// missing lease all succeed.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	conf, delegateConf, err := p.load(args)
 	if err != nil {
 		return err
 	}
+	if args.Netns != "" && !p.Reclaim.NamespaceUsable(args.Netns) {
+		// bridge handles a missing path, but fails on a path that is no
+		// longer a namespace (an unmounted netns file); with no netns it
+		// just releases the lease, which is all that is left to do there.
+		if err := os.Setenv("CNI_NETNS", ""); err != nil {
+			return types.NewError(types.ErrInternal, "failed to clear CNI_NETNS for the delegate", err.Error())
+		}
+	}
 	if err := invoke.DelegateDel(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
 		return delegateError(conf.Delegate, "del", err)
+	}
+	if err := p.Reclaim.EndDel(conf.DataDir, conf.Name, attachmentKey(args), args.Netns); err != nil {
+		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())
 	}
 	return nil
 }

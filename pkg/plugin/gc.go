@@ -8,15 +8,21 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// GC forwards the runtime's GC (with its cni.dev/valid-attachments) to the
-// delegate, as the spec asks of a plugin that delegates, and to host-local
-// directly: bridge v1.10.0 has no GC and does not pass it to its IPAM, so
-// without this the leases of attachments the runtime forgot would stay.
-// Both run even if one fails; the errors are joined.
+// GC releases every attachment of the network the runtime did not list in
+// cni.dev/valid-attachments: leases, bridge's ipMasq and portmap's NAT
+// rules (including rules whose lease is already gone), records. Then it
+// forwards GC to the delegate, as the spec asks of a plugin that delegates,
+// and to host-local directly: bridge v1.10.0 has no GC and does not pass it
+// to its IPAM. Every step runs even if an earlier one failed.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	conf, delegateConf, err := p.load(args)
+	if err != nil {
+		return err
+	}
+	valid, err := conf.ValidAttachments()
 	if err != nil {
 		return err
 	}
@@ -29,6 +35,12 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 
 	var errs []error
+	if err := p.migrate(conf); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := p.Reclaim.Sweep(reclaim.Request{DataDir: conf.DataDir, Network: conf.Name, GC: true, Valid: valid, Orphans: true}); err != nil {
+		errs = append(errs, types.NewError(types.ErrInternal, "garbage collection of "+conf.Name+" failed", err.Error()))
+	}
 	if err := invoke.DelegateGC(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
 		errs = append(errs, delegateError(conf.Delegate, "gc", err))
 	}

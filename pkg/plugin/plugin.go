@@ -16,6 +16,10 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 // Plugin carries the edges the verbs talk through, so tests can replace the
@@ -27,14 +31,17 @@ type Plugin struct {
 	Stdout io.Writer
 	// Stderr receives diagnostics for the operator.
 	Stderr io.Writer
+	// Reclaim keeps the attachment records and releases stale attachments.
+	Reclaim *reclaim.Sweeper
 }
 
 // New returns a Plugin wired to the real process.
 func New() *Plugin {
 	return &Plugin{
-		Exec:   &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}},
-		Stdout: os.Stdout,
-		Stderr: os.Stderr,
+		Exec:    &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}},
+		Stdout:  os.Stdout,
+		Stderr:  os.Stderr,
+		Reclaim: &reclaim.Sweeper{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: os.Stderr},
 	}
 }
 
@@ -88,6 +95,20 @@ func (p *Plugin) warnf(format string, args ...any) {
 	if p.Stderr != nil {
 		fmt.Fprintf(p.Stderr, "nomad-bridge-cni: "+format+"\n", args...)
 	}
+}
+
+// migrate moves legacy leases into the dataDir once per boot. Its failure
+// is an error for ADD: allocating before the move could hand out an
+// address a running container still holds.
+func (p *Plugin) migrate(conf *ipamdir.Config) error {
+	if _, err := p.Reclaim.Migrate(conf.DataDir, conf.Name, conf.LegacyDataDir); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("failed to migrate leases from %s", conf.LegacyDataDir), err.Error())
+	}
+	return nil
+}
+
+func attachmentKey(args *skel.CmdArgs) records.Key {
+	return records.Key{ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
 // ctx is the context delegates run under. The runtime bounds our lifetime

@@ -9,9 +9,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
 )
 
 const bridgeResult100 = `{
@@ -29,6 +35,7 @@ type harness struct {
 	stdout  *bytes.Buffer
 	stderr  *bytes.Buffer
 	dataDir string
+	host    *fakehost.Host
 }
 
 func newHarness(t *testing.T, installed ...string) *harness {
@@ -37,7 +44,10 @@ func newHarness(t *testing.T, installed ...string) *harness {
 	t.Setenv("CNI_COMMAND", "ADD") // overridden per delegate call by invoke
 	h := &harness{t: t, exec: newFakeExec(installed...), stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
 	h.dataDir = filepath.Join(t.TempDir(), "run-cni")
-	h.plugin = &Plugin{Exec: h.exec, Stdout: h.stdout, Stderr: h.stderr}
+	h.host = fakehost.New(time.Unix(1764660000, 0))
+	h.host.Namespaces["/var/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 1000}
+	h.plugin = &Plugin{Exec: h.exec, Stdout: h.stdout, Stderr: h.stderr,
+		Reclaim: &reclaim.Sweeper{Host: h.host, Netfilter: &netfilter.Cleaner{}, Log: h.stderr}}
 	return h
 }
 

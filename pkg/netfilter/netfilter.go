@@ -1,0 +1,311 @@
+// Package netfilter removes the NAT rules that bridge (ipMasq) and portmap
+// leave for a container when nobody runs their DEL: the container's netns
+// vanished (bridge then skips its teardown) or the runtime forgot it.
+//
+// Rules are found by the names and comments those plugins give them, never
+// by address: bridge's POSTROUTING jump is commented
+// utils.FormatComment(network, containerID) and jumps to the chain
+// utils.FormatChainName(network, containerID); portmap's per-container chain
+// is utils.MustFormatChainNameWithPrefix(network, containerID, "DN-"),
+// jumped to from CNI-HOSTPORT-DNAT with the comment
+// `dnat name: "<network>" id: "<containerID>"`.
+package netfilter
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/utils"
+	"github.com/coreos/go-iptables/iptables"
+	"github.com/mattn/go-shellwords"
+)
+
+const (
+	natTable        = "nat"
+	postrouting     = "POSTROUTING"
+	hostportDNAT    = "CNI-HOSTPORT-DNAT"
+	portmapDNPrefix = "DN-"
+)
+
+// Table is the part of *iptables.IPTables the cleaner uses, so tests can
+// run it against a fake.
+type Table interface {
+	List(table, chain string) ([]string, error)
+	ListChains(table string) ([]string, error)
+	Delete(table, chain string, rulespec ...string) error
+	ClearAndDeleteChain(table, chain string) error
+}
+
+var _ Table = (*iptables.IPTables)(nil)
+
+// Cleaner releases the NAT rules of stale containers.
+type Cleaner struct {
+	// Tables are the iptables families present on the host (IPv4, IPv6).
+	// Use Families, which finds them on first use.
+	Tables []Table
+	// findTables finds Tables lazily: go-iptables runs `iptables --version`
+	// to construct a handle, a cost the ADD path must not pay.
+	findTables func() []Table
+	// NFTablesGC releases nftables ipMasq rules of every attachment not in
+	// keep; nil skips nftables.
+	NFTablesGC func(network string, keep []types.GCAttachment) error
+	// NFTablesTeardown releases the nftables ipMasq rules of one
+	// attachment; nil skips nftables.
+	NFTablesTeardown func(network, ifname, containerID string) error
+}
+
+// New returns a Cleaner for every iptables family present on this host and
+// bridge's own nftables GC. A missing iptables binary is not an error: the
+// host then only has nftables rules, if any.
+func New() *Cleaner {
+	return &Cleaner{NFTablesGC: nftablesGC, NFTablesTeardown: nftablesTeardown, findTables: hostTables}
+}
+
+func hostTables() []Table {
+	var tables []Table
+	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
+		if ipt, err := iptables.NewWithProtocol(proto); err == nil {
+			tables = append(tables, ipt)
+		}
+	}
+	return tables
+}
+
+// Families returns the iptables families, finding them on first use.
+func (c *Cleaner) Families() []Table {
+	if c.findTables != nil {
+		c.Tables, c.findTables = c.findTables(), nil
+	}
+	return c.Tables
+}
+
+// nftablesGC runs bridge's nftables GC only where nftables is usable: on a
+// host without it, there are no such rules to release.
+func nftablesGC(network string, keep []types.GCAttachment) error {
+	if !utils.SupportsNFTables() {
+		return nil
+	}
+	return ip.GCIPMasqForNetwork(network, keep)
+}
+
+// nftablesTeardown is bridge's own teardown with no addresses: its
+// iptables half then does nothing (the cleaner handles iptables by
+// comment), its nftables half finds the rules by their comment.
+func nftablesTeardown(network, ifname, containerID string) error {
+	if !utils.SupportsNFTables() {
+		return nil
+	}
+	return ip.TeardownIPMasqForNetworks(nil, network, ifname, containerID)
+}
+
+// rule is one rule to delete: a chain and the rulespec `iptables -S` gave.
+type rule struct {
+	table Table
+	chain string
+	spec  []string
+}
+
+// Snapshot is the NAT state of one network, read once per sweep.
+type Snapshot struct {
+	network string
+	perFamily []familySnapshot
+}
+
+type familySnapshot struct {
+	table  Table
+	chains map[string]bool
+	// jumps maps a container ID to the rules that jump to its chains.
+	jumps map[string][]rule
+}
+
+// Snapshot lists the NAT rules that belong to network: one listing of
+// POSTROUTING, of the chain names and (when present) of CNI-HOSTPORT-DNAT
+// per family, whatever the number of containers.
+func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
+	s := &Snapshot{network: network}
+	for _, t := range c.Families() {
+		fs := familySnapshot{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
+		chains, err := t.ListChains(natTable)
+		if err != nil {
+			return nil, fmt.Errorf("list nat chains: %w", err)
+		}
+		for _, ch := range chains {
+			fs.chains[ch] = true
+		}
+		sources := []string{postrouting}
+		if fs.chains[hostportDNAT] {
+			sources = append(sources, hostportDNAT)
+		}
+		for _, chain := range sources {
+			rules, err := t.List(natTable, chain)
+			if err != nil {
+				return nil, fmt.Errorf("list nat %s: %w", chain, err)
+			}
+			for _, line := range rules {
+				spec, comment, ok := parseRule(line, chain)
+				if !ok {
+					continue
+				}
+				net, cid, ok := ParseComment(comment)
+				if !ok || net != network {
+					continue
+				}
+				fs.jumps[cid] = append(fs.jumps[cid], rule{table: t, chain: chain, spec: spec})
+			}
+		}
+		s.perFamily = append(s.perFamily, fs)
+	}
+	return s, nil
+}
+
+// Containers lists the container IDs that own NAT rules or chains on the
+// network, sorted. Chains without a commented jump are only found for IDs
+// the caller already knows (see Owns).
+func (s *Snapshot) Containers() []string {
+	seen := map[string]bool{}
+	for _, fs := range s.perFamily {
+		for cid := range fs.jumps {
+			seen[cid] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for cid := range seen {
+		out = append(out, cid)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Owned lists the chains and jumps containerID holds on the network.
+func (s *Snapshot) Owned(containerID string) []string {
+	var out []string
+	for _, fs := range s.perFamily {
+		for _, r := range fs.jumps[containerID] {
+			out = append(out, "jump in "+r.chain)
+		}
+		for _, ch := range containerChains(s.network, containerID) {
+			if fs.chains[ch] {
+				out = append(out, "chain "+ch)
+			}
+		}
+	}
+	return out
+}
+
+// containerChains are the per-container chains bridge and portmap create.
+func containerChains(network, containerID string) []string {
+	return []string{
+		utils.FormatChainName(network, containerID),
+		utils.MustFormatChainNameWithPrefix(network, containerID, portmapDNPrefix),
+	}
+}
+
+// Release deletes containerID's jumps, then its chains (a chain cannot be
+// deleted while referenced), in every family. Rules already gone are not
+// an error: a concurrent DEL may have won. It returns what it removed.
+func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, fs := range s.perFamily {
+		for _, r := range fs.jumps[containerID] {
+			if err := r.table.Delete(natTable, r.chain, r.spec...); err != nil && !isNotExist(err) {
+				errs = append(errs, fmt.Errorf("delete jump from %s for %s: %w", r.chain, containerID, err))
+				continue
+			}
+			removed = append(removed, "jump in "+r.chain)
+		}
+		delete(fs.jumps, containerID)
+		for _, ch := range containerChains(s.network, containerID) {
+			if !fs.chains[ch] {
+				continue
+			}
+			if err := fs.table.ClearAndDeleteChain(natTable, ch); err != nil && !isNotExist(err) {
+				errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", ch, containerID, err))
+				continue
+			}
+			delete(fs.chains, ch)
+			removed = append(removed, "chain "+ch)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// ReleaseNFTables removes nftables ipMasq rules of every attachment of the
+// network that is not in keep.
+func (c *Cleaner) ReleaseNFTables(network string, keep []types.GCAttachment) error {
+	if c.NFTablesGC == nil {
+		return nil
+	}
+	if err := c.NFTablesGC(network, keep); err != nil {
+		return fmt.Errorf("nftables ipMasq GC for %s: %w", network, err)
+	}
+	return nil
+}
+
+// ReleaseContainer releases one attachment's NAT rules (iptables and
+// nftables) without a prior Snapshot: the DEL and re-ADD paths.
+func (c *Cleaner) ReleaseContainer(network, ifname, containerID string) ([]string, error) {
+	var errs []error
+	var removed []string
+	if len(c.Families()) > 0 {
+		snap, err := c.Snapshot(network)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			removed, err = c.Release(snap, containerID)
+			errs = append(errs, err)
+		}
+	}
+	if c.NFTablesTeardown != nil {
+		if err := c.NFTablesTeardown(network, ifname, containerID); err != nil {
+			errs = append(errs, fmt.Errorf("nftables ipMasq teardown for %s: %w", containerID, err))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// parseRule splits an `iptables -S <chain>` line into the rulespec Delete
+// takes and the value of its --comment.
+func parseRule(line, chain string) (spec []string, comment string, ok bool) {
+	words, err := shellwords.Parse(line)
+	if err != nil || len(words) < 3 || words[0] != "-A" || words[1] != chain {
+		return nil, "", false
+	}
+	spec = words[2:]
+	for i := 0; i+1 < len(spec); i++ {
+		if spec[i] == "--comment" {
+			return spec, spec[i+1], true
+		}
+	}
+	return nil, "", false
+}
+
+// commentPattern matches both bridge's `name: "<net>" id: "<cid>"` and
+// portmap's `dnat name: "<net>" id: "<cid>"`; the values are Go-quoted
+// (utils.FormatComment uses %q).
+var commentPattern = regexp.MustCompile(`^(?:dnat )?name: ("(?:[^"\\]|\\.)*") id: ("(?:[^"\\]|\\.)*")$`)
+
+// ParseComment extracts the network and container ID from a bridge or
+// portmap rule comment.
+func ParseComment(comment string) (network, containerID string, ok bool) {
+	m := commentPattern.FindStringSubmatch(comment)
+	if m == nil {
+		return "", "", false
+	}
+	network, err1 := strconv.Unquote(m[1])
+	containerID, err2 := strconv.Unquote(m[2])
+	if err1 != nil || err2 != nil || network == "" || containerID == "" {
+		return "", "", false
+	}
+	return network, containerID, true
+}
+
+func isNotExist(err error) bool {
+	var e *iptables.Error
+	return errors.As(err, &e) && e.IsNotExist()
+}

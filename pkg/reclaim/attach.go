@@ -1,0 +1,156 @@
+package reclaim
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// Attach is the state of one ADD: where its record lives and what it says.
+type Attach struct {
+	store  *records.Store
+	Record *records.Record
+}
+
+// BeginAdd prepares an ADD of key into the namespace at netnsPath. If the
+// attachment already has a record, it is judged first: a stale one (earlier
+// boot, namespace gone or replaced — Nomad re-creates the netns at the
+// same path and ADDs again without a DEL) is released so the delegate can
+// allocate again; a live one is a real duplicate and an error. Then the
+// pending record is written, before anything is delegated, so a crash at
+// any later point leaves a trace a sweep can follow.
+func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath string) (*Attach, error) {
+	recStore := records.NewStore(dataDir, network)
+	nsID, err := s.Host.Netns(netnsPath)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("cannot identify network namespace %q", netnsPath), err.Error())
+	}
+	old, err := recStore.Read(key)
+	if err != nil {
+		// A damaged record proves nothing; it is replaced below.
+		s.logf("%s: %s: ignoring unreadable record: %v", network, key, err)
+		old = nil
+	}
+	if old != nil {
+		if err := s.replaceEarlier(dataDir, network, old, netnsPath, nsID); err != nil {
+			return nil, err
+		}
+	}
+
+	bootID, err := s.Host.BootID()
+	if err != nil {
+		return nil, fmt.Errorf("read boot id: %w", err)
+	}
+	pid, start := sysinfo.Self(s.Host)
+	rec := &records.Record{
+		Version: records.FormatVersion, Network: network, ContainerID: key.ContainerID, IfName: key.IfName,
+		Netns: netnsPath, NetnsID: nsID, BootID: bootID, Created: s.Host.Now().UTC(),
+		State: records.Pending, PID: pid, PIDStart: start,
+	}
+	if err := recStore.Write(rec); err != nil {
+		return nil, types.NewError(types.ErrIOFailure, "failed to write the attachment record", err.Error())
+	}
+	return &Attach{store: recStore, Record: rec}, nil
+}
+
+// replaceEarlier decides what an existing record for the same attachment
+// means for a new ADD.
+func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, netnsPath string, nsID sysinfo.NetnsID) error {
+	j, err := newJudge(s.Host, nil, false)
+	if err != nil {
+		return err
+	}
+	v := j.verdict(&Attachment{Key: old.Key(), Record: old})
+	switch v.State {
+	case Pending:
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is in progress (pid %d)", old.Key(), network, old.PID), "")
+	case Stale:
+		return s.releaseOne(dataDir, network, old, v.Reason)
+	}
+	if old.NetnsID == nsID {
+		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), network, netnsPath), "")
+	}
+	return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), network, old.Netns, netnsPath), "")
+}
+
+// releaseOne releases a single stale attachment: its leases under
+// host-local's lock, its NAT rules, its record.
+func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reason string) error {
+	store, err := disk.New(network, dataDir)
+	if err != nil {
+		return fmt.Errorf("open host-local store: %w", err)
+	}
+	defer store.Close()
+	if err := store.Lock(); err != nil {
+		return fmt.Errorf("lock host-local store: %w", err)
+	}
+	defer store.Unlock()
+
+	what := []string{}
+	var errs []error
+	if s.Netfilter != nil {
+		removed, err := s.Netfilter.ReleaseContainer(network, old.IfName, old.ContainerID)
+		what = append(what, removed...)
+		errs = append(errs, err)
+	}
+	// One directory walk: this is one attachment, not a sweep.
+	if err := store.ReleaseByID(old.ContainerID, old.IfName); err != nil {
+		errs = append(errs, fmt.Errorf("release leases of %s: %w", old.Key(), err))
+	} else {
+		what = append(what, "leases")
+	}
+	if err := records.NewStore(dataDir, network).Remove(old.Key()); err != nil {
+		errs = append(errs, err)
+	} else {
+		what = append(what, "record")
+	}
+	rel := Release{Key: old.Key(), IPs: old.IPs, Reason: reason, What: what}
+	s.logf("%s: released %s", network, rel)
+	return errors.Join(errs...)
+}
+
+// Complete records the delegate's IPs: the ADD is done.
+func (a *Attach) Complete(ips []string) error {
+	a.Record.State = records.Complete
+	a.Record.PID, a.Record.PIDStart = 0, 0
+	a.Record.IPs = ips
+	return a.store.Write(a.Record)
+}
+
+// Abort removes the pending record of an ADD that failed: the delegate
+// cleaned up after itself (bridge releases its IPAM allocation on error).
+func (a *Attach) Abort() error { return a.store.Remove(a.Record.Key()) }
+
+// EndDel finishes a DEL the delegate accepted. bridge skips its ipMasq
+// teardown when CNI_NETNS is empty or the namespace is already gone
+// (nerdctl's DEL before re-adding, CRI-O replaying cached DELs at start-up),
+// so in that case the rules are released here, found by their comments.
+// Then the record goes.
+func (s *Sweeper) EndDel(dataDir, network string, key records.Key, netnsPath string) error {
+	var errs []error
+	if s.Netfilter != nil && !s.NamespaceUsable(netnsPath) {
+		removed, err := s.Netfilter.ReleaseContainer(network, key.IfName, key.ContainerID)
+		if len(removed) > 0 {
+			s.logf("%s: DEL %s without its namespace: removed %v", network, key, removed)
+		}
+		errs = append(errs, err)
+	}
+	errs = append(errs, records.NewStore(dataDir, network).Remove(key))
+	return errors.Join(errs...)
+}
+
+// NamespaceUsable reports whether bridge could enter the namespace (and so
+// ran its own teardown).
+func (s *Sweeper) NamespaceUsable(netnsPath string) bool {
+	if netnsPath == "" {
+		return false
+	}
+	_, err := s.Host.Netns(netnsPath)
+	return err == nil || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, sysinfo.ErrNotNetns))
+}

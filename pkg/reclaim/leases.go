@@ -1,0 +1,138 @@
+// Package reclaim finds and releases what reboots, crashes and lost
+// namespaces leave behind on a host-local network: leases, bridge's ipMasq
+// and portmap's NAT rules, and the wrapper's own records. It only releases
+// what the staleness rules prove dead, and always under host-local's lock.
+package reclaim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+)
+
+// maxLeaseSize bounds what is read of a lease file: host-local writes
+// "<containerID>\r\n<ifname>", far below this.
+const maxLeaseSize = 4096
+
+// Lease is one host-local reservation file.
+type Lease struct {
+	IP   net.IP
+	Path string
+	// Key is the attachment holding it. A lease written by host-local before
+	// it recorded ifnames has an empty IfName.
+	Key     records.Key
+	ModTime time.Time
+	// content is the file's trimmed content, what disk.Store matches on.
+	content string
+}
+
+// leaseDir is what one read of a host-local network directory found.
+type leaseDir struct {
+	leases []Lease
+	// damaged holds the trimmed content of reservation files that are not
+	// valid leases; a sweep must leave them where they are.
+	damaged []string
+	// unreadable is set when some reservation file could not be read in
+	// full, so its content is unknown.
+	unreadable bool
+	problems   []error
+}
+
+// readLeases reads every reservation in a host-local network directory,
+// one open per file. Files that are not reservations (lock,
+// last_reserved_ip.N) are skipped silently; damaged ones are skipped and
+// reported as problems.
+func readLeases(dir string) (*leaseDir, error) {
+	d := &leaseDir{}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return d, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		ip := net.ParseIP(name)
+		if ip == nil {
+			continue // lock, last_reserved_ip.N, or not host-local's
+		}
+		path := filepath.Join(dir, name)
+		if !e.Type().IsRegular() {
+			// disk.Store skips these too.
+			d.problems = append(d.problems, fmt.Errorf("lease %s: not a regular file", path))
+			continue
+		}
+		l, content, err := readLease(path)
+		switch {
+		case err == nil:
+			l.IP = ip
+			d.leases = append(d.leases, l)
+		case content != nil:
+			d.damaged = append(d.damaged, *content)
+			d.problems = append(d.problems, err)
+		default:
+			d.unreadable = true
+			d.problems = append(d.problems, err)
+		}
+	}
+	return d, nil
+}
+
+// readLease reads one reservation. When the file was read in full but is
+// not a valid lease, its trimmed content is returned with the error.
+func readLease(path string) (Lease, *string, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|noFollow, 0)
+	if err != nil {
+		return Lease{}, nil, fmt.Errorf("open lease: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Lease{}, nil, fmt.Errorf("stat lease: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxLeaseSize+1))
+	if err != nil {
+		return Lease{}, nil, fmt.Errorf("read lease %s: %w", path, err)
+	}
+	if len(b) > maxLeaseSize {
+		return Lease{}, nil, fmt.Errorf("lease %s: larger than %d bytes", path, maxLeaseSize)
+	}
+	key, content, err := parseLease(b)
+	if err != nil {
+		trimmed := strings.TrimSpace(string(b))
+		return Lease{}, &trimmed, fmt.Errorf("lease %s: %w", path, err)
+	}
+	return Lease{Path: path, Key: key, ModTime: fi.ModTime(), content: content}, nil, nil
+}
+
+// parseLease decodes host-local's "<containerID>\r\n<ifname>" (or the older
+// "<containerID>"), trimmed the way disk.Store trims before matching.
+func parseLease(b []byte) (records.Key, string, error) {
+	content := strings.TrimSpace(string(b))
+	if content == "" {
+		return records.Key{}, "", errors.New("empty")
+	}
+	cid, ifname, _ := strings.Cut(content, disk.LineBreak)
+	if cid == "" || cid != strings.TrimSpace(cid) || strings.ContainsAny(cid, "\r\n\x00") || strings.ContainsAny(ifname, "\r\n\x00") {
+		return records.Key{}, "", fmt.Errorf("not a host-local reservation: %q", truncate(content))
+	}
+	return records.Key{ContainerID: cid, IfName: ifname}, content, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

@@ -1,0 +1,178 @@
+package reclaim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+)
+
+// migratedMarker, in the network's record directory, holds the boot ID of
+// the last migration. Names starting with '.' are not records.
+const migratedMarker = ".migrated"
+
+// Migration is what one legacy migration did.
+type Migration struct {
+	Moved, Dropped int
+	Conflicts      []string
+}
+
+// Migrate moves the leases host-local kept in the legacy directory (the
+// user's own ipam.dataDir, or /var/lib/cni/networks) into dataDir, once per
+// boot and network. Without it, right after adoption the empty dataDir
+// would hand out addresses that running containers still hold (Nomad had to
+// copy its leases across for the same reason).
+//
+// Leases from this boot are copied (content and mtime kept) and then
+// removed from the legacy directory; leases from before this boot belong
+// to namespaces that died with it and are removed. Both host-local locks
+// are held throughout, ours first. A crash at any point loses nothing: a
+// copy is only removed once its target exists, and without the marker the
+// next run starts again.
+func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error) {
+	bootID, err := s.Host.BootID()
+	if err != nil {
+		return nil, err
+	}
+	recDir := records.NewStore(dataDir, network).Dir()
+	marker := filepath.Join(recDir, migratedMarker)
+	if b, err := os.ReadFile(marker); err == nil && string(b) == bootID {
+		return &Migration{}, nil
+	}
+	m := &Migration{}
+	legacyNet := filepath.Join(legacyDir, network)
+	if legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(dataDir) && exists(legacyNet) {
+		if m, err = s.migrate(dataDir, network, legacyDir); err != nil {
+			return m, err
+		}
+	}
+	if err := os.MkdirAll(recDir, 0o700); err != nil {
+		return m, fmt.Errorf("create %s: %w", recDir, err)
+	}
+	if err := writeAtomic(marker, []byte(bootID)); err != nil {
+		return m, fmt.Errorf("write migration marker: %w", err)
+	}
+	return m, nil
+}
+
+func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error) {
+	bootTime, err := s.Host.BootTime()
+	if err != nil {
+		return nil, err
+	}
+	ours, err := disk.New(network, dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("open host-local store in %s: %w", dataDir, err)
+	}
+	defer ours.Close()
+	if err := ours.Lock(); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", dataDir, err)
+	}
+	defer ours.Unlock()
+	legacy, err := disk.New(network, legacyDir)
+	if err != nil {
+		return nil, fmt.Errorf("open legacy host-local store in %s: %w", legacyDir, err)
+	}
+	defer legacy.Close()
+	if err := legacy.Lock(); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", legacyDir, err)
+	}
+	defer legacy.Unlock()
+
+	dir, err := readLeases(filepath.Join(legacyDir, network))
+	if err != nil {
+		return nil, err
+	}
+	m := &Migration{}
+	for _, p := range dir.problems {
+		s.logf("%s: legacy lease skipped: %v", network, p)
+	}
+	drop := map[records.Key]bool{}
+	kept := map[records.Key]bool{}
+	var errs []error
+	for _, l := range dir.leases {
+		if l.ModTime.Before(bootTime) {
+			drop[l.Key] = true
+			m.Dropped++
+			continue
+		}
+		target := filepath.Join(dataDir, network, l.IP.String())
+		moved, err := copyLease(l, target)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+			kept[l.Key] = true
+		case !moved:
+			m.Conflicts = append(m.Conflicts, l.IP.String())
+			kept[l.Key] = true
+			s.logf("%s: legacy lease %s for %s not migrated: %s already holds it", network, l.IP, l.Key, target)
+		default:
+			drop[l.Key] = true
+			m.Moved++
+		}
+	}
+	// A key with one lease moved and another kept must keep both in place.
+	for k := range kept {
+		delete(drop, k)
+	}
+	if _, err := releaseLeases(legacy, dir, drop); err != nil {
+		errs = append(errs, err)
+	}
+	if m.Moved+m.Dropped > 0 {
+		s.logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", network, m.Moved, legacyDir, dataDir, m.Dropped)
+	}
+	return m, errors.Join(errs...)
+}
+
+// copyLease writes l at target as host-local's Reserve would (O_EXCL,
+// 0600, same content) and keeps its mtime, which the boot rule reads. It
+// reports false, without error, when target already holds another
+// attachment; a target identical to l (an earlier run died after copying)
+// counts as moved.
+func copyLease(l Lease, target string) (bool, error) {
+	content := []byte(l.content)
+	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		existing, rerr := os.ReadFile(target)
+		if rerr != nil {
+			return false, fmt.Errorf("read %s: %w", target, rerr)
+		}
+		return bytes.Equal(bytes.TrimSpace(existing), content), nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("create %s: %w", target, err)
+	}
+	_, werr := f.Write(content)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		os.Remove(target)
+		return false, fmt.Errorf("write %s: %w", target, err)
+	}
+	if err := os.Chtimes(target, l.ModTime, l.ModTime); err != nil {
+		return true, fmt.Errorf("keep mtime of %s: %w", target, err)
+	}
+	return true, nil
+}
+
+// writeAtomic replaces path with data (temp file + rename, 0600).
+func writeAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(data)
+	if err := errors.Join(werr, tmp.Close()); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return nil
+}

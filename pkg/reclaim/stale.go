@@ -1,0 +1,163 @@
+package reclaim
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// State is a sweep's verdict on one attachment.
+type State string
+
+const (
+	// Live: its namespace is the one recorded at ADD, in this boot.
+	Live State = "live"
+	// Stale: proved dead; a sweep releases it.
+	Stale State = "stale"
+	// Pending: an ADD for it is still running.
+	Pending State = "pending"
+	// Unknown: a lease from this boot with no record (written by something
+	// else, or migrated): reported, never released by a sweep.
+	Unknown State = "unknown"
+)
+
+// Verdict is a State and the reason for it, in words an operator reads.
+type Verdict struct {
+	State  State
+	Reason string
+}
+
+func (v Verdict) String() string {
+	if v.Reason == "" {
+		return string(v.State)
+	}
+	return fmt.Sprintf("%s (%s)", v.State, v.Reason)
+}
+
+// Attachment is everything the network holds for one container ID + ifname.
+type Attachment struct {
+	Key     records.Key
+	Leases  []Lease
+	Record  *records.Record
+	Verdict Verdict
+}
+
+// judge applies the staleness rules of DESIGN.md. Each stale verdict rests
+// on a fact, never on a guess:
+//  1. older than this boot: the record carries another boot ID, or a
+//     record-less lease file was last written before the boot time;
+//  2. namespace gone: the recorded path is missing, not nsfs, or another
+//     namespace than the one recorded (Nomad re-creates the same path);
+//  3. the runtime's GC did not list it.
+//
+// A pending record whose ADD process is still running is kept whatever the
+// rules say, and so is a record-less lease from this boot.
+type judge struct {
+	host     sysinfo.Host
+	bootID   string
+	bootTime time.Time
+	// valid is the GC verb's list; nil outside a GC.
+	valid *validSet
+}
+
+func newJudge(h sysinfo.Host, valid []types.GCAttachment, isGC bool) (*judge, error) {
+	bootID, err := h.BootID()
+	if err != nil {
+		return nil, err
+	}
+	bootTime, err := h.BootTime()
+	if err != nil {
+		return nil, err
+	}
+	j := &judge{host: h, bootID: bootID, bootTime: bootTime}
+	if isGC {
+		j.valid = newValidSet(valid)
+	}
+	return j, nil
+}
+
+func (j *judge) verdict(a *Attachment) Verdict {
+	if r := a.Record; r != nil && r.State == records.Pending && r.BootID == j.bootID && j.running(r) {
+		return Verdict{Pending, fmt.Sprintf("ADD in progress, pid %d", r.PID)}
+	}
+	if j.valid != nil {
+		if j.valid.has(a.Key) {
+			return Verdict{Live, "listed by the runtime's GC"}
+		}
+		return Verdict{Stale, "not in the runtime's valid attachments"}
+	}
+	if a.Record != nil {
+		return j.recordVerdict(a.Record)
+	}
+	for _, l := range a.Leases {
+		if !l.ModTime.Before(j.bootTime) {
+			return Verdict{Unknown, "no record"}
+		}
+	}
+	return Verdict{Stale, fmt.Sprintf("lease written %s, before this boot at %s", a.Leases[0].ModTime.UTC().Format(time.RFC3339), j.bootTime.UTC().Format(time.RFC3339))}
+}
+
+func (j *judge) recordVerdict(r *records.Record) Verdict {
+	if r.BootID != j.bootID {
+		return Verdict{Stale, "recorded in an earlier boot"}
+	}
+	if r.Netns == "" {
+		return Verdict{Unknown, "record has no namespace path"}
+	}
+	id, err := j.host.Netns(r.Netns)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return Verdict{Stale, fmt.Sprintf("namespace %s is gone", r.Netns)}
+	case errors.Is(err, sysinfo.ErrNotNetns):
+		return Verdict{Stale, fmt.Sprintf("%s is no longer a network namespace", r.Netns)}
+	case err != nil:
+		// Cannot look: cannot prove anything, so keep it.
+		return Verdict{Unknown, fmt.Sprintf("cannot inspect namespace: %v", err)}
+	case id != r.NetnsID:
+		return Verdict{Stale, fmt.Sprintf("namespace %s was replaced (inode %d, recorded %d)", r.Netns, id.Ino, r.NetnsID.Ino)}
+	}
+	if r.State == records.Pending {
+		return Verdict{Live, "ADD did not finish, namespace still there"}
+	}
+	return Verdict{Live, ""}
+}
+
+// running reports whether the process that wrote a pending record is still
+// that process (same pid and start time: pids are reused).
+func (j *judge) running(r *records.Record) bool {
+	if r.PID <= 0 {
+		return false
+	}
+	start, ok := j.host.ProcessStart(r.PID)
+	return ok && start == r.PIDStart
+}
+
+// validSet matches attachments against a GC list the way host-local does:
+// a lease written before ifnames were recorded is valid if its container ID
+// is listed with any ifname.
+type validSet struct {
+	keys map[records.Key]bool
+	ids  map[string]bool
+}
+
+func newValidSet(valid []types.GCAttachment) *validSet {
+	v := &validSet{keys: map[records.Key]bool{}, ids: map[string]bool{}}
+	for _, a := range valid {
+		v.keys[records.Key{ContainerID: a.ContainerID, IfName: a.IfName}] = true
+		v.ids[a.ContainerID] = true
+	}
+	return v
+}
+
+func (v *validSet) has(k records.Key) bool {
+	if k.IfName == "" {
+		return v.ids[k.ContainerID]
+	}
+	return v.keys[k]
+}

@@ -1,0 +1,315 @@
+package reclaim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// Sweeper carries the edges a sweep talks through.
+type Sweeper struct {
+	Host      sysinfo.Host
+	Netfilter *netfilter.Cleaner
+	// Log gets one line per release and per problem; nil discards.
+	Log io.Writer
+}
+
+// Request says which network to sweep and by which rules.
+type Request struct {
+	DataDir string
+	Network string
+	// GC is set for the runtime's GC verb: every attachment not in Valid is
+	// stale (a nil Valid means none is valid, as host-local reads it).
+	GC    bool
+	Valid []types.GCAttachment
+	// Orphans also releases NAT rules of containers that hold neither a
+	// lease nor a record on the network.
+	Orphans bool
+	// DryRun decides and reports, and changes nothing.
+	DryRun bool
+}
+
+// Release is one stale attachment (or orphan rule set) released.
+type Release struct {
+	Key    records.Key
+	IPs    []string
+	Reason string
+	// What lists what went: "lease 10.0.0.2", "chain CNI-...", "record".
+	What []string
+}
+
+func (r Release) String() string {
+	ips := strings.Join(r.IPs, ",")
+	if ips == "" {
+		ips = "no lease"
+	}
+	return fmt.Sprintf("%s %s: %s; removed %s", r.Key, ips, r.Reason, strings.Join(r.What, ", "))
+}
+
+// Report is what a sweep saw and did.
+type Report struct {
+	Network     string
+	Attachments []*Attachment
+	// OrphanRules lists container IDs with NAT rules but no lease or record
+	// (filled when Request.Orphans is set).
+	OrphanRules []string
+	Released    []Release
+	Problems    []error
+}
+
+// Sweep judges every attachment of one network and releases the stale
+// ones: NAT rules, then leases, then records. It holds host-local's lock
+// (the flock on <dataDir>/<network>/lock that every host-local ADD and DEL
+// takes) from the first read to the lease release, so it never races an
+// allocation. A sweep with nothing to release writes nothing and logs
+// nothing.
+func (s *Sweeper) Sweep(req Request) (*Report, error) {
+	report := &Report{Network: req.Network}
+	netDir := filepath.Join(req.DataDir, req.Network)
+	recStore := records.NewStore(req.DataDir, req.Network)
+	if !exists(netDir) && !exists(recStore.Dir()) && !req.Orphans {
+		return report, nil
+	}
+
+	store, err := disk.New(req.Network, req.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("open host-local store %s: %w", netDir, err)
+	}
+	defer store.Close()
+	if err := store.Lock(); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", netDir, err)
+	}
+	// disk.Store.GC unlocks on return; unlocking twice is harmless.
+	defer store.Unlock()
+
+	dir, err := readLeases(netDir)
+	if err != nil {
+		return nil, err
+	}
+	recs, recProblems, err := recStore.List()
+	if err != nil {
+		return nil, err
+	}
+	report.Problems = append(dir.problems, recProblems...)
+
+	j, err := newJudge(s.Host, req.Valid, req.GC)
+	if err != nil {
+		return nil, err
+	}
+	report.Attachments = join(dir.leases, recs)
+	stale := map[records.Key]bool{}
+	natOwnersAlive := map[string]bool{}
+	for _, a := range report.Attachments {
+		a.Verdict = j.verdict(a)
+		if a.Verdict.State == Stale {
+			stale[a.Key] = true
+		} else {
+			natOwnersAlive[a.Key.ContainerID] = true
+		}
+	}
+	for _, p := range report.Problems {
+		s.logf("%s: skipped: %v", req.Network, p)
+	}
+	if len(stale) == 0 && !req.Orphans {
+		return report, nil
+	}
+
+	releases := map[records.Key]*Release{}
+	var order []records.Key
+	for _, a := range report.Attachments {
+		if a.Verdict.State != Stale {
+			continue
+		}
+		rel := &Release{Key: a.Key, Reason: a.Verdict.Reason}
+		for _, l := range a.Leases {
+			rel.IPs = append(rel.IPs, l.IP.String())
+			rel.What = append(rel.What, "lease "+l.IP.String())
+		}
+		releases[a.Key] = rel
+		order = append(order, a.Key)
+	}
+
+	var errs []error
+	if err := s.releaseNAT(req, report, releases, &order, natOwnersAlive); err != nil {
+		errs = append(errs, err)
+	}
+	if req.DryRun {
+		for _, rel := range releases {
+			if rel.Key.IfName != "" {
+				if r, _ := recStore.Read(rel.Key); r != nil {
+					rel.What = append(rel.What, "record")
+				}
+			}
+		}
+		report.Released = collect(releases, order)
+		return report, errors.Join(errs...)
+	}
+
+	if len(stale) > 0 && s.Netfilter != nil {
+		if err := s.Netfilter.ReleaseNFTables(req.Network, keepList(report.Attachments)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := releaseLeases(store, dir, stale); err != nil {
+		errs = append(errs, err)
+	}
+	for _, a := range report.Attachments {
+		if a.Verdict.State != Stale || a.Record == nil {
+			continue
+		}
+		if removed, err := removeRecordIfUnchanged(recStore, a.Record); err != nil {
+			errs = append(errs, err)
+		} else if removed {
+			releases[a.Key].What = append(releases[a.Key].What, "record")
+		}
+	}
+	report.Released = collect(releases, order)
+	for _, rel := range report.Released {
+		s.logf("%s: released %s", req.Network, rel)
+	}
+	return report, errors.Join(errs...)
+}
+
+// releaseNAT releases (or, in a dry run, lists) the NAT rules of stale
+// containers, and with req.Orphans those of containers the network no
+// longer knows. Rules are per network and container ID, not per ifname, so
+// a container keeps them while any of its attachments is not stale.
+func (s *Sweeper) releaseNAT(req Request, report *Report, releases map[records.Key]*Release, order *[]records.Key, alive map[string]bool) error {
+	if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
+		return nil
+	}
+	snap, err := s.Netfilter.Snapshot(req.Network)
+	if err != nil {
+		return fmt.Errorf("read NAT rules of %s: %w", req.Network, err)
+	}
+	known := map[string]bool{}
+	for _, a := range report.Attachments {
+		known[a.Key.ContainerID] = true
+	}
+	if req.Orphans {
+		for _, cid := range snap.Containers() {
+			if known[cid] {
+				continue
+			}
+			report.OrphanRules = append(report.OrphanRules, cid)
+			k := records.Key{ContainerID: cid}
+			releases[k] = &Release{Key: k, Reason: "NAT rules without a lease or record"}
+			*order = append(*order, k)
+		}
+	}
+	var errs []error
+	done := map[string]bool{}
+	for _, k := range *order {
+		cid := k.ContainerID
+		if alive[cid] || done[cid] {
+			continue
+		}
+		done[cid] = true
+		if req.DryRun {
+			releases[k].What = append(releases[k].What, snap.Owned(cid)...)
+			continue
+		}
+		removed, err := s.Netfilter.Release(snap, cid)
+		releases[k].What = append(releases[k].What, removed...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeRecordIfUnchanged removes a stale record unless it was replaced
+// since the sweep read it: a new ADD for the same attachment may have
+// written its pending record meanwhile.
+func removeRecordIfUnchanged(store *records.Store, seen *records.Record) (bool, error) {
+	now, err := store.Read(seen.Key())
+	if err != nil || now == nil {
+		return false, err
+	}
+	if now.State != seen.State || now.PID != seen.PID || !now.Created.Equal(seen.Created) || now.NetnsID != seen.NetnsID {
+		return false, nil
+	}
+	return true, store.Remove(seen.Key())
+}
+
+// join groups leases and records by attachment, sorted by first IP, then
+// by key for record-only attachments.
+func join(leases []Lease, recs []*records.Record) []*Attachment {
+	byKey := map[records.Key]*Attachment{}
+	var out []*Attachment
+	get := func(k records.Key) *Attachment {
+		a, ok := byKey[k]
+		if !ok {
+			a = &Attachment{Key: k}
+			byKey[k] = a
+			out = append(out, a)
+		}
+		return a
+	}
+	for _, l := range leases {
+		a := get(l.Key)
+		a.Leases = append(a.Leases, l)
+	}
+	for _, r := range recs {
+		get(r.Key()).Record = r
+	}
+	for _, a := range out {
+		sort.Slice(a.Leases, func(i, j int) bool { return bytes.Compare(ip16(a.Leases[i]), ip16(a.Leases[j])) < 0 })
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		li, lj := out[i].Leases, out[j].Leases
+		switch {
+		case len(li) > 0 && len(lj) > 0:
+			return bytes.Compare(ip16(li[0]), ip16(lj[0])) < 0
+		case len(li) != len(lj):
+			return len(li) > 0
+		}
+		return out[i].Key.String() < out[j].Key.String()
+	})
+	return out
+}
+
+func ip16(l Lease) []byte { return l.IP.To16() }
+
+// keepList is every attachment a sweep keeps, for nftables' GC.
+func keepList(atts []*Attachment) []types.GCAttachment {
+	var keep []types.GCAttachment
+	for _, a := range atts {
+		if a.Verdict.State != Stale {
+			keep = append(keep, types.GCAttachment{ContainerID: a.Key.ContainerID, IfName: a.Key.IfName})
+		}
+	}
+	return keep
+}
+
+func collect(m map[records.Key]*Release, order []records.Key) []Release {
+	out := make([]Release, 0, len(order))
+	for _, k := range order {
+		out = append(out, *m[k])
+	}
+	return out
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, fs.ErrNotExist)
+}
+
+func (s *Sweeper) logf(format string, args ...any) {
+	if s.Log != nil {
+		fmt.Fprintf(s.Log, "nomad-bridge-cni: "+format+"\n", args...)
+	}
+}

@@ -1,0 +1,187 @@
+// Package records keeps the wrapper's attachment records: one small JSON file
+// per container ID + ifname, written before an ADD is delegated, completed
+// with the IPs after it returns, and removed after a successful DEL. They
+// carry what host-local's lease files do not: which namespace (by inode) and
+// which boot an attachment belongs to, so a stale lease is proved, not guessed.
+package records
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// DirName is the wrapper's directory under dataDir. A CNI network name must
+// start with [a-zA-Z0-9], so no host-local network directory can ever be
+// called this; and host-local never looks outside <dataDir>/<network>.
+const DirName = ".nomad-bridge-cni"
+
+// FormatVersion is written into every record; a record of another version
+// is reported and left alone.
+const FormatVersion = 1
+
+// State tells an ADD in progress from a finished one.
+type State string
+
+const (
+	Pending  State = "pending"
+	Complete State = "complete"
+)
+
+// Record is one attachment as the wrapper saw it at ADD.
+type Record struct {
+	Version     int             `json:"version"`
+	Network     string          `json:"network"`
+	ContainerID string          `json:"containerID"`
+	IfName      string          `json:"ifName"`
+	Netns       string          `json:"netns"`
+	NetnsID     sysinfo.NetnsID `json:"netnsID"`
+	BootID      string          `json:"bootID"`
+	Created     time.Time       `json:"created"`
+	State       State           `json:"state"`
+	// PID and PIDStart name the ADD process while the record is pending.
+	PID      int      `json:"pid,omitempty"`
+	PIDStart uint64   `json:"pidStart,omitempty"`
+	IPs      []string `json:"ips,omitempty"`
+}
+
+// Key identifies an attachment, as in the CNI GC verb.
+type Key struct {
+	ContainerID string
+	IfName      string
+}
+
+func (k Key) String() string { return k.ContainerID + "/" + k.IfName }
+
+// Key returns the record's attachment key.
+func (r *Record) Key() Key { return Key{r.ContainerID, r.IfName} }
+
+// Store is the record directory of one network.
+type Store struct {
+	dir     string
+	network string
+}
+
+// NewStore names the record directory for network under dataDir; nothing
+// is created until the first Write.
+func NewStore(dataDir, network string) *Store {
+	return &Store{dir: filepath.Join(dataDir, DirName, network), network: network}
+}
+
+// Dir is where the network's records live.
+func (s *Store) Dir() string { return s.dir }
+
+// fileName is "<containerID>@<ifname>": a container ID cannot contain '@'
+// (skel enforces the network-name alphabet), so the split is unambiguous,
+// and an ifname cannot contain '/'.
+func fileName(k Key) string { return k.ContainerID + "@" + k.IfName }
+
+// Write stores r atomically (temp file + rename, 0600), so a reader sees the
+// old record or the new one, never half of one.
+func (s *Store) Write(r *Record) error {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return fmt.Errorf("create record directory %s: %w", s.dir, err)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode record %s: %w", r.Key(), err)
+	}
+	tmp, err := os.CreateTemp(s.dir, ".tmp-")
+	if err != nil {
+		return fmt.Errorf("create record %s: %w", r.Key(), err)
+	}
+	_, werr := tmp.Write(b)
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write record %s: %w", r.Key(), err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(s.dir, fileName(r.Key()))); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("store record %s: %w", r.Key(), err)
+	}
+	return nil
+}
+
+// Read returns the record of k, or nil when there is none.
+func (s *Store) Read(k Key) (*Record, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, fileName(k)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read record %s: %w", k, err)
+	}
+	return s.decode(fileName(k), b)
+}
+
+// Remove deletes the record of k; a missing record is not an error.
+func (s *Store) Remove(k Key) error {
+	err := os.Remove(filepath.Join(s.dir, fileName(k)))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove record %s: %w", k, err)
+	}
+	return nil
+}
+
+// List reads every record of the network. Files that are not valid records
+// are returned as problems and otherwise ignored: a damaged record must
+// never stop a sweep, nor make it release anything.
+func (s *Store) List() (recs []*Record, problems []error, err error) {
+	entries, err := os.ReadDir(s.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("list records in %s: %w", s.dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue // our own temp files
+		}
+		if !e.Type().IsRegular() {
+			problems = append(problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(s.dir, name))
+		if err != nil {
+			problems = append(problems, fmt.Errorf("read record: %w", err))
+			continue
+		}
+		r, err := s.decode(name, b)
+		if err != nil {
+			problems = append(problems, err)
+			continue
+		}
+		recs = append(recs, r)
+	}
+	return recs, problems, nil
+}
+
+// decode parses a record and checks it belongs where it was found.
+func (s *Store) decode(name string, b []byte) (*Record, error) {
+	path := filepath.Join(s.dir, name)
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("record %s: %w", path, err)
+	}
+	switch {
+	case r.Version != FormatVersion:
+		return nil, fmt.Errorf("record %s: unsupported format version %d", path, r.Version)
+	case r.Network != s.network:
+		return nil, fmt.Errorf("record %s: belongs to network %q", path, r.Network)
+	case r.ContainerID == "" || r.IfName == "" || fileName(r.Key()) != name:
+		return nil, fmt.Errorf("record %s: names attachment %s", path, r.Key())
+	case r.State != Pending && r.State != Complete:
+		return nil, fmt.Errorf("record %s: unknown state %q", path, r.State)
+	}
+	return &r, nil
+}

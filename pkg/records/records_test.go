@@ -1,0 +1,115 @@
+package records
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+func sample() *Record {
+	return &Record{
+		Version: FormatVersion, Network: "nomad", ContainerID: "c1", IfName: "eth0",
+		Netns: "/var/run/netns/x", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 4026532000},
+		BootID: "b", Created: time.Unix(1764660000, 0).UTC(), State: Complete, IPs: []string{"172.26.64.2/20"},
+	}
+}
+
+func TestWriteReadRemove(t *testing.T) {
+	dataDir := t.TempDir()
+	s := NewStore(dataDir, "nomad")
+	if got, err := s.Read(Key{"c1", "eth0"}); got != nil || err != nil {
+		t.Fatalf("Read before Write = %v, %v", got, err)
+	}
+	want := sample()
+	if err := s.Write(want); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dataDir, ".nomad-bridge-cni", "nomad", "c1@eth0")
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("record file %s: %v %v, want mode 0600", path, fi, err)
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("record dir mode: %v %v, want 0700", fi, err)
+	}
+	got, err := s.Read(Key{"c1", "eth0"})
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("Read = %+v, %v; want %+v", got, err, want)
+	}
+	if err := s.Remove(Key{"c1", "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(Key{"c1", "eth0"}); err != nil {
+		t.Errorf("second Remove: %v", err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 0 {
+		t.Errorf("left behind: %v", entries)
+	}
+}
+
+func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
+	s := NewStore(t.TempDir(), "nomad")
+	if err := s.Write(sample()); err != nil {
+		t.Fatal(err)
+	}
+	other := sample()
+	other.Network = "other"
+	bad := map[string]string{
+		"garbage@eth0": "{not json",
+		"empty@eth0":   "",
+		"c2@eth0":      mustJSON(t, other),   // wrong network
+		"c3@eth0":      mustJSON(t, sample()), // names c1@eth0
+	}
+	for name, content := range bad {
+		if err := os.WriteFile(filepath.Join(s.Dir(), name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(s.Dir(), "dir@eth0"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir(), ".tmp-123"), []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, problems, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].ContainerID != "c1" {
+		t.Errorf("records = %+v, want only c1", recs)
+	}
+	if len(problems) != 5 {
+		t.Errorf("problems = %d %v, want 5", len(problems), problems)
+	}
+	for _, p := range problems {
+		if !strings.Contains(p.Error(), s.Dir()) && !strings.Contains(p.Error(), "read record") {
+			t.Errorf("problem does not name the file: %v", p)
+		}
+	}
+}
+
+func TestListOfMissingDirectoryIsEmpty(t *testing.T) {
+	recs, problems, err := NewStore(t.TempDir(), "none").List()
+	if recs != nil || problems != nil || err != nil {
+		t.Errorf("List = %v %v %v", recs, problems, err)
+	}
+}
+
+func mustJSON(t *testing.T, r *Record) string {
+	t.Helper()
+	s := NewStore(t.TempDir(), r.Network)
+	if err := s.Write(r); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(s.Dir(), fileName(r.Key())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

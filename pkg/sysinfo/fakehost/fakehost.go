@@ -1,0 +1,56 @@
+// Package fakehost is a sysinfo.Host for tests: a fixed boot, a fixed
+// clock, namespaces and processes that exist because the test says so.
+package fakehost
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// Host is a settable sysinfo.Host.
+type Host struct {
+	ID    string
+	Boot  time.Time
+	Clock time.Time
+	// Namespaces maps a netns path to its identity; a path absent here does
+	// not exist, unless it is in NotNetns (exists, but not nsfs).
+	Namespaces map[string]sysinfo.NetnsID
+	NotNetns   map[string]bool
+	// Processes maps a pid to its start time.
+	Processes map[int]uint64
+}
+
+var _ sysinfo.Host = (*Host)(nil)
+
+// New returns a host booted at boot with ID "boot-1", the clock an hour
+// later, and this process registered as running.
+func New(boot time.Time) *Host {
+	return &Host{
+		ID: "boot-1", Boot: boot, Clock: boot.Add(time.Hour),
+		Namespaces: map[string]sysinfo.NetnsID{}, NotNetns: map[string]bool{},
+		Processes: map[int]uint64{os.Getpid(): 4242},
+	}
+}
+
+func (h *Host) BootID() (string, error)      { return h.ID, nil }
+func (h *Host) BootTime() (time.Time, error) { return h.Boot, nil }
+func (h *Host) Now() time.Time               { return h.Clock }
+
+func (h *Host) Netns(path string) (sysinfo.NetnsID, error) {
+	if id, ok := h.Namespaces[path]; ok {
+		return id, nil
+	}
+	if h.NotNetns[path] {
+		return sysinfo.NetnsID{}, fmt.Errorf("%s: %w", path, sysinfo.ErrNotNetns)
+	}
+	return sysinfo.NetnsID{}, &fs.PathError{Op: "statfs", Path: path, Err: fs.ErrNotExist}
+}
+
+func (h *Host) ProcessStart(pid int) (uint64, bool) {
+	start, ok := h.Processes[pid]
+	return start, ok
+}

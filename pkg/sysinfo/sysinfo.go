@@ -1,0 +1,145 @@
+// Package sysinfo reads the facts the staleness rules rest on: which boot
+// this is, when it started, which network namespace a path names, and
+// whether a process is still the one that wrote a record. Everything goes
+// through the Host interface so the rules can be tested with a fixed clock
+// and fake namespaces.
+package sysinfo
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// NetnsID identifies a network namespace: the device and inode of its nsfs
+// file. A namespace re-created at the same path gets a new inode.
+type NetnsID struct {
+	Dev uint64 `json:"dev"`
+	Ino uint64 `json:"ino"`
+}
+
+// ErrNotNetns is returned for a path that exists but is not an nsfs mount
+// (for example the empty file left when a bind mount went away).
+var ErrNotNetns = errors.New("not a network namespace (not nsfs)")
+
+// Host is the source of boot, clock, namespace and process facts.
+type Host interface {
+	BootID() (string, error)
+	BootTime() (time.Time, error)
+	Now() time.Time
+	// Netns identifies the namespace at path. A missing path gives an error
+	// satisfying errors.Is(err, fs.ErrNotExist); a path that is not nsfs
+	// gives ErrNotNetns.
+	Netns(path string) (NetnsID, error)
+	// ProcessStart is the start time (clock ticks since boot, field 22 of
+	// /proc/<pid>/stat) of pid; ok is false when there is no such process.
+	ProcessStart(pid int) (start uint64, ok bool)
+}
+
+// Real reads the running kernel. Boot facts are read once per process.
+type Real struct {
+	bootID   string
+	bootTime time.Time
+}
+
+var _ Host = (*Real)(nil)
+
+// BootID is /proc/sys/kernel/random/boot_id: a new random UUID every boot.
+func (r *Real) BootID() (string, error) {
+	if r.bootID == "" {
+		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		if err != nil {
+			return "", fmt.Errorf("read boot id: %w", err)
+		}
+		r.bootID = strings.TrimSpace(string(b))
+	}
+	return r.bootID, nil
+}
+
+// BootTime is btime from /proc/stat, the wall-clock second the kernel booted.
+func (r *Real) BootTime() (time.Time, error) {
+	if r.bootTime.IsZero() {
+		b, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			return time.Time{}, fmt.Errorf("read /proc/stat: %w", err)
+		}
+		t, err := parseBtime(b)
+		if err != nil {
+			return time.Time{}, err
+		}
+		r.bootTime = t
+	}
+	return r.bootTime, nil
+}
+
+func parseBtime(stat []byte) (time.Time, error) {
+	for _, line := range bytes.Split(stat, []byte("\n")) {
+		if rest, ok := bytes.CutPrefix(line, []byte("btime ")); ok {
+			sec, err := strconv.ParseInt(string(bytes.TrimSpace(rest)), 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("parse btime %q: %w", rest, err)
+			}
+			return time.Unix(sec, 0), nil
+		}
+	}
+	return time.Time{}, errors.New("no btime line in /proc/stat")
+}
+
+func (r *Real) Now() time.Time { return time.Now() }
+
+func (r *Real) Netns(path string) (NetnsID, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return NetnsID{}, &os.PathError{Op: "statfs", Path: path, Err: err}
+	}
+	if fs.Type != unix.NSFS_MAGIC {
+		return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
+func (r *Real) ProcessStart(pid int) (uint64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	start, err := parseStartTime(b)
+	if err != nil {
+		return 0, false
+	}
+	return start, true
+}
+
+// parseStartTime reads field 22 of /proc/<pid>/stat. The command name (field
+// 2) is in parentheses and may itself contain spaces and parentheses, so
+// fields are counted from the last ')'.
+func parseStartTime(stat []byte) (uint64, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("malformed /proc/pid/stat")
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	// fields[0] is field 3 (state); field 22 is fields[19].
+	if len(fields) < 20 {
+		return 0, errors.New("short /proc/pid/stat")
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// Self is this process's pid and start time, recorded in pending records so
+// a sweep can tell an ADD in flight from one that died.
+func Self(h Host) (pid int, start uint64) {
+	pid = os.Getpid()
+	start, _ = h.ProcessStart(pid)
+	return pid, start
+}

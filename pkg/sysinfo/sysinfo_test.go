@@ -1,0 +1,68 @@
+package sysinfo
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestParseBtime(t *testing.T) {
+	got, err := parseBtime([]byte("cpu  1 2 3\nintr 5\nbtime 1764660000\nprocesses 9\n"))
+	if err != nil || got.Unix() != 1764660000 {
+		t.Errorf("parseBtime = %v, %v", got, err)
+	}
+	if _, err := parseBtime([]byte("cpu 1\n")); err == nil {
+		t.Error("parseBtime accepted a stat without btime")
+	}
+}
+
+func TestParseStartTime(t *testing.T) {
+	// A command name with spaces and parentheses must not shift the fields.
+	stat := "4242 (we ird) (name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 100 18446744073709551615\n"
+	got, err := parseStartTime([]byte(stat))
+	if err != nil || got != 987654 {
+		t.Errorf("parseStartTime = %d, %v; want 987654", got, err)
+	}
+	if _, err := parseStartTime([]byte("1 (x) S 1")); err == nil {
+		t.Error("accepted a short stat line")
+	}
+}
+
+func TestRealHostFacts(t *testing.T) {
+	h := &Real{}
+	id, err := h.BootID()
+	if err != nil || len(id) != 36 {
+		t.Errorf("BootID = %q, %v", id, err)
+	}
+	bt, err := h.BootTime()
+	if err != nil || !bt.Before(h.Now()) {
+		t.Errorf("BootTime = %v, %v", bt, err)
+	}
+	pid, start := Self(h)
+	if got, ok := h.ProcessStart(pid); !ok || got != start || start == 0 {
+		t.Errorf("ProcessStart(self) = %d, %v; Self = %d", got, ok, start)
+	}
+	if _, ok := h.ProcessStart(1 << 30); ok {
+		t.Error("ProcessStart found a pid beyond pid_max")
+	}
+}
+
+func TestNetnsOfOwnNamespaceAndNonNamespaces(t *testing.T) {
+	h := &Real{}
+	id, err := h.Netns("/proc/self/ns/net")
+	if err != nil || id.Ino == 0 {
+		t.Fatalf("Netns(/proc/self/ns/net) = %+v, %v", id, err)
+	}
+	plain := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(plain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Netns(plain); !errors.Is(err, ErrNotNetns) {
+		t.Errorf("Netns(plain file) = %v, want ErrNotNetns", err)
+	}
+	if _, err := h.Netns(plain + "-missing"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Netns(missing) = %v, want fs.ErrNotExist", err)
+	}
+}
