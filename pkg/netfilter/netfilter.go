@@ -112,7 +112,7 @@ type rule struct {
 
 // Snapshot is the NAT state of one network, read once per sweep.
 type Snapshot struct {
-	network string
+	network   string
 	perFamily []familySnapshot
 }
 

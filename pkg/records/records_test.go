@@ -63,7 +63,7 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 	bad := map[string]string{
 		"garbage@eth0": "{not json",
 		"empty@eth0":   "",
-		"c2@eth0":      mustJSON(t, other),   // wrong network
+		"c2@eth0":      mustJSON(t, other),    // wrong network
 		"c3@eth0":      mustJSON(t, sample()), // names c1@eth0
 	}
 	for name, content := range bad {
