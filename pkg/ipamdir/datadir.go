@@ -17,14 +17,15 @@ func (c *Config) EnsureDataDir() error {
 	return nil
 }
 
-// OnTmpfs reports whether the data directory lives on a tmpfs, i.e. whether
-// its leases die with the boot, and the filesystem magic it found.
+// OnTmpfs reports whether the data directory lives in memory (tmpfs, or
+// ramfs), i.e. whether its leases die with the boot, and the filesystem
+// magic it found.
 func (c *Config) OnTmpfs() (bool, int64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(c.DataDir, &st); err != nil {
 		return false, 0, fmt.Errorf("statfs dataDir %s: %w", c.DataDir, err)
 	}
-	return st.Type == unix.TMPFS_MAGIC, st.Type, nil
+	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, st.Type, nil
 }
 
 // CheckUsable proves the data directory can hold a lease: it exists (or can

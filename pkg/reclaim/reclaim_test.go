@@ -1,0 +1,436 @@
+package reclaim
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+)
+
+const net1 = "nomad"
+
+var bootTime = time.Unix(1764660000, 0)
+
+// world is a data directory, a host and a nat table, all fake but in the
+// real formats: leases are host-local files, records are ours.
+type world struct {
+	t       *testing.T
+	dataDir string
+	host    *fakehost.Host
+	nat     *fakenat.Table
+	log     *bytes.Buffer
+	sweeper *Sweeper
+	nextIno uint64
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{t: t, dataDir: t.TempDir(), host: fakehost.New(bootTime), nat: fakenat.New(), log: &bytes.Buffer{}, nextIno: 1000}
+	w.sweeper = &Sweeper{Host: w.host, Netfilter: &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}}, Log: w.log}
+	if err := os.MkdirAll(filepath.Join(w.dataDir, net1), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// host-local creates its lock file on first use; a network directory
+	// always has one.
+	if err := os.WriteFile(filepath.Join(w.dataDir, net1, "lock"), nil, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// lease writes a host-local lease file with the given mtime.
+func (w *world) lease(ip, content string, mtime time.Time) {
+	w.t.Helper()
+	path := filepath.Join(w.dataDir, net1, ip)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.Chtimes(path, mtime, mtime); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// container creates a live namespace at /run/netns/<cid>, its lease, its
+// complete record and its NAT rules, as an ADD through the plugin would.
+func (w *world) container(cid, ip string) {
+	w.t.Helper()
+	ns := "/run/netns/" + cid
+	w.nextIno++
+	w.host.Namespaces[ns] = sysinfo.NetnsID{Dev: 4, Ino: w.nextIno}
+	w.lease(ip, cid+"\r\neth0", bootTime.Add(time.Minute))
+	w.record(&records.Record{ContainerID: cid, IfName: "eth0", Netns: ns, NetnsID: w.host.Namespaces[ns], BootID: w.host.ID, State: records.Complete, IPs: []string{ip + "/24"}})
+	w.nat.AddContainer(net1, cid, ip, 0)
+}
+
+func (w *world) record(r *records.Record) {
+	w.t.Helper()
+	r.Version, r.Network = records.FormatVersion, net1
+	if r.Created.IsZero() {
+		r.Created = bootTime.Add(time.Minute)
+	}
+	if err := records.NewStore(w.dataDir, net1).Write(r); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) sweep(req Request) *Report {
+	w.t.Helper()
+	req.DataDir, req.Network = w.dataDir, net1
+	rep, err := w.sweeper.Sweep(req)
+	if err != nil {
+		w.t.Fatalf("Sweep: %v", err)
+	}
+	return rep
+}
+
+func (w *world) leases() []string {
+	w.t.Helper()
+	entries, err := os.ReadDir(filepath.Join(w.dataDir, net1))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip") {
+			out = append(out, e.Name())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (w *world) hasRecord(cid string) bool {
+	r, err := records.NewStore(w.dataDir, net1).Read(records.Key{ContainerID: cid, IfName: "eth0"})
+	return err == nil && r != nil
+}
+
+func verdicts(rep *Report) map[string]State {
+	out := map[string]State{}
+	for _, a := range rep.Attachments {
+		out[a.Key.ContainerID] = a.Verdict.State
+	}
+	return out
+}
+
+func equal(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
+}
+
+func TestSweepReleasesOnlyProvedStaleAttachments(t *testing.T) {
+	w := newWorld(t)
+	w.container("live", "10.0.0.2")
+	w.container("gone", "10.0.0.3")
+	delete(w.host.Namespaces, "/run/netns/gone")
+	w.container("replaced", "10.0.0.4")
+	w.host.Namespaces["/run/netns/replaced"] = sysinfo.NetnsID{Dev: 4, Ino: 9999}
+	w.container("unmounted", "10.0.0.5")
+	delete(w.host.Namespaces, "/run/netns/unmounted")
+	w.host.NotNetns["/run/netns/unmounted"] = true
+	w.container("oldboot", "10.0.0.6")
+	w.record(&records.Record{ContainerID: "oldboot", IfName: "eth0", Netns: "/run/netns/oldboot", NetnsID: w.host.Namespaces["/run/netns/oldboot"], BootID: "boot-0", State: records.Complete})
+	w.lease("10.0.0.7", "norecord-old\r\neth0", bootTime.Add(-time.Hour))
+	w.lease("10.0.0.8", "norecord-new\r\neth0", bootTime.Add(time.Second))
+	w.nat.AddContainer(net1, "norecord-new", "10.0.0.8", 0)
+
+	rep := w.sweep(Request{})
+
+	want := map[string]State{"live": Live, "gone": Stale, "replaced": Stale, "unmounted": Stale, "oldboot": Stale, "norecord-old": Stale, "norecord-new": Unknown}
+	if got := verdicts(rep); len(got) != len(want) {
+		t.Errorf("verdicts = %v, want %v", got, want)
+	} else {
+		for cid, st := range want {
+			if got[cid] != st {
+				t.Errorf("%s: %s, want %s", cid, got[cid], st)
+			}
+		}
+	}
+	equal(t, "leases left", w.leases(), []string{"10.0.0.2", "10.0.0.8"})
+	for _, cid := range []string{"gone", "replaced", "unmounted", "oldboot"} {
+		if w.hasRecord(cid) {
+			t.Errorf("record of stale %s kept", cid)
+		}
+		if w.nat.Owns(net1, cid) {
+			t.Errorf("NAT rules of stale %s kept", cid)
+		}
+	}
+	if !w.hasRecord("live") || !w.nat.Owns(net1, "live") || !w.nat.Owns(net1, "norecord-new") {
+		t.Error("a live or unknown attachment lost its record or rules")
+	}
+	if len(rep.Released) != 5 {
+		t.Errorf("released %d: %v", len(rep.Released), rep.Released)
+	}
+	for _, reason := range []string{"namespace /run/netns/gone is gone", "was replaced", "no longer a network namespace", "earlier boot", "before this boot"} {
+		if !strings.Contains(w.log.String(), reason) {
+			t.Errorf("log does not say %q:\n%s", reason, w.log)
+		}
+	}
+	if n := strings.Count(w.log.String(), "\n"); n != 5 {
+		t.Errorf("log has %d lines, want one per release:\n%s", n, w.log)
+	}
+
+	// A second sweep has nothing to do, and says nothing.
+	w.log.Reset()
+	w.nat.Calls = nil
+	rep = w.sweep(Request{})
+	if len(rep.Released) != 0 || w.log.Len() != 0 || len(w.nat.Calls) != 0 {
+		t.Errorf("second sweep: released %v, log %q, nat calls %v", rep.Released, w.log, w.nat.Calls)
+	}
+}
+
+func TestSweepKeepsADDInFlight(t *testing.T) {
+	w := newWorld(t)
+	// A pending record by a running process whose namespace check would
+	// fail: the ADD is still in flight and must be left alone.
+	w.host.Processes[777] = 55
+	w.record(&records.Record{ContainerID: "inflight", IfName: "eth0", Netns: "/run/netns/missing", BootID: w.host.ID, State: records.Pending, PID: 777, PIDStart: 55})
+	w.lease("10.0.0.2", "inflight\r\neth0", bootTime.Add(time.Minute))
+	// The same, but the pid was reused by another process: the ADD died.
+	w.host.Processes[778] = 99
+	w.record(&records.Record{ContainerID: "crashed", IfName: "eth0", Netns: "/run/netns/missing2", BootID: w.host.ID, State: records.Pending, PID: 778, PIDStart: 56})
+	w.lease("10.0.0.3", "crashed\r\neth0", bootTime.Add(time.Minute))
+
+	rep := w.sweep(Request{})
+	v := verdicts(rep)
+	if v["inflight"] != Pending || v["crashed"] != Stale {
+		t.Errorf("verdicts = %v", v)
+	}
+	equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
+	if !w.hasRecord("inflight") || w.hasRecord("crashed") {
+		t.Error("wrong records removed")
+	}
+}
+
+func TestGCVerbKeepsExactlyTheValidList(t *testing.T) {
+	w := newWorld(t)
+	w.container("a", "10.0.0.2")
+	w.container("b", "10.0.0.3")
+	w.lease("10.0.0.4", "legacyformat", bootTime.Add(time.Minute)) // pre-ifname lease of "b"? no: of "legacyformat"
+	w.lease("10.0.0.5", "b", bootTime.Add(time.Minute))            // pre-ifname lease of b: valid through b's ID
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 8080)          // rules with no lease, no record
+
+	rep := w.sweep(Request{GC: true, Valid: []types.GCAttachment{{ContainerID: "b", IfName: "eth0"}}, Orphans: true})
+
+	equal(t, "leases left", w.leases(), []string{"10.0.0.3", "10.0.0.5"})
+	if w.hasRecord("a") || !w.hasRecord("b") {
+		t.Error("records: a should be gone, b kept")
+	}
+	if w.nat.Owns(net1, "a") || w.nat.Owns(net1, "orphan") || !w.nat.Owns(net1, "b") {
+		t.Errorf("nat after GC: %v", w.nat.Chains)
+	}
+	equal(t, "orphan rules", rep.OrphanRules, []string{"orphan"})
+}
+
+func TestGCWithoutListReleasesEverything(t *testing.T) {
+	w := newWorld(t)
+	w.container("a", "10.0.0.2")
+	w.lease("10.0.0.3", "norecord\r\neth0", bootTime.Add(time.Minute))
+	w.sweep(Request{GC: true})
+	if got := w.leases(); len(got) != 0 {
+		t.Errorf("leases left after GC with no valid list: %v", got)
+	}
+}
+
+func TestDryRunChangesNothing(t *testing.T) {
+	w := newWorld(t)
+	w.container("gone", "10.0.0.3")
+	delete(w.host.Namespaces, "/run/netns/gone")
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 8080)
+	before := snapshotDir(t, w.dataDir)
+	natBefore := len(w.nat.Chains)
+
+	rep := w.sweep(Request{DryRun: true, Orphans: true})
+
+	if after := snapshotDir(t, w.dataDir); after != before {
+		t.Errorf("dry run changed the data dir:\n%s\n---\n%s", before, after)
+	}
+	if len(w.nat.Chains) != natBefore || !w.nat.Owns(net1, "gone") {
+		t.Error("dry run changed the nat table")
+	}
+	if len(rep.Released) != 2 {
+		t.Fatalf("dry run reports %v, want gone and orphan", rep.Released)
+	}
+	what := strings.Join(rep.Released[0].What, ",")
+	for _, want := range []string{"lease 10.0.0.3", "jump in POSTROUTING", "chain CNI-", "record"} {
+		if !strings.Contains(what, want) {
+			t.Errorf("dry run for gone says %q, missing %q", what, want)
+		}
+	}
+}
+
+func TestDamagedFilesAreSkippedAndKept(t *testing.T) {
+	w := newWorld(t)
+	w.container("gone", "10.0.0.3")
+	delete(w.host.Namespaces, "/run/netns/gone")
+	w.lease("10.0.0.10", "", bootTime.Add(-time.Hour))                 // zero bytes
+	w.lease("10.0.0.11", "bad id \r\neth0", bootTime.Add(-time.Hour))  // not a valid lease
+	w.lease("10.0.0.12", strings.Repeat("x", 5000), bootTime.Add(-time.Hour))
+	if err := os.Mkdir(filepath.Join(w.dataDir, net1, "10.0.0.13"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(w.dataDir, net1, "10.0.0.14")); err != nil {
+		t.Fatal(err)
+	}
+	recDir := records.NewStore(w.dataDir, net1).Dir()
+	if err := os.WriteFile(filepath.Join(recDir, "junk@eth0"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := w.sweep(Request{})
+
+	equal(t, "leases left", w.leases(), []string{"10.0.0.10", "10.0.0.11", "10.0.0.12", "10.0.0.13", "10.0.0.14"})
+	if len(rep.Problems) != 6 {
+		t.Errorf("problems = %d: %v", len(rep.Problems), rep.Problems)
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Errorf("symlink target touched: %v", err)
+	}
+}
+
+func TestReleaseLeasesUsesOneGCPassOrFallsBack(t *testing.T) {
+	w := newWorld(t)
+	for i, cid := range []string{"a", "b", "c"} {
+		w.lease("10.0.0."+string(rune('2'+i)), cid+"\r\neth0", bootTime.Add(-time.Hour))
+	}
+	rep := w.sweep(Request{})
+	if len(rep.Released) != 3 || len(w.leases()) != 0 {
+		t.Fatalf("released %v, left %v", rep.Released, w.leases())
+	}
+
+}
+
+func TestReleaseFallsBackWhenOneGCPassWouldBeWrong(t *testing.T) {
+	w := newWorld(t)
+	// A pre-ifname lease of container k from an earlier boot, and k's live
+	// eth1 attachment. One GC pass keeping k/eth1 would also keep the bare
+	// "k" lease (GC matches pre-ifname leases by ID), so the release must
+	// go by exact key instead.
+	w.lease("10.0.0.2", "k", bootTime.Add(-time.Hour))
+	w.host.Namespaces["/run/netns/k"] = sysinfo.NetnsID{Dev: 4, Ino: 77}
+	w.lease("10.0.0.3", "k\r\neth1", bootTime.Add(time.Minute))
+	w.record(&records.Record{ContainerID: "k", IfName: "eth1", Netns: "/run/netns/k", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 77}, BootID: w.host.ID, State: records.Complete})
+	w.nat.AddContainer(net1, "k", "10.0.0.3", 0)
+
+	if gcKeepsExactly([]types.GCAttachment{{ContainerID: "k", IfName: "eth1"}}, []string{"k\r\neth1"}, []string{"k"}) {
+		t.Fatal("the replay of GC's matching does not see the conflict")
+	}
+	w.sweep(Request{})
+	equal(t, "leases left", w.leases(), []string{"10.0.0.3"})
+	if !w.nat.Owns(net1, "k") {
+		t.Error("NAT rules of k released although k/eth1 is live")
+	}
+}
+
+func TestBeginAddReleasesStaleEarlierAttachment(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	// Nomad re-creates the netns at the same path: new inode.
+	w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5555}
+
+	att, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	if err != nil {
+		t.Fatalf("BeginAdd: %v", err)
+	}
+	if len(w.leases()) != 0 || w.nat.Owns(net1, "c1") {
+		t.Errorf("stale attachment not released: leases %v", w.leases())
+	}
+	if att.Record.State != records.Pending || att.Record.NetnsID.Ino != 5555 || att.Record.BootID != "boot-1" || att.Record.PID != os.Getpid() {
+		t.Errorf("pending record = %+v", att.Record)
+	}
+	if err := att.Complete([]string{"10.0.0.7/24"}); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := records.NewStore(w.dataDir, net1).Read(records.Key{ContainerID: "c1", IfName: "eth0"})
+	if r == nil || r.State != records.Complete || r.PID != 0 || r.IPs[0] != "10.0.0.7/24" {
+		t.Errorf("completed record = %+v", r)
+	}
+	if !strings.Contains(w.log.String(), "was replaced") {
+		t.Errorf("release not logged: %q", w.log)
+	}
+}
+
+func TestBeginAddRefusesARealDuplicate(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	_, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || !strings.Contains(cniErr.Msg, "already attached") {
+		t.Fatalf("BeginAdd of a live attachment = %v", err)
+	}
+	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
+
+	w.host.Processes[777] = 1
+	w.record(&records.Record{ContainerID: "c2", IfName: "eth0", Netns: "/run/netns/c1", BootID: "boot-1", State: records.Pending, PID: 777, PIDStart: 1})
+	_, err = w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c1")
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater {
+		t.Errorf("BeginAdd during another ADD = %v, want code 11", err)
+	}
+}
+
+func TestBeginAddNeedsANamespace(t *testing.T) {
+	w := newWorld(t)
+	_, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/none")
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetNS {
+		t.Errorf("BeginAdd without netns = %v", err)
+	}
+	if w.hasRecord("c1") {
+		t.Error("record written for a failed ADD")
+	}
+}
+
+func TestEndDelTearsDownNATWhenNamespaceIsGone(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	w.container("c2", "10.0.0.3")
+	delete(w.host.Namespaces, "/run/netns/c1")
+	if err := w.sweeper.EndDel(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
+		t.Fatal(err)
+	}
+	if w.nat.Owns(net1, "c1") || w.hasRecord("c1") {
+		t.Error("DEL without namespace left NAT rules or record")
+	}
+	// With the namespace there, bridge tore its rules down: no NAT work.
+	w.nat.Calls = nil
+	if err := w.sweeper.EndDel(w.dataDir, net1, records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c2"); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.nat.Calls) != 0 || w.hasRecord("c2") {
+		t.Errorf("DEL with namespace: nat calls %v, record kept %v", w.nat.Calls, w.hasRecord("c2"))
+	}
+}
+
+func snapshotDir(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		content := ""
+		if fi.Mode().IsRegular() {
+			c, _ := os.ReadFile(path)
+			content = string(c)
+		}
+		b.WriteString(path + " " + fi.Mode().String() + " " + fi.ModTime().String() + " " + content + "\n")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}

@@ -1,0 +1,261 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ---------------------------------------------------------------------------
+// Results
+
+// cniResult is the part of a CNI result (any version) the tests look at.
+type cniResult struct {
+	CNIVersion string `json:"cniVersion"`
+	Interfaces []struct {
+		Name    string `json:"name"`
+		Sandbox string `json:"sandbox"`
+	} `json:"interfaces"`
+	IPs []struct {
+		Version   string `json:"version"`
+		Interface *int   `json:"interface"`
+		Address   string `json:"address"`
+		Gateway   string `json:"gateway"`
+	} `json:"ips"`
+	// raw keeps the JSON as printed, to assert which keys exist.
+	raw map[string]any
+}
+
+func parseResult(t *testing.T, stdout string) cniResult {
+	t.Helper()
+	var r cniResult
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatalf("result is not JSON: %v\n%s", err, stdout)
+	}
+	if err := json.Unmarshal([]byte(stdout), &r.raw); err != nil {
+		t.Fatalf("result is not a JSON object: %v\n%s", err, stdout)
+	}
+	return r
+}
+
+// addrIn returns the one address of the result inside p, and its gateway.
+func (r cniResult) addrIn(t *testing.T, p netip.Prefix) (netip.Prefix, netip.Addr) {
+	t.Helper()
+	var found []netip.Prefix
+	var gw netip.Addr
+	for _, ip := range r.IPs {
+		a, err := netip.ParsePrefix(ip.Address)
+		if err != nil {
+			t.Fatalf("result address %q: %v", ip.Address, err)
+		}
+		if !p.Contains(a.Addr()) {
+			continue
+		}
+		found = append(found, a)
+		if ip.Gateway != "" {
+			if gw, err = netip.ParseAddr(ip.Gateway); err != nil {
+				t.Fatalf("result gateway %q: %v", ip.Gateway, err)
+			}
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("want exactly one address in %s, result has %v (all: %+v)", p, found, r.IPs)
+	}
+	if found[0].Bits() != p.Bits() {
+		t.Errorf("address %s: want prefix length %d of the subnet", found[0], p.Bits())
+	}
+	if !gw.IsValid() {
+		t.Fatalf("address %s has no gateway in the result (isGateway is set)", found[0])
+	}
+	return found[0], gw
+}
+
+// ---------------------------------------------------------------------------
+// Kernel state inside the namespace
+
+// assertAddrOnIf checks that `ip -n NS addr show dev eth0` carries addr.
+func assertAddrOnIf(t *testing.T, ns netns, addr netip.Prefix) {
+	t.Helper()
+	out, err := output("ip", "-j", "-n", ns.name, "addr", "show", "dev", ifName)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var links []struct {
+		AddrInfo []struct {
+			Local     string `json:"local"`
+			Prefixlen int    `json:"prefixlen"`
+		} `json:"addr_info"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil {
+		t.Fatalf("parse ip addr: %v", err)
+	}
+	for _, l := range links {
+		for _, a := range l.AddrInfo {
+			if a.Local == addr.Addr().String() && a.Prefixlen == addr.Bits() {
+				return
+			}
+		}
+	}
+	t.Fatalf("%s in %s does not carry %s: %s", ifName, ns.name, addr, out)
+}
+
+// assertLinkUp checks that a link inside the namespace is up.
+func assertLinkUp(t *testing.T, ns netns, link string) {
+	t.Helper()
+	out, err := output("ip", "-j", "-n", ns.name, "link", "show", "dev", link)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var links []struct {
+		Flags []string `json:"flags"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil || len(links) != 1 {
+		t.Fatalf("parse ip link: %v: %s", err, out)
+	}
+	if !slices.Contains(links[0].Flags, "UP") {
+		t.Fatalf("%s in %s is not up: %s", link, ns.name, out)
+	}
+}
+
+// waitAddrSettled waits until addr, an address of the host namespace (the
+// bridge's IPv6 gateway), has finished duplicate address detection. bridge
+// returns while the gateway address is still tentative, and a tentative
+// address answers nothing, so an immediate ping6 would fail for ~1s. The
+// subscription lists existing addresses after subscribing, so no change can
+// slip between looking and listening.
+func waitAddrSettled(t *testing.T, addr netip.Addr) {
+	t.Helper()
+	updates := make(chan netlink.AddrUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	subErr := make(chan error, 1)
+	opts := netlink.AddrSubscribeOptions{
+		ListExisting: true,
+		ErrorCallback: func(err error) {
+			select {
+			case subErr <- err:
+			default:
+			}
+		},
+	}
+	if err := netlink.AddrSubscribeWithOptions(updates, done, opts); err != nil {
+		t.Fatalf("subscribe to address updates: %v", err)
+	}
+	timeout := time.After(15 * time.Second)
+	for {
+		select {
+		case err := <-subErr:
+			t.Fatalf("address subscription failed before %s settled: %v", addr, err)
+		case u, ok := <-updates:
+			if !ok {
+				t.Fatalf("address subscription ended before %s settled", addr)
+			}
+			a, _ := netip.AddrFromSlice(u.LinkAddress.IP)
+			if a.Unmap() != addr || !u.NewAddr {
+				continue
+			}
+			switch {
+			case u.Flags&unix.IFA_F_DADFAILED != 0:
+				t.Fatalf("duplicate address detection failed for %s", addr)
+			case u.Flags&unix.IFA_F_TENTATIVE == 0:
+				return
+			}
+		case <-timeout:
+			t.Fatalf("%s still tentative after 15s", addr)
+		}
+	}
+}
+
+// ping sends one echo request from inside the namespace to addr (the bridge
+// gateway, an address the test created).
+func ping(t *testing.T, ns netns, addr netip.Addr) {
+	t.Helper()
+	if err := run("ip", "netns", "exec", ns.name, "ping", "-c1", "-W2", addr.String()); err != nil {
+		t.Fatalf("ping %s from %s: %v", addr, ns.name, err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Leases
+
+// leaseDir is host-local's directory for the test's network under the
+// plugin's dataDir.
+func (e *testEnv) leaseDir() string { return filepath.Join(e.dataDir, e.netName) }
+
+// readLeases returns host-local's leases in dir: files whose names parse as
+// IP addresses, mapped to their content. Other files (lock,
+// last_reserved_ip.N) are host-local's bookkeeping. A missing dir is empty.
+func readLeases(t *testing.T, dir string) map[netip.Addr]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[netip.Addr]string{}
+	}
+	if err != nil {
+		t.Fatalf("read lease dir: %v", err)
+	}
+	leases := map[netip.Addr]string{}
+	for _, ent := range entries {
+		a, err := netip.ParseAddr(ent.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join(dir, ent.Name()))
+		if err != nil {
+			t.Fatalf("read lease: %v", err)
+		}
+		leases[a] = string(raw)
+	}
+	return leases
+}
+
+// assertLease checks host-local's lease file for addr: it exists and holds
+// "containerID\r\nifname".
+func assertLease(t *testing.T, dir string, addr netip.Addr, cid string) {
+	t.Helper()
+	leases := readLeases(t, dir)
+	got, ok := leases[addr]
+	if !ok {
+		t.Fatalf("no lease for %s in %s (leases: %v)", addr, dir, leases)
+	}
+	if want := cid + "\r\n" + ifName; got != want {
+		t.Fatalf("lease %s/%s holds %q, want %q", dir, addr, got, want)
+	}
+}
+
+// assertLeases checks that dir holds exactly the given leases.
+func assertLeases(t *testing.T, dir string, want map[netip.Addr]string) {
+	t.Helper()
+	got := readLeases(t, dir)
+	if len(got) != len(want) {
+		t.Fatalf("leases in %s: got %q, want %q", dir, got, want)
+	}
+	for a, w := range want {
+		if got[a] != w {
+			t.Fatalf("leases in %s: got %q, want %q", dir, got, want)
+		}
+	}
+}
+
+func leaseContent(cid string) string { return cid + "\r\n" + ifName }
+
+// assertDefaultDirsUntouched checks that the plugin wrote no lease where
+// host-local or the plugin would by default: only the tmpfs may hold them.
+func (e *testEnv) assertDefaultDirsUntouched(t *testing.T) {
+	t.Helper()
+	for _, d := range []string{hostLocalDefaultDir, pluginDefaultDataDir} {
+		p := filepath.Join(d, e.netName)
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s exists (stat: %v): leases must only go to the test's dataDir %s", p, err, e.dataDir)
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// ---------------------------------------------------------------------------
+// Conflists
+
+// loadConflist reads one of the repository's example conflists.
+func loadConflist(t *testing.T, file string) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repoDir(t), "conflist", file))
+	if err != nil {
+		t.Fatalf("read conflist: %v", err)
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(raw, &conf); err != nil {
+		t.Fatalf("parse conflist %s: %v", file, err)
+	}
+	return conf
+}
+
+// pluginEntries returns the entries of a conflist's "plugins" array.
+func pluginEntries(t *testing.T, conf map[string]any) []map[string]any {
+	t.Helper()
+	list, ok := conf["plugins"].([]any)
+	if !ok {
+		t.Fatalf("conflist has no plugins array: %v", conf)
+	}
+	out := make([]map[string]any, 0, len(list))
+	for _, p := range list {
+		m, ok := p.(map[string]any)
+		if !ok {
+			t.Fatalf("plugin entry is not an object: %v", p)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// entryOfType returns the first plugin entry of the given type.
+func entryOfType(t *testing.T, conf map[string]any, typ string) map[string]any {
+	t.Helper()
+	for _, p := range pluginEntries(t, conf) {
+		if p["type"] == typ {
+			return p
+		}
+	}
+	t.Fatalf("conflist has no %q entry", typ)
+	return nil
+}
+
+// confFor loads an example conflist and makes it this test's own: its
+// network name, bridge, subnets, firewall admin chain, and the tmpfs as the
+// plugin's dataDir. Everything else stays as the example has it.
+func (e *testEnv) confFor(t *testing.T, file string) map[string]any {
+	t.Helper()
+	conf := loadConflist(t, file)
+	conf["name"] = e.netName
+	for _, p := range pluginEntries(t, conf) {
+		switch p["type"] {
+		case pluginType, "bridge":
+			p["bridge"] = e.bridge
+			if p["type"] == pluginType {
+				p["dataDir"] = e.dataDir
+			}
+			ipam, ok := p["ipam"].(map[string]any)
+			if !ok {
+				t.Fatalf("%s entry has no ipam", p["type"])
+			}
+			e.patchIPAM(t, ipam)
+		case "firewall":
+			// The admin chain is shared by everything using the same name;
+			// a per-test name lets cleanup delete it without touching
+			// anybody else's (Nomad's NOMAD-ADMIN included).
+			p["iptablesAdminChainName"] = e.adminChain
+		}
+	}
+	return conf
+}
+
+// patchIPAM swaps the example's subnets for the test's random ones.
+func (e *testEnv) patchIPAM(t *testing.T, ipam map[string]any) {
+	t.Helper()
+	if _, ok := ipam["subnet"]; ok {
+		ipam["subnet"] = e.subnet4.String()
+		delete(ipam, "rangeStart")
+		delete(ipam, "rangeEnd")
+		delete(ipam, "gateway")
+	}
+	ranges, _ := ipam["ranges"].([]any)
+	for _, set := range ranges {
+		rs, _ := set.([]any)
+		for _, r := range rs {
+			rm, ok := r.(map[string]any)
+			if !ok {
+				continue
+			}
+			s, _ := rm["subnet"].(string)
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				t.Fatalf("example range subnet %q: %v", s, err)
+			}
+			if p.Addr().Is4() {
+				rm["subnet"] = e.subnet4.String()
+			} else {
+				rm["subnet"] = e.subnet6.String()
+			}
+			delete(rm, "rangeStart")
+			delete(rm, "rangeEnd")
+			delete(rm, "gateway")
+		}
+	}
+}
+
+// bareBridge turns a conflist using the plugin back into what users run
+// today: "type": "bridge" with host-local's leases in leaseDir, which the
+// "reboot" does not wipe (like /var/lib/cni/networks).
+func bareBridge(t *testing.T, conf map[string]any, leaseDir string) {
+	t.Helper()
+	p := entryOfType(t, conf, pluginType)
+	p["type"] = "bridge"
+	delete(p, "delegate")
+	delete(p, "dataDir")
+	p["ipam"].(map[string]any)["dataDir"] = leaseDir
+}
+
+// writeConflist makes conf the only network in the test's NETCONFPATH.
+func (e *testEnv) writeConflist(t *testing.T, conf map[string]any) string {
+	t.Helper()
+	raw, err := json.MarshalIndent(conf, "", "  ")
+	if err != nil {
+		t.Fatalf("marshal conflist: %v", err)
+	}
+	p := filepath.Join(e.confDir, e.netName+".conflist")
+	if err := os.WriteFile(p, raw, 0o644); err != nil {
+		t.Fatalf("write conflist: %v", err)
+	}
+	return p
+}

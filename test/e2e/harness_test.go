@@ -1,0 +1,658 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha512"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+const (
+	pluginType = "nomad-bridge-cni"
+	ifName     = "eth0"
+	netnsDir   = "/var/run/netns"
+
+	// hostLocalDefaultDir is where host-local keeps leases when nobody sets
+	// ipam.dataDir: the persistent store the plugin exists to move away from.
+	hostLocalDefaultDir = "/var/lib/cni/networks"
+	// pluginDefaultDataDir is the plugin's default dataDir. Tests always
+	// point dataDir at their own tmpfs, so nothing may appear here either.
+	pluginDefaultDataDir = "/var/run/cni"
+	// cnitoolCacheDir is libcni's default cache, which cnitool always uses.
+	cnitoolCacheDir = "/var/lib/cni"
+
+	// cmdTimeout bounds every external command so that a hung plugin fails
+	// the test instead of hanging the whole run.
+	cmdTimeout = 60 * time.Second
+)
+
+// referenceBinaries are the binaries `make plugins` puts in bin/.
+var referenceBinaries = []string{"cnitool", "bridge", "host-local", "loopback", "firewall", "portmap"}
+
+// ---------------------------------------------------------------------------
+// Prerequisites
+
+var hostPrereqs struct {
+	once    sync.Once
+	missing []string
+}
+
+// requireHost skips the test, saying why, when the host cannot run e2e tests
+// (not root, tools missing, iptables unusable). With CI set it fails instead:
+// a CI run must never pass by skipping everything.
+func requireHost(t *testing.T) {
+	t.Helper()
+	hostPrereqs.once.Do(func() { hostPrereqs.missing = missingHostPrereqs() })
+	if len(hostPrereqs.missing) == 0 {
+		return
+	}
+	msg := "e2e prerequisites missing: " + strings.Join(hostPrereqs.missing, "; ")
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg + " (CI is set, so this is a failure, not a skip)")
+	}
+	t.Skip(msg)
+}
+
+func missingHostPrereqs() []string {
+	var missing []string
+	if uid := os.Geteuid(); uid != 0 {
+		missing = append(missing, fmt.Sprintf("root (running as uid %d)", uid))
+	}
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "mount", "umount", "ping"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, fmt.Sprintf("%s in PATH", tool))
+		}
+	}
+	if len(missing) > 0 {
+		return missing
+	}
+	// Being root with the binaries is not enough inside a container without
+	// CAP_NET_ADMIN, or without the nat table: try the real thing.
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		if out, err := exec.Command(ipt, "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput(); err != nil {
+			missing = append(missing, fmt.Sprintf("a working %s nat table (%v: %s)", ipt, err, bytes.TrimSpace(out)))
+		}
+	}
+	return missing
+}
+
+// repoDir is the repository root. `go test` runs a test binary in its
+// package's source directory, test/e2e.
+func repoDir(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatalf("getwd: %v", err)
+	}
+	return filepath.Clean(filepath.Join(wd, "..", ".."))
+}
+
+// binDir is NBC_BIN_DIR (set by the Makefile) or the repository's bin/.
+func binDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("NBC_BIN_DIR")
+	if dir == "" {
+		dir = filepath.Join(repoDir(t), "bin")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatalf("bin dir %q: %v", dir, err)
+	}
+	return abs
+}
+
+// requireBinaries fails (never skips) when a binary is missing: missing
+// build output is a broken build, not a host without prerequisites.
+func requireBinaries(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatalf("%s is missing (%v): run `make build plugins` or set NBC_BIN_DIR", p, err)
+		}
+		if fi.Mode()&0o111 == 0 {
+			t.Fatalf("%s is not executable", p)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The per-test environment
+
+// netns is a named network namespace the test created, and the container ID
+// cnitool derives for it.
+type netns struct {
+	name string
+	path string
+	cid  string
+}
+
+// testEnv owns everything one test creates: names, subnets, a tmpfs used as
+// the plugin's dataDir, a NETCONFPATH, namespaces. Its cleanup removes all of
+// it and then verifies that nothing is left.
+type testEnv struct {
+	bin        string
+	id         string
+	netName    string
+	bridge     string
+	adminChain string
+	subnet4    netip.Prefix
+	subnet6    netip.Prefix
+
+	dataDir    string // tmpfs mount point, the plugin's dataDir
+	persistDir string // plain directory: the bare-bridge control's ipam.dataDir
+	confDir    string // NETCONFPATH
+	cacheDir   string // libcni cache for the Go harness (cnitool uses /var/lib/cni)
+	tmpfsSrc   string // the tmpfs "device" name, unique so leftovers are visible in `mount`
+
+	mu        sync.Mutex
+	netnses   []netns
+	cids      []string
+	listeners []*exec.Cmd
+}
+
+// newEnv sets up a fresh environment and registers its cleanup.
+func newEnv(t *testing.T) *testEnv {
+	t.Helper()
+	requireHost(t)
+	bin := binDir(t)
+	requireBinaries(t, bin, referenceBinaries...)
+
+	id := fmt.Sprintf("%08x", rand.Uint32())
+	base := t.TempDir()
+	e := &testEnv{
+		bin:        bin,
+		id:         id,
+		netName:    "nbc-e2e-" + id,
+		bridge:     "nbc" + id, // 11 bytes: Linux allows at most 15
+		adminChain: "NBC-ADM-" + id,
+		dataDir:    filepath.Join(base, "tmpfs"),
+		persistDir: filepath.Join(base, "persistent"),
+		confDir:    filepath.Join(base, "net.d"),
+		cacheDir:   filepath.Join(base, "libcni-cache"),
+		tmpfsSrc:   "nbc-e2e-" + id,
+	}
+	for _, d := range []string{e.dataDir, e.persistDir, e.confDir, e.cacheDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatalf("mkdir: %v", err)
+		}
+	}
+	e.subnet4, e.subnet6 = pickSubnets(t)
+	t.Logf("env: network %s, bridge %s, subnets %s %s, dataDir %s", e.netName, e.bridge, e.subnet4, e.subnet6, e.dataDir)
+
+	// Registered after t.TempDir, so it runs before the directory is removed
+	// (cleanups run last-in first-out) and the tmpfs is unmounted by then.
+	t.Cleanup(func() { e.cleanup(t) })
+
+	e.mountTmpfs(t)
+	return e
+}
+
+// requirePlugin fails when the plugin under test has not been built.
+func (e *testEnv) requirePlugin(t *testing.T) {
+	t.Helper()
+	requireBinaries(t, e.bin, pluginType)
+}
+
+// pickSubnets chooses a random IPv4 /24 in 10.100.0.0-10.199.255.0 and a
+// random IPv6 /64 in fd00::/8 that overlap nothing already routed on the
+// host (including other tests' bridges).
+func pickSubnets(t *testing.T) (netip.Prefix, netip.Prefix) {
+	t.Helper()
+	used, err := hostPrefixes()
+	if err != nil {
+		t.Fatalf("list host routes: %v", err)
+	}
+	free := func(p netip.Prefix) bool {
+		return !slices.ContainsFunc(used, p.Overlaps)
+	}
+	var v4, v6 netip.Prefix
+	for range 1000 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + rand.IntN(100)), byte(rand.IntN(256)), 0}), 24)
+		if free(p) {
+			v4 = p
+			break
+		}
+	}
+	for range 1000 {
+		var a [16]byte
+		a[0] = 0xfd
+		for i := 2; i < 8; i++ {
+			a[i] = byte(rand.IntN(256))
+		}
+		p := netip.PrefixFrom(netip.AddrFrom16(a), 64)
+		if free(p) {
+			v6 = p
+			break
+		}
+	}
+	if !v4.IsValid() || !v6.IsValid() {
+		t.Fatalf("no free subnet found (host routes: %v)", used)
+	}
+	return v4, v6
+}
+
+// hostPrefixes lists every destination in every routing table of the host.
+func hostPrefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, fam := range []string{"-4", "-6"} {
+		raw, err := exec.Command("ip", "-j", fam, "route", "show", "table", "all").Output()
+		if err != nil {
+			return nil, fmt.Errorf("ip %s route: %w", fam, err)
+		}
+		var routes []struct {
+			Dst string `json:"dst"`
+		}
+		if err := json.Unmarshal(raw, &routes); err != nil {
+			return nil, fmt.Errorf("parse ip %s route: %w", fam, err)
+		}
+		for _, r := range routes {
+			if p, err := netip.ParsePrefix(r.Dst); err == nil {
+				out = append(out, p.Masked())
+			} else if a, err := netip.ParseAddr(r.Dst); err == nil {
+				out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			}
+		}
+	}
+	return out, nil
+}
+
+// randomHostPort is a host port for portmap; portmap only writes DNAT rules
+// and binds nothing, so a random high port cannot clash with a listener.
+func randomHostPort() int { return 20000 + rand.IntN(30000) }
+
+// ---------------------------------------------------------------------------
+// tmpfs
+
+func (e *testEnv) mountTmpfs(t *testing.T) {
+	t.Helper()
+	if err := run("mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", e.tmpfsSrc, e.dataDir); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+}
+
+// remountTmpfs is the tmpfs half of a reboot: everything on it is gone.
+func (e *testEnv) remountTmpfs(t *testing.T) {
+	t.Helper()
+	if err := run("umount", e.dataDir); err != nil {
+		t.Fatalf("umount tmpfs: %v", err)
+	}
+	e.mountTmpfs(t)
+	entries, err := os.ReadDir(e.dataDir)
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("fresh tmpfs at %s is not empty: %v %v", e.dataDir, entries, err)
+	}
+}
+
+// isMountPoint reports whether dir is a mount point, from mountinfo.
+func isMountPoint(dir string) (bool, error) {
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMountinfo(f[4]) == dir {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// unescapeMountinfo undoes the kernel's octal escaping of " \t\n\\".
+func unescapeMountinfo(s string) string {
+	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	return r.Replace(s)
+}
+
+// ---------------------------------------------------------------------------
+// Namespaces
+
+// containerIDFor is the container ID cnitool uses for a namespace path
+// (cnitool/cmd/root.go: "cnitool-" + hex of the first 10 bytes of the
+// SHA-512 of the absolute path).
+func containerIDFor(nsPath string) string {
+	s := sha512.Sum512([]byte(nsPath))
+	return fmt.Sprintf("cnitool-%x", s[:10])
+}
+
+// addNetns creates a named network namespace; the same suffix always maps to
+// the same path and so to the same container ID.
+func (e *testEnv) addNetns(t *testing.T, suffix string) netns {
+	t.Helper()
+	name := "nbc-e2e-" + e.id + "-" + suffix
+	ns := netns{name: name, path: filepath.Join(netnsDir, name)}
+	ns.cid = containerIDFor(ns.path)
+	e.mu.Lock()
+	if !slices.Contains(e.netnses, ns) {
+		e.netnses = append(e.netnses, ns)
+	}
+	if !slices.Contains(e.cids, ns.cid) {
+		e.cids = append(e.cids, ns.cid)
+	}
+	e.mu.Unlock()
+	if err := run("ip", "netns", "add", name); err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	return ns
+}
+
+// destroyNetns deletes a namespace without any CNI DEL, as a reboot or a
+// crashed runtime would. The kernel destroys the container's veth pair with
+// the namespace, but asynchronously; deleting the host end first makes the
+// outcome settled before the next step runs.
+func (e *testEnv) destroyNetns(t *testing.T, ns netns) {
+	t.Helper()
+	if err := e.deleteBridgePorts(); err != nil {
+		t.Fatalf("delete veths: %v", err)
+	}
+	if err := run("ip", "netns", "delete", ns.name); err != nil {
+		t.Fatalf("delete netns: %v", err)
+	}
+	if _, err := os.Stat(ns.path); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("netns %s still present after delete (stat: %v)", ns.path, err)
+	}
+}
+
+// deleteBridgePorts deletes every link enslaved to the test's bridge (the
+// host ends of the containers' veth pairs).
+func (e *testEnv) deleteBridgePorts() error {
+	if !linkExists(e.bridge) {
+		return nil
+	}
+	raw, err := exec.Command("ip", "-j", "link", "show", "master", e.bridge).Output()
+	if err != nil {
+		return fmt.Errorf("list ports of %s: %w", e.bridge, err)
+	}
+	var links []struct {
+		Ifname string `json:"ifname"`
+	}
+	if err := json.Unmarshal(raw, &links); err != nil {
+		return fmt.Errorf("parse ports of %s: %w", e.bridge, err)
+	}
+	var errs []error
+	for _, l := range links {
+		if err := run("ip", "link", "delete", l.Ifname); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func linkExists(name string) bool {
+	return exec.Command("ip", "link", "show", "dev", name).Run() == nil
+}
+
+// ---------------------------------------------------------------------------
+// Running cnitool and the plugin
+
+// cniEnv is the process environment without any CNI variables of the
+// caller's, plus the given ones. PATH is kept: the plugins run iptables.
+func cniEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "CNI_") || strings.HasPrefix(kv, "NETCONFPATH=") || strings.HasPrefix(kv, "CAP_ARGS=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// cnitool runs `cnitool VERB NETWORK NSPATH` with the test's NETCONFPATH and
+// bin dir. capArgs, when set, is CAP_ARGS (e.g. portMappings).
+func (e *testEnv) cnitool(verb string, ns netns, capArgs string) (stdout, stderr string, err error) {
+	env := []string{"CNI_PATH=" + e.bin, "NETCONFPATH=" + e.confDir, "CNI_IFNAME=" + ifName}
+	if capArgs != "" {
+		env = append(env, "CAP_ARGS="+capArgs)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, "cnitool"), verb, e.netName, ns.path)
+	cmd.Env = cniEnv(env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), errb.String(), fmt.Errorf("cnitool %s %s %s: %w: %s", verb, e.netName, ns.path, err, cnitoolError(errb.String()))
+	}
+	return out.String(), errb.String(), nil
+}
+
+// cnitoolError is the error cnitool printed, without the usage text cobra
+// appends to it.
+func cnitoolError(stderr string) string {
+	var msgs []string
+	for line := range strings.SplitSeq(stderr, "\n") {
+		if msg, ok := strings.CutPrefix(line, "Error: "); ok {
+			msgs = append(msgs, msg)
+		}
+	}
+	if len(msgs) == 0 {
+		return strings.TrimSpace(stderr)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// mustCNI runs cnitool and fails the test on error, returning stdout.
+func (e *testEnv) mustCNI(t *testing.T, verb string, ns netns, capArgs string) string {
+	t.Helper()
+	out, _, err := e.cnitool(verb, ns, capArgs)
+	if err != nil {
+		t.Fatalf("%v\nstdout: %s", err, out)
+	}
+	return out
+}
+
+// libcniConfig is the Go harness: the same binaries, but a per-test cache
+// directory, so that libcni never replays cached attachments of other tests
+// (or of cnitool) and only the verb under test reaches the plugins.
+func (e *testEnv) libcniConfig() *libcni.CNIConfig {
+	return libcni.NewCNIConfigWithCacheDir([]string{e.bin}, e.cacheDir, nil)
+}
+
+// gcWithValid sends GC for the test's network with the given attachments as
+// the valid list, through libcni (cnitool cannot pass a valid list).
+func (e *testEnv) gcWithValid(t *testing.T, confPath string, valid ...netns) error {
+	t.Helper()
+	list, err := libcni.ConfListFromFile(confPath)
+	if err != nil {
+		t.Fatalf("load conflist: %v", err)
+	}
+	args := &libcni.GCArgs{}
+	for _, ns := range valid {
+		args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: ns.cid, IfName: ifName})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	if err := e.libcniConfig().GCNetworkList(ctx, list, args); err != nil {
+		return fmt.Errorf("GC %s: %w", e.netName, err)
+	}
+	return nil
+}
+
+// dropCnitoolCache removes cnitool's cached results for the test's network.
+// libcni's GC first DELs every cached attachment that is not in the valid
+// list; dropping the cache makes sure that only the plugins' own GC verb can
+// release anything, which is what a GC test must observe.
+func (e *testEnv) dropCnitoolCache() error {
+	matches, err := filepath.Glob(filepath.Join(cnitoolCacheDir, "results", e.netName+"-*"))
+	if err != nil {
+		return fmt.Errorf("glob cnitool cache: %w", err)
+	}
+	var errs []error
+	for _, m := range matches {
+		if err := os.Remove(m); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// run runs a command and returns an error carrying its output.
+func run(name string, args ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// output runs a command and returns its stdout.
+func output(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return string(out), nil
+}
+
+// ---------------------------------------------------------------------------
+// Cleanup
+
+// cleanup removes everything the test may have created, in dependency
+// order, then checks that nothing is left. It never touches what other
+// tests or the host own: it only acts on names derived from the test's id.
+func (e *testEnv) cleanup(t *testing.T) {
+	t.Helper()
+	var errs []error
+	e.mu.Lock()
+	nses := slices.Clone(e.netnses)
+	listeners := slices.Clone(e.listeners)
+	e.mu.Unlock()
+
+	// Processes the test started inside its namespaces keep them alive.
+	for _, cmd := range listeners {
+		if cmd.ProcessState == nil && cmd.Process != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}
+	if err := e.deleteBridgePorts(); err != nil {
+		errs = append(errs, err)
+	}
+	if linkExists(e.bridge) {
+		if err := run("ip", "link", "delete", e.bridge); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, ns := range nses {
+		if _, err := os.Stat(ns.path); err == nil {
+			if err := run("ip", "netns", "delete", ns.name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	errs = append(errs, e.cleanupIPTables()...)
+	if err := e.dropCnitoolCache(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, d := range []string{hostLocalDefaultDir, pluginDefaultDataDir} {
+		// Unique to this test by name: if the plugin wrote here (a bug the
+		// tests report), do not leave it behind.
+		if err := os.RemoveAll(filepath.Join(d, e.netName)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// A tmpfs may be stacked if a remount went wrong half-way: unmount
+	// until the directory is a plain directory again.
+	for range 4 {
+		mounted, err := isMountPoint(e.dataDir)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if !mounted {
+			break
+		}
+		if err := run("umount", e.dataDir); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	errs = append(errs, e.leftovers()...)
+	if len(errs) > 0 {
+		t.Errorf("cleanup of %s: %v", e.netName, errors.Join(errs...))
+	}
+}
+
+// leftovers reports anything of this test's that still exists.
+func (e *testEnv) leftovers() []error {
+	var errs []error
+	if out, err := output("ip", "netns", "list"); err != nil {
+		errs = append(errs, err)
+	} else if strings.Contains(out, e.id) {
+		errs = append(errs, fmt.Errorf("netns left: %s", out))
+	}
+	if linkExists(e.bridge) {
+		errs = append(errs, fmt.Errorf("bridge %s left", e.bridge))
+	}
+	if mounted, _ := isMountPoint(e.dataDir); mounted {
+		errs = append(errs, fmt.Errorf("tmpfs %s still mounted", e.dataDir))
+	}
+	for _, fam := range ipFamilies {
+		for _, table := range []string{"nat", "filter"} {
+			tb, err := readTable(fam, table)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, r := range tb.Rules {
+				if e.ownsRule(r) {
+					errs = append(errs, fmt.Errorf("%s -t %s rule left: %s", fam, table, r))
+				}
+			}
+			for _, c := range e.ownedChains() {
+				if tb.Chains[c] {
+					errs = append(errs, fmt.Errorf("%s -t %s chain left: %s", fam, table, c))
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// waitLine reads the first line of r, failing after timeout. It is how the
+// tests synchronise with a helper process: the helper prints a line once it
+// is ready, so there is nothing to sleep for.
+func waitLine(r *bufio.Reader, timeout time.Duration) (string, error) {
+	type res struct {
+		line string
+		err  error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		l, err := r.ReadString('\n')
+		ch <- res{strings.TrimSpace(l), err}
+	}()
+	select {
+	case got := <-ch:
+		return got.line, got.err
+	case <-time.After(timeout):
+		return "", fmt.Errorf("no line within %v", timeout)
+	}
+}

@@ -1,0 +1,295 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestAddCheckDel is the plugin's basic life cycle through cnitool, once
+// with the minimal example (the plugin alone) and once with Nomad's chain
+// (loopback, the plugin, firewall, portmap), which also proves that the
+// plugins after it accept its result as prevResult.
+func TestAddCheckDel(t *testing.T) {
+	for _, tc := range []struct {
+		file  string
+		nomad bool
+	}{
+		{file: "minimal.conflist"},
+		{file: "nomad.conflist", nomad: true},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			e.writeConflist(t, e.confFor(t, tc.file))
+			ns := e.addNetns(t, "a")
+
+			res := parseResult(t, e.mustCNI(t, "add", ns, ""))
+			addr, gw := res.addrIn(t, e.subnet4)
+
+			// The lease is host-local's, on the tmpfs, and only there.
+			assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr.Addr(): leaseContent(ns.cid)})
+			e.assertDefaultDirsUntouched(t)
+
+			// The container really is on the network.
+			assertAddrOnIf(t, ns, addr)
+			ping(t, ns, gw)
+			e.assertMasq(t, ns, addr.Addr())
+			if tc.nomad {
+				assertLinkUp(t, ns, "lo") // loopback ran
+				e.assertFirewall(t, addr.Addr())
+			}
+
+			e.mustCNI(t, "check", ns, "")
+
+			e.mustCNI(t, "del", ns, "")
+			assertLeases(t, e.leaseDir(), nil)
+			e.assertNoMasq(t, ns)
+			if tc.nomad {
+				if rules := firewallRules(t, addr.Addr()); len(rules) != 0 {
+					t.Errorf("firewall rules for %s left after DEL:\n%s", addr.Addr(), rulesString(rules))
+				}
+			}
+			if linkExistsIn(ns, ifName) {
+				t.Errorf("%s still exists in %s after DEL", ifName, ns.name)
+			}
+
+			// DEL is idempotent: again, and once the namespace is gone.
+			e.mustCNI(t, "del", ns, "")
+			e.destroyNetns(t, ns)
+			e.mustCNI(t, "del", ns, "")
+			assertLeases(t, e.leaseDir(), nil)
+			e.assertDefaultDirsUntouched(t)
+		})
+	}
+}
+
+// linkExistsIn reports whether a link exists inside the namespace.
+func linkExistsIn(ns netns, link string) bool {
+	return run("ip", "-n", ns.name, "link", "show", "dev", link) == nil
+}
+
+// TestNomadChainPortMappings runs the whole conflist/nomad.conflist chain
+// with portMappings in CAP_ARGS, the way Nomad passes them: portmap must
+// DNAT the host port to the address our plugin returned, and DEL must remove
+// it.
+func TestNomadChainPortMappings(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.confFor(t, "nomad.conflist"))
+	ns := e.addNetns(t, "a")
+
+	hostPort := randomHostPort()
+	capArgs := fmt.Sprintf(`{"portMappings":[{"hostPort":%d,"containerPort":80,"protocol":"tcp"}]}`, hostPort)
+
+	res := parseResult(t, e.mustCNI(t, "add", ns, capArgs))
+	if res.CNIVersion != "0.4.0" {
+		t.Errorf("result of Nomad's chain is at cniVersion %q, want 0.4.0", res.CNIVersion)
+	}
+	addr, gw := res.addrIn(t, e.subnet4)
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr.Addr(): leaseContent(ns.cid)})
+	e.assertDefaultDirsUntouched(t)
+	ping(t, ns, gw)
+	e.assertMasq(t, ns, addr.Addr())
+	e.assertFirewall(t, addr.Addr())
+	e.assertDNAT(t, ns, addr.Addr(), hostPort, 80)
+
+	// Real traffic through the mapping: connect to the host port on the
+	// bridge's address (the test's own) and reach a listener on port 80
+	// inside the namespace.
+	token := "nbc-e2e-" + e.id
+	listener := e.startListener(t, ns, 80, token)
+	conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(gw, uint16(hostPort)).String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial host port %d: %v", hostPort, err)
+	}
+	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatalf("set deadline: %v", err)
+	}
+	got, err := io.ReadAll(conn)
+	conn.Close()
+	if err != nil || string(got) != token {
+		t.Fatalf("through host port %d got %q (%v), want %q from the container", hostPort, got, err, token)
+	}
+	if err := listener.Wait(); err != nil {
+		t.Fatalf("listener: %v", err)
+	}
+
+	e.mustCNI(t, "check", ns, capArgs)
+
+	e.mustCNI(t, "del", ns, capArgs)
+	e.assertNoDNAT(t, ns)
+	e.assertNoMasq(t, ns)
+	assertLeases(t, e.leaseDir(), nil)
+	if rules := firewallRules(t, addr.Addr()); len(rules) != 0 {
+		t.Errorf("firewall rules for %s left after DEL:\n%s", addr.Addr(), rulesString(rules))
+	}
+}
+
+// TestCNIVersions runs ADD, CHECK and DEL at every supported cniVersion with
+// the plugin alone in the chain, so cnitool prints exactly the plugin's
+// result: it must be in the config's version (libcni takes the version from
+// the result itself, so a wrong one would show here).
+func TestCNIVersions(t *testing.T) {
+	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			conf := e.confFor(t, "minimal.conflist")
+			conf["cniVersion"] = v
+			e.writeConflist(t, conf)
+			ns := e.addNetns(t, "a")
+
+			res := parseResult(t, e.mustCNI(t, "add", ns, ""))
+			if res.CNIVersion != v {
+				t.Errorf("result cniVersion %q, want %q", res.CNIVersion, v)
+			}
+			// The ips[].version field exists up to 0.4.0 and was removed in
+			// 1.0.0: its presence tells the result format apart.
+			ips, _ := res.raw["ips"].([]any)
+			if len(ips) == 0 {
+				t.Fatalf("result has no ips: %v", res.raw)
+			}
+			for _, ip := range ips {
+				_, hasVersion := ip.(map[string]any)["version"]
+				if want := v == "0.3.1" || v == "0.4.0"; hasVersion != want {
+					t.Errorf("ips entry %v: has version field = %v, want %v for %s", ip, hasVersion, want, v)
+				}
+			}
+			addr, gw := res.addrIn(t, e.subnet4)
+			assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr.Addr(): leaseContent(ns.cid)})
+			e.assertDefaultDirsUntouched(t)
+			assertAddrOnIf(t, ns, addr)
+			ping(t, ns, gw)
+
+			// CHECK exists from 0.4.0 on; libcni refuses it for 0.3.1.
+			if v != "0.3.1" {
+				e.mustCNI(t, "check", ns, "")
+			}
+
+			e.mustCNI(t, "del", ns, "")
+			assertLeases(t, e.leaseDir(), nil)
+			e.assertNoMasq(t, ns)
+		})
+	}
+}
+
+// TestDualStack runs conflist/dual-stack.conflist: one IPv4 and one IPv6
+// address, each in its range with a lease, both released by DEL.
+func TestDualStack(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.confFor(t, "dual-stack.conflist"))
+	ns := e.addNetns(t, "a")
+
+	res := parseResult(t, e.mustCNI(t, "add", ns, ""))
+	if len(res.IPs) != 2 {
+		t.Fatalf("want 2 addresses, got %+v", res.IPs)
+	}
+	addr4, gw4 := res.addrIn(t, e.subnet4)
+	addr6, gw6 := res.addrIn(t, e.subnet6)
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{
+		addr4.Addr(): leaseContent(ns.cid),
+		addr6.Addr(): leaseContent(ns.cid),
+	})
+	e.assertDefaultDirsUntouched(t)
+	assertAddrOnIf(t, ns, addr4)
+	assertAddrOnIf(t, ns, addr6)
+	ping(t, ns, gw4)
+	waitAddrSettled(t, gw6)
+	ping(t, ns, gw6)
+	e.assertMasq(t, ns, addr4.Addr())
+	e.assertMasq(t, ns, addr6.Addr())
+
+	e.mustCNI(t, "check", ns, "")
+
+	e.mustCNI(t, "del", ns, "")
+	assertLeases(t, e.leaseDir(), nil)
+	e.assertNoMasq(t, ns)
+}
+
+// TestNonTmpfsWarning: with dataDir on a filesystem that survives a reboot
+// the plugin still works but says so on stderr, once per ADD; on tmpfs it
+// says nothing of the kind. (cnitool passes the plugins' stderr through.)
+func TestNonTmpfsWarning(t *testing.T) {
+	tmpfsLines := func(stderr, dataDir string) []string {
+		var lines []string
+		for line := range strings.SplitSeq(stderr, "\n") {
+			if strings.Contains(line, "tmpfs") && strings.Contains(line, dataDir) {
+				lines = append(lines, line)
+			}
+		}
+		return lines
+	}
+
+	t.Run("persistent-dataDir", func(t *testing.T) {
+		e := newEnv(t)
+		e.requirePlugin(t)
+		e.persistDir = persistentDir(t)
+		conf := e.confFor(t, "minimal.conflist")
+		entryOfType(t, conf, pluginType)["dataDir"] = e.persistDir
+		e.writeConflist(t, conf)
+		ns := e.addNetns(t, "a")
+
+		out, stderr, err := e.cnitool("add", ns, "")
+		if err != nil {
+			t.Fatalf("ADD with a persistent dataDir must still work: %v", err)
+		}
+		addr, _ := parseResult(t, out).addrIn(t, e.subnet4)
+		assertLease(t, filepath.Join(e.persistDir, e.netName), addr.Addr(), ns.cid)
+		if lines := tmpfsLines(stderr, e.persistDir); len(lines) != 1 {
+			t.Fatalf("want one stderr line saying %s is not on tmpfs, got %q (stderr: %q)", e.persistDir, lines, stderr)
+		}
+		e.mustCNI(t, "del", ns, "")
+		assertLeases(t, filepath.Join(e.persistDir, e.netName), nil)
+	})
+
+	t.Run("tmpfs-dataDir", func(t *testing.T) {
+		e := newEnv(t)
+		e.requirePlugin(t)
+		e.writeConflist(t, e.confFor(t, "minimal.conflist"))
+		ns := e.addNetns(t, "a")
+		_, stderr, err := e.cnitool("add", ns, "")
+		if err != nil {
+			t.Fatalf("ADD: %v", err)
+		}
+		if lines := tmpfsLines(stderr, e.dataDir); len(lines) != 0 {
+			t.Fatalf("dataDir %s is a tmpfs, yet ADD warned: %q", e.dataDir, lines)
+		}
+	})
+}
+
+// persistentDir returns a fresh directory on a filesystem that survives a
+// reboot (not tmpfs or ramfs): the system temp dir is tmpfs on some hosts,
+// so /var/tmp and the test's own working directory (the checkout) are tried
+// too. Having none is a failure in CI and a skip elsewhere.
+func persistentDir(t *testing.T) string {
+	t.Helper()
+	cwd, _ := os.Getwd()
+	for _, parent := range []string{os.TempDir(), "/var/tmp", cwd} {
+		var st unix.Statfs_t
+		if parent == "" || unix.Statfs(parent, &st) != nil || st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC {
+			continue
+		}
+		dir, err := os.MkdirTemp(parent, ".nbc-e2e-persistent-")
+		if err != nil {
+			continue
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	msg := "no persistent (non-tmpfs) filesystem among the temp dir, /var/tmp and the checkout"
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
