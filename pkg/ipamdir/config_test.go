@@ -3,6 +3,7 @@ package ipamdir
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -243,4 +244,48 @@ func compact(t *testing.T, b []byte) string {
 		t.Fatal(err)
 	}
 	return out.String()
+}
+
+func TestValidAttachments(t *testing.T) {
+	base := `{"cniVersion":"1.1.0","name":"n","ipam":{"type":"host-local"}%s}`
+	cases := []struct {
+		name    string
+		extra   string
+		want    int
+		wantNil bool
+		bad     bool
+	}{
+		{name: "absent means none valid", extra: "", wantNil: true},
+		{name: "null means none valid", extra: `,"cni.dev/valid-attachments":null`, wantNil: true},
+		{name: "empty list", extra: `,"cni.dev/valid-attachments":[]`, want: 0},
+		{name: "two", extra: `,"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"},{"containerID":"b","ifname":"eth1"}]`, want: 2},
+		{name: "legacy key", extra: `,"cni.dev/attachments":[{"containerID":"a","ifname":"eth0"}]`, want: 1},
+		{name: "not a list", extra: `,"cni.dev/valid-attachments":"a"`, bad: true},
+		{name: "garbage entry", extra: `,"cni.dev/valid-attachments":[5]`, bad: true},
+		{name: "bad container id", extra: `,"cni.dev/valid-attachments":[{"containerID":"../x","ifname":"eth0"}]`, bad: true},
+		{name: "empty container id", extra: `,"cni.dev/valid-attachments":[{"ifname":"eth0"}]`, bad: true},
+		{name: "bad ifname", extra: `,"cni.dev/valid-attachments":[{"containerID":"a","ifname":"a/b"}]`, bad: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			conf, err := Parse([]byte(fmt.Sprintf(base, tc.extra)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			list, err := conf.ValidAttachments()
+			if tc.bad {
+				var cniErr *types.Error
+				if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetworkConfig {
+					t.Errorf("error = %v, want code 7", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantNil != (list == nil) || len(list) != tc.want {
+				t.Errorf("list = %#v", list)
+			}
+		})
+	}
 }

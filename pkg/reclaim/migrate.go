@@ -55,7 +55,7 @@ func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error
 	if err := os.MkdirAll(recDir, 0o700); err != nil {
 		return m, fmt.Errorf("create %s: %w", recDir, err)
 	}
-	if err := writeAtomic(marker, []byte(bootID)); err != nil {
+	if err := records.WriteFileAtomic(marker, []byte(bootID)); err != nil {
 		return m, fmt.Errorf("write migration marker: %w", err)
 	}
 	return m, nil
@@ -157,22 +157,4 @@ func copyLease(l Lease, target string) (bool, error) {
 		return true, fmt.Errorf("keep mtime of %s: %w", target, err)
 	}
 	return true, nil
-}
-
-// writeAtomic replaces path with data (temp file + rename, 0600).
-func writeAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(data)
-	if err := errors.Join(werr, tmp.Close()); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
 }

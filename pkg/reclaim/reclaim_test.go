@@ -221,7 +221,7 @@ func TestGCVerbKeepsExactlyTheValidList(t *testing.T) {
 	w.container("b", "10.0.0.3")
 	w.lease("10.0.0.4", "legacyformat", bootTime.Add(time.Minute)) // pre-ifname lease of "b"? no: of "legacyformat"
 	w.lease("10.0.0.5", "b", bootTime.Add(time.Minute))            // pre-ifname lease of b: valid through b's ID
-	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 8080)          // rules with no lease, no record
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 8080)           // rules with no lease, no record
 
 	rep := w.sweep(Request{GC: true, Valid: []types.GCAttachment{{ContainerID: "b", IfName: "eth0"}}, Orphans: true})
 
@@ -276,8 +276,8 @@ func TestDamagedFilesAreSkippedAndKept(t *testing.T) {
 	w := newWorld(t)
 	w.container("gone", "10.0.0.3")
 	delete(w.host.Namespaces, "/run/netns/gone")
-	w.lease("10.0.0.10", "", bootTime.Add(-time.Hour))                 // zero bytes
-	w.lease("10.0.0.11", "bad id \r\neth0", bootTime.Add(-time.Hour))  // not a valid lease
+	w.lease("10.0.0.10", "", bootTime.Add(-time.Hour))                // zero bytes
+	w.lease("10.0.0.11", "bad id \r\neth0", bootTime.Add(-time.Hour)) // not a valid lease
 	w.lease("10.0.0.12", strings.Repeat("x", 5000), bootTime.Add(-time.Hour))
 	if err := os.Mkdir(filepath.Join(w.dataDir, net1, "10.0.0.13"), 0o700); err != nil {
 		t.Fatal(err)

@@ -93,19 +93,28 @@ func (s *Store) Write(r *Record) error {
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", r.Key(), err)
 	}
-	tmp, err := os.CreateTemp(s.dir, ".tmp-")
-	if err != nil {
-		return fmt.Errorf("create record %s: %w", r.Key(), err)
-	}
-	_, werr := tmp.Write(b)
-	cerr := tmp.Close()
-	if err := errors.Join(werr, cerr); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write record %s: %w", r.Key(), err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(s.dir, fileName(r.Key()))); err != nil {
-		os.Remove(tmp.Name())
+	if err := WriteFileAtomic(filepath.Join(s.dir, fileName(r.Key())), b); err != nil {
 		return fmt.Errorf("store record %s: %w", r.Key(), err)
+	}
+	return nil
+}
+
+// WriteFileAtomic replaces path with data through a 0600 temp file in the
+// same directory and a rename: a reader, or a crash, sees the old content
+// or the new, never a mix.
+func WriteFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(data)
+	if err := errors.Join(werr, tmp.Close()); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return err
 	}
 	return nil
 }
