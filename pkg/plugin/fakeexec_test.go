@@ -21,6 +21,8 @@ type fakeExec struct {
 	// fail maps "plugin VERB" to an error the delegate returns.
 	fail  map[string]error
 	calls []execCall
+	// onExec runs inside every delegate call, to observe state mid-verb.
+	onExec func()
 }
 
 type execCall struct {
@@ -46,6 +48,9 @@ func (f *fakeExec) ExecPlugin(_ context.Context, pluginPath string, stdin []byte
 	}
 	call := execCall{Plugin: filepath.Base(pluginPath), Command: env["CNI_COMMAND"], Stdin: string(stdin), Env: env}
 	f.calls = append(f.calls, call)
+	if f.onExec != nil {
+		f.onExec()
+	}
 	key := call.Plugin + " " + call.Command
 	if err := f.fail[key]; err != nil {
 		return nil, err

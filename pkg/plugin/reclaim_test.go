@@ -1,0 +1,146 @@
+package plugin
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+func (h *harness) record() *records.Record {
+	h.t.Helper()
+	r, err := records.NewStore(h.dataDir, "nomad").Read(records.Key{ContainerID: "c1", IfName: "eth0"})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return r
+}
+
+func TestAddWritesPendingRecordBeforeDelegatingAndCompletesIt(t *testing.T) {
+	h := newHarness(t, "bridge")
+	var seenDuringDelegate *records.Record
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	h.exec.onExec = func() { seenDuringDelegate = h.record() }
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if seenDuringDelegate == nil || seenDuringDelegate.State != records.Pending || seenDuringDelegate.PID != os.Getpid() {
+		t.Errorf("record while the delegate ran = %+v, want pending with our pid", seenDuringDelegate)
+	}
+	r := h.record()
+	if r == nil || r.State != records.Complete || r.Netns != "/var/run/netns/x" || r.NetnsID.Ino != 1000 || r.BootID != "boot-1" || strings.Join(r.IPs, ",") != "172.26.64.2/20" {
+		t.Errorf("record after ADD = %+v", r)
+	}
+}
+
+func TestFailedAddLeavesNoRecord(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.fail["bridge ADD"] = types.NewError(types.ErrInternal, "boom", "")
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err == nil {
+		t.Fatal("ADD succeeded")
+	}
+	if r := h.record(); r != nil {
+		t.Errorf("record left after a failed ADD: %+v", r)
+	}
+}
+
+func TestReAddIntoReplacedNamespaceSucceeds(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatal(err)
+	}
+	// A lease as host-local would have written it.
+	lease := filepath.Join(h.dataDir, "nomad", "172.26.64.2")
+	mkdir(t, filepath.Dir(lease))
+	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Same path, new namespace: what Nomad does when CHECK fails on restore.
+	h.host.Namespaces["/var/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 2000}
+	h.stdout.Reset()
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatalf("re-ADD: %v", err)
+	}
+	if _, err := os.Stat(lease); !os.IsNotExist(err) {
+		t.Errorf("stale lease not released before delegating: %v", err)
+	}
+	if r := h.record(); r == nil || r.NetnsID.Ino != 2000 {
+		t.Errorf("record = %+v, want the new namespace", r)
+	}
+	if !strings.Contains(h.stderr.String(), "was replaced") {
+		t.Errorf("release not logged: %q", h.stderr.String())
+	}
+
+	// ADD again into the same live namespace is a real duplicate.
+	err := h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	if err == nil || !strings.Contains(err.Error(), "already attached") {
+		t.Errorf("duplicate ADD = %v", err)
+	}
+}
+
+func TestDelRemovesRecordAndIsIdempotent(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err != nil {
+			t.Fatalf("DEL #%d: %v", i+1, err)
+		}
+	}
+	if r := h.record(); r != nil {
+		t.Errorf("record after DEL: %+v", r)
+	}
+}
+
+func TestDelClearsNetnsForDelegateWhenNamespaceIsNotOne(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.host.NotNetns["/var/run/netns/gone"] = true
+	t.Setenv("CNI_NETNS", "/var/run/netns/gone")
+	args := h.args(h.conf("1.0.0", ""))
+	args.Netns = "/var/run/netns/gone"
+	if err := h.plugin.Del(args); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.exec.only(t).Env["CNI_NETNS"]; got != "" {
+		t.Errorf("delegate got CNI_NETNS=%q, want empty so bridge only releases the lease", got)
+	}
+}
+
+func TestCheckSweepsTheNetworkButReturnsChecksVerdict(t *testing.T) {
+	h := newHarness(t, "bridge")
+	// A record whose namespace is gone, and its lease.
+	gone := &records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: "dead", IfName: "eth0", Netns: "/var/run/netns/dead", BootID: "boot-1", State: records.Complete}
+	if err := records.NewStore(h.dataDir, "nomad").Write(gone); err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(h.dataDir, "nomad", "172.26.64.9")
+	mkdir(t, filepath.Dir(lease))
+	if err := os.WriteFile(lease, []byte("dead\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.exec.fail["bridge CHECK"] = types.NewError(types.ErrInternal, "check failed", "")
+	err := h.plugin.Check(h.args(h.conf("1.0.0", "")))
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || !strings.Contains(cniErr.Msg, "check failed") {
+		t.Errorf("CHECK = %v, want the delegate's verdict", err)
+	}
+	if _, err := os.Stat(lease); !os.IsNotExist(err) {
+		t.Errorf("CHECK did not sweep the dead lease: %v", err)
+	}
+}
+
+func mkdir(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
