@@ -104,6 +104,10 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		return nil, err
 	}
 	report.Problems = append(dir.problems, recProblems...)
+	if req.DryRun {
+		// Nothing will be written: let allocations go on while we judge.
+		store.Unlock()
+	}
 
 	j, err := newJudge(s.Host, req.Valid, req.GC)
 	if err != nil {
@@ -206,7 +210,7 @@ func (s *Sweeper) releaseNAT(req Request, report *Report, releases map[records.K
 			}
 			report.OrphanRules = append(report.OrphanRules, cid)
 			k := records.Key{ContainerID: cid}
-			releases[k] = &Release{Key: k, Reason: "NAT rules without a lease or record"}
+			releases[k] = &Release{Key: k, Reason: OrphanReason}
 			*order = append(*order, k)
 		}
 	}
@@ -313,3 +317,6 @@ func (s *Sweeper) logf(format string, args ...any) {
 		fmt.Fprintf(s.Log, "nomad-bridge-cni: "+format+"\n", args...)
 	}
 }
+
+// OrphanReason is the reason given for NAT rules no lease or record holds.
+const OrphanReason = "NAT rules without a lease or record"

@@ -4,8 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 const usage = `nomad-bridge-cni: a CNI plugin that wraps "bridge" and keeps host-local's
@@ -16,42 +23,198 @@ your CNI bin directory (/opt/cni/bin) and change one word in a conflist:
   "type": "bridge"  ->  "type": "nomad-bridge-cni"
 
 Usage:
-  nomad-bridge-cni                 print the version line and exit
-  nomad-bridge-cni --version       print the version line and exit
-  nomad-bridge-cni -h | --help     show this help
+  nomad-bridge-cni                  print the version line and exit
+  nomad-bridge-cni --version        print the version line and exit
+  nomad-bridge-cni leases [flags]   who holds which address, and which holders are dead
+  nomad-bridge-cni gc [flags]       release dead holders now (what CHECK does)
+  nomad-bridge-cni <command> -h     help for a command
 
 Flags:
 `
 
+const leasesUsage = `Usage: nomad-bridge-cni leases [--data-dir D] [--network N] [--json]
+
+One row per lease: network, IP, container ID, ifname, netns path, age, and
+state: live, stale (<reason>), pending (ADD in progress), unknown (no record).
+NAT rules (bridge ipMasq, portmap) that no lease or record holds are listed as
+orphan-rules. Sorted by network, then IP. Changes nothing.
+
+Examples:
+  nomad-bridge-cni leases
+  nomad-bridge-cni leases --network nomad --json | jq '.leases[] | select(.state=="stale")'
+
+Flags:
+`
+
+const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D] [--network N] [--dry-run] [--orphan-rules] [--json]
+
+Runs exactly the sweep a CNI CHECK runs, under host-local's lock, and prints
+each release and why: leases, bridge's ipMasq rules, portmap's chain and the
+record of every attachment proved stale (earlier boot, namespace gone or
+replaced). Exit status 0 on success, 1 when a network could not be swept.
+
+Examples:
+  nomad-bridge-cni gc --dry-run
+  nomad-bridge-cni gc --network nomad
+  nomad-bridge-cni gc --orphan-rules --json
+
+Flags:
+`
+
+// cli holds the operator CLI's edges, so tests can give it a fake host.
+type cli struct {
+	stdout, stderr io.Writer
+	sweeper        func() *reclaim.Sweeper
+}
+
+func realSweeper() *reclaim.Sweeper {
+	return &reclaim.Sweeper{Host: &sysinfo.Real{}, Netfilter: netfilter.New()}
+}
+
 // runCLI is the operator's entry point: flags and subcommands, never the
 // CNI protocol.
 func runCLI(args []string, stdout, stderr io.Writer) int {
-	flags := pflag.NewFlagSet(PluginName, pflag.ContinueOnError)
-	flags.SetOutput(stderr)
-	showVersion := flags.Bool("version", false, "print the version line and exit")
-	flags.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fmt.Fprint(stderr, flags.FlagUsages())
-	}
+	return (&cli{stdout: stdout, stderr: stderr, sweeper: realSweeper}).run(args)
+}
 
-	if err := flags.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			flags.SetOutput(stdout)
-			fmt.Fprint(stdout, usage)
-			fmt.Fprint(stdout, flags.FlagUsages())
-			return 0
+func (c *cli) run(args []string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "leases":
+			return c.leases(args[1:])
+		case "gc":
+			return c.gc(args[1:])
 		}
-		fmt.Fprintf(stderr, "nomad-bridge-cni: %v\nRun 'nomad-bridge-cni --help' for usage.\n", err)
-		return 2
+	}
+	flags := c.flagSet("", usage)
+	showVersion := flags.Bool("version", false, "print the version line and exit")
+	if code, done := c.parse(flags, args); done {
+		return code
 	}
 	if *showVersion {
-		fmt.Fprintln(stdout, About())
+		fmt.Fprintln(c.stdout, About())
 		return 0
 	}
 	if flags.NArg() > 0 {
-		fmt.Fprintf(stderr, "nomad-bridge-cni: unknown command %q\nRun 'nomad-bridge-cni --help' for usage.\n", flags.Arg(0))
-		return 2
+		return c.fail(2, fmt.Errorf("unknown command %q", flags.Arg(0)), "")
 	}
-	flags.Usage()
+	flags.usage(c.stderr)
 	return 2
+}
+
+type commonFlags struct {
+	dataDir, network string
+	json             bool
+}
+
+func (c *cli) common(flags *command) *commonFlags {
+	f := &commonFlags{}
+	flags.StringVar(&f.dataDir, "data-dir", ipamdir.DefaultDataDir, "the plugin's dataDir")
+	flags.StringVar(&f.network, "network", "", "only this network (default: every network under the data dir)")
+	flags.BoolVar(&f.json, "json", false, "print JSON instead of text")
+	return f
+}
+
+func (c *cli) leases(args []string) int {
+	flags := c.flagSet("leases", leasesUsage)
+	f := c.common(flags)
+	if code, done := c.parse(flags, args); done {
+		return code
+	}
+	if flags.NArg() > 0 {
+		return c.fail(2, fmt.Errorf("leases takes no arguments, got %q", flags.Args()), "leases")
+	}
+	networks, err := operator.Networks(f.dataDir, f.network)
+	if err != nil {
+		return c.fail(1, err, "")
+	}
+	out, err := operator.Leases(c.sweeper(), f.dataDir, networks)
+	if err != nil {
+		return c.fail(1, err, "")
+	}
+	if f.json {
+		err = operator.WriteJSON(c.stdout, out)
+	} else {
+		err = operator.WriteLeasesTable(c.stdout, out)
+	}
+	if err != nil {
+		return c.fail(1, err, "")
+	}
+	return 0
+}
+
+func (c *cli) gc(args []string) int {
+	flags := c.flagSet("gc", gcUsage)
+	f := c.common(flags)
+	dryRun := flags.Bool("dry-run", false, "change nothing; print what would be released")
+	orphans := flags.Bool("orphan-rules", false, "also release NAT rules that no lease or record holds")
+	if code, done := c.parse(flags, args); done {
+		return code
+	}
+	if flags.NArg() > 0 {
+		return c.fail(2, fmt.Errorf("gc takes no arguments, got %q", flags.Args()), "gc")
+	}
+	networks, err := operator.Networks(f.dataDir, f.network)
+	if err != nil {
+		return c.fail(1, err, "")
+	}
+	out, gcErr := operator.GC(c.sweeper(), f.dataDir, networks, *dryRun, *orphans)
+	if f.json {
+		if err := operator.WriteJSON(c.stdout, out); err != nil {
+			return c.fail(1, err, "")
+		}
+	} else {
+		operator.WriteGCText(c.stdout, out)
+	}
+	if gcErr != nil {
+		return c.fail(1, gcErr, "")
+	}
+	return 0
+}
+
+// command is a flag set and the help text printed before its flags.
+type command struct {
+	*pflag.FlagSet
+	help string
+}
+
+func (c *cli) flagSet(name, help string) *command {
+	flags := pflag.NewFlagSet(PluginName+" "+name, pflag.ContinueOnError)
+	// pflag would print errors and usage itself while parsing; parse does
+	// it once, on the right stream.
+	flags.SetOutput(io.Discard)
+	flags.Usage = func() {}
+	return &command{FlagSet: flags, help: help}
+}
+
+func (cmd *command) usage(w io.Writer) {
+	fmt.Fprint(w, cmd.help)
+	fmt.Fprint(w, cmd.FlagUsages())
+}
+
+// parse handles -h (usage on stdout, exit 0) and bad flags (exit 2).
+func (c *cli) parse(flags *command, args []string) (int, bool) {
+	err := flags.Parse(args)
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, pflag.ErrHelp):
+		flags.usage(c.stdout)
+		return 0, true
+	}
+	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), PluginName))
+	return c.fail(2, err, name), true
+}
+
+func (c *cli) fail(code int, err error, cmd string) int {
+	hint := "nomad-bridge-cni --help"
+	if cmd != "" {
+		hint = "nomad-bridge-cni " + cmd + " --help"
+	}
+	if code == 2 {
+		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\nRun '%s' for usage.\n", err, hint)
+	} else {
+		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
+	}
+	return code
 }

@@ -1,0 +1,206 @@
+package operator
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+var boot = time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+
+// fixture is a data dir with two networks and one attachment in each
+// state, a fake host with a fixed clock, and NAT rules including an orphan.
+func fixture(t *testing.T) (string, *reclaim.Sweeper, *fakenat.Table) {
+	t.Helper()
+	dataDir := t.TempDir()
+	host := fakehost.New(boot)
+	host.Clock = boot.Add(3*time.Hour + 25*time.Minute)
+	nat := fakenat.New()
+
+	lease := func(network, ip, content string, mtime time.Time) {
+		dir := filepath.Join(dataDir, network)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "lock"), nil, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, ip)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record := func(network, cid, netns string, ino uint64, bootID string, state records.State, pid int, created time.Time) {
+		r := &records.Record{Version: records.FormatVersion, Network: network, ContainerID: cid, IfName: "eth0", Netns: netns,
+			NetnsID: sysinfo.NetnsID{Dev: 4, Ino: ino}, BootID: bootID, Created: created, State: state, PID: pid}
+		if pid != 0 {
+			r.PIDStart = 1
+			host.Processes[pid] = 1
+		}
+		if err := records.NewStore(dataDir, network).Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	host.Namespaces["/var/run/netns/web"] = sysinfo.NetnsID{Dev: 4, Ino: 101}
+	lease("nomad", "172.26.64.2", "web\r\neth0", boot.Add(time.Hour))
+	record("nomad", "web", "/var/run/netns/web", 101, "boot-1", records.Complete, 0, boot.Add(time.Hour))
+	nat.AddContainer("nomad", "web", "172.26.64.2", 0)
+
+	lease("nomad", "172.26.64.10", "gone\r\neth0", boot.Add(2*time.Hour))
+	record("nomad", "gone", "/var/run/netns/gone", 102, "boot-1", records.Complete, 0, boot.Add(2*time.Hour))
+	nat.AddContainer("nomad", "gone", "172.26.64.10", 8080)
+
+	lease("nomad", "172.26.64.3", "before\r\neth0", boot.Add(-26*time.Hour))
+	record("nomad", "before", "/var/run/netns/before", 103, "boot-0", records.Complete, 0, boot.Add(-26*time.Hour))
+
+	host.Namespaces["/var/run/netns/starting"] = sysinfo.NetnsID{Dev: 4, Ino: 104}
+	lease("nomad", "172.26.64.4", "starting\r\neth0", boot.Add(3*time.Hour+24*time.Minute))
+	record("nomad", "starting", "/var/run/netns/starting", 104, "boot-1", records.Pending, 9999, boot.Add(3*time.Hour+24*time.Minute))
+
+	lease("nomad", "172.26.64.5", "migrated\r\neth0", boot.Add(30*time.Minute))
+	nat.AddContainer("nomad", "vanished", "172.26.64.99", 0)
+
+	lease("other", "10.10.0.2", "x\r\neth1", boot.Add(-time.Minute))
+
+	s := &reclaim.Sweeper{Host: host, Netfilter: &netfilter.Cleaner{Tables: []netfilter.Table{nat}}}
+	return dataDir, s, nat
+}
+
+func golden(t *testing.T, name string, got []byte, dataDir string) {
+	t.Helper()
+	got = bytes.ReplaceAll(got, []byte(dataDir), []byte("DATADIR"))
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./pkg/operator -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func TestLeasesTableAndJSON(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	networks, err := Networks(dataDir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(networks, ",") != "nomad,other" {
+		t.Fatalf("networks = %v", networks)
+	}
+	out, err := Leases(s, dataDir, networks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table, js bytes.Buffer
+	if err := WriteLeasesTable(&table, out); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "leases.txt", table.Bytes(), dataDir)
+	if err := WriteJSON(&js, out); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "leases.json", js.Bytes(), dataDir)
+}
+
+func TestGCDryRunThenGC(t *testing.T) {
+	dataDir, s, nat := fixture(t)
+	networks, _ := Networks(dataDir, "nomad")
+	before := tree(t, dataDir)
+
+	dry, err := GC(s, dataDir, networks, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	WriteGCText(&text, dry)
+	golden(t, "gc-dry-run.txt", text.Bytes(), dataDir)
+	if after := tree(t, dataDir); after != before {
+		t.Errorf("dry run changed files:\n%s\n---\n%s", before, after)
+	}
+	if !nat.Owns("nomad", "gone") {
+		t.Error("dry run changed NAT rules")
+	}
+
+	done, err := GC(s, dataDir, networks, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(done.Released) != len(dry.Released) {
+		t.Errorf("gc released %d, dry run announced %d", len(done.Released), len(dry.Released))
+	}
+	for i := range done.Released {
+		if done.Released[i].ContainerID != dry.Released[i].ContainerID {
+			t.Errorf("release %d: %s, dry run said %s", i, done.Released[i].ContainerID, dry.Released[i].ContainerID)
+		}
+	}
+	if nat.Owns("nomad", "gone") || !nat.Owns("nomad", "web") || !nat.Owns("nomad", "vanished") {
+		t.Error("gc released the wrong NAT rules (orphans stay without --orphan-rules)")
+	}
+	again, err := GC(s, dataDir, networks, false, false)
+	if err != nil || len(again.Released) != 0 {
+		t.Errorf("second gc = %+v, %v; want a no-op", again.Released, err)
+	}
+	withOrphans, err := GC(s, dataDir, networks, false, true)
+	if err != nil || len(withOrphans.Released) != 1 || nat.Owns("nomad", "vanished") {
+		t.Errorf("gc --orphan-rules = %+v, %v", withOrphans.Released, err)
+	}
+}
+
+func TestNetworksErrors(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Networks(filepath.Join(dir, "missing"), ""); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Errorf("missing data dir: %v", err)
+	}
+	file := filepath.Join(dir, "f")
+	os.WriteFile(file, nil, 0o600)
+	if _, err := Networks(file, ""); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("file as data dir: %v", err)
+	}
+	if _, err := Networks(dir, "../etc"); err == nil || !strings.Contains(err.Error(), "invalid characters") {
+		t.Errorf("bad network name: %v", err)
+	}
+	if _, err := Networks(dir, "nope"); err == nil || !strings.Contains(err.Error(), "no leases or records") {
+		t.Errorf("unknown network: %v", err)
+	}
+}
+
+func tree(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		c := ""
+		if fi.Mode().IsRegular() {
+			data, _ := os.ReadFile(path)
+			c = string(data)
+		}
+		b.WriteString(path + " " + fi.ModTime().String() + " " + c + "\n")
+		return nil
+	})
+	return b.String()
+}
