@@ -1,0 +1,164 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// leasesDoc is the documented schema of `leases --json`.
+type leasesDoc struct {
+	DataDir string `json:"dataDir"`
+	Leases  []struct {
+		Network     string `json:"network"`
+		IP          string `json:"ip"`
+		ContainerID string `json:"containerID"`
+		IfName      string `json:"ifName"`
+		Netns       string `json:"netns"`
+		State       string `json:"state"`
+		Reason      string `json:"reason"`
+	} `json:"leases"`
+}
+
+func (e *testEnv) operator(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(e.bin, pluginType), args...)
+	cmd.Env = cniEnv() // no CNI_COMMAND: operator mode
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
+}
+
+// natState is the nat table of both families, as text, for before/after.
+func natState(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		out, err := output(fam, "-t", "nat", "-S")
+		if err != nil {
+			t.Fatalf("%s -t nat -S: %v", fam, err)
+		}
+		b.WriteString(out)
+	}
+	return b.String()
+}
+
+func dirState(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		content := ""
+		if fi.Mode().IsRegular() {
+			c, _ := os.ReadFile(path)
+			content = string(c)
+		}
+		b.WriteString(path + " " + fi.Mode().String() + " " + fi.ModTime().String() + " " + content + "\n")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// TestOperatorLeasesAndGC: after the stale-namespace scenario, `leases`
+// marks exactly the dead container stale with the right reason, `gc
+// --dry-run` changes no file and no rule, `gc` releases exactly that
+// container, and a second `gc` is a no-op.
+func TestOperatorLeasesAndGC(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.confFor(t, "nomad.conflist"))
+	live, dead := e.addNetns(t, "live"), e.addNetns(t, "dead")
+	liveAddr, _ := parseResult(t, e.mustCNI(t, "add", live, "")).addrIn(t, e.subnet4)
+	deadAddr, _ := parseResult(t, e.mustCNI(t, "add", dead, "")).addrIn(t, e.subnet4)
+	e.destroyNetns(t, dead)
+
+	stdout, stderr, err := e.operator(t, "leases", "--data-dir", e.dataDir, "--network", e.netName, "--json")
+	if err != nil {
+		t.Fatalf("leases --json: %v\n%s", err, stderr)
+	}
+	var doc leasesDoc
+	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
+		t.Fatalf("leases --json is not JSON: %v\n%s", err, stdout)
+	}
+	states := map[string]string{}
+	for _, l := range doc.Leases {
+		states[l.ContainerID] = l.State + " " + l.Reason
+		if l.Network != e.netName || l.IfName != ifName {
+			t.Errorf("row %+v: wrong network or ifname", l)
+		}
+	}
+	if len(doc.Leases) != 2 || !strings.HasPrefix(states[live.cid], "live") || states[dead.cid] != "stale namespace "+dead.path+" is gone" {
+		t.Fatalf("leases rows: %v", states)
+	}
+	table, _, err := e.operator(t, "leases", "--data-dir", e.dataDir)
+	if err != nil || !strings.Contains(table, "NETWORK") || !strings.Contains(table, deadAddr.Addr().String()) || !strings.Contains(table, "stale (namespace "+dead.path+" is gone)") {
+		t.Errorf("leases table (err %v):\n%s", err, table)
+	}
+
+	filesBefore, natBefore := dirState(t, e.dataDir), natState(t)
+	dry, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--dry-run")
+	if err != nil {
+		t.Fatalf("gc --dry-run: %v\n%s", err, stderr)
+	}
+	if dirState(t, e.dataDir) != filesBefore || natState(t) != natBefore {
+		t.Fatal("gc --dry-run changed files or iptables")
+	}
+	if !strings.Contains(dry, "would release "+e.netName+" "+dead.cid) || strings.Contains(dry, live.cid) {
+		t.Errorf("gc --dry-run output:\n%s", dry)
+	}
+
+	out, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--network", e.netName)
+	if err != nil {
+		t.Fatalf("gc: %v\n%s", err, stderr)
+	}
+	if !strings.Contains(out, "released "+e.netName+" "+dead.cid) || !strings.Contains(out, "namespace "+dead.path+" is gone") {
+		t.Errorf("gc output:\n%s", out)
+	}
+	leases := readLeases(t, e.leaseDir())
+	if len(leases) != 1 || leases[deadAddr.Addr()] != "" {
+		t.Errorf("leases after gc: %v", leases)
+	}
+	e.assertNoMasq(t, dead)
+	e.assertMasq(t, live, liveAddr.Addr())
+
+	filesBefore, natBefore = dirState(t, e.dataDir), natState(t)
+	again, _, err := e.operator(t, "gc", "--data-dir", e.dataDir)
+	if err != nil || !strings.Contains(again, "nothing to release") {
+		t.Errorf("second gc (err %v):\n%s", err, again)
+	}
+	if dirState(t, e.dataDir) != filesBefore || natState(t) != natBefore {
+		t.Error("second gc changed something")
+	}
+	e.mustCNI(t, "del", live, "")
+}
+
+func TestOperatorErrors(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"leases", "--bogus"}, 2, "unknown flag: --bogus"},
+		{[]string{"gc", "--network"}, 2, "flag needs an argument"},
+		{[]string{"leases", "--data-dir", filepath.Join(e.dataDir, "missing")}, 1, "no such file or directory"},
+		{[]string{"gc", "--data-dir", e.dataDir, "--network", "../x"}, 1, "invalid characters"},
+		{[]string{"frob"}, 2, `unknown command "frob"`},
+	} {
+		_, stderr, err := e.operator(t, tc.args...)
+		exitErr, ok := err.(*exec.ExitError)
+		if !ok || exitErr.ExitCode() != tc.code || !strings.Contains(stderr, tc.msg) {
+			t.Errorf("%v: err %v, stderr %q; want exit %d and %q", tc.args, err, stderr, tc.code, tc.msg)
+		}
+	}
+}
