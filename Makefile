@@ -28,12 +28,12 @@ REFERENCE_PLUGINS := \
 all: build plugins
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/nomad-bridge-cni ./cmd/nomad-bridge-cni
+	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/nomad-bridge-cni ./cmd/nomad-bridge-cni
 
 plugins:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(PLUGIN_LDFLAGS)' -o $(BIN)/ $(REFERENCE_PLUGINS)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/cnitool github.com/containernetworking/cni/cnitool
+	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -ldflags '$(PLUGIN_LDFLAGS)' -o $(BIN)/ $(REFERENCE_PLUGINS)
+	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -o $(BIN)/cnitool github.com/containernetworking/cni/cnitool
 
 test: test-unit test-e2e
 
