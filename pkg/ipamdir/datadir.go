@@ -32,6 +32,9 @@ func (c *Config) OnTmpfs() (bool, int64, error) {
 // be created), is a directory, and accepts a new file. Writing a probe is
 // the only check that also catches read-only mounts and full filesystems.
 func (c *Config) CheckUsable() error {
+	if err := c.CheckDirs(); err != nil {
+		return err
+	}
 	if err := c.EnsureDataDir(); err != nil {
 		return err
 	}

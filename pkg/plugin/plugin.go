@@ -60,6 +60,9 @@ func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
 	if _, err := p.find(conf.Delegate); err != nil {
 		return nil, nil, err
 	}
+	if err := conf.CheckDirs(); err != nil {
+		return nil, nil, types.NewError(types.ErrIOFailure, "unsafe data directory", err.Error())
+	}
 	delegateConf, err := conf.DelegateConfig()
 	if err != nil {
 		return nil, nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())

@@ -31,6 +31,8 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 	if err != nil {
 		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("cannot identify network namespace %q", netnsPath), err.Error())
 	}
+	// Zero when the kernel cannot say (before 5.14): then inodes decide.
+	cookie, _ := s.Host.NetnsCookie(netnsPath)
 	old, err := recStore.Read(key)
 	if err != nil {
 		// A damaged record proves nothing; it is replaced below.
@@ -38,7 +40,7 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 		old = nil
 	}
 	if old != nil {
-		if err := s.replaceEarlier(dataDir, network, old, netnsPath, nsID); err != nil {
+		if err := s.replaceEarlier(dataDir, network, old, netnsPath, nsID, cookie); err != nil {
 			return nil, err
 		}
 	}
@@ -50,7 +52,7 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 	pid, start := sysinfo.Self(s.Host)
 	rec := &records.Record{
 		Version: records.FormatVersion, Network: network, ContainerID: key.ContainerID, IfName: key.IfName,
-		Netns: netnsPath, NetnsID: nsID, BootID: bootID, Created: s.Host.Now().UTC(),
+		Netns: netnsPath, NetnsID: nsID, NetnsCookie: cookie, BootID: bootID, Created: s.Host.Now().UTC(),
 		State: records.Pending, PID: pid, PIDStart: start,
 	}
 	if err := recStore.Write(rec); err != nil {
@@ -61,7 +63,7 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 
 // replaceEarlier decides what an existing record for the same attachment
 // means for a new ADD.
-func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, netnsPath string, nsID sysinfo.NetnsID) error {
+func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
 	j, err := newJudge(s.Host, nil, false)
 	if err != nil {
 		return err
@@ -72,6 +74,12 @@ func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, n
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is in progress (pid %d)", old.Key(), network, old.PID), "")
 	case Stale:
 		return s.releaseOne(dataDir, network, old, v.Reason)
+	}
+	// The kernel reuses a dead namespace's inode number, so a namespace
+	// re-created at the same path (Nomad's restore) can look identical
+	// by inode; its cookie cannot.
+	if old.Netns == netnsPath && old.NetnsID == nsID && old.NetnsCookie != 0 && cookie != 0 && old.NetnsCookie != cookie {
+		return s.releaseOne(dataDir, network, old, fmt.Sprintf("namespace %s was re-created (same inode %d, new namespace cookie)", netnsPath, nsID.Ino))
 	}
 	if old.NetnsID == nsID {
 		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), network, netnsPath), "")

@@ -42,7 +42,7 @@ func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error
 	}
 	recDir := records.NewStore(dataDir, network).Dir()
 	marker := filepath.Join(recDir, migratedMarker)
-	if b, err := os.ReadFile(marker); err == nil && string(b) == bootID {
+	if b, err := records.ReadFileNoFollow(marker); err == nil && string(b) == bootID {
 		return &Migration{}, nil
 	}
 	m := &Migration{}

@@ -434,3 +434,35 @@ func snapshotDir(t *testing.T, root string) string {
 	}
 	return b.String()
 }
+
+func TestBeginAddTellsReusedInodeByCookie(t *testing.T) {
+	w := newWorld(t)
+	ns := "/run/netns/c1"
+	w.host.Namespaces[ns] = sysinfo.NetnsID{Dev: 4, Ino: 4026532178}
+	w.host.Cookies[ns] = 6108
+	att, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.Record.NetnsCookie != 6108 {
+		t.Fatalf("cookie not recorded: %+v", att.Record)
+	}
+	if err := att.Complete([]string{"10.0.0.2/24"}); err != nil {
+		t.Fatal(err)
+	}
+	w.lease("10.0.0.2", "c1\r\neth0", bootTime.Add(time.Minute))
+
+	// Same namespace, same cookie: a real duplicate.
+	if _, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err == nil || !strings.Contains(err.Error(), "already attached") {
+		t.Fatalf("ADD into the same namespace = %v", err)
+	}
+	// Deleted and re-created: the kernel gave the new namespace the old
+	// inode number, but not the old cookie.
+	w.host.Cookies[ns] = 6113
+	if _, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err != nil {
+		t.Fatalf("ADD into a re-created namespace with a reused inode: %v", err)
+	}
+	if len(w.leases()) != 0 || !strings.Contains(w.log.String(), "re-created (same inode") {
+		t.Errorf("old attachment not released: leases %v, log %q", w.leases(), w.log)
+	}
+}

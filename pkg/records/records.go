@@ -9,11 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -43,6 +46,9 @@ type Record struct {
 	IfName      string          `json:"ifName"`
 	Netns       string          `json:"netns"`
 	NetnsID     sysinfo.NetnsID `json:"netnsID"`
+	// NetnsCookie tells a namespace from a later one that got its inode
+	// number (0: the kernel could not say).
+	NetnsCookie uint64 `json:"netnsCookie,omitempty"`
 	BootID      string          `json:"bootID"`
 	Created     time.Time       `json:"created"`
 	State       State           `json:"state"`
@@ -121,7 +127,7 @@ func WriteFileAtomic(path string, data []byte) error {
 
 // Read returns the record of k, or nil when there is none.
 func (s *Store) Read(k Key) (*Record, error) {
-	b, err := os.ReadFile(filepath.Join(s.dir, fileName(k)))
+	b, err := ReadFileNoFollow(filepath.Join(s.dir, fileName(k)))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -160,7 +166,7 @@ func (s *Store) List() (recs []*Record, problems []error, err error) {
 			problems = append(problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(s.dir, name))
+		b, err := ReadFileNoFollow(filepath.Join(s.dir, name))
 		if err != nil {
 			problems = append(problems, fmt.Errorf("read record: %w", err))
 			continue
@@ -173,6 +179,28 @@ func (s *Store) List() (recs []*Record, problems []error, err error) {
 		recs = append(recs, r)
 	}
 	return recs, problems, nil
+}
+
+// maxRecordSize bounds what is read of a record: a real one is a few
+// hundred bytes.
+const maxRecordSize = 64 << 10
+
+// ReadFileNoFollow reads a small state file without following a symlink
+// planted in its place, and refuses files larger than 64 KiB.
+func ReadFileNoFollow(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxRecordSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > maxRecordSize {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxRecordSize)
+	}
+	return b, nil
 }
 
 // decode parses a record and checks it belongs where it was found.

@@ -113,3 +113,33 @@ func mustJSON(t *testing.T, r *Record) string {
 	}
 	return string(b)
 }
+
+func TestReadDoesNotFollowASymlinkedRecord(t *testing.T) {
+	s := NewStore(t.TempDir(), "nomad")
+	if err := s.Write(sample()); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.WriteFile(target, []byte(mustJSON(t, sample())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(s.Dir(), "c1@eth0")
+	os.Remove(path)
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Read(Key{"c1", "eth0"}); err == nil || r != nil {
+		t.Errorf("Read followed a symlink: %+v, %v", r, err)
+	}
+	recs, problems, _ := s.List()
+	if len(recs) != 0 || len(problems) != 1 {
+		t.Errorf("List: %d records, problems %v; want the symlink reported", len(recs), problems)
+	}
+	// Remove deletes the link, never its target.
+	if err := s.Remove(Key{"c1", "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(target); err != nil {
+		t.Errorf("symlink target removed: %v", err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	cniskel "github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 )
@@ -23,7 +24,7 @@ func Main(args []string) int {
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	switch {
 	case getenv("CNI_COMMAND") != "":
-		return runCNI()
+		return runCNI(getenv("CNI_COMMAND"))
 	case len(args) == 0:
 		printAbout(stdout, stderr)
 		return 0
@@ -32,17 +33,56 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 }
 
+// MaxConfigSize caps what is read from stdin. A conflist entry with its
+// prevResult is a few KiB; the cap keeps a runaway writer from making a
+// root process read without bound.
+const MaxConfigSize = 1 << 20
+
 // runCNI hands the process to the CNI skeleton, which reads the CNI_*
 // environment and stdin, and prints either our result or a types.Error
 // on stdout.
-func runCNI() int {
-	if err := cniskel.PluginMainFuncsWithError(plugin.New().Funcs(), SupportedVersions, About()); err != nil {
-		if perr := err.Print(); perr != nil {
-			fmt.Fprintf(os.Stderr, "nomad-bridge-cni: failed to print error %q: %v\n", err.Error(), perr)
+func runCNI(command string) int {
+	if command != "VERSION" { // VERSION reads no stdin
+		stdin, err := capStdin(os.Stdin, MaxConfigSize)
+		if err != nil {
+			return printError(err)
 		}
-		return 1
+		os.Stdin = stdin
+	}
+	if err := cniskel.PluginMainFuncsWithError(plugin.New().Funcs(), SupportedVersions, About()); err != nil {
+		return printError(err)
 	}
 	return 0
+}
+
+func printError(err *types.Error) int {
+	if perr := err.Print(); perr != nil {
+		fmt.Fprintf(os.Stderr, "nomad-bridge-cni: failed to print error %q: %v\n", err.Error(), perr)
+	}
+	return 1
+}
+
+// capStdin reads at most limit bytes of in and returns a file the skeleton
+// can read them from (skel reads os.Stdin itself, to its end).
+func capStdin(in io.Reader, limit int64) (*os.File, *types.Error) {
+	data, err := io.ReadAll(io.LimitReader(in, limit+1))
+	if err != nil {
+		return nil, types.NewError(types.ErrIOFailure, "failed to read the network configuration from stdin", err.Error())
+	}
+	if int64(len(data)) > limit {
+		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network configuration on stdin is larger than %d bytes", limit), "")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, types.NewError(types.ErrIOFailure, "failed to pass the network configuration on", err.Error())
+	}
+	go func() {
+		// The skeleton reads until EOF; a write error means it stopped
+		// reading, and it reports that itself.
+		_, _ = w.Write(data)
+		w.Close()
+	}()
+	return r, nil
 }
 
 // printAbout writes the about line on stdout, where a person and Nomad's

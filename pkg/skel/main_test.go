@@ -2,9 +2,12 @@ package skel
 
 import (
 	"bytes"
+	"io"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
 )
 
 func run4(t *testing.T, env map[string]string, args ...string) (int, string, string) {
@@ -74,5 +77,19 @@ func TestCLI(t *testing.T) {
 				t.Errorf("CLI printed a CNI error: %q", stdout)
 			}
 		})
+	}
+}
+
+func TestCapStdin(t *testing.T) {
+	r, err := capStdin(strings.NewReader(`{"name":"n"}`), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(r)
+	if string(got) != `{"name":"n"}` {
+		t.Errorf("passed on %q", got)
+	}
+	if _, err := capStdin(strings.NewReader(strings.Repeat("x", 65)), 64); err == nil || err.Code != types.ErrDecodingFailure || !strings.Contains(err.Msg, "larger than 64 bytes") {
+		t.Errorf("oversized stdin: %v", err)
 	}
 }

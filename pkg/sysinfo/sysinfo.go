@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,6 +38,12 @@ type Host interface {
 	// satisfying errors.Is(err, fs.ErrNotExist); a path that is not nsfs
 	// gives ErrNotNetns.
 	Netns(path string) (NetnsID, error)
+	// NetnsCookie is the namespace's SO_NETNS_COOKIE (Linux 5.14+): unlike
+	// its inode number, which the kernel hands out again once a namespace
+	// is gone, a cookie is never reused within a boot. Reading it means
+	// entering the namespace (tens of microseconds), so it is only asked
+	// for when inodes alone cannot tell two namespaces apart.
+	NetnsCookie(path string) (uint64, error)
 	// ProcessStart is the start time (clock ticks since boot, field 22 of
 	// /proc/<pid>/stat) of pid; ok is false when there is no such process.
 	ProcessStart(pid int) (start uint64, ok bool)
@@ -106,6 +113,26 @@ func (r *Real) Netns(path string) (NetnsID, error) {
 		return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
+func (r *Real) NetnsCookie(path string) (uint64, error) {
+	var cookie uint64
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("socket: %w", err)
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		if err != nil {
+			return fmt.Errorf("SO_NETNS_COOKIE: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
+	}
+	return cookie, nil
 }
 
 func (r *Real) ProcessStart(pid int) (uint64, bool) {

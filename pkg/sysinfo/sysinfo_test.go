@@ -66,3 +66,24 @@ func TestNetnsOfOwnNamespaceAndNonNamespaces(t *testing.T) {
 		t.Errorf("Netns(missing) = %v, want fs.ErrNotExist", err)
 	}
 }
+
+func TestNetnsCookie(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("entering a namespace needs root, and CI runs as root")
+		}
+		t.Skip("entering a namespace needs root")
+	}
+	h := &Real{}
+	a, err := h.NetnsCookie("/proc/self/ns/net")
+	if err != nil || a == 0 {
+		t.Fatalf("NetnsCookie(own) = %d, %v", a, err)
+	}
+	b, _ := h.NetnsCookie("/proc/self/ns/net")
+	if a != b {
+		t.Errorf("cookie of the same namespace changed: %d, %d", a, b)
+	}
+	if _, err := h.NetnsCookie(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("cookie of a missing namespace")
+	}
+}

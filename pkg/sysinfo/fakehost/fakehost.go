@@ -20,6 +20,9 @@ type Host struct {
 	// not exist, unless it is in NotNetns (exists, but not nsfs).
 	Namespaces map[string]sysinfo.NetnsID
 	NotNetns   map[string]bool
+	// Cookies maps a netns path to its SO_NETNS_COOKIE; absent means the
+	// kernel cannot tell (0, error).
+	Cookies map[string]uint64
 	// Processes maps a pid to its start time.
 	Processes map[int]uint64
 }
@@ -31,7 +34,7 @@ var _ sysinfo.Host = (*Host)(nil)
 func New(boot time.Time) *Host {
 	return &Host{
 		ID: "boot-1", Boot: boot, Clock: boot.Add(time.Hour),
-		Namespaces: map[string]sysinfo.NetnsID{}, NotNetns: map[string]bool{},
+		Namespaces: map[string]sysinfo.NetnsID{}, NotNetns: map[string]bool{}, Cookies: map[string]uint64{},
 		Processes: map[int]uint64{os.Getpid(): 4242},
 	}
 }
@@ -48,6 +51,13 @@ func (h *Host) Netns(path string) (sysinfo.NetnsID, error) {
 		return sysinfo.NetnsID{}, fmt.Errorf("%s: %w", path, sysinfo.ErrNotNetns)
 	}
 	return sysinfo.NetnsID{}, &fs.PathError{Op: "statfs", Path: path, Err: fs.ErrNotExist}
+}
+
+func (h *Host) NetnsCookie(path string) (uint64, error) {
+	if c, ok := h.Cookies[path]; ok {
+		return c, nil
+	}
+	return 0, fmt.Errorf("no cookie for %s", path)
 }
 
 func (h *Host) ProcessStart(pid int) (uint64, bool) {
