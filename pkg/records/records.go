@@ -48,10 +48,10 @@ type Record struct {
 	NetnsID     sysinfo.NetnsID `json:"netnsID"`
 	// NetnsCookie tells a namespace from a later one that got its inode
 	// number (0: the kernel could not say).
-	NetnsCookie uint64 `json:"netnsCookie,omitempty"`
-	BootID      string          `json:"bootID"`
-	Created     time.Time       `json:"created"`
-	State       State           `json:"state"`
+	NetnsCookie uint64    `json:"netnsCookie,omitempty"`
+	BootID      string    `json:"bootID"`
+	Created     time.Time `json:"created"`
+	State       State     `json:"state"`
 	// PID and PIDStart name the ADD process while the record is pending.
 	PID      int      `json:"pid,omitempty"`
 	PIDStart uint64   `json:"pidStart,omitempty"`
