@@ -302,6 +302,11 @@ func ParseComment(comment string) (network, containerID string, ok bool) {
 	if err1 != nil || err2 != nil || network == "" || containerID == "" {
 		return "", "", false
 	}
+	// Only what bridge or portmap would have written: a comment that does
+	// not round-trip (raw control characters, say) is someone else's.
+	if formatted := utils.FormatComment(network, containerID); comment != formatted && comment != "dnat "+formatted {
+		return "", "", false
+	}
 	return network, containerID, true
 }
 
