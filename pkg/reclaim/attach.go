@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
@@ -135,22 +136,51 @@ func (a *Attach) Complete(ips []string) error {
 // cleaned up after itself (bridge releases its IPAM allocation on error).
 func (a *Attach) Abort() error { return a.store.Remove(a.Record.Key()) }
 
-// EndDel finishes a DEL the delegate accepted. bridge skips its ipMasq
-// teardown when CNI_NETNS is empty or the namespace is already gone
-// (nerdctl's DEL before re-adding, CRI-O replaying cached DELs at start-up),
-// so in that case the rules are released here, found by their comments.
-// Then the record goes.
+// EndDel finishes a DEL the delegate accepted. bridge tears its ipMasq
+// rules down only when it finds the container's interface in CNI_NETNS;
+// with an empty CNI_NETNS (nerdctl's DEL before re-adding), a namespace
+// that is already gone (CRI-O replaying cached DELs at start-up) or one
+// re-created at the same path, it skips them, and they would stay for good
+// once the record is gone. In those cases the rules are released here,
+// found by their comments. Then the record goes.
 func (s *Sweeper) EndDel(dataDir, network string, key records.Key, netnsPath string) error {
+	store := records.NewStore(dataDir, network)
+	rec, err := store.Read(key)
+	if err != nil {
+		s.logf("%s: %s: ignoring unreadable record: %v", network, key, err)
+		rec = nil
+	}
 	var errs []error
-	if s.Netfilter != nil && !s.NamespaceUsable(netnsPath) {
+	if s.Netfilter != nil && !s.bridgeTornDown(rec, netnsPath) {
 		removed, err := s.Netfilter.ReleaseContainer(network, key.IfName, key.ContainerID)
 		if len(removed) > 0 {
-			s.logf("%s: DEL %s without its namespace: removed %v", network, key, removed)
+			s.logf("%s: DEL %s outside its namespace: removed %s", network, key, strings.Join(removed, ", "))
 		}
 		errs = append(errs, err)
 	}
-	errs = append(errs, records.NewStore(dataDir, network).Remove(key))
+	errs = append(errs, store.Remove(key))
 	return errors.Join(errs...)
+}
+
+// bridgeTornDown reports whether bridge's DEL ran in the namespace the
+// attachment was made in, and so removed its ipMasq rules itself.
+func (s *Sweeper) bridgeTornDown(rec *records.Record, netnsPath string) bool {
+	if !s.NamespaceUsable(netnsPath) {
+		return false
+	}
+	if rec == nil || rec.Netns != netnsPath {
+		return true // nothing to compare with: bridge did what it could
+	}
+	id, err := s.Host.Netns(netnsPath)
+	if err != nil || id != rec.NetnsID {
+		return false
+	}
+	if rec.NetnsCookie != 0 {
+		if cookie, err := s.Host.NetnsCookie(netnsPath); err == nil && cookie != rec.NetnsCookie {
+			return false
+		}
+	}
+	return true
 }
 
 // NamespaceUsable reports whether bridge could enter the namespace (and so

@@ -99,11 +99,12 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	recs, recProblems, err := recStore.List()
+	listing, err := recStore.List()
 	if err != nil {
 		return nil, err
 	}
-	report.Problems = append(dir.problems, recProblems...)
+	recs := listing.Records
+	report.Problems = append(dir.problems, listing.Problems...)
 	if req.DryRun {
 		// Nothing will be written: let allocations go on while we judge.
 		store.Unlock()
@@ -126,6 +127,15 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	for _, p := range report.Problems {
 		s.logf("%s: skipped: %v", req.Network, p)
+	}
+	if !req.DryRun && len(listing.Temps) > 0 {
+		temps, err := recStore.RemoveAbandonedTemps(listing, func(pid int) bool { _, ok := s.Host.ProcessStart(pid); return ok })
+		for _, path := range temps {
+			s.logf("%s: removed %s, abandoned by a writer that died", req.Network, path)
+		}
+		if err != nil {
+			s.logf("%s: %v", req.Network, err)
+		}
 	}
 	if len(stale) == 0 && !req.Orphans {
 		return report, nil

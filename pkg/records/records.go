@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -64,7 +65,12 @@ type Key struct {
 	IfName      string
 }
 
-func (k Key) String() string { return k.ContainerID + "/" + k.IfName }
+func (k Key) String() string {
+	if k.IfName == "" {
+		return k.ContainerID
+	}
+	return k.ContainerID + "/" + k.IfName
+}
 
 // Key returns the record's attachment key.
 func (r *Record) Key() Key { return Key{r.ContainerID, r.IfName} }
@@ -105,11 +111,36 @@ func (s *Store) Write(r *Record) error {
 	return nil
 }
 
+// tempPrefix starts the temp files of WriteFileAtomic, followed by the
+// writer's pid: a temp file whose writer is gone was abandoned mid-write.
+const tempPrefix = ".tmp-"
+
+// RemoveAbandonedTemps removes the temp files of a listing whose writer
+// died between creating and renaming them (kill -9 mid-ADD). A file whose
+// writer's pid is running is kept, even if the pid was reused: that only
+// delays it.
+func (s *Store) RemoveAbandonedTemps(l *Listing, running func(pid int) bool) ([]string, error) {
+	var removed []string
+	var errs []error
+	for name, pid := range l.Temps {
+		if running(pid) {
+			continue
+		}
+		path := filepath.Join(s.dir, name)
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, path)
+	}
+	return removed, errors.Join(errs...)
+}
+
 // WriteFileAtomic replaces path with data through a 0600 temp file in the
 // same directory and a rename: a reader, or a crash, sees the old content
 // or the new, never a mix.
 func WriteFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	tmp, err := os.CreateTemp(filepath.Dir(path), tempPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return err
 	}
@@ -146,39 +177,58 @@ func (s *Store) Remove(k Key) error {
 	return nil
 }
 
-// List reads every record of the network. Files that are not valid records
-// are returned as problems and otherwise ignored: a damaged record must
-// never stop a sweep, nor make it release anything.
-func (s *Store) List() (recs []*Record, problems []error, err error) {
+// Listing is one read of a record directory.
+type Listing struct {
+	Records []*Record
+	// Problems are files that are not valid records: a damaged record must
+	// never stop a sweep, nor make it release anything.
+	Problems []error
+	// Temps are WriteFileAtomic's temp files, by writer pid.
+	Temps map[string]int
+}
+
+// List reads every record of the network.
+func (s *Store) List() (*Listing, error) {
+	l := &Listing{}
 	entries, err := os.ReadDir(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, nil
+		return l, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("list records in %s: %w", s.dir, err)
+		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
 	for _, e := range entries {
 		name := e.Name()
+		if rest, ok := strings.CutPrefix(name, tempPrefix); ok && e.Type().IsRegular() {
+			pidText, _, _ := strings.Cut(rest, "-")
+			if pid, err := strconv.Atoi(pidText); err == nil && pid > 0 {
+				if l.Temps == nil {
+					l.Temps = map[string]int{}
+				}
+				l.Temps[name] = pid
+			}
+			continue
+		}
 		if strings.HasPrefix(name, ".") {
-			continue // our own temp files
+			continue // the migration marker, a temp file of unknown origin
 		}
 		if !e.Type().IsRegular() {
-			problems = append(problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
+			l.Problems = append(l.Problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
 			continue
 		}
 		b, err := ReadFileNoFollow(filepath.Join(s.dir, name))
 		if err != nil {
-			problems = append(problems, fmt.Errorf("read record: %w", err))
+			l.Problems = append(l.Problems, fmt.Errorf("read record: %w", err))
 			continue
 		}
 		r, err := s.decode(name, b)
 		if err != nil {
-			problems = append(problems, err)
+			l.Problems = append(l.Problems, err)
 			continue
 		}
-		recs = append(recs, r)
+		l.Records = append(l.Records, r)
 	}
-	return recs, problems, nil
+	return l, nil
 }
 
 // maxRecordSize bounds what is read of a record: a real one is a few

@@ -77,10 +77,11 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(s.Dir(), ".tmp-123"), []byte("partial"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	recs, problems, err := s.List()
+	l, err := s.List()
 	if err != nil {
 		t.Fatal(err)
 	}
+	recs, problems := l.Records, l.Problems
 	if len(recs) != 1 || recs[0].ContainerID != "c1" {
 		t.Errorf("records = %+v, want only c1", recs)
 	}
@@ -95,9 +96,9 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 }
 
 func TestListOfMissingDirectoryIsEmpty(t *testing.T) {
-	recs, problems, err := NewStore(t.TempDir(), "none").List()
-	if recs != nil || problems != nil || err != nil {
-		t.Errorf("List = %v %v %v", recs, problems, err)
+	l, err := NewStore(t.TempDir(), "none").List()
+	if err != nil || l.Records != nil || l.Problems != nil || l.Temps != nil {
+		t.Errorf("List = %+v, %v", l, err)
 	}
 }
 
@@ -131,9 +132,9 @@ func TestReadDoesNotFollowASymlinkedRecord(t *testing.T) {
 	if r, err := s.Read(Key{"c1", "eth0"}); err == nil || r != nil {
 		t.Errorf("Read followed a symlink: %+v, %v", r, err)
 	}
-	recs, problems, _ := s.List()
-	if len(recs) != 0 || len(problems) != 1 {
-		t.Errorf("List: %d records, problems %v; want the symlink reported", len(recs), problems)
+	l, _ := s.List()
+	if len(l.Records) != 0 || len(l.Problems) != 1 {
+		t.Errorf("List: %d records, problems %v; want the symlink reported", len(l.Records), l.Problems)
 	}
 	// Remove deletes the link, never its target.
 	if err := s.Remove(Key{"c1", "eth0"}); err != nil {
@@ -141,5 +142,33 @@ func TestReadDoesNotFollowASymlinkedRecord(t *testing.T) {
 	}
 	if _, err := os.Stat(target); err != nil {
 		t.Errorf("symlink target removed: %v", err)
+	}
+}
+
+func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
+	s := NewStore(t.TempDir(), "nomad")
+	if err := s.Write(sample()); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{".tmp-111-1", ".tmp-222-2", ".tmp-x-3", ".migrated"} {
+		if err := os.WriteFile(filepath.Join(s.Dir(), name), []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Records) != 1 || len(l.Problems) != 0 || len(l.Temps) != 2 {
+		t.Fatalf("listing = %+v", l)
+	}
+	removed, err := s.RemoveAbandonedTemps(l, func(pid int) bool { return pid == 222 })
+	if err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], ".tmp-111-1") {
+		t.Errorf("removed %v, %v; want only the dead writer's file", removed, err)
+	}
+	for _, kept := range []string{".tmp-222-2", ".tmp-x-3", ".migrated", "c1@eth0"} {
+		if _, err := os.Stat(filepath.Join(s.Dir(), kept)); err != nil {
+			t.Errorf("%s removed: %v", kept, err)
+		}
 	}
 }

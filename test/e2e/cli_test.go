@@ -33,16 +33,27 @@ func (e *testEnv) operator(t *testing.T, args ...string) (string, string, error)
 	return stdout.String(), stderr.String(), err
 }
 
-// natState is the nat table of both families, as text, for before/after.
-func natState(t *testing.T) string {
+// natState is the test's own part of the nat table of both families (rules
+// and chains of its network), as text, for before/after comparisons that
+// other tests running on the host cannot disturb.
+func (e *testEnv) natState(t *testing.T) string {
 	t.Helper()
+	owned := e.ownedChains()
 	var b strings.Builder
 	for _, fam := range []string{"iptables", "ip6tables"} {
 		out, err := output(fam, "-t", "nat", "-S")
 		if err != nil {
 			t.Fatalf("%s -t nat -S: %v", fam, err)
 		}
-		b.WriteString(out)
+		for _, line := range strings.Split(out, "\n") {
+			mine := strings.Contains(line, e.netName)
+			for _, ch := range owned {
+				mine = mine || strings.Contains(line, ch)
+			}
+			if mine {
+				b.WriteString(fam + " " + line + "\n")
+			}
+		}
 	}
 	return b.String()
 }
@@ -104,12 +115,12 @@ func TestOperatorLeasesAndGC(t *testing.T) {
 		t.Errorf("leases table (err %v):\n%s", err, table)
 	}
 
-	filesBefore, natBefore := dirState(t, e.dataDir), natState(t)
+	filesBefore, natBefore := dirState(t, e.dataDir), e.natState(t)
 	dry, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--dry-run")
 	if err != nil {
 		t.Fatalf("gc --dry-run: %v\n%s", err, stderr)
 	}
-	if dirState(t, e.dataDir) != filesBefore || natState(t) != natBefore {
+	if dirState(t, e.dataDir) != filesBefore || e.natState(t) != natBefore {
 		t.Fatal("gc --dry-run changed files or iptables")
 	}
 	if !strings.Contains(dry, "would release "+e.netName+" "+dead.cid) || strings.Contains(dry, live.cid) {
@@ -130,12 +141,12 @@ func TestOperatorLeasesAndGC(t *testing.T) {
 	e.assertNoMasq(t, dead)
 	e.assertMasq(t, live, liveAddr.Addr())
 
-	filesBefore, natBefore = dirState(t, e.dataDir), natState(t)
+	filesBefore, natBefore = dirState(t, e.dataDir), e.natState(t)
 	again, _, err := e.operator(t, "gc", "--data-dir", e.dataDir)
 	if err != nil || !strings.Contains(again, "nothing to release") {
 		t.Errorf("second gc (err %v):\n%s", err, again)
 	}
-	if dirState(t, e.dataDir) != filesBefore || natState(t) != natBefore {
+	if dirState(t, e.dataDir) != filesBefore || e.natState(t) != natBefore {
 		t.Error("second gc changed something")
 	}
 	e.mustCNI(t, "del", live, "")

@@ -1,0 +1,367 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Knobs of the long-running tests; the defaults are what the issue asks.
+const (
+	stressDurationEnv = "NBC_E2E_STRESS_DURATION" // Go duration, default 30s
+	crashTrialsEnv    = "NBC_E2E_CRASH_TRIALS"    // default 20
+	crashWindowEnv    = "NBC_E2E_CRASH_WINDOW"    // Go duration, default 60ms
+)
+
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive Go duration", name, v)
+	}
+	return d
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// resultAddr is the IPv4 address of a CNI result inside subnet, for use
+// off the test goroutine.
+func resultAddr(stdout string, subnet netip.Prefix) (netip.Addr, error) {
+	var r cniResult
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		return netip.Addr{}, fmt.Errorf("result is not JSON: %w: %s", err, stdout)
+	}
+	var found []netip.Addr
+	for _, ip := range r.IPs {
+		p, err := netip.ParsePrefix(ip.Address)
+		if err == nil && subnet.Contains(p.Addr()) {
+			found = append(found, p.Addr())
+		}
+	}
+	if len(found) != 1 {
+		return netip.Addr{}, fmt.Errorf("want one address in %s, result has %v", subnet, r.IPs)
+	}
+	return found[0], nil
+}
+
+// errorList collects the errors of many goroutines, keeping the first few.
+type errorList struct {
+	mu    sync.Mutex
+	n     int
+	first []string
+}
+
+func (l *errorList) add(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	if len(l.first) < 20 {
+		l.first = append(l.first, fmt.Sprintf(format, args...))
+	}
+}
+
+func (l *errorList) report(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n > 0 {
+		t.Errorf("%d error(s), the first %d:\n  %s", l.n, len(l.first), strings.Join(l.first, "\n  "))
+	}
+}
+
+// TestConcurrentReclaim runs 16 workers for NBC_E2E_STRESS_DURATION
+// (default 30s) on one network, each looping over a fresh namespace: ADD,
+// CHECK, then DEL, or, every fourth time, abandoning the namespace without
+// a DEL. Meanwhile a sweeper CHECKs a long-lived container over and over,
+// so sweeps race ADDs, DELs and each other. Asserted throughout: no address
+// is ever held by two live containers (from the ADD results), and every
+// CHECK of a live container passes (host-local's CHECK fails when the lease
+// is gone, so no live lease was released). At the end one more sweep, then
+// the final DEL, must leave no lease, record or NAT rule.
+func TestConcurrentReclaim(t *testing.T) {
+	const workers = 16
+	duration := envDuration(t, stressDurationEnv, 30*time.Second)
+	e := newEnv(t)
+	e.requirePlugin(t)
+	conf := e.reclaimConf(t, "minimal.conflist")
+	// 81 addresses for 17 live containers and the abandoned ones awaiting
+	// a sweep: addresses are reused many times over.
+	setRange(t, conf, e.hostAddr(10), e.hostAddr(90))
+	e.writeConflist(t, conf)
+
+	long := e.addNetns(t, "long")
+	pl, _ := parseResult(t, e.mustCNI(t, "add", long, "")).addrIn(t, e.subnet4)
+
+	var (
+		mu   sync.Mutex
+		live = map[netip.Addr]string{pl.Addr(): long.cid}
+	)
+	claim := func(a netip.Addr, cid string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if other, ok := live[a]; ok {
+			return fmt.Errorf("%s handed to %s while live container %s holds it", a, cid, other)
+		}
+		live[a] = cid
+		return nil
+	}
+	// A container's address is unclaimed before its DEL or abandonment:
+	// from then on it may legitimately be handed out again.
+	unclaim := func(a netip.Addr) {
+		mu.Lock()
+		defer mu.Unlock()
+		delete(live, a)
+	}
+
+	var errs errorList
+	var stats struct {
+		sync.Mutex
+		iterations, abandoned, sweeps, released int
+	}
+	deadline := time.Now().Add(duration)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; time.Now().Before(deadline); n++ {
+				ns, err := e.newNetns(fmt.Sprintf("w%02d-%d", w, n))
+				if err != nil {
+					errs.add("worker %d: %v", w, err)
+					return
+				}
+				out, _, err := e.cnitool("add", ns, "")
+				if err != nil {
+					errs.add("worker %d: ADD: %v", w, err)
+					_ = e.killNetns(ns)
+					continue
+				}
+				addr, err := resultAddr(out, e.subnet4)
+				if err != nil {
+					errs.add("worker %d: %v", w, err)
+					continue
+				}
+				if err := claim(addr, ns.cid); err != nil {
+					errs.add("worker %d: duplicate address: %v", w, err)
+				}
+				if _, _, err := e.cnitool("check", ns, ""); err != nil {
+					errs.add("worker %d: CHECK of live %s (%s): %v", w, ns.cid, addr, err)
+				}
+				unclaim(addr)
+				abandon := (n+w)%4 == 3
+				if !abandon {
+					if _, _, err := e.cnitool("del", ns, ""); err != nil {
+						errs.add("worker %d: DEL: %v", w, err)
+					}
+				}
+				if err := e.killNetns(ns); err != nil {
+					errs.add("worker %d: %v", w, err)
+				}
+				stats.Lock()
+				stats.iterations++
+				if abandon {
+					stats.abandoned++
+				}
+				stats.Unlock()
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for time.Now().Before(deadline) {
+			_, stderr, err := e.cnitool("check", long, "")
+			if err != nil {
+				errs.add("sweeper: CHECK of the long-lived container: %v", err)
+			}
+			stats.Lock()
+			stats.sweeps++
+			stats.released += len(e.releaseLines(stderr))
+			stats.Unlock()
+		}
+	}()
+	wg.Wait()
+	t.Logf("%d iterations (%d abandoned without DEL), %d sweeps releasing %d attachments, in %v",
+		stats.iterations, stats.abandoned, stats.sweeps, stats.released, duration)
+	errs.report(t)
+	if stats.abandoned == 0 || stats.sweeps == 0 {
+		t.Fatalf("the run was too short to test anything: %d abandoned, %d sweeps", stats.abandoned, stats.sweeps)
+	}
+
+	// The last abandoned containers are released by one more sweep; the
+	// long-lived one survives it.
+	e.mustCNI(t, "check", long, "")
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(long.cid)})
+	e.assertRecordsExactly(t, long.cid)
+	e.assertMasq(t, long, pl.Addr())
+
+	e.mustCNI(t, "del", long, "")
+	assertLeases(t, e.leaseDir(), nil)
+	e.assertRecordsExactly(t)
+	e.assertNetworkNATEmpty(t)
+	if out, err := output("ip", "-o", "link", "show", "master", e.bridge); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("ports left on %s: %q %v", e.bridge, out, err)
+	}
+}
+
+// TestCrashDuringAdd kills the plugin with SIGKILL at random points of ADD
+// (NBC_E2E_CRASH_TRIALS times, default 20, after a random delay within
+// NBC_E2E_CRASH_WINDOW, default 60ms, about one ADD's duration): the fault
+// a runtime's timeout or the OOM killer injects. Only the plugin dies: its
+// delegates run on, as they would. Then each namespace is deleted, and one
+// CHECK of a live container must leave no lease, record or NAT rule of the
+// dead containers. The range has room for the live container and exactly
+// trials+10 more, so the closing ADDs of trials+10 containers only all
+// succeed if every dead container's lease was released; none may receive
+// the live container's address.
+func TestCrashDuringAdd(t *testing.T) {
+	trials := envInt(t, crashTrialsEnv, 20)
+	window := envDuration(t, crashWindowEnv, 60*time.Millisecond)
+	if trials > 200 {
+		t.Fatalf("%s=%d: at most 200 fit in the test's /24", crashTrialsEnv, trials)
+	}
+	e := newEnv(t)
+	e.requirePlugin(t)
+	conf := e.reclaimConf(t, "minimal.conflist")
+	first := 10
+	last := first + trials + 10 // the live container and trials+10 more
+	setRange(t, conf, e.hostAddr(first), e.hostAddr(last))
+	e.writeConflist(t, conf)
+
+	live := e.addNetns(t, "live")
+	pl, gw := parseResult(t, e.mustCNI(t, "add", live, "")).addrIn(t, e.subnet4)
+	stdin := entryConfig(t, conf, pluginType)
+
+	// The killed plugin's delegates are orphaned. As a child subreaper the
+	// test inherits them, so it can wait for them to finish (and reap
+	// them: PID 1 of a container may not).
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatalf("become child subreaper: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
+
+	var dead []netns
+	completed := 0
+	for i := range trials {
+		ns := e.addNetns(t, fmt.Sprintf("k%02d", i))
+		dead = append(dead, ns)
+		cmd := e.pluginCmd(context.Background(), pluginType, "ADD", ns.cid, ns.path, stdin)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start plugin: %v", err)
+		}
+		pgid := cmd.Process.Pid
+		delay := time.Duration(rand.Int64N(int64(window)))
+		time.Sleep(delay) // the fault injection: kill at a random point
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		err := cmd.Wait()
+		var exitErr *exec.ExitError
+		if err == nil {
+			completed++
+		} else if !errors.As(err, &exitErr) {
+			t.Fatalf("wait for plugin: %v", err)
+		}
+		if err := reapGroup(pgid, 30*time.Second); err != nil {
+			t.Fatalf("trial %d: %v", i, err)
+		}
+		e.mustKillNetns(t, ns)
+	}
+	t.Logf("%d trials, kill after 0-%v: %d ADDs finished before the kill", trials, window, completed)
+
+	_, stderr, err := e.cnitool("check", live, "")
+	if err != nil {
+		t.Fatalf("CHECK of the live container after the crashes: %v\nstderr: %s", err, stderr)
+	}
+	t.Logf("the sweep released %d attachments", len(e.releaseLines(stderr)))
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(live.cid)})
+	e.assertRecordsExactly(t, live.cid)
+	for _, ns := range dead {
+		e.assertNoNAT(t, ns.cid)
+	}
+	e.assertMasq(t, live, pl.Addr())
+	ping(t, live, gw)
+
+	// Every other address of the range is free again, and none of the new
+	// containers gets the live one's.
+	seen := map[netip.Addr]string{}
+	var fresh []netns
+	for i := range last - first {
+		ns := e.addNetns(t, fmt.Sprintf("f%02d", i))
+		out, _, err := e.cnitool("add", ns, "")
+		if err != nil {
+			t.Fatalf("ADD %d of %d after the sweep (range %s-%s): %v; leases: %v", i+1, last-first, e.hostAddr(first), e.hostAddr(last), err, readLeases(t, e.leaseDir()))
+		}
+		fresh = append(fresh, ns)
+		p, _ := parseResult(t, out).addrIn(t, e.subnet4)
+		if p.Addr() == pl.Addr() {
+			t.Fatalf("ADD after the sweep got the live container's %s", p.Addr())
+		}
+		if other, dup := seen[p.Addr()]; dup {
+			t.Fatalf("%s handed out twice: %s and %s", p.Addr(), other, ns.cid)
+		}
+		seen[p.Addr()] = ns.cid
+	}
+	for _, ns := range append(fresh, live) {
+		e.mustCNI(t, "del", ns, "")
+	}
+	assertLeases(t, e.leaseDir(), nil)
+	e.assertRecordsExactly(t)
+	e.assertNetworkNATEmpty(t)
+}
+
+// reapGroup waits for every process of the process group pgid that the
+// test has inherited as subreaper, until none is left.
+func reapGroup(pgid int, timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() {
+		for {
+			var ws unix.WaitStatus
+			_, err := unix.Wait4(-pgid, &ws, 0, nil)
+			switch {
+			case errors.Is(err, unix.ECHILD):
+				done <- nil
+				return
+			case errors.Is(err, unix.EINTR):
+				continue
+			case err != nil:
+				done <- fmt.Errorf("wait for process group %d: %w", pgid, err)
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		_ = unix.Kill(-pgid, unix.SIGKILL)
+		return fmt.Errorf("delegates of the killed plugin (process group %d) still running after %v", pgid, timeout)
+	}
+}
