@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
@@ -24,9 +25,16 @@ const (
 	DefaultLegacyDataDir = "/var/lib/cni/networks"
 	// HostLocal is the only IPAM this plugin manages.
 	HostLocal = "host-local"
+	// DefaultDelegateTimeout bounds one delegate call. bridge answers in
+	// milliseconds; minutes means it hangs, and the runtime would rather
+	// have an error it can act on than a plugin that never returns.
+	DefaultDelegateTimeout = 2 * time.Minute
+	// maxDelegateTimeout keeps a typo ("100h") from disabling the bound.
+	maxDelegateTimeout = time.Hour
 
-	keyDelegate = "delegate"
-	keyDataDir  = "dataDir"
+	keyDelegate        = "delegate"
+	keyDataDir         = "dataDir"
+	keyDelegateTimeout = "delegateTimeout"
 	keyType     = "type"
 	keyIPAM     = "ipam"
 )
@@ -46,6 +54,8 @@ type Config struct {
 	// LegacyDataDir is where host-local kept leases before the rewrite: the
 	// user's own ipam.dataDir, or host-local's default.
 	LegacyDataDir string
+	// DelegateTimeout bounds each call of a delegate.
+	DelegateTimeout time.Duration
 
 	raw  map[string]json.RawMessage
 	ipam map[string]json.RawMessage
@@ -90,6 +100,9 @@ func Parse(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	c.DataDir = filepath.Clean(c.DataDir)
+	if c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, maxDelegateTimeout); err != nil {
+		return nil, err
+	}
 
 	ipamRaw, ok := raw[keyIPAM]
 	if !ok || isNull(ipamRaw) {
@@ -131,6 +144,19 @@ func stringKey(m map[string]json.RawMessage, key, def string) (string, error) {
 		return "", invalidConfig(fmt.Sprintf("%q must be a string", key))
 	}
 	return s, nil
+}
+
+// durationKey reads an optional Go duration string ("90s", "2m").
+func durationKey(m map[string]json.RawMessage, key string, def, max time.Duration) (time.Duration, error) {
+	text, err := stringKey(m, key, "")
+	if err != nil || text == "" {
+		return def, err
+	}
+	d, err := time.ParseDuration(text)
+	if err != nil || d <= 0 || d > max {
+		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between 1ns and %s, such as \"90s\"", key, text, max))
+	}
+	return d, nil
 }
 
 func isNull(v json.RawMessage) bool {

@@ -20,6 +20,7 @@ const bridgeEntry = `{
   "type": "nomad-bridge-cni",
   "delegate": "bridge",
   "dataDir": "/run/nbc",
+  "delegateTimeout": "90s",
   "bridge": "nomad",
   "isGateway": true,
   "isDefaultGateway": false,
@@ -68,7 +69,7 @@ func TestDelegateConfigIsLossless(t *testing.T) {
 	mustUnmarshal(t, []byte(bridgeEntry), &in)
 	mustUnmarshal(t, out, &got)
 
-	for _, key := range []string{"delegate", "dataDir"} {
+	for _, key := range []string{"delegate", "dataDir", "delegateTimeout"} {
 		if _, ok := got[key]; ok {
 			t.Errorf("delegate config still carries the wrapper's key %q", key)
 		}
@@ -80,7 +81,7 @@ func TestDelegateConfigIsLossless(t *testing.T) {
 	// the values are re-emitted by encoding/json, whitespace aside).
 	for key, want := range in {
 		switch key {
-		case "delegate", "dataDir", "type", "ipam":
+		case "delegate", "dataDir", "delegateTimeout", "type", "ipam":
 			continue
 		}
 		if g, ok := got[key]; !ok {
@@ -89,8 +90,8 @@ func TestDelegateConfigIsLossless(t *testing.T) {
 			t.Errorf("key %q changed: got %s, want %s", key, compact(t, g), compact(t, want))
 		}
 	}
-	if len(got) != len(in)-2 {
-		t.Errorf("delegate config has %d keys, want %d (input minus delegate, dataDir)", len(got), len(in)-2)
+	if len(got) != len(in)-3 {
+		t.Errorf("delegate config has %d keys, want %d (input minus delegate, dataDir, delegateTimeout)", len(got), len(in)-3)
 	}
 
 	var inIPAM, gotIPAM map[string]json.RawMessage
@@ -132,7 +133,7 @@ func TestParseDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
-	if conf.Delegate != "bridge" || conf.DataDir != "/var/run/cni" || conf.LegacyDataDir != "/var/lib/cni/networks" {
+	if conf.Delegate != "bridge" || conf.DataDir != "/var/run/cni" || conf.LegacyDataDir != "/var/lib/cni/networks" || conf.DelegateTimeout != DefaultDelegateTimeout {
 		t.Errorf("defaults: delegate=%q dataDir=%q legacy=%q", conf.Delegate, conf.DataDir, conf.LegacyDataDir)
 	}
 	out, err := conf.DelegateConfig()
@@ -204,6 +205,10 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"delegate empty", `{"name":"n","delegate":"",` + ipam + `}`, types.ErrInvalidNetworkConfig, "must not be empty"},
 		{"delegate is self", `{"name":"n","type":"nomad-bridge-cni","delegate":"nomad-bridge-cni",` + ipam + `}`, types.ErrInvalidNetworkConfig, "itself"},
 		{"delegate wrong type", `{"name":"n","delegate":1,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegate" must be a string`},
+		{"delegateTimeout garbage", `{"name":"n","delegateTimeout":"soon",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
+		{"delegateTimeout negative", `{"name":"n","delegateTimeout":"-1s",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
+		{"delegateTimeout too long", `{"name":"n","delegateTimeout":"100h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
+		{"delegateTimeout wrong type", `{"name":"n","delegateTimeout":90,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout" must be a string`},
 		{"cniVersion wrong type", `{"name":"n","cniVersion":1.0,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"cniVersion" must be a string`},
 	}
 	for _, tc := range cases {

@@ -25,6 +25,7 @@ func (c *Config) render(pluginType, cniVersion string) ([]byte, error) {
 	out := maps.Clone(c.raw)
 	delete(out, keyDelegate)
 	delete(out, keyDataDir)
+	delete(out, keyDelegateTimeout)
 
 	ipam := maps.Clone(c.ipam)
 	if err := setJSON(ipam, keyDataDir, c.DataDir); err != nil {

@@ -5,6 +5,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
 // Add delegates ADD with host-local's dataDir rewritten and prints the
@@ -31,12 +33,24 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return err
 	}
 
-	result, err := invoke.DelegateAdd(ctx(), conf.Delegate, delegateConf, p.Exec)
+	ctx, cancel := delegateCtx(conf)
+	defer cancel()
+	result, err := invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, p.Exec)
 	if err != nil {
+		addErr := delegateError(ctx, conf.Delegate, "add", err)
+		if !answered(err) {
+			// bridge crashed or was killed part-way: undo what it may have
+			// done (lease, veth, rules) before dropping the record. If
+			// that fails too, the pending record stays for a sweep.
+			if derr := p.rollback(conf, delegateConf); derr != nil {
+				p.warnf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
+				return addErr
+			}
+		}
 		if aerr := attach.Abort(); aerr != nil {
 			p.warnf("warning: %v", aerr)
 		}
-		return delegateError(conf.Delegate, "add", err)
+		return addErr
 	}
 	if err := attach.Complete(resultIPs(result)); err != nil {
 		// The attachment works; a pending record of a finished ADD is
@@ -44,6 +58,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		p.warnf("warning: %v", err)
 	}
 	return p.printResult(result, conf.CNIVersion)
+}
+
+// rollback sends DEL for an ADD whose delegate gave no answer.
+func (p *Plugin) rollback(conf *ipamdir.Config, delegateConf []byte) error {
+	ctx, cancel := delegateCtx(conf)
+	defer cancel()
+	return invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec)
 }
 
 func resultIPs(result types.Result) []string {

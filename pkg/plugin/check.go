@@ -17,7 +17,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	checkErr := invoke.DelegateCheck(ctx(), conf.Delegate, delegateConf, p.Exec)
+	ctx, cancel := delegateCtx(conf)
+	defer cancel()
+	checkErr := invoke.DelegateCheck(ctx, conf.Delegate, delegateConf, p.Exec)
 
 	if err := p.migrate(conf); err != nil {
 		p.warnf("warning: %v", err)
@@ -26,7 +28,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	}
 
 	if checkErr != nil {
-		return delegateError(conf.Delegate, "check", checkErr)
+		return delegateError(ctx, conf.Delegate, "check", checkErr)
 	}
 	return nil
 }

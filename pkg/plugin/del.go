@@ -24,8 +24,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			return types.NewError(types.ErrInternal, "failed to clear CNI_NETNS for the delegate", err.Error())
 		}
 	}
-	if err := invoke.DelegateDel(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
-		return delegateError(conf.Delegate, "del", err)
+	ctx, cancel := delegateCtx(conf)
+	defer cancel()
+	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
+		return delegateError(ctx, conf.Delegate, "del", err)
 	}
 	if err := p.Reclaim.EndDel(conf.DataDir, conf.Name, attachmentKey(args), args.Netns); err != nil {
 		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())

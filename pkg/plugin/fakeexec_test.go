@@ -23,6 +23,9 @@ type fakeExec struct {
 	calls []execCall
 	// onExec runs inside every delegate call, to observe state mid-verb.
 	onExec func()
+	// hang maps "plugin VERB" to delegates that never answer: they return
+	// only when the context ends, as a killed process would.
+	hang map[string]bool
 }
 
 type execCall struct {
@@ -33,14 +36,14 @@ type execCall struct {
 }
 
 func newFakeExec(installed ...string) *fakeExec {
-	f := &fakeExec{installed: map[string]bool{}, reply: map[string]string{}, fail: map[string]error{}}
+	f := &fakeExec{installed: map[string]bool{}, reply: map[string]string{}, fail: map[string]error{}, hang: map[string]bool{}}
 	for _, p := range installed {
 		f.installed[p] = true
 	}
 	return f
 }
 
-func (f *fakeExec) ExecPlugin(_ context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+func (f *fakeExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
 	env := map[string]string{}
 	for _, kv := range environ {
 		k, v, _ := strings.Cut(kv, "=")
@@ -52,6 +55,10 @@ func (f *fakeExec) ExecPlugin(_ context.Context, pluginPath string, stdin []byte
 		f.onExec()
 	}
 	key := call.Plugin + " " + call.Command
+	if f.hang[key] {
+		<-ctx.Done()
+		return nil, fmt.Errorf("signal: killed")
+	}
 	if err := f.fail[key]; err != nil {
 		return nil, err
 	}

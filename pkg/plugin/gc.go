@@ -41,11 +41,15 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if _, err := p.Reclaim.Sweep(reclaim.Request{DataDir: conf.DataDir, Network: conf.Name, GC: true, Valid: valid, Orphans: true}); err != nil {
 		errs = append(errs, types.NewError(types.ErrInternal, "garbage collection of "+conf.Name+" failed", err.Error()))
 	}
-	if err := invoke.DelegateGC(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
-		errs = append(errs, delegateError(conf.Delegate, "gc", err))
-	}
-	if err := invoke.DelegateGC(ctx(), ipamdir.HostLocal, hostLocalConf, p.Exec); err != nil {
-		errs = append(errs, delegateError(ipamdir.HostLocal, "gc", err))
+	for _, gc := range []struct {
+		plugin string
+		conf   []byte
+	}{{conf.Delegate, delegateConf}, {ipamdir.HostLocal, hostLocalConf}} {
+		ctx, cancel := delegateCtx(conf)
+		if err := invoke.DelegateGC(ctx, gc.plugin, gc.conf, p.Exec); err != nil {
+			errs = append(errs, delegateError(ctx, gc.plugin, "gc", err))
+		}
+		cancel()
 	}
 	return joinCNIErrors(errs)
 }

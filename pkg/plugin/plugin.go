@@ -86,12 +86,24 @@ func (p *Plugin) find(plugin string) (string, error) {
 
 // delegateError keeps the delegate's CNI error code (the runtime may act on
 // it, e.g. 11 "try again later") and says which plugin and verb failed.
-func delegateError(plugin, verb string, err error) error {
+func delegateError(ctx context.Context, plugin, verb string, err error) error {
 	var cniErr *types.Error
-	if errors.As(err, &cniErr) {
+	switch {
+	case errors.As(err, &cniErr):
 		return types.NewError(cniErr.Code, fmt.Sprintf("delegate %s failed (%s): %s", plugin, verb, cniErr.Msg), cniErr.Details)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		deadline, _ := ctx.Deadline()
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("delegate %s did not answer %s in time and was killed (deadline %s; see \"delegateTimeout\")", plugin, verb, deadline.UTC().Format("15:04:05")), err.Error())
 	}
-	return types.NewError(types.ErrInternal, fmt.Sprintf("delegate %s failed (%s)", plugin, verb), err.Error())
+	return types.NewError(types.ErrInternal, fmt.Sprintf("delegate %s failed (%s) without a CNI error: it crashed or was killed", plugin, verb), err.Error())
+}
+
+// answered reports whether a delegate failed cleanly, printing a CNI error:
+// bridge then rolled back what it had done. Anything else (a crash, a
+// kill, a timeout) may have left an allocation behind.
+func answered(err error) bool {
+	var cniErr *types.Error
+	return errors.As(err, &cniErr)
 }
 
 func (p *Plugin) warnf(format string, args ...any) {
@@ -114,6 +126,9 @@ func attachmentKey(args *skel.CmdArgs) records.Key {
 	return records.Key{ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-// ctx is the context delegates run under. The runtime bounds our lifetime
-// (it kills us on its own timeout), so no deadline of our own is added.
-func ctx() context.Context { return context.Background() }
+// delegateCtx bounds one delegate call by the entry's delegateTimeout: a
+// hung bridge is killed (exec.CommandContext) and the runtime gets an
+// error instead of a plugin that never returns.
+func delegateCtx(conf *ipamdir.Config) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), conf.DelegateTimeout)
+}

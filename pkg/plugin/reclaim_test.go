@@ -144,3 +144,47 @@ func mkdir(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 }
+
+func TestCrashedDelegateIsRolledBack(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.fail["bridge ADD"] = errors.New("netplugin failed: panic: runtime error")
+	err := h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInternal || !strings.Contains(cniErr.Msg, "crashed or was killed") {
+		t.Fatalf("ADD = %v", err)
+	}
+	if len(h.exec.calls) != 2 || h.exec.calls[1].Command != "DEL" {
+		t.Errorf("calls = %+v, want ADD then a rollback DEL", h.exec.calls)
+	}
+	if r := h.record(); r != nil {
+		t.Errorf("record left: %+v", r)
+	}
+}
+
+func TestHungDelegateTimesOut(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.hang["bridge ADD"] = true
+	err := h.plugin.Add(h.args(h.conf("1.0.0", `,"delegateTimeout":"50ms"`)))
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "did not answer add in time") {
+		t.Fatalf("ADD = %v", err)
+	}
+	if conf := delegatedConf(t, h.exec.calls[0]); conf["delegateTimeout"] != nil {
+		t.Errorf("delegateTimeout reached the delegate: %v", conf)
+	}
+	if len(h.exec.calls) != 2 || h.exec.calls[1].Command != "DEL" || h.record() != nil {
+		t.Errorf("calls = %+v, record %+v; want a rollback DEL and no record", h.exec.calls, h.record())
+	}
+}
+
+func TestFailedRollbackKeepsThePendingRecord(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.fail["bridge ADD"] = errors.New("signal: killed")
+	h.exec.fail["bridge DEL"] = errors.New("signal: killed")
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err == nil {
+		t.Fatal("ADD succeeded")
+	}
+	if r := h.record(); r == nil || r.State != records.Pending {
+		t.Errorf("record = %+v, want the pending record kept for a sweep", r)
+	}
+}

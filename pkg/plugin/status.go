@@ -26,8 +26,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
 	}
-	if err := invoke.DelegateStatus(ctx(), conf.Delegate, delegateConf, p.Exec); err != nil {
-		return delegateError(conf.Delegate, "status", err)
+	ctx, cancel := delegateCtx(conf)
+	defer cancel()
+	if err := invoke.DelegateStatus(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
+		return delegateError(ctx, conf.Delegate, "status", err)
 	}
 	return nil
 }

@@ -466,3 +466,22 @@ func TestBeginAddTellsReusedInodeByCookie(t *testing.T) {
 		t.Errorf("old attachment not released: leases %v, log %q", w.leases(), w.log)
 	}
 }
+
+func TestPendingRecordOfDeadADDWithoutLeaseGoes(t *testing.T) {
+	w := newWorld(t)
+	w.host.Namespaces["/run/netns/alive"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
+	// Killed after writing its record, before host-local allocated.
+	w.record(&records.Record{ContainerID: "died", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
+	// Killed after host-local allocated: the namespace is alive, keep it.
+	w.record(&records.Record{ContainerID: "allocated", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31338, PIDStart: 1})
+	w.lease("10.0.0.2", "allocated\r\neth0", bootTime.Add(time.Minute))
+
+	rep := w.sweep(Request{})
+	v := verdicts(rep)
+	if v["died"] != Stale || v["allocated"] != Live {
+		t.Errorf("verdicts = %v", v)
+	}
+	if w.hasRecord("died") || !w.hasRecord("allocated") {
+		t.Error("wrong pending record removed")
+	}
+}

@@ -93,7 +93,13 @@ func (j *judge) verdict(a *Attachment) Verdict {
 		return Verdict{Stale, "not in the runtime's valid attachments"}
 	}
 	if a.Record != nil {
-		return j.recordVerdict(a.Record)
+		v := j.recordVerdict(a.Record)
+		if v.State == Live && a.Record.State == records.Pending && len(a.Leases) == 0 {
+			// Its writer is gone (checked above) and nothing was allocated:
+			// the record protects nothing.
+			return Verdict{Stale, "its ADD died before an address was allocated"}
+		}
+		return v
 	}
 	for _, l := range a.Leases {
 		if !l.ModTime.Before(j.bootTime) {
