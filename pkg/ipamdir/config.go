@@ -35,8 +35,8 @@ const (
 	keyDelegate        = "delegate"
 	keyDataDir         = "dataDir"
 	keyDelegateTimeout = "delegateTimeout"
-	keyType     = "type"
-	keyIPAM     = "ipam"
+	keyType            = "type"
+	keyIPAM            = "ipam"
 )
 
 // Config is one validated conflist entry. Only the keys the wrapper acts on
