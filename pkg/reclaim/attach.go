@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -91,15 +90,11 @@ func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, n
 // releaseOne releases a single stale attachment: its leases under
 // host-local's lock, its NAT rules, its record.
 func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reason string) error {
-	store, err := disk.New(network, dataDir)
+	store, unlock, err := lockedStore(network, dataDir)
 	if err != nil {
-		return fmt.Errorf("open host-local store: %w", err)
+		return err
 	}
-	defer store.Close()
-	if err := store.Lock(); err != nil {
-		return fmt.Errorf("lock host-local store: %w", err)
-	}
-	defer store.Unlock()
+	defer unlock()
 
 	what := []string{}
 	var errs []error

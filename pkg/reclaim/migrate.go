@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -66,24 +64,18 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 	if err != nil {
 		return nil, err
 	}
-	ours, err := disk.New(network, dataDir)
+	// Ours first, then the legacy one: every migration takes them in this
+	// order, and host-local itself only ever holds one.
+	_, unlockOurs, err := lockedStore(network, dataDir)
 	if err != nil {
-		return nil, fmt.Errorf("open host-local store in %s: %w", dataDir, err)
+		return nil, err
 	}
-	defer ours.Close()
-	if err := ours.Lock(); err != nil {
-		return nil, fmt.Errorf("lock %s: %w", dataDir, err)
-	}
-	defer ours.Unlock()
-	legacy, err := disk.New(network, legacyDir)
+	defer unlockOurs()
+	legacy, unlockLegacy, err := lockedStore(network, legacyDir)
 	if err != nil {
-		return nil, fmt.Errorf("open legacy host-local store in %s: %w", legacyDir, err)
+		return nil, err
 	}
-	defer legacy.Close()
-	if err := legacy.Lock(); err != nil {
-		return nil, fmt.Errorf("lock %s: %w", legacyDir, err)
-	}
-	defer legacy.Unlock()
+	defer unlockLegacy()
 
 	dir, err := readLeases(filepath.Join(legacyDir, network))
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -84,16 +83,11 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		return report, nil
 	}
 
-	store, err := disk.New(req.Network, req.DataDir)
+	store, unlock, err := lockedStore(req.Network, req.DataDir)
 	if err != nil {
-		return nil, fmt.Errorf("open host-local store %s: %w", netDir, err)
+		return nil, err
 	}
-	defer store.Close()
-	if err := store.Lock(); err != nil {
-		return nil, fmt.Errorf("lock %s: %w", netDir, err)
-	}
-	// disk.Store.GC unlocks on return; unlocking twice is harmless.
-	defer store.Unlock()
+	defer unlock()
 
 	dir, err := readLeases(netDir)
 	if err != nil {
