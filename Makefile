@@ -5,7 +5,7 @@ GO        ?= go
 BIN       ?= $(CURDIR)/bin
 PREFIX    ?= /opt/cni/bin
 DESTDIR   ?=
-VERSION   ?= $(shell git describe --tags --match 'v*' 2>/dev/null || echo v0.1.0)
+VERSION   ?= $(or $(shell bash scripts/release/release.sh --print-version 2>/dev/null | sed -n 's/^version //p'),v0.1.0)
 MODULE    := github.com/nomad-bridge-cni/nomad-bridge-cni
 
 PLUGINS_VERSION := $(shell $(GO) list -m -f '{{.Version}}' github.com/containernetworking/plugins)
@@ -23,7 +23,7 @@ REFERENCE_PLUGINS := \
 	github.com/containernetworking/plugins/plugins/meta/firewall \
 	github.com/containernetworking/plugins/plugins/meta/portmap
 
-.PHONY: all build plugins test test-unit test-e2e install demo clean
+.PHONY: all build plugins test test-unit test-e2e test-release install demo release clean
 
 all: build plugins
 
@@ -35,7 +35,7 @@ plugins:
 	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -ldflags '$(PLUGIN_LDFLAGS)' -o $(BIN)/ $(REFERENCE_PLUGINS)
 	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -o $(BIN)/cnitool github.com/containernetworking/cni/cnitool
 
-test: test-unit test-e2e
+test: test-unit test-e2e test-release
 
 test-unit:
 	$(GO) vet ./...
@@ -43,11 +43,22 @@ test-unit:
 
 # The e2e tests need root, iptables and the binaries in $(BIN).
 test-e2e: build plugins
-	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/...
+	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/e2e/
+
+# Builds the release artifacts into a temp dir and checks them, installs the
+# .deb into a throw-away root. -short skips the second, byte-for-byte
+# reproducibility build (run `go test ./test/release/` for it).
+test-release:
+	$(GO) test -count=1 -short -v ./test/release/
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)
 	install -m 0755 $(BIN)/nomad-bridge-cni $(DESTDIR)$(PREFIX)/nomad-bridge-cni
+
+# Release artifacts in dist/: static linux/amd64 and linux/arm64 tarballs,
+# .debs, SHA256SUMS. Version from git; `make release VERSION=vX.Y.Z` overrides.
+release:
+	bash scripts/release/release.sh
 
 demo: build plugins
 	BIN=$(BIN) bash test/demo/demo.sh

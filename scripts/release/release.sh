@@ -1,0 +1,304 @@
+#!/usr/bin/env bash
+# scripts/release/release.sh: build the release artifacts (what `make release`
+# runs). Users install them without Go.
+#
+#   dist/nomad-bridge-cni-linux-amd64-<version>.tgz   ./nomad-bridge-cni, ./README.md,
+#   dist/nomad-bridge-cni-linux-arm64-<version>.tgz   ./SECURITY.md (./LICENSE when the
+#                                                      tree has one), laid out like the
+#                                                      reference cni-plugins tarballs
+#   dist/nomad-bridge-cni_<debversion>_amd64.deb      /opt/cni/bin/nomad-bridge-cni and
+#   dist/nomad-bridge-cni_<debversion>_arm64.deb      /usr/share/doc/nomad-bridge-cni/;
+#                                                      no maintainer scripts
+#   dist/SHA256SUMS                                    sha256sum format, all of the above
+#
+# The binaries are static (CGO_ENABLED=0, checked: no PT_INTERP, no PT_DYNAMIC,
+# no DT_NEEDED), built with -trimpath and the version stamped in pkg/skel.Version.
+# Archive and package entries are owned by 0:0, sorted, and dated at the commit
+# time, so two runs on the same commit with the same toolchain give the same bytes.
+#
+# Environment:
+#   VERSION            vX.Y.Z[-pre][+meta]; default: from git (see derive_version)
+#   DIST               output directory (default: <repo>/dist)
+#   SOURCE_DATE_EPOCH  timestamp of every entry (default: the commit time of HEAD)
+#   DEB_MAINTAINER     the .deb's Maintainer field
+#   GO                 the go command (default: go)
+#
+# Needs: bash, go, git (unless VERSION and SOURCE_DATE_EPOCH are set), GNU tar,
+# gzip, sha256sum, md5sum, dpkg-deb. Nothing else; installs nothing.
+#
+#   scripts/release/release.sh                  build everything into $DIST
+#   scripts/release/release.sh --print-version  print "version <v>" and "deb-version <d>"
+set -euo pipefail
+umask 022
+export LC_ALL=C
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+NAME=nomad-bridge-cni
+MODULE=github.com/nomad-bridge-cni/nomad-bridge-cni
+HOMEPAGE=https://github.com/nomad-bridge-cni/nomad-bridge-cni
+ARCHES=(amd64 arm64)
+GO=${GO:-go}
+DIST=${DIST:-$ROOT/dist}
+DEB_MAINTAINER=${DEB_MAINTAINER:-nomad-bridge-cni maintainers <$HOMEPAGE/issues>}
+
+die() {
+	printf 'release: %s\n' "$*" >&2
+	exit 1
+}
+step() { printf '==> %s\n' "$*"; }
+git_() { git -C "$ROOT" "$@"; }
+
+# derive_version prints the version to stamp into the binary.
+#   VERSION set                 -> VERSION as given
+#   HEAD is tag vX.Y.Z          -> vX.Y.Z
+#   N commits after vX.Y.Z      -> vX.Y.Z-N-g<sha>       (git describe, like `make build`)
+#   no v* tag at all            -> v0.1.0-git<N>.g<sha>  (N = commits in HEAD)
+#   tree differs from HEAD      -> ... with -dirty appended (see tree_dirty)
+derive_version() {
+	if [[ -n ${VERSION:-} ]]; then
+		printf '%s\n' "$VERSION"
+		return
+	fi
+	command -v git >/dev/null 2>&1 || die "git not found: set VERSION=vX.Y.Z and SOURCE_DATE_EPOCH"
+	git_ rev-parse --git-dir >/dev/null 2>&1 || die "$ROOT is not a git checkout git can read: set VERSION=vX.Y.Z and SOURCE_DATE_EPOCH"
+	local v dirty=''
+	tree_dirty && dirty=-dirty
+	if v=$(git_ describe --tags --match 'v[0-9]*' 2>/dev/null); then
+		printf '%s%s\n' "$v" "$dirty"
+		return
+	fi
+	printf 'v0.1.0-git%s.g%s%s\n' "$(git_ rev-list --count HEAD)" "$(git_ rev-parse --short HEAD)" "$dirty"
+}
+
+# tree_dirty: a tracked file is modified (anywhere, as `git describe --dirty`),
+# or an untracked file sits among the release's inputs, where the build or the
+# archives would pick it up without HEAD knowing.
+tree_dirty() {
+	[[ -n $(git_ status --porcelain --untracked-files=no) ]] ||
+		[[ -n $(git_ status --porcelain --untracked-files=all -- \
+			go.mod go.sum cmd pkg internal README.md SECURITY.md LICENSE scripts/release) ]]
+}
+
+# deb_version maps a binary version to a Debian version (no revision: a
+# native-style version, so it must not contain '-'). Order is preserved:
+#   v1.2.3                 -> 1.2.3
+#   v1.2.3-4-gabc1234      -> 1.2.3+git4.abc1234        (after the tag: sorts after 1.2.3)
+#   v1.2.3-rc.1            -> 1.2.3~rc.1                (pre-release: sorts before 1.2.3)
+#   v1.2.3-rc.1-4-gabc1234 -> 1.2.3~rc.1+git4.abc1234
+#   v0.1.0-git18.gabc1234  -> 0.1.0~git18.abc1234       (no tag yet: before the first 0.1.0)
+#   ...-dirty              -> ...+dirty, or ....dirty when there is a '+' already
+#   v1.2.3+meta            -> 1.2.3+meta
+deb_version() {
+	local v=$1 core rest meta='' pre='' post='' out
+	[[ $v =~ ^v([0-9]+\.[0-9]+\.[0-9]+)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$ ]] ||
+		die "version '$v' is not vMAJOR.MINOR.PATCH[-pre-release][+metadata] (letters, digits, '.', '-')"
+	core=${BASH_REMATCH[1]}
+	rest=${BASH_REMATCH[2]#-}
+	meta=${BASH_REMATCH[3]#+}
+	local dirty=
+	if [[ $rest == dirty || $rest == *-dirty ]]; then
+		dirty=1
+		rest=${rest%dirty}
+		rest=${rest%-}
+	fi
+	if [[ $rest =~ ^(.+-)?([0-9]+)-g([0-9a-f]+)$ ]]; then
+		pre=${BASH_REMATCH[1]%-}
+		post=git${BASH_REMATCH[2]}.${BASH_REMATCH[3]}
+	elif [[ $rest =~ ^git([0-9]+)\.g([0-9a-f]+)$ ]]; then
+		pre=git${BASH_REMATCH[1]}.${BASH_REMATCH[2]}
+	else
+		pre=$rest
+	fi
+	out=$core
+	[[ -z $pre ]] || out+="~${pre//-/.}"
+	[[ -z $post ]] || out+="+$post"
+	if [[ -n $meta ]]; then
+		[[ $out == *+* ]] && out+=".${meta//-/.}" || out+="+${meta//-/.}"
+	fi
+	if [[ -n $dirty ]]; then
+		[[ $out == *+* ]] && out+=".dirty" || out+="+dirty"
+	fi
+	[[ $out =~ ^[0-9][0-9A-Za-z.+~]*$ ]] || die "internal: Debian version '$out' (from '$v') is not valid"
+	printf '%s\n' "$out"
+}
+
+source_date_epoch() {
+	if [[ -n ${SOURCE_DATE_EPOCH:-} ]]; then
+		[[ $SOURCE_DATE_EPOCH =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH='$SOURCE_DATE_EPOCH' is not a number of seconds"
+		printf '%s\n' "$SOURCE_DATE_EPOCH"
+		return
+	fi
+	git_ log -1 --format=%ct HEAD 2>/dev/null || die "cannot read the commit time of HEAD: set SOURCE_DATE_EPOCH"
+}
+
+# ------------------------------------------------------------------ args ---
+case ${1:-} in
+'') ;;
+--print-version)
+	v=$(derive_version)
+	d=$(deb_version "$v")
+	printf 'version %s\ndeb-version %s\n' "$v" "$d"
+	exit 0
+	;;
+-h | --help)
+	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+	exit 0
+	;;
+*) die "unknown argument '$1' (try --help)" ;;
+esac
+
+# ----------------------------------------------------------------- tools ---
+for cmd in "$GO" tar gzip sha256sum md5sum dpkg-deb; do
+	command -v "$cmd" >/dev/null 2>&1 || die "'$cmd' not found (needs: go, GNU tar, gzip, coreutils, dpkg-deb)"
+done
+tar --version 2>/dev/null | head -n1 | grep -q 'GNU tar' || die "tar is not GNU tar (needed for --sort=name, --owner, --mtime)"
+
+[[ $DEB_MAINTAINER =~ ^[^[:cntrl:]]+$ ]] || die "DEB_MAINTAINER must be one line of text"
+
+V=$(derive_version)
+DEBV=$(deb_version "$V")
+EPOCH=$(source_date_epoch)
+export SOURCE_DATE_EPOCH=$EPOCH # dpkg-deb: ar member dates, and clamps the data.tar mtimes
+
+step "$NAME $V (Debian $DEBV), timestamp $EPOCH ($(date -u -d "@$EPOCH" +%Y-%m-%dT%H:%M:%SZ))"
+if command -v git >/dev/null 2>&1 && git_ rev-parse --git-dir >/dev/null 2>&1 && tree_dirty; then
+	printf '    WARNING: the tree differs from its commit %s (modified files, or untracked ones among the inputs)\n' "$(git_ rev-parse --short HEAD)"
+fi
+printf '    %s\n    output: %s\n' "$("$GO" version)" "$DIST"
+
+DOCS=(README.md SECURITY.md)
+if [[ -f $ROOT/LICENSE ]]; then
+	DOCS=(LICENSE "${DOCS[@]}")
+else
+	printf '    WARNING: no LICENSE file in %s: the release carries no license\n' "$ROOT"
+fi
+for f in "${DOCS[@]}"; do
+	[[ -f $ROOT/$f ]] || die "$ROOT/$f is missing"
+done
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/$NAME-release.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+mkdir "$WORK/out"
+
+# ----------------------------------------------------------------- build ---
+# GOFLAGS is replaced, not inherited: a -buildmode=pie or -race in the caller's
+# environment must not change the release. GOAMD64/GOARM64 are the baselines,
+# so the binaries run on any x86-64 / ARMv8.0 CPU whatever the builder's env.
+cd "$ROOT"
+for arch in "${ARCHES[@]}"; do
+	step "go build linux/$arch"
+	mkdir -p "$WORK/bin/$arch"
+	env CGO_ENABLED=0 GOOS=linux GOARCH="$arch" GOAMD64=v1 GOARM64=v8.0 GOFLAGS=-mod=readonly \
+		"$GO" build -buildvcs=false -trimpath \
+		-ldflags "-X $MODULE/pkg/skel.Version=$V" \
+		-o "$WORK/bin/$arch/$NAME" ./cmd/nomad-bridge-cni
+done
+
+step "check: static ELF for the right machine, stamped $V"
+checks=()
+for arch in "${ARCHES[@]}"; do checks+=("$arch=$WORK/bin/$arch/$NAME"); done
+env -u GOOS -u GOARCH GOFLAGS=-mod=readonly \
+	"$GO" run "$ROOT/scripts/release/elfcheck.go" -module "$MODULE" -version "$V" "${checks[@]}"
+
+# --------------------------------------------------------------- tarballs ---
+for arch in "${ARCHES[@]}"; do
+	tgz=$NAME-linux-$arch-$V.tgz
+	step "$tgz"
+	st=$WORK/tar-$arch
+	mkdir -m 0755 "$st"
+	install -m 0755 "$WORK/bin/$arch/$NAME" "$st/$NAME"
+	for f in "${DOCS[@]}"; do install -m 0644 "$ROOT/$f" "$st/$f"; done
+	tar --format=gnu --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" \
+		-C "$st" -cf - . | gzip -9n >"$WORK/out/$tgz"
+	tar -tvzf "$WORK/out/$tgz" | sed 's/^/    /'
+done
+
+# --------------------------------------------------------------- .deb ---
+write_copyright() { # $1: destination
+	{
+		printf 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n'
+		printf 'Upstream-Name: %s\nSource: %s\n' "$NAME" "$HOMEPAGE"
+		if [[ -f $ROOT/LICENSE ]]; then
+			printf '\nFiles: *\nCopyright: the %s authors\nLicense: see below\n' "$NAME"
+			sed 's/^$/./; s/^/ /' "$ROOT/LICENSE"
+		else
+			printf 'Comment: The source tree of this release has no LICENSE file: no license\n'
+			printf ' has been declared for %s itself.\n' "$NAME"
+		fi
+		printf '\nThe binary statically links the Go standard library and these Go modules,\n'
+		printf 'each under its own license (see the module source):\n'
+		for m in "${LINKED_MODULES[@]}"; do printf ' %s\n' "$m"; done
+	} >"$1"
+}
+
+# Modules linked into the binary (both arches link the same set), for copyright.
+mapfile -t LINKED_MODULES < <(env GOOS=linux GOARCH=amd64 GOFLAGS=-mod=readonly \
+	"$GO" list -deps -f '{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}}{{end}}{{end}}' ./cmd/nomad-bridge-cni | sort -u)
+
+for arch in "${ARCHES[@]}"; do
+	deb=${NAME}_${DEBV}_$arch.deb
+	step "$deb"
+	st=$WORK/deb-$arch
+	doc=$st/usr/share/doc/$NAME
+	install -d -m 0755 "$st/DEBIAN" "$st/opt/cni/bin" "$doc"
+	install -m 0755 "$WORK/bin/$arch/$NAME" "$st/opt/cni/bin/$NAME"
+	install -m 0644 "$ROOT/README.md" "$ROOT/SECURITY.md" "$doc/"
+	write_copyright "$doc/copyright"
+	chmod 0644 "$doc/copyright"
+	(cd "$st" && find opt usr -type f | sort | xargs md5sum) >"$st/DEBIAN/md5sums"
+	# Installed-Size: KiB, files rounded up, 1 per directory (as dpkg-gencontrol).
+	size=$(cd "$st" && find opt usr \( -type f -printf '%s\n' \) -o \( -type d -printf '1024\n' \) |
+		awk '{ s += int(($1 + 1023) / 1024) } END { print s }')
+	cat >"$st/DEBIAN/control" <<EOF
+Package: $NAME
+Version: $DEBV
+Architecture: $arch
+Maintainer: $DEB_MAINTAINER
+Installed-Size: $size
+Recommends: containernetworking-plugins
+Section: net
+Priority: optional
+Homepage: $HOMEPAGE
+Description: CNI plugin: bridge with host-local leases on tmpfs
+ nomad-bridge-cni sits in front of the reference CNI "bridge" plugin and keeps
+ host-local's IP leases on tmpfs (/var/run/cni by default), so a container
+ restored after a reboot gets its address back instead of failing with
+ "duplicate allocation". Adopt it by replacing "type": "bridge" with
+ "type": "nomad-bridge-cni" in a conflist.
+ .
+ The plugin is installed to /opt/cni/bin, the CNI bin directory of Nomad,
+ containerd, CRI-O and nerdctl. It calls the reference "bridge" and
+ "host-local" plugins, looked up in the runtime's CNI_PATH. Debian's
+ containernetworking-plugins package installs them to /usr/lib/cni, which
+ runtimes do not search by default: add /usr/lib/cni to the runtime's CNI
+ plugin path, or put the upstream cni-plugins release in /opt/cni/bin.
+ .
+ The package has no maintainer scripts: installing, upgrading or removing it
+ touches no running container and no network configuration.
+EOF
+	chmod 0644 "$st/DEBIAN/control" "$st/DEBIAN/md5sums"
+	find "$st" -exec touch -h -d "@$EPOCH" {} +
+	# -Zxz: dpkg on Debian < 12 cannot read zstd, Ubuntu's dpkg defaults to it.
+	# --root-owner-group: entries are root:root without fakeroot.
+	if ! dpkg-deb --root-owner-group -Zxz --build "$st" "$WORK/out/$deb" >"$WORK/dpkg-deb.log" 2>&1 ||
+		grep -qi 'warning' "$WORK/dpkg-deb.log"; then
+		cat "$WORK/dpkg-deb.log" >&2
+		die "dpkg-deb failed or warned for $deb"
+	fi
+	dpkg-deb --contents "$WORK/out/$deb" | sed 's/^/    /'
+done
+
+# ----------------------------------------------------------- SHA256SUMS ---
+step "SHA256SUMS"
+mapfile -t artifacts < <(cd "$WORK/out" && find . -maxdepth 1 -type f -printf '%f\n' | sort)
+(cd "$WORK/out" && sha256sum -- "${artifacts[@]}" >"$WORK/SHA256SUMS")
+mv "$WORK/SHA256SUMS" "$WORK/out/SHA256SUMS"
+
+mkdir -p "$DIST"
+rm -f "$DIST/$NAME"-linux-*.tgz "$DIST/${NAME}"_*.deb "$DIST/SHA256SUMS"
+mv "$WORK/out"/* "$DIST/"
+
+step "verify: sha256sum -c (in $DIST)"
+(cd "$DIST" && sha256sum -c SHA256SUMS) | sed 's/^/    /'
+(cd "$DIST" && ls -l -- "${artifacts[@]}" SHA256SUMS) | sed 's/^/    /'
+step "done: $NAME $V"

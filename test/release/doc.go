@@ -1,0 +1,20 @@
+// Package release tests scripts/release/release.sh, what `make release` runs.
+//
+// It builds the release into temporary directories (never dist/), then checks
+// what a user gets: SHA256SUMS verifies; each tarball holds exactly the files
+// of the layout, owned by 0:0, with the right modes; the amd64 binary runs and
+// prints the stamped version and its CNI VERSION JSON; the arm64 binary is a
+// static AArch64 ELF stamped with the same version (read, not run); each .deb
+// has the expected control fields, no maintainer scripts and exactly the
+// expected files; the amd64 .deb, unpacked with `dpkg -x` and installed with
+// `dpkg --root` into a throw-away root, gives a working
+// /opt/cni/bin/nomad-bridge-cni whose VERSION verb answers, and purging it
+// leaves nothing behind; and a second build of the same commit is
+// byte-for-byte identical.
+//
+// It needs bash, go, git, GNU tar, gzip, sha256sum, md5sum and dpkg (dpkg-deb,
+// dpkg-query); not root. Without them it skips, saying why; with CI set in the
+// environment a missing prerequisite is a failure instead. Run it with
+//
+//	go test -count=1 -v ./test/release/
+package release
