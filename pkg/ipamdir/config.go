@@ -12,6 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/containernetworking/cni/pkg/version"
 )
 
 const (
@@ -121,10 +122,34 @@ func Parse(stdin []byte) (*Config, error) {
 	if c.LegacyDataDir, err = stringKey(c.ipam, keyDataDir, DefaultLegacyDataDir); err != nil {
 		return nil, invalidConfig(`"ipam.dataDir" must be a string`)
 	}
-	if c.LegacyDataDir != "" {
-		c.LegacyDataDir = filepath.Clean(c.LegacyDataDir)
+	// The legacy directory is read and pruned by the migration: it gets
+	// the same checks as our own.
+	if err := validateDir("ipam.dataDir", c.LegacyDataDir); err != nil {
+		return nil, err
+	}
+	c.LegacyDataDir = filepath.Clean(c.LegacyDataDir)
+	if err := checkPrevResult(raw, c.CNIVersion); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// checkPrevResult makes sure a prevResult parses as a result of the
+// entry's version before anything is done with it, as every plugin of the
+// chain will (CHECK relies on it; bridge would fail half-way).
+func checkPrevResult(raw map[string]json.RawMessage, cniVersion string) error {
+	prev, ok := raw["prevResult"]
+	if !ok || isNull(prev) {
+		return nil
+	}
+	conf := &types.PluginConf{CNIVersion: cniVersion}
+	if err := json.Unmarshal(prev, &conf.RawPrevResult); err != nil || conf.RawPrevResult == nil {
+		return types.NewError(types.ErrDecodingFailure, `"prevResult" must be a JSON object`, "")
+	}
+	if err := version.ParsePrevResult(conf); err != nil {
+		return types.NewError(types.ErrDecodingFailure, `"prevResult" is not a result of this cniVersion`, err.Error())
+	}
+	return nil
 }
 
 // NetworkDir is host-local's lease directory for this network.

@@ -209,6 +209,11 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"delegateTimeout negative", `{"name":"n","delegateTimeout":"-1s",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
 		{"delegateTimeout too long", `{"name":"n","delegateTimeout":"100h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
 		{"delegateTimeout wrong type", `{"name":"n","delegateTimeout":90,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout" must be a string`},
+		{"ipam dataDir relative", `{"name":"n","ipam":{"type":"host-local","dataDir":"relative"}}`, types.ErrInvalidNetworkConfig, `"ipam.dataDir" "relative" must be an absolute path`},
+		{"ipam dataDir with dotdot", `{"name":"n","ipam":{"type":"host-local","dataDir":"/var/lib/../x"}}`, types.ErrInvalidNetworkConfig, `must not contain ".."`},
+		{"prevResult a string", `{"cniVersion":"1.0.0","name":"n","prevResult":"x",` + ipam + `}`, types.ErrDecodingFailure, `"prevResult" must be a JSON object`},
+		{"prevResult an array", `{"cniVersion":"1.0.0","name":"n","prevResult":[1],` + ipam + `}`, types.ErrDecodingFailure, `"prevResult" must be a JSON object`},
+		{"prevResult ips not a list", `{"cniVersion":"1.0.0","name":"n","prevResult":{"ips":"x"},` + ipam + `}`, types.ErrDecodingFailure, `not a result of this cniVersion`},
 		{"cniVersion wrong type", `{"name":"n","cniVersion":1.0,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"cniVersion" must be a string`},
 	}
 	for _, tc := range cases {

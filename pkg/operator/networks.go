@@ -12,6 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/utils"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -33,7 +34,7 @@ func Networks(dataDir, only string) ([]string, error) {
 		if !isDir(filepath.Join(dataDir, only)) && !isDir(filepath.Join(dataDir, records.DirName, only)) {
 			return nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
 		}
-		return []string{only}, nil
+		return []string{only}, checkDirs(dataDir, []string{only})
 	}
 	seen := map[string]bool{}
 	for _, dir := range []string{dataDir, filepath.Join(dataDir, records.DirName)} {
@@ -52,7 +53,18 @@ func Networks(dataDir, only string) ([]string, error) {
 		out = append(out, n)
 	}
 	sort.Strings(out)
-	return out, nil
+	return out, checkDirs(dataDir, out)
+}
+
+// checkDirs refuses symlinked or foreign-owned directories, exactly as the
+// CNI verbs do, before a command reads or releases anything in them.
+func checkDirs(dataDir string, networks []string) error {
+	for _, n := range networks {
+		if err := (&ipamdir.Config{Name: n, DataDir: dataDir}).CheckDirs(); err != nil {
+			return fmt.Errorf("unsafe data directory: %w", err)
+		}
+	}
+	return nil
 }
 
 func isDir(path string) bool {

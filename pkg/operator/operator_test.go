@@ -204,3 +204,17 @@ func tree(t *testing.T, root string) string {
 	})
 	return b.String()
 }
+
+func TestNetworksRefusesSymlinkedRecordsDir(t *testing.T) {
+	dataDir := t.TempDir()
+	elsewhere := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(elsewhere, "nomad"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, filepath.Join(dataDir, ".nomad-bridge-cni")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Networks(dataDir, ""); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("Networks = %v, want a refusal of the symlink", err)
+	}
+}

@@ -1,7 +1,10 @@
 package plugin
 
 import (
+	"fmt"
+
 	"github.com/containernetworking/cni/pkg/invoke"
+	cnins "github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -21,15 +24,19 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := conf.EnsureDataDir(); err != nil {
-		return types.NewError(types.ErrIOFailure, "failed to prepare dataDir", err.Error())
+	if err := checkTarget(args); err != nil {
+		return err
+	}
+	// Nothing is written before this: it checks the namespace first.
+	attach, err := p.Reclaim.BeginAdd(conf.DataDir, conf.Name, attachmentKey(args), args.Netns)
+	if err != nil {
+		return err
 	}
 	p.warnIfPersistent(conf)
 	if err := p.migrate(conf); err != nil {
-		return err
-	}
-	attach, err := p.Reclaim.BeginAdd(conf.DataDir, conf.Name, attachmentKey(args), args.Netns)
-	if err != nil {
+		if aerr := attach.Abort(); aerr != nil {
+			p.warnf("warning: %v", aerr)
+		}
 		return err
 	}
 
@@ -58,6 +65,28 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		p.warnf("warning: %v", err)
 	}
 	return p.printResult(result, conf.CNIVersion)
+}
+
+// maxKeyLength bounds containerID + ifname: the record's file name is
+// "<containerID>@<ifname>" and must fit a file name (255 bytes) with room
+// for the temp-file prefix. Runtimes use IDs of 64 characters or fewer.
+const maxKeyLength = 200
+
+// checkTarget refuses, before anything is written, what skel lets through
+// but no attachment can be made of: an ID too long to record, and the
+// plugin's own network namespace (skel only notices that after ADD ran).
+func checkTarget(args *skel.CmdArgs) error {
+	if len(args.ContainerID)+1+len(args.IfName) > maxKeyLength {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_CONTAINERID and CNI_IFNAME are longer than %d bytes together", maxKeyLength), "")
+	}
+	own, cerr := cnins.CheckNetNS(args.Netns)
+	if cerr != nil {
+		return cerr
+	}
+	if own {
+		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own network namespace", args.Netns), "")
+	}
+	return nil
 }
 
 // rollback sends DEL for an ADD whose delegate gave no answer.

@@ -38,7 +38,7 @@ type Plugin struct {
 // New returns a Plugin wired to the real process.
 func New() *Plugin {
 	return &Plugin{
-		Exec:    &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}},
+		Exec:    &delegateExec{stderr: os.Stderr},
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
 		Reclaim: &reclaim.Sweeper{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: os.Stderr},
@@ -89,21 +89,23 @@ func (p *Plugin) find(plugin string) (string, error) {
 func delegateError(ctx context.Context, plugin, verb string, err error) error {
 	var cniErr *types.Error
 	switch {
-	case errors.As(err, &cniErr):
-		return types.NewError(cniErr.Code, fmt.Sprintf("delegate %s failed (%s): %s", plugin, verb, cniErr.Msg), cniErr.Details)
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		deadline, _ := ctx.Deadline()
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("delegate %s did not answer %s in time and was killed (deadline %s; see \"delegateTimeout\")", plugin, verb, deadline.UTC().Format("15:04:05")), err.Error())
+	case answered(err):
+		errors.As(err, &cniErr)
+		return types.NewError(cniErr.Code, fmt.Sprintf("delegate %s failed (%s): %s", plugin, verb, cniErr.Msg), cniErr.Details)
 	}
 	return types.NewError(types.ErrInternal, fmt.Sprintf("delegate %s failed (%s) without a CNI error: it crashed or was killed", plugin, verb), err.Error())
 }
 
-// answered reports whether a delegate failed cleanly, printing a CNI error:
-// bridge then rolled back what it had done. Anything else (a crash, a
-// kill, a timeout) may have left an allocation behind.
+// answered reports whether a delegate failed cleanly, printing a CNI error
+// (code 0 is what invoke makes of output it could not parse): bridge then
+// rolled back what it had done. Anything else (a crash, a kill, a timeout)
+// may have left an allocation behind.
 func answered(err error) bool {
 	var cniErr *types.Error
-	return errors.As(err, &cniErr)
+	return errors.As(err, &cniErr) && cniErr.Code != 0
 }
 
 func (p *Plugin) warnf(format string, args ...any) {

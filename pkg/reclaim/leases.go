@@ -63,23 +63,31 @@ func readLeases(dir string) (*leaseDir, error) {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		ip := net.ParseIP(name)
-		if ip == nil {
-			continue // lock, last_reserved_ip.N, or not host-local's
+		if name == "lock" || strings.HasPrefix(name, "last_reserved_ip.") {
+			continue // host-local's own, never a reservation
 		}
 		path := filepath.Join(dir, name)
+		ip := net.ParseIP(name)
 		if !e.Type().IsRegular() {
-			// disk.Store skips these too.
-			d.problems = append(d.problems, fmt.Errorf("lease %s: not a regular file", path))
+			// disk.Store skips these too; nothing here removes them.
+			d.problems = append(d.problems, fmt.Errorf("%s: not a regular file", path))
 			continue
 		}
+		// disk.Store.GC treats every other regular file as a reservation,
+		// so each one is read, even if its name is not an address.
 		l, content, err := readLease(path)
 		switch {
-		case err == nil:
+		case err == nil && ip != nil:
 			l.IP = ip
 			d.leases = append(d.leases, l)
-		case content != nil:
+		case err == nil || content != nil:
+			if content == nil {
+				content = &l.content
+			}
 			d.damaged = append(d.damaged, *content)
+			if err == nil {
+				err = fmt.Errorf("%s: not named after an address", path)
+			}
 			d.problems = append(d.problems, err)
 		default:
 			d.unreadable = true

@@ -3,6 +3,7 @@ package reclaim
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -483,5 +484,39 @@ func TestPendingRecordOfDeadADDWithoutLeaseGoes(t *testing.T) {
 	}
 	if w.hasRecord("died") || !w.hasRecord("allocated") {
 		t.Error("wrong pending record removed")
+	}
+}
+
+func TestReleaseNeverTouchesForeignFilesOrFollowsSymlinks(t *testing.T) {
+	for _, forceFallback := range []bool{false, true} {
+		w := newWorld(t)
+		w.container("gone", "10.0.0.3")
+		delete(w.host.Namespaces, "/run/netns/gone")
+		netDir := filepath.Join(w.dataDir, net1)
+		if err := os.WriteFile(filepath.Join(netDir, "operator-notes"), []byte("do not delete"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// A planted symlink named like a lease, pointing at a file holding
+		// the stale container's key.
+		outside := filepath.Join(t.TempDir(), "outside")
+		if err := os.WriteFile(outside, []byte("gone\r\neth0"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(outside, filepath.Join(netDir, "10.0.0.99")); err != nil {
+			t.Fatal(err)
+		}
+		if forceFallback {
+			// Too big to read in full: the one-pass GC cannot be proved safe.
+			w.lease("10.0.0.50", strings.Repeat("x", maxLeaseSize+10), bootTime.Add(time.Minute))
+		}
+		w.sweep(Request{})
+		want := []string{"10.0.0.99", "operator-notes"}
+		if forceFallback {
+			want = []string{"10.0.0.50", "10.0.0.99", "operator-notes"}
+		}
+		equal(t, fmt.Sprintf("left (fallback %v)", forceFallback), w.leases(), want)
+		if b, err := os.ReadFile(outside); err != nil || string(b) != "gone\r\neth0" {
+			t.Errorf("symlink target changed: %q %v", b, err)
+		}
 	}
 }

@@ -3,6 +3,8 @@ package reclaim
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -11,21 +13,26 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
-// releaseLeases removes the leases of the stale attachments through
-// host-local's own store, with the caller holding its lock.
+// releaseLeases removes the leases of the stale attachments, with the
+// caller holding host-local's lock.
 //
-// The fast path is one disk.Store.GC pass with everything else as the keep
-// list: a single directory walk whatever the number of stale leases
-// (ReleaseByID walks the whole directory per attachment). GC unlocks the
-// store when it returns. Before taking it, the keep list is checked against
-// GC's own matching rules for every file read; if any kept file would go
-// (or any stale one stay) — damaged content, a pre-ifname lease sharing an
-// ID with a kept one — it falls back to ReleaseByKey per stale attachment.
+// The usual path is one disk.Store.GC pass with everything else as the
+// keep list: host-local's own code, and a single directory walk whatever
+// the number of stale leases (ReleaseByID walks the whole directory per
+// attachment). GC unlocks the store when it returns. It is taken only when
+// replaying GC's matching rules over every file read shows it would remove
+// exactly the stale leases. Otherwise — a damaged or unreadable file, a
+// pre-ifname lease sharing an ID with a kept one — each stale lease file is
+// removed by its own path after re-checking its content (never through a
+// symlink): disk.Store's ReleaseByKey would walk into directories and
+// follow symlinks planted in the lease directory.
 func releaseLeases(store *disk.Store, dir *leaseDir, stale map[records.Key]bool) (usedGC bool, err error) {
 	var keep, release []string
+	var releasePaths []Lease
 	for _, l := range dir.leases {
 		if stale[l.Key] {
 			release = append(release, l.content)
+			releasePaths = append(releasePaths, l)
 		} else {
 			keep = append(keep, l.content)
 		}
@@ -48,17 +55,28 @@ func releaseLeases(store *disk.Store, dir *leaseDir, stale map[records.Key]bool)
 	}
 
 	var errs []error
-	seen := map[string]bool{}
-	for _, content := range release {
-		if seen[content] {
-			continue
-		}
-		seen[content] = true
-		if _, err := store.ReleaseByKey(content); err != nil {
-			errs = append(errs, fmt.Errorf("release lease %q: %w", content, err))
+	for _, l := range releasePaths {
+		if err := removeLeaseFile(l); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return false, errors.Join(errs...)
+}
+
+// removeLeaseFile removes one lease file if it still is the file that was
+// read: a regular file (not followed if a symlink) with the same content.
+func removeLeaseFile(l Lease) error {
+	again, _, err := readLease(l.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil || again.content != l.content {
+		return fmt.Errorf("lease %s changed since it was read; left in place", l.Path)
+	}
+	if err := os.Remove(l.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("release lease %s: %w", l.Path, err)
+	}
+	return nil
 }
 
 // gcKeepsExactly replays disk.Store.GC's matching (v1.10.0): a file is kept

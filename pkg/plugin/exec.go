@@ -1,0 +1,79 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// waitDelay is how long a delegate's output pipes may stay open after its
+// context ended: a child it left behind (a hung `sleep`, say) must not keep
+// us waiting past delegateTimeout.
+const waitDelay = 2 * time.Second
+
+// delegateExec runs delegates like invoke.RawExec, with two differences
+// that make delegateTimeout hold and failures legible:
+//   - each delegate runs in its own process group, and the whole group is
+//     killed when the context ends (bridge's host-local child included),
+//     with WaitDelay so an orphan holding stdout open cannot block us;
+//   - a delegate that exits non-zero without a CNI error on stdout (a crash,
+//     a kill) yields a plain error, never a *types.Error: invoke's RawExec
+//     would make it a types.Error with code 0, indistinguishable from an
+//     answer.
+type delegateExec struct {
+	version.PluginDecoder
+	stderr io.Writer
+}
+
+var _ invoke.Exec = (*delegateExec)(nil)
+
+func (e *delegateExec) FindInPath(plugin string, paths []string) (string, error) {
+	return invoke.FindInPath(plugin, paths)
+}
+
+func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, pluginPath)
+	cmd.Env = environ
+	cmd.Stdin = bytes.NewReader(stdin)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = waitDelay
+
+	err := cmd.Run()
+	if e.stderr != nil && stderr.Len() > 0 {
+		_, _ = stderr.WriteTo(e.stderr)
+	}
+	if err == nil {
+		return stdout.Bytes(), nil
+	}
+	var cniErr types.Error
+	if json.Unmarshal(stdout.Bytes(), &cniErr) == nil && cniErr.Code != 0 {
+		return nil, &cniErr
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return nil, fmt.Errorf("%s: %w (%v)", pluginPath, ctxErr, err)
+	}
+	detail := stdout.String()
+	if detail == "" {
+		detail = "no output"
+	}
+	return nil, fmt.Errorf("%s: %v; stdout: %q", pluginPath, err, truncate(detail, 512))
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
