@@ -23,7 +23,7 @@ REFERENCE_PLUGINS := \
 	github.com/containernetworking/plugins/plugins/meta/firewall \
 	github.com/containernetworking/plugins/plugins/meta/portmap
 
-.PHONY: all build plugins test test-unit test-e2e test-release install demo release clean
+.PHONY: all build plugins test test-unit test-e2e test-release test-reboot install demo release clean
 
 all: build plugins
 
@@ -50,6 +50,12 @@ test-e2e: build plugins
 # reproducibility build (run `go test ./test/release/` for it).
 test-release:
 	$(GO) test -count=1 -short -v ./test/release/
+
+# A real reboot of a Debian VM under qemu (TCG): allocations restored after the
+# reboot, see test/reboot/run.sh. Needs root; installs qemu/debootstrap if
+# missing; caches the guest image under $TMPDIR.
+test-reboot: build plugins
+	BIN=$(BIN) bash test/reboot/run.sh
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)

@@ -1,0 +1,422 @@
+#!/bin/bash
+# test/reboot/guest-driver.sh: the reboot test's driver, run INSIDE the guest by its
+# PID 1 (/sbin/nbc-init, see guest-init.sh) at every boot, from the read-only share
+# /mnt/nbc/test; the plugins come from the read-only share /mnt/nbc/bin.
+#
+# A phase marker on the guest's persistent disk (/var/lib/nbc-reboot-test/phase) tells
+# the boots apart:
+#   phase 1  install the plugins and Nomad's conflist at the real paths; ADD two
+#            "allocations" (netns /var/run/netns/<alloc id>, one with a port mapping)
+#            through Nomad's chain with our plugin, check connectivity and CHECK; ADD a
+#            control allocation through the same chain with a bare "bridge" (host-local's
+#            default, persistent dataDir /var/lib/cni/networks); then exit 100: nbc-init
+#            reboots the VM for real.
+#   phase 2  verify it really rebooted (/run empty, namespaces, links and rules gone,
+#            /var/lib kept); restore the allocations as Nomad does: the same netns
+#            paths, hence the same container IDs, ADD again without a DEL; it must
+#            succeed, connect and CHECK; the control's re-ADD must fail with "duplicate
+#            allocation is not allowed"; then DEL everything and verify nothing is left.
+#
+# Output goes to the serial console; the host (run.sh) watches for the lines
+#   NBC-PHASE <n> BEGIN | NBC-PHASE 1 END | NBC-RESULT: PASS | NBC-RESULT: FAIL ...
+# A failed check is recorded (NBC-CHECK-FAIL, kept on disk across the reboot) and the
+# test goes on where that still makes sense, so one run shows every failure; a failed
+# precondition ends the run at once. Every external command has a timeout.
+set -uo pipefail
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+SHARE=/mnt/nbc/test
+SRC_BIN=/mnt/nbc/bin
+STATE=/var/lib/nbc-reboot-test # persistent: phase marker, failures, boot id
+export CNI_PATH=/opt/cni/bin
+export NETCONFPATH=/etc/cni/net.d
+CNI_CACHE=/var/lib/cni # libcni's cache (cnitool's results), persistent
+NETNS_DIR=/var/run/netns
+PLUGINS="nomad-bridge-cni bridge host-local loopback firewall portmap"
+
+# Nomad's chain, verbatim from conflist/nomad.conflist (shared by run.sh).
+NET=$(jq -r .name "$SHARE/nomad.conflist")
+DATA_DIR=$(jq -r '[.plugins[] | select(.type == "nomad-bridge-cni")][0].dataDir // "/var/run/cni"' "$SHARE/nomad.conflist")
+BRIDGE=$(jq -r '[.plugins[] | select(.type == "nomad-bridge-cni")][0].bridge // "cni0"' "$SHARE/nomad.conflist")
+LEASES=$DATA_DIR/$NET                    # host-local's directory under our dataDir (tmpfs)
+LEGACY_LEASES=/var/lib/cni/networks/$NET # where bare bridge would have put them
+# The control: the same chain with the bare "bridge" type, its own name, bridge and subnet.
+CTL_NET=nomad-control
+CTL_BRIDGE=nomadctl
+CTL_SUBNET=172.26.96.0/20
+CTL_LEASES=/var/lib/cni/networks/$CTL_NET
+
+# Allocation IDs, used as netns names as Nomad does; cnitool derives the container ID
+# from the netns path, so a netns re-created at the same path gets the same ID.
+ALLOC_A=0dc525f4-c491-7e25-a67d-0121069ad55e
+ALLOC_B=7f3b9a2e-51c4-4d0b-9e1a-2c6d8f4e0b17 # the one with a port mapping
+ALLOC_C=c0a1c0a1-0000-4000-8000-00000000c0de # the control (bare bridge)
+HOST_PORT=8080
+PORTMAP_B='{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}'
+
+# ---------------------------------------------------------------- output ---
+PHASE='?'
+log() { printf '[phase %s %6ss] %s\n' "$PHASE" "$(cut -d' ' -f1 /proc/uptime)" "$*"; }
+step() { printf '\n'; log "== $*"; }
+indent() { sed -e 's/\r$//' -e 's/^/      | /'; }
+OUT= # output of the last run()
+run() { # seconds, command...: echo, run with a timeout, show its output, keep it in $OUT
+	local limit=$1 rc
+	shift
+	printf '    $ %s\n' "$*"
+	OUT=$(timeout -k 5 "$limit" "$@" 2>&1)
+	rc=$?
+	[[ -n $OUT ]] && printf '%s\n' "$OUT" | indent
+	[[ $rc == 124 || $rc == 137 ]] && printf '    (timed out after %ss)\n' "$limit"
+	[[ $rc != 0 ]] && printf '    (exit %s)\n' "$rc"
+	return $rc
+}
+fail() { # a failed check: recorded, the test goes on
+	echo "NBC-CHECK-FAIL: [phase $PHASE] $*"
+	echo "[phase $PHASE] $*" >>"$STATE/failures"
+}
+pass() { echo "    OK $*"; }
+finish() { # print the verdict; nbc-init powers the VM off
+	step "verdict"
+	echo "[phase $PHASE] finished" >>"$STATE/phase-log"
+	echo "done" >"$STATE/phase"
+	sync
+	if [[ -s $STATE/failures ]]; then
+		echo "failed checks:"
+		indent <"$STATE/failures"
+		echo "NBC-RESULT: FAIL ($(wc -l <"$STATE/failures") failed checks)"
+	else
+		echo "NBC-RESULT: PASS"
+	fi
+	exit 0
+}
+fatal() { # a failed precondition: nothing after it would mean anything
+	fail "$*"
+	finish
+}
+
+# ------------------------------------------------------------- helpers ---
+netns_path() { echo "$NETNS_DIR/$1"; }
+cid() { # the container ID cnitool derives from a netns path
+	printf 'cnitool-%s' "$(printf '%s' "$(netns_path "$1")" | sha512sum | cut -c1-20)"
+}
+hash_name() { # prefix, length, network, container ID: utils.MustFormatHashWithPrefix
+	printf '%s%s' "$1" "$(printf '%s%s' "$3" "$4" | sha512sum)" | cut -c1-"$2"
+}
+masq_chain() { hash_name CNI- 28 "$1" "$2"; } # bridge's ipMasq chain
+dnat_chain() { hash_name CNI-DN- 28 "$1" "$2"; } # portmap's per-container chain
+cni() { # op, network, alloc, [CAP_ARGS]
+	CAP_ARGS=${4:-} run 60 cnitool "$1" "$2" "$(netns_path "$3")"
+}
+cni_error() { # the error line of the last cnitool run
+	grep -m1 -E "Error|failed" <<<"$OUT" | sed -e "s/^Error: //" | cut -c1-300
+}
+result_ip() { jq -r '.ips[0].address | split("/")[0]' <<<"$1" 2>/dev/null; }
+result_gw() { jq -r '.ips[0].gateway // empty' <<<"$1" 2>/dev/null; }
+is_ip_name() { [[ $1 =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ || $1 =~ ^[0-9a-fA-F:]+:[0-9a-fA-F:]*$ ]]; }
+lease_files() { # dir: the files host-local names after an IP
+	local f
+	[[ -d $1 ]] || return 0
+	for f in "$1"/*; do
+		[[ -f $f ]] && is_ip_name "${f##*/}" && echo "$f"
+	done
+	return 0
+}
+ping_from() { # alloc, address
+	run 20 ip netns exec "$1" ping -c 3 -i 0.2 -W 2 "$2"
+}
+masq_jumps() { # the nat POSTROUTING rules, comments unescaped (iptables -S prints name: \"net\")
+	timeout 10 iptables -t nat -S POSTROUTING | sed -e "s/[\\]//g"
+}
+http_get() { # address, port: GET / over plain bash /dev/tcp (busybox-static's wget crashes)
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	run 15 bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "GET / HTTP/1.0\r\n\r\n" >&3 && cat <&3' _ "$1" "$2"
+}
+
+# An "allocation": add the netns, ADD it through a network, check what it got.
+declare -A IP=() GW=()
+add_alloc() { # alloc, network, [CAP_ARGS]; sets IP[alloc], GW[alloc]; returns ADD's status
+	local a=$1 net=$2 cap=${3:-}
+	run 10 ip netns add "$a" || return 1
+	cni add "$net" "$a" "$cap" || return 1
+	IP[$a]=$(result_ip "$OUT")
+	GW[$a]=$(result_gw "$OUT")
+	[[ -n ${IP[$a]} && ${IP[$a]} != null ]] || {
+		fail "ADD $net/$a printed no IP address"
+		return 1
+	}
+	echo "    $a: container ID $(cid "$a"), IP ${IP[$a]}, gateway ${GW[$a]}"
+}
+
+# What our plugin's ADD must have left, for an allocation on Nomad's network.
+check_attached() { # alloc, [expect a port mapping]
+	local a=$1 id lease
+	id=$(cid "$a")
+	lease=$LEASES/${IP[$a]}
+	if [[ -f $lease ]] && [[ $(head -n1 "$lease" | tr -d '\r') == "$id" ]]; then
+		pass "lease $lease holds $id"
+	else
+		fail "no lease for $a at $lease (our dataDir on tmpfs); legacy dir $LEGACY_LEASES has: $(lease_files "$LEGACY_LEASES" | tr '\n' ' ')"
+	fi
+	if masq_jumps | grep -qF "name: \"$NET\" id: \"$id\""; then
+		pass "ipMasq POSTROUTING jump for $a"
+	else
+		fail "no ipMasq POSTROUTING jump commented for $NET/$a"
+	fi
+	if [[ -n ${2:-} ]]; then
+		if iptables -t nat -S | grep -q -- "^-N $(dnat_chain "$NET" "$id")\$"; then
+			pass "portmap chain $(dnat_chain "$NET" "$id") for $a"
+		else
+			fail "no portmap chain CNI-DN-... for $NET/$a"
+		fi
+	fi
+}
+
+check_connectivity() { # alloc...: each pings its gateway; the first two ping each other
+	local a
+	for a in "$@"; do
+		if ping_from "$a" "${GW[$a]}"; then pass "$a reaches its gateway ${GW[$a]}"; else fail "$a cannot ping its gateway ${GW[$a]}"; fi
+	done
+	if [[ $# -ge 2 ]]; then
+		if ping_from "$1" "${IP[$2]}"; then pass "$1 reaches $2 (${IP[$2]})"; else fail "$1 cannot ping $2 (${IP[$2]})"; fi
+	fi
+}
+
+# The task behind the port mapping: an HTTP server on port 80 in the allocation's netns,
+# reached from the host through portmap's DNAT on hostPort (the seed's job: port "http"
+# to = 80). The server dies with the netns's last process, or with the boot.
+check_port_mapping() { # alloc
+	local a=$1 www=/run/nbc-www-$1
+	mkdir -p "$www"
+	echo "hello from $a" >"$www/index.html"
+	run 10 ip netns exec "$a" busybox httpd -p 80 -h "$www" || {
+		fail "cannot start the HTTP server in $a"
+		return
+	}
+	if http_get "${GW[$a]}" "$HOST_PORT" && grep -q "^hello from $a" <<<"$OUT"; then
+		pass "host port $HOST_PORT reaches $a:80 through portmap"
+	else
+		fail "host port $HOST_PORT does not reach $a:80 through portmap"
+	fi
+}
+stop_tasks() { # alloc...: kill what runs in the netns (before DEL, as Nomad stops tasks)
+	local a p
+	for a in "$@"; do
+		for p in $(ip netns pids "$a" 2>/dev/null); do kill "$p" 2>/dev/null; done
+	done
+	sleep 0.2
+}
+
+setup_host() { # plugins at Nomad's cni_path, conflists at its cni_config_dir
+	mkdir -p "$CNI_PATH" "$NETCONFPATH"
+	local p
+	for p in $PLUGINS; do
+		install -m 0755 "$SRC_BIN/$p" "$CNI_PATH/$p" || fatal "cannot install $SRC_BIN/$p"
+	done
+	install -m 0755 "$SRC_BIN/cnitool" /usr/local/bin/cnitool || fatal "cannot install cnitool"
+	install -m 0644 "$SHARE/nomad.conflist" "$NETCONFPATH/10-$NET.conflist"
+	# The control chain: Nomad's, with the bare "bridge" type and no dataDir anywhere, so
+	# host-local keeps its leases in its default, persistent /var/lib/cni/networks.
+	jq --arg name "$CTL_NET" --arg br "$CTL_BRIDGE" --arg subnet "$CTL_SUBNET" '
+		.name = $name
+		| .plugins |= map(if .type == "nomad-bridge-cni"
+			then (.type = "bridge" | del(.dataDir) | del(.delegate) | .bridge = $br
+				| del(.ipam.dataDir) | .ipam.ranges = [[{subnet: $subnet}]])
+			else . end)' "$SHARE/nomad.conflist" >"$NETCONFPATH/20-$CTL_NET.conflist" ||
+		fatal "cannot write the control conflist"
+	echo "    $NETCONFPATH/20-$CTL_NET.conflist:"
+	indent <"$NETCONFPATH/20-$CTL_NET.conflist"
+	run 5 "$CNI_PATH/nomad-bridge-cni" # the version line Nomad fingerprints
+}
+
+# ============================================================== phase 1 ===
+phase1() {
+	PHASE=1
+	mkdir -p "$STATE"
+	: >"$STATE/failures"
+	echo "NBC-PHASE 1 BEGIN"
+	step "first boot: boot_id $(cat /proc/sys/kernel/random/boot_id)"
+	cat /proc/sys/kernel/random/boot_id >"$STATE/boot_id"
+	run 5 stat -f -c '/run is on %T' /run
+	[[ $(stat -f -c %T /run) == tmpfs ]] || fatal "/run is not a tmpfs in the guest"
+	[[ $(readlink -f /var/run) == /run ]] || fatal "/var/run is not /run in the guest"
+
+	step "install the plugins at $CNI_PATH and the conflists at $NETCONFPATH"
+	setup_host
+
+	step "ADD two allocations through Nomad's chain ($NET, with nomad-bridge-cni)"
+	add_alloc "$ALLOC_A" "$NET" || fatal "ADD $NET/$ALLOC_A failed before any reboot: $(cni_error)"
+	add_alloc "$ALLOC_B" "$NET" "$PORTMAP_B" || fatal "ADD $NET/$ALLOC_B failed before any reboot: $(cni_error)"
+	run 5 ls -la "$LEASES"
+	check_attached "$ALLOC_A"
+	check_attached "$ALLOC_B" portmap
+	if [[ -n $(lease_files "$LEGACY_LEASES") ]]; then
+		fail "leases in the persistent $LEGACY_LEASES: $(lease_files "$LEGACY_LEASES" | tr '\n' ' ')"
+	else
+		pass "no lease in the persistent $LEGACY_LEASES"
+	fi
+
+	step "connectivity"
+	check_connectivity "$ALLOC_A" "$ALLOC_B"
+	check_port_mapping "$ALLOC_B"
+
+	step "CHECK"
+	if cni check "$NET" "$ALLOC_A"; then pass "CHECK $ALLOC_A"; else fail "CHECK $NET/$ALLOC_A failed before the reboot: $(cni_error)"; fi
+	if cni check "$NET" "$ALLOC_B" "$PORTMAP_B"; then pass "CHECK $ALLOC_B"; else fail "CHECK $NET/$ALLOC_B failed before the reboot: $(cni_error)"; fi
+
+	step "control: ADD through the same chain with the bare bridge ($CTL_NET)"
+	add_alloc "$ALLOC_C" "$CTL_NET" || fatal "control ADD $CTL_NET/$ALLOC_C failed: $(cni_error)"
+	ping_from "$ALLOC_C" "${GW[$ALLOC_C]}" || fail "control $ALLOC_C cannot ping its gateway"
+	run 5 ls -la "$CTL_LEASES"
+	[[ -f $CTL_LEASES/${IP[$ALLOC_C]} ]] || fatal "the control's lease is not in $CTL_LEASES: the control proves nothing"
+
+	step "state that must survive the reboot"
+	run 5 ls -la "$CNI_CACHE/results"
+
+	# ---- GC steps (phase 1): reserved for the GC issue ------------------------------
+	# Nothing yet. When GC lands, GC must keep both live attachments here (a CHECK or
+	# `cnitool gc` naming them) before the reboot.
+	# ----------------------------------------------------------------------------------
+
+	echo 2 >"$STATE/phase"
+	echo "[phase 1] finished" >>"$STATE/phase-log"
+	sync
+	step "rebooting the guest for real"
+	echo "NBC-PHASE 1 END"
+	exit 100
+}
+
+# ============================================================== phase 2 ===
+phase2() {
+	PHASE=2
+	echo "NBC-PHASE 2 BEGIN"
+	local before now a id
+	before=$(cat "$STATE/boot_id")
+	now=$(cat /proc/sys/kernel/random/boot_id)
+	step "second boot: boot_id $now (first boot: $before)"
+
+	step "the reboot really happened: /run is empty, /var/lib kept"
+	[[ $now != "$before" ]] || fatal "boot_id did not change: this is not a new boot"
+	run 5 ls -la /run
+	[[ -z $(ls -A "$NETNS_DIR" 2>/dev/null) ]] || fatal "$NETNS_DIR is not empty after the reboot"
+	[[ ! -e $DATA_DIR ]] || fatal "$DATA_DIR survived the reboot"
+	! ip link show "$BRIDGE" >/dev/null 2>&1 || fatal "the bridge $BRIDGE survived the reboot"
+	run 10 iptables -t nat -S
+	! grep -q CNI <<<"$OUT" || fatal "iptables rules survived the reboot"
+	run 5 ls -la "$CNI_CACHE/results" "$CTL_LEASES"
+	[[ -n $(ls -A "$CNI_CACHE/results" 2>/dev/null) ]] || fatal "$CNI_CACHE/results did not survive the reboot"
+	[[ -n $(lease_files "$CTL_LEASES") ]] || fatal "the control's lease did not survive the reboot"
+
+	# ---- GC steps (phase 2, before the restore): reserved for the GC issue ----------
+	# When GC lands: CHECK (Nomad's restore hook) or `cnitool gc` here must reclaim
+	# nothing of ours that is live and report or reclaim what the old boot left.
+	# ----------------------------------------------------------------------------------
+
+	step "restore the allocations as Nomad does: same netns paths, same container IDs, ADD without DEL"
+	local ok_a=1 ok_b=1
+	add_alloc "$ALLOC_A" "$NET" || {
+		ok_a=0
+		fail "re-ADD $NET/$ALLOC_A after the reboot failed: $(cni_error)"
+	}
+	add_alloc "$ALLOC_B" "$NET" "$PORTMAP_B" || {
+		ok_b=0
+		fail "re-ADD $NET/$ALLOC_B after the reboot failed: $(cni_error)"
+	}
+	run 5 ls -la "$LEASES"
+	[[ $ok_a == 1 ]] && check_attached "$ALLOC_A"
+	[[ $ok_b == 1 ]] && check_attached "$ALLOC_B" portmap
+	if [[ $ok_a == 1 && $ok_b == 1 ]]; then
+		if [[ $(stat -f -c %T "$DATA_DIR") == tmpfs ]]; then pass "$DATA_DIR is on tmpfs"; else fail "$DATA_DIR is not on tmpfs"; fi
+
+		step "connectivity after the restore"
+		check_connectivity "$ALLOC_A" "$ALLOC_B"
+		check_port_mapping "$ALLOC_B"
+
+		step "CHECK after the restore"
+		if cni check "$NET" "$ALLOC_A"; then pass "CHECK $ALLOC_A"; else fail "CHECK $NET/$ALLOC_A failed after the restore: $(cni_error)"; fi
+		if cni check "$NET" "$ALLOC_B" "$PORTMAP_B"; then pass "CHECK $ALLOC_B"; else fail "CHECK $NET/$ALLOC_B failed after the restore: $(cni_error)"; fi
+	fi
+
+	step "control: the bare bridge's re-ADD must fail the upstream way"
+	if add_alloc "$ALLOC_C" "$CTL_NET"; then
+		fail "the control's re-ADD succeeded: this reboot did not reproduce the bug, the test proves nothing"
+	elif grep -q "duplicate allocation is not allowed" <<<"$OUT"; then
+		pass "control re-ADD failed with \"duplicate allocation is not allowed\" (the bug this plugin fixes)"
+	else
+		fail "the control's re-ADD failed, but not with \"duplicate allocation is not allowed\": $(cni_error)"
+	fi
+
+	# ---- GC steps (phase 2, after the restore): reserved for the GC issue -----------
+	# When GC lands: GC naming both restored attachments must keep them (and connectivity).
+	# ----------------------------------------------------------------------------------
+
+	step "DEL everything"
+	stop_tasks "$ALLOC_A" "$ALLOC_B" "$ALLOC_C"
+	cni del "$NET" "$ALLOC_A" || fail "DEL $NET/$ALLOC_A failed: $(cni_error)"
+	cni del "$NET" "$ALLOC_B" "$PORTMAP_B" || fail "DEL $NET/$ALLOC_B failed: $(cni_error)"
+	cni del "$CTL_NET" "$ALLOC_C" || echo "    (the control's DEL failed; not part of the verdict)"
+	for a in "$ALLOC_A" "$ALLOC_B" "$ALLOC_C"; do run 10 ip netns del "$a"; done
+
+	step "nothing of ours is left: leases, records, chains, rules"
+	run 5 find "$DATA_DIR" "$CNI_CACHE" -type f
+	if [[ -n $(lease_files "$LEASES") ]]; then
+		fail "leases left in $LEASES: $(lease_files "$LEASES" | tr '\n' ' ')"
+	else
+		pass "no lease in $LEASES"
+	fi
+	if [[ -n $(lease_files "$LEGACY_LEASES") ]]; then
+		fail "leases left in $LEGACY_LEASES: $(lease_files "$LEGACY_LEASES" | tr '\n' ' ')"
+	else
+		pass "no lease in $LEGACY_LEASES"
+	fi
+	run 10 iptables -t nat -S POSTROUTING
+	if masq_jumps | grep -qF "name: \"$NET\" id: "; then
+		fail "ipMasq POSTROUTING jumps for $NET left: $(masq_jumps | grep -F "name: \"$NET\" id: " | tr '\n' ' ')"
+	else
+		pass "no POSTROUTING jump commented with $NET"
+	fi
+	local rules
+	rules=$( (timeout 10 iptables-save; timeout 10 ip6tables-save) 2>&1)
+	for a in "$ALLOC_A" "$ALLOC_B"; do
+		id=$(cid "$a")
+		if grep -qE -- "^:($(masq_chain "$NET" "$id")|$(dnat_chain "$NET" "$id")) " <<<"$rules"; then
+			fail "chains of $a left: $(grep -E -- "^:($(masq_chain "$NET" "$id")|$(dnat_chain "$NET" "$id")) " <<<"$rules" | tr '\n' ' ')"
+		else
+			pass "no ipMasq or CNI-DN chain of $a"
+		fi
+		if grep -qF -e "$id" <<<"$rules"; then
+			fail "rules mentioning $id left: $(grep -F "$id" <<<"$rules" | tr '\n' ' ')"
+		else
+			pass "no rule mentions $id"
+		fi
+		if [[ -n ${IP[$a]:-} ]] && grep -qF -e "${IP[$a]}/32" <<<"$rules"; then
+			fail "rules for ${IP[$a]} ($a) left: $(grep -F "${IP[$a]}/32" <<<"$rules" | tr '\n' ' ')"
+		fi
+		# our records, libcni's cached results, host-local's leases: any file naming the ID
+		if grep -rlF -e "$id" "$DATA_DIR" "$CNI_CACHE" >/dev/null 2>&1; then
+			fail "files mentioning $id left: $(grep -rlF -e "$id" "$DATA_DIR" "$CNI_CACHE" | tr '\n' ' ')"
+		else
+			pass "no file under $DATA_DIR or $CNI_CACHE mentions $id"
+		fi
+	done
+	if grep -q -- "^:CNI-DN-" <<<"$rules"; then
+		fail "CNI-DN chains left: $(grep -- '^:CNI-DN-' <<<"$rules" | tr '\n' ' ')"
+	fi
+
+	# ---- GC steps (phase 2, after DEL): reserved for the GC issue -------------------
+	# When GC lands: a GC with no valid attachments must leave the same nothing.
+	# ----------------------------------------------------------------------------------
+
+	finish
+}
+
+# ================================================================= main ===
+case $(cat "$STATE/phase" 2>/dev/null) in
+"") phase1 ;;
+2) phase2 ;;
+*)
+	PHASE=3
+	echo "NBC-RESULT: FAIL (an unexpected third boot; phase log: $(tr '\n' ' ' <"$STATE/phase-log" 2>/dev/null))"
+	exit 0
+	;;
+esac
