@@ -23,7 +23,7 @@ REFERENCE_PLUGINS := \
 	github.com/containernetworking/plugins/plugins/meta/firewall \
 	github.com/containernetworking/plugins/plugins/meta/portmap
 
-.PHONY: all build plugins test test-unit test-e2e test-release test-reboot install demo release clean
+.PHONY: all build plugins test test-unit test-e2e test-release test-reboot bench install demo release clean
 
 all: build plugins
 
@@ -56,6 +56,11 @@ test-release:
 # missing; caches the guest image under $TMPDIR.
 test-reboot: build plugins
 	BIN=$(BIN) bash test/reboot/run.sh
+
+# Benchmarks: the wrapper vs bare bridge, and the sweep vs lease count.
+# Needs root (namespaces, bridges, iptables, a tmpfs); refreshes BENCHMARKS.md.
+bench: build plugins
+	BIN=$(BIN) GO=$(GO) bash test/bench/run.sh
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)

@@ -1,0 +1,521 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/utils"
+)
+
+// The approach is the e2e suite's (test/e2e/harness_test.go,
+// iptables_test.go, main_test.go), copied: delete what is named after the
+// run's networks, containers and subnets, then the shared chains the run
+// created if nothing else uses them, then check that nothing is left.
+
+var ipFamilies = []string{"iptables", "ip6tables"}
+
+const (
+	hostportDNATChain = "CNI-HOSTPORT-DNAT"
+	hostportMarkChain = "CNI-HOSTPORT-SETMARK"
+	hostportMasqChain = "CNI-HOSTPORT-MASQ"
+	firewallChain     = "CNI-FORWARD"
+)
+
+var sharedChains = []string{hostportDNATChain, hostportMarkChain, hostportMasqChain, firewallChain}
+
+var snapshotSysctls = []string{
+	"/proc/sys/net/ipv4/ip_forward",
+	"/proc/sys/net/ipv6/conf/all/forwarding",
+}
+
+// snapshotHost records which shared chains and sysctl values existed before
+// the run, so cleanup removes only what the run created.
+func snapshotHost(e *Env) {
+	for _, fam := range ipFamilies {
+		for _, table := range []string{"nat", "filter"} {
+			tb, err := readTable(fam, table)
+			if err != nil {
+				continue
+			}
+			for _, c := range sharedChains {
+				if tb.Chains[c] {
+					e.note("chain-before", fam, table, c)
+				}
+			}
+		}
+	}
+	for _, p := range snapshotSysctls {
+		if raw, err := os.ReadFile(p); err == nil {
+			e.note("sysctl", p, strings.TrimSpace(string(raw)))
+		}
+	}
+	e.note("snapshot-done")
+}
+
+// runState is the state file read back.
+type runState struct {
+	id          string
+	mounts      []string
+	networks    []string
+	bridges     []string
+	subnets     []netip.Prefix
+	adminChains []string
+	netns       []string
+	cids        map[string][]string // network -> container IDs
+	chainBefore map[string]bool     // "fam/table/chain"
+	sysctls     map[string]string
+	snapshotted bool
+}
+
+func readState(work string) (*runState, error) {
+	f, err := os.Open(filepath.Join(work, "state"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	s := &runState{cids: map[string][]string{}, chainBefore: map[string]bool{}, sysctls: map[string]string{}}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), "\t")
+		switch {
+		case f[0] == "id" && len(f) == 2:
+			s.id = f[1]
+		case f[0] == "mount" && len(f) == 2:
+			s.mounts = append(s.mounts, f[1])
+		case f[0] == "network" && len(f) == 2:
+			s.networks = append(s.networks, f[1])
+		case f[0] == "bridge" && len(f) == 2:
+			s.bridges = append(s.bridges, f[1])
+		case f[0] == "subnet" && len(f) == 2:
+			if p, err := netip.ParsePrefix(f[1]); err == nil {
+				s.subnets = append(s.subnets, p)
+			}
+		case f[0] == "adminchain" && len(f) == 2:
+			s.adminChains = append(s.adminChains, f[1])
+		case f[0] == "netns" && len(f) == 2:
+			s.netns = append(s.netns, f[1])
+		case f[0] == "cid" && len(f) == 3:
+			s.cids[f[1]] = append(s.cids[f[1]], f[2])
+		case f[0] == "chain-before" && len(f) == 4:
+			s.chainBefore[f[1]+"/"+f[2]+"/"+f[3]] = true
+		case f[0] == "sysctl" && len(f) == 3:
+			s.sysctls[f[1]] = f[2]
+		case f[0] == "snapshot-done":
+			s.snapshotted = true
+		}
+	}
+	return s, sc.Err()
+}
+
+// cleanup undoes everything the state file names. It is idempotent.
+func cleanup(work string) error {
+	s, err := readState(work)
+	if err != nil || s == nil {
+		return err
+	}
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Bridge ports first: the host ends of the veth pairs.
+	for _, br := range s.bridges {
+		add(deleteBridgePorts(br))
+		if linkExists(br) {
+			add(run("ip", "link", "delete", br))
+		}
+	}
+	nsNames := slices.Clone(s.netns)
+	if s.id != "" {
+		// Also any namespace of the run that was created but, by a crash
+		// between note and create, not yet noted (cannot happen) or noted
+		// under another tag.
+		if out, err := output("ip", "netns", "list"); err == nil {
+			for line := range strings.SplitSeq(out, "\n") {
+				if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "nbcb-"+s.id+"-") {
+					nsNames = append(nsNames, f[0])
+				}
+			}
+		}
+	}
+	slices.Sort(nsNames)
+	for _, n := range slices.Compact(nsNames) {
+		add(delNetns(n))
+	}
+	errs = append(errs, cleanupIPTables(s)...)
+	if s.snapshotted {
+		for _, fam := range ipFamilies {
+			errs = append(errs, restoreSharedChains(s, fam)...)
+		}
+		for p, v := range s.sysctls {
+			raw, err := os.ReadFile(p)
+			if err == nil && strings.TrimSpace(string(raw)) != v {
+				add(os.WriteFile(p, []byte(v), 0o644))
+			}
+		}
+	}
+	for _, n := range s.networks {
+		matches, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", n+"-*"))
+		for _, m := range matches {
+			add(os.Remove(m))
+		}
+		// The plugin's and host-local's defaults: nothing may be written
+		// there (dataDir is always set), but never leave it behind.
+		for _, d := range []string{"/var/lib/cni/networks", "/var/run/cni"} {
+			add(os.RemoveAll(filepath.Join(d, n)))
+			add(os.RemoveAll(filepath.Join(d, ".nomad-bridge-cni", n)))
+		}
+	}
+	for _, m := range s.mounts {
+		for range 4 {
+			mounted, err := isMountPoint(m)
+			if err != nil || !mounted {
+				add(err)
+				break
+			}
+			if err := run("umount", m); err != nil {
+				add(err)
+				break
+			}
+		}
+	}
+	errs = append(errs, leftovers(s)...)
+	return errors.Join(errs...)
+}
+
+func deleteBridgePorts(br string) error {
+	if !linkExists(br) {
+		return nil
+	}
+	raw, err := exec.Command("ip", "-j", "link", "show", "master", br).Output()
+	if err != nil {
+		return fmt.Errorf("list ports of %s: %w", br, err)
+	}
+	var links []struct {
+		Ifname string `json:"ifname"`
+	}
+	if err := json.Unmarshal(raw, &links); err != nil {
+		return err
+	}
+	var errs []error
+	for _, l := range links {
+		if err := run("ip", "link", "delete", l.Ifname); err != nil && linkExists(l.Ifname) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func linkExists(name string) bool {
+	return exec.Command("ip", "link", "show", "dev", name).Run() == nil
+}
+
+func isMountPoint(dir string) (bool, error) {
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && r.Replace(f[4]) == dir {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// ---------------------------------------------------------------------------
+// iptables
+
+type ipRule struct {
+	Chain string
+	Spec  []string
+}
+
+func (r ipRule) value(flag string) string {
+	for i := 0; i+1 < len(r.Spec); i++ {
+		if r.Spec[i] == flag {
+			return r.Spec[i+1]
+		}
+	}
+	return ""
+}
+
+func (r ipRule) target() string  { return r.value("-j") }
+func (r ipRule) comment() string { return r.value("--comment") }
+
+func (r ipRule) addrs() []netip.Prefix {
+	var out []netip.Prefix
+	for i := 0; i+1 < len(r.Spec); i++ {
+		if r.Spec[i] != "-s" && r.Spec[i] != "-d" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(r.Spec[i+1]); err == nil {
+			out = append(out, p)
+		} else if a, err := netip.ParseAddr(r.Spec[i+1]); err == nil {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	return out
+}
+
+type ipTable struct {
+	Chains map[string]bool
+	Rules  []ipRule
+}
+
+func (tb ipTable) rulesIn(chain string) []ipRule {
+	var out []ipRule
+	for _, r := range tb.Rules {
+		if r.Chain == chain {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func readTable(fam, table string) (ipTable, error) {
+	out, err := output(fam, "-w", "-t", table, "-S")
+	if err != nil {
+		return ipTable{}, err
+	}
+	tb := ipTable{Chains: map[string]bool{}}
+	for line := range strings.SplitSeq(out, "\n") {
+		words, err := splitRule(line)
+		if err != nil {
+			return ipTable{}, err
+		}
+		if len(words) < 2 {
+			continue
+		}
+		switch words[0] {
+		case "-P", "-N":
+			tb.Chains[words[1]] = true
+		case "-A":
+			tb.Rules = append(tb.Rules, ipRule{Chain: words[1], Spec: words[2:]})
+		}
+	}
+	return tb, nil
+}
+
+// splitRule splits an `iptables -S` line into words (double quotes, with
+// backslash escapes inside them).
+func splitRule(line string) ([]string, error) {
+	var words []string
+	var cur strings.Builder
+	inWord, inQuote := false, false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case inQuote && c == '\\' && i+1 < len(line):
+			i++
+			cur.WriteByte(line[i])
+		case inQuote && c == '"':
+			inQuote = false
+		case c == '"':
+			inQuote, inWord = true, true
+		case !inQuote && (c == ' ' || c == '\t'):
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteByte(c)
+			inWord = true
+		}
+	}
+	if inQuote {
+		return nil, fmt.Errorf("unterminated quote in %q", line)
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words, nil
+}
+
+func deleteRule(fam, table string, r ipRule) error {
+	return run(fam, append([]string{"-w", "-t", table, "-D", r.Chain}, r.Spec...)...)
+}
+
+func dropChain(fam, table, chain string) error {
+	if err := run(fam, "-w", "-t", table, "-F", chain); err != nil {
+		return err
+	}
+	return run(fam, "-w", "-t", table, "-X", chain)
+}
+
+// ownedChains are the per-container chains bridge and portmap name after
+// the run's networks and containers, plus the firewall admin chains.
+func (s *runState) ownedChains() []string {
+	chains := slices.Clone(s.adminChains)
+	for net, cids := range s.cids {
+		for _, cid := range cids {
+			chains = append(chains,
+				utils.FormatChainName(net, cid),
+				utils.MustFormatChainNameWithPrefix(net, cid, "DN-"),
+				utils.MustFormatChainNameWithPrefix(net, cid, "SN-"))
+		}
+	}
+	return chains
+}
+
+func (s *runState) ownsRule(r ipRule, owned []string) bool {
+	for _, n := range s.networks {
+		if strings.Contains(r.comment(), fmt.Sprintf("name: %q", n)) {
+			return true
+		}
+	}
+	if slices.Contains(owned, r.target()) {
+		return true
+	}
+	if r.Chain == firewallChain {
+		for _, p := range r.addrs() {
+			for _, sub := range s.subnets {
+				if sub.Overlaps(p) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func cleanupIPTables(s *runState) []error {
+	var errs []error
+	owned := s.ownedChains()
+	for _, fam := range ipFamilies {
+		for _, table := range []string{"nat", "filter"} {
+			tb, err := readTable(fam, table)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			// Jumps into chains bridge made for our containers, even when
+			// the container ID is not in the state (cannot happen, but a
+			// chain is only ever found through its jump).
+			for _, r := range tb.Rules {
+				if s.ownsRule(r, owned) && strings.HasPrefix(r.target(), "CNI-") && !slices.Contains(owned, r.target()) && !slices.Contains(sharedChains, r.target()) {
+					owned = append(owned, r.target())
+				}
+			}
+			for _, r := range tb.Rules {
+				if slices.Contains(owned, r.Chain) || !s.ownsRule(r, owned) {
+					continue
+				}
+				if err := deleteRule(fam, table, r); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			for _, c := range owned {
+				if tb.Chains[c] {
+					if err := dropChain(fam, table, c); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// restoreSharedChains deletes the shared portmap/firewall chains the run
+// created, when nothing per-container is left in them (the e2e suite's
+// rule: an idle chain can go, the plugins re-create it on use).
+func restoreSharedChains(s *runState, fam string) []error {
+	var errs []error
+	type shared struct {
+		table, chain string
+		idle         func(r ipRule) bool
+	}
+	list := []shared{
+		{"nat", hostportDNATChain, func(ipRule) bool { return false }},
+		{"nat", hostportMasqChain, func(r ipRule) bool { return r.target() == "MASQUERADE" && r.value("--mark") != "" }},
+		{"nat", hostportMarkChain, func(r ipRule) bool { return r.target() == "MARK" }},
+		{"filter", firewallChain, func(ipRule) bool { return false }},
+	}
+	for _, sc := range list {
+		if s.chainBefore[fam+"/"+sc.table+"/"+sc.chain] {
+			continue
+		}
+		tb, err := readTable(fam, sc.table)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !tb.Chains[sc.chain] {
+			continue
+		}
+		if slices.ContainsFunc(tb.rulesIn(sc.chain), func(r ipRule) bool { return !sc.idle(r) }) {
+			continue // somebody else's rules: in use
+		}
+		var jumpErr error
+		for _, r := range tb.Rules {
+			if r.target() == sc.chain && r.Chain != sc.chain {
+				jumpErr = errors.Join(jumpErr, deleteRule(fam, sc.table, r))
+			}
+		}
+		if jumpErr == nil {
+			jumpErr = dropChain(fam, sc.table, sc.chain)
+		}
+		if jumpErr != nil {
+			errs = append(errs, fmt.Errorf("%s: remove shared chain %s: %w", fam, sc.chain, jumpErr))
+		}
+	}
+	return errs
+}
+
+// leftovers reports anything of the run that still exists.
+func leftovers(s *runState) []error {
+	var errs []error
+	if s.id != "" {
+		if out, err := output("ip", "netns", "list"); err == nil && strings.Contains(out, "nbcb-"+s.id) {
+			errs = append(errs, fmt.Errorf("netns left: %s", out))
+		}
+	}
+	for _, br := range s.bridges {
+		if linkExists(br) {
+			errs = append(errs, fmt.Errorf("bridge %s left", br))
+		}
+	}
+	for _, m := range s.mounts {
+		if mounted, _ := isMountPoint(m); mounted {
+			errs = append(errs, fmt.Errorf("tmpfs %s still mounted", m))
+		}
+	}
+	owned := s.ownedChains()
+	for _, fam := range ipFamilies {
+		for _, table := range []string{"nat", "filter"} {
+			tb, err := readTable(fam, table)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, r := range tb.Rules {
+				if s.ownsRule(r, owned) {
+					errs = append(errs, fmt.Errorf("%s -t %s rule left: -A %s %s", fam, table, r.Chain, strings.Join(r.Spec, " ")))
+				}
+			}
+			for _, c := range owned {
+				if tb.Chains[c] {
+					errs = append(errs, fmt.Errorf("%s -t %s chain left: %s", fam, table, c))
+				}
+			}
+		}
+	}
+	return errs
+}

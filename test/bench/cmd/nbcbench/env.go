@@ -1,0 +1,282 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+const (
+	pluginType = "nomad-bridge-cni"
+	ifName     = "eth0"
+	netnsDir   = "/var/run/netns"
+	cmdTimeout = 120 * time.Second
+)
+
+type options struct {
+	bin, repo, work, id, out string
+	command                  string
+	pairs, rounds, parallel  int
+	coldPairs, releaseReps   int
+	sizes, reps, only        string
+	budget                   time.Duration
+}
+
+// variant is one side of a comparison: A (the plugin) or B (bare bridge).
+type variant struct {
+	label    string // "A" or "B"
+	netName  string
+	bridge   string
+	subnet   netip.Prefix
+	dataDir  string // the plugin's dataDir (A) or ipam.dataDir (B)
+	confList []byte
+}
+
+// Env owns everything a run creates. Every name is derived from the run ID
+// and written to the state file before the thing exists.
+type Env struct {
+	o     options
+	ctx   context.Context
+	mu    sync.Mutex
+	state *os.File
+	tmpfs string
+	a, b  *variant
+	// liveNetns is the namespace every "live" synthetic record names.
+	liveNetns string
+	// deadline ends the sweep benchmark's optional rounds.
+	deadline time.Time
+	nsSeq    int
+}
+
+func newEnv(o options) (*Env, error) {
+	if err := os.MkdirAll(o.work, 0o755); err != nil {
+		return nil, err
+	}
+	st, err := os.OpenFile(filepath.Join(o.work, "state"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{o: o, state: st, tmpfs: filepath.Join(o.work, "tmpfs")}
+	e.note("id", o.id)
+	snapshotHost(e)
+	return e, nil
+}
+
+// note appends one line to the state file: what cleanup must undo.
+func (e *Env) note(kind string, vals ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fmt.Fprintln(e.state, kind+"\t"+strings.Join(vals, "\t"))
+	e.state.Sync()
+}
+
+func (e *Env) canceled() error {
+	if err := e.ctx.Err(); err != nil {
+		return fmt.Errorf("interrupted: %w", err)
+	}
+	return nil
+}
+
+// setup mounts the run's tmpfs and writes the two conflists.
+func (e *Env) setup() error {
+	if e.a != nil {
+		return nil
+	}
+	if err := os.MkdirAll(e.tmpfs, 0o755); err != nil {
+		return err
+	}
+	e.note("mount", e.tmpfs)
+	// Sized for the largest sweep directories (65534 leases + records,
+	// one page each on tmpfs, several networks at once); pages are only
+	// used as files are written.
+	if err := run("mount", "-t", "tmpfs", "-o", "size=4g,mode=0755", "nbcb-"+e.o.id, e.tmpfs); err != nil {
+		return err
+	}
+	subA, subB, err := pickSubnets()
+	if err != nil {
+		return err
+	}
+	id := e.o.id
+	e.a = &variant{label: "A", netName: "nbcb-" + id + "-a", bridge: "nbcb" + id + "a", subnet: subA, dataDir: filepath.Join(e.tmpfs, "a")}
+	e.b = &variant{label: "B", netName: "nbcb-" + id + "-b", bridge: "nbcb" + id + "b", subnet: subB, dataDir: filepath.Join(e.tmpfs, "b")}
+	for _, v := range []*variant{e.a, e.b} {
+		e.note("network", v.netName)
+		e.note("bridge", v.bridge)
+		e.note("subnet", v.subnet.String())
+		e.note("adminchain", adminChain(v))
+		if err := os.MkdirAll(v.dataDir, 0o755); err != nil {
+			return err
+		}
+		conf, err := e.conflist(v)
+		if err != nil {
+			return err
+		}
+		v.confList = conf
+		if err := os.WriteFile(filepath.Join(e.o.work, v.netName+".conflist"), conf, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func adminChain(v *variant) string { return "NBCB-ADM-" + strings.TrimPrefix(v.bridge, "nbcb") }
+
+// conflist is conflist/nomad.conflist made the run's own: network name,
+// bridge, subnet, firewall admin chain, and the tmpfs as dataDir. For B the
+// entry becomes bare "bridge" with ipam.dataDir on the same tmpfs.
+func (e *Env) conflist(v *variant) ([]byte, error) {
+	raw, err := os.ReadFile(filepath.Join(e.o.repo, "conflist", "nomad.conflist"))
+	if err != nil {
+		return nil, err
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(raw, &conf); err != nil {
+		return nil, err
+	}
+	conf["name"] = v.netName
+	plugins, _ := conf["plugins"].([]any)
+	found := false
+	for _, p := range plugins {
+		m, _ := p.(map[string]any)
+		switch m["type"] {
+		case pluginType:
+			found = true
+			m["bridge"] = v.bridge
+			ipam, _ := m["ipam"].(map[string]any)
+			if ipam == nil {
+				return nil, errors.New("nomad.conflist: plugin entry has no ipam")
+			}
+			ipam["ranges"] = []any{[]any{map[string]any{"subnet": v.subnet.String()}}}
+			if v.label == "A" {
+				m["dataDir"] = v.dataDir
+			} else {
+				m["type"] = "bridge"
+				delete(m, "dataDir")
+				delete(m, "delegate")
+				ipam["dataDir"] = v.dataDir
+			}
+		case "firewall":
+			m["iptablesAdminChainName"] = adminChain(v)
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("nomad.conflist has no %q entry", pluginType)
+	}
+	return json.MarshalIndent(conf, "", "  ")
+}
+
+// pickSubnets chooses two /24s in 10.200.0.0-10.249.255.0 (clear of the
+// e2e suite's 10.100-10.199) that overlap nothing routed on the host.
+func pickSubnets() (netip.Prefix, netip.Prefix, error) {
+	used, err := hostPrefixes()
+	if err != nil {
+		return netip.Prefix{}, netip.Prefix{}, err
+	}
+	var got []netip.Prefix
+	for range 2000 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + rand.IntN(50)), byte(rand.IntN(256)), 0}), 24)
+		if !slices.ContainsFunc(used, p.Overlaps) && !slices.Contains(got, p) {
+			got = append(got, p)
+			if len(got) == 2 {
+				return got[0], got[1], nil
+			}
+		}
+	}
+	return netip.Prefix{}, netip.Prefix{}, errors.New("no free /24 found")
+}
+
+func hostPrefixes() ([]netip.Prefix, error) {
+	raw, err := exec.Command("ip", "-j", "-4", "route", "show", "table", "all").Output()
+	if err != nil {
+		return nil, fmt.Errorf("ip route: %w", err)
+	}
+	var routes []struct {
+		Dst string `json:"dst"`
+	}
+	if err := json.Unmarshal(raw, &routes); err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if p, err := netip.ParsePrefix(r.Dst); err == nil {
+			out = append(out, p.Masked())
+		} else if a, err := netip.ParseAddr(r.Dst); err == nil {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	return out, nil
+}
+
+// addNetns creates a fresh named namespace and returns its path.
+func (e *Env) addNetns(tag string) (string, string, error) {
+	e.mu.Lock()
+	e.nsSeq++
+	name := fmt.Sprintf("nbcb-%s-%s%04d", e.o.id, tag, e.nsSeq)
+	e.mu.Unlock()
+	e.note("netns", name)
+	if err := run("ip", "netns", "add", name); err != nil {
+		return "", "", err
+	}
+	return name, filepath.Join(netnsDir, name), nil
+}
+
+func delNetns(name string) error {
+	if _, err := os.Stat(filepath.Join(netnsDir, name)); err != nil {
+		return nil
+	}
+	return run("ip", "netns", "delete", name)
+}
+
+// containerID names a container of the run; it goes to the state file so
+// cleanup can compute the chains bridge and portmap name after it.
+func (e *Env) containerID(v *variant, tag string) string {
+	cid := fmt.Sprintf("nbcb%s%s-%s", e.o.id, strings.ToLower(v.label), tag)
+	e.note("cid", v.netName, cid)
+	return cid
+}
+
+func run(name string, args ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func output(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return string(out), nil
+}
+
+// cniEnv is the environment without the caller's CNI variables.
+func cniEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "CNI_") || strings.HasPrefix(kv, "NETCONFPATH=") || strings.HasPrefix(kv, "CAP_ARGS=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Target is one goal of issue 5, judged against a run.
+type Target struct {
+	What     string
+	Measured string
+	Met      bool
+	Margin   string
+}
+
+func (r *Results) cell(leases, stale int) *SweepCell {
+	for i := range r.Sweep {
+		if r.Sweep[i].Leases == leases && r.Sweep[i].Stale == stale {
+			return &r.Sweep[i]
+		}
+	}
+	return nil
+}
+
+func (r *Results) targets() []Target {
+	var out []Target
+	for _, p := range r.Latency {
+		if p.Name == "ADD+CHECK+DEL" {
+			continue
+		}
+		t := Target{What: p.Name + " latency ratio ≤ 1.05 of bare bridge", Measured: fmt.Sprintf("%.3f (CPU %.3f)", p.Ratio, p.cpu().Ratio), Met: p.Ratio <= 1.05}
+		t.Margin = fmt.Sprintf("%+.1f%% vs bridge", (p.Ratio-1)*100)
+		out = append(out, t)
+	}
+	if c := r.cell(4094, 0); c != nil {
+		t := Target{What: "CHECK-time sweep of a /20 (4094 leases, none stale) adds ≤ 20 ms", Measured: fmt.Sprintf("%.1f ms (CPU %.1f ms)", c.InProc.Median, c.InProcCPU.Median), Met: c.InProc.Median <= 20}
+		t.Margin = over(c.InProc.Median, 20, "ms")
+		out = append(out, t)
+	}
+	if c := r.cell(65534, 0); c != nil {
+		t := Target{What: "sweep of a /16 (65534 leases, none stale) ≤ 500 ms", Measured: fmt.Sprintf("%.0f ms (CPU %.0f ms)", c.InProc.Median, c.InProcCPU.Median), Met: c.InProc.Median <= 500}
+		t.Margin = over(c.InProc.Median, 500, "ms")
+		out = append(out, t)
+		for _, pct := range []int{50, 100} {
+			if c := r.cell(65534, pct); c != nil {
+				t := Target{What: fmt.Sprintf("sweep of a /16, %d%% stale (releases %d) ≤ 500 ms", pct, 65534*pct/100), Measured: fmt.Sprintf("%.0f ms (CPU %.0f ms)", c.InProc.Median, c.InProcCPU.Median), Met: c.InProc.Median <= 500}
+				t.Margin = over(c.InProc.Median, 500, "ms")
+				out = append(out, t)
+			}
+		}
+	}
+	// Peak RSS, per lease count: the worst of its stale shares.
+	var sizes []int
+	worst := map[int]*SweepCell{}
+	for i := range r.Sweep {
+		c := &r.Sweep[i]
+		if w, ok := worst[c.Leases]; !ok || c.MaxRSSKiB > w.MaxRSSKiB {
+			if !ok {
+				sizes = append(sizes, c.Leases)
+			}
+			worst[c.Leases] = c
+		}
+	}
+	for _, n := range sizes {
+		w := worst[n]
+		mib := float64(w.MaxRSSKiB) / 1024
+		t := Target{What: fmt.Sprintf("peak RSS of the sweep process ≤ 32 MiB, %d leases", n), Measured: fmt.Sprintf("%.1f MiB (worst: %d%% stale)", mib, w.Stale), Met: mib <= 32}
+		t.Margin = over(mib, 32, "MiB")
+		out = append(out, t)
+	}
+	if p := r.Release; p != nil && p.A.Median > 0 {
+		x := p.B.Median / p.A.Median
+		t := Target{What: "release of 254 stale leases ≥ 50× faster than 254 host-local DEL execs", Measured: fmt.Sprintf("%.1f× (CPU %.1f×)", x, p.cpu().B.Median/max(p.cpu().A.Median, 1e-9)), Met: x >= 50}
+		if t.Met {
+			t.Margin = fmt.Sprintf("%.1f× the goal", x/50)
+		} else {
+			t.Margin = fmt.Sprintf("%.0f%% of the goal", x/50*100)
+		}
+		out = append(out, t)
+	}
+	for _, pct := range []int{0, 50, 100} {
+		a, b := r.cell(4094, pct), r.cell(65534, pct)
+		if a == nil || b == nil || a.InProc.Median == 0 {
+			continue
+		}
+		pa := a.InProc.Median / 4094
+		pb := b.InProc.Median / 65534
+		g := pb / pa
+		t := Target{
+			What:     fmt.Sprintf("cost linear in lease count (%d%% stale): per-lease cost at 65534 within 1.5× of 4094", pct),
+			Measured: fmt.Sprintf("%.1f → %.1f µs/lease (×%.2f)", pa*1000, pb*1000, g),
+			Met:      g <= 1.5 && g >= 1/1.5,
+		}
+		t.Margin = fmt.Sprintf("×%.2f", g)
+		out = append(out, t)
+	}
+	return out
+}
+
+func over(v, goal float64, unit string) string {
+	if v <= goal {
+		return fmt.Sprintf("%.1f %s under (%.0f%% of the goal)", goal-v, unit, v/goal*100)
+	}
+	return fmt.Sprintf("%.1f %s over (%.1f× the goal)", v-goal, unit, v/goal)
+}
+
+func printTable(w io.Writer, r *Results) { renderMarkdown(w, r) }
+
+// renderMarkdown prints the generated block of BENCHMARKS.md.
+func renderMarkdown(w io.Writer, r *Results) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	m := r.Machine
+	p("Run %s: `%s`, %.0f s in total; load average (1/5/15 min) %s.", r.Started, r.Command, r.Elapsed, r.LoadAvg)
+	p("")
+	p("| machine | |")
+	p("|---|---|")
+	for _, k := range []string{"cpu", "cores", "memory", "kernel", "go", "iptables", "plugin"} {
+		if m[k] != "" {
+			p("| %s | %s |", k, m[k])
+		}
+	}
+	p("")
+	if len(r.Latency) > 0 {
+		p("**1. Latency, Nomad's chain (loopback, bridge, firewall, portmap), A = `nomad-bridge-cni`, B = bare `bridge`** — %d pairs A B A B, fresh namespace per container, driven through libcni; ms.", r.Pairs)
+		p("")
+		p("| verb | A median | A p90 | B median | B p90 | A/B (medians) | A/B (median of pairs) | CPU A | CPU B | CPU A/B |")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, x := range r.Latency {
+			c := x.cpu()
+			p("| %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.1f | %.1f | %.3f |", x.Name, x.A.Median, x.A.P90, x.B.Median, x.B.P90, x.Ratio, x.PairedRatio, c.A.Median, c.B.Median, c.Ratio)
+		}
+		p("")
+		p("CPU = median user + system time of every process the verb ran (plugins and their iptables), from RUSAGE_CHILDREN.")
+		p("")
+	}
+	if len(r.Sweep) > 0 {
+		p("**2. Sweep cost vs lease count** — synthetic host-local directories on tmpfs (real lease files, lock, records; live records name one real netns). *in-process*: `reclaim.Sweep` as CHECK runs it, median; *gc process*: `nomad-bridge-cni gc --network N`, wall, median; an empty network's gc takes %.1f ms (process start); peak RSS is wait4's maxrss of the gc process (and of any iptables it ran), measured through test/bench/cmd/execrss, whose floor (/bin/true) is %.1f MiB.", r.GCEmpty.Median, float64(r.RSSFloorKiB)/1024)
+		p("")
+		p("| leases | stale | in-process ms (p90) | µs/lease | in-process CPU ms | CPU µs/lease | gc process ms | gc CPU ms | peak RSS MiB | reps |")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, c := range r.Sweep {
+			n := float64(c.Leases)
+			p("| %d | %d%% | %.1f (%.1f) | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |", c.Leases, c.Stale, c.InProc.Median, c.InProc.P90, c.InProc.Median*1000/n,
+				c.InProcCPU.Median, c.InProcCPU.Median*1000/n, c.Process.Median, c.ProcessCPU.Median, float64(c.MaxRSSKiB)/1024, c.InProc.N)
+		}
+		p("")
+	}
+	if x := r.Release; x != nil {
+		p("**3. Releasing 254 stale leases** — A: one `nomad-bridge-cni gc` (leases, NAT lookup, records), B: 254 `host-local` DEL execs; %d reps interleaved; ms.", x.A.N)
+		p("")
+		p("| | A: gc | B: 254 DELs | B/A |")
+		p("|---|---:|---:|---:|")
+		c := x.cpu()
+		p("| median | %.1f | %.1f | %.1f× |", x.A.Median, x.B.Median, x.B.Median/x.A.Median)
+		p("| p90 | %.1f | %.1f | |", x.A.P90, x.B.P90)
+		p("| CPU median | %.1f | %.1f | %.1f× |", c.A.Median, c.B.Median, c.B.Median/max(c.A.Median, 1e-9))
+		p("")
+	}
+	if x := r.Throughput; x != nil {
+		p("**4. Concurrent ADD** — %d containers started at once through Nomad's chain, %d rounds A B A B; containers/s.", r.Parallel, x.A.N)
+		p("")
+		p("| | A: plugin | B: bridge | A/B |")
+		p("|---|---:|---:|---:|")
+		c := x.cpu()
+		p("| median | %.1f | %.1f | %.3f |", x.A.Median, x.B.Median, x.Ratio)
+		p("| min | %.1f | %.1f | |", x.A.Min, x.B.Min)
+		p("| CPU ms per container | %.1f | %.1f | %.3f |", c.A.Median, c.B.Median, c.Ratio)
+		p("")
+	}
+	if x := r.ColdStart; x != nil {
+		p("**5. Cold start** — `CNI_COMMAND=VERSION`, exec to exit, %d pairs interleaved; ms.", x.A.N)
+		p("")
+		p("| | A: nomad-bridge-cni | B: bridge | A/B |")
+		p("|---|---:|---:|---:|")
+		c := x.cpu()
+		p("| median | %.2f | %.2f | %.3f |", x.A.Median, x.B.Median, x.Ratio)
+		p("| p90 | %.2f | %.2f | |", x.A.P90, x.B.P90)
+		p("| CPU median | %.2f | %.2f | %.3f |", c.A.Median, c.B.Median, c.Ratio)
+		p("")
+	}
+	if t := r.targets(); len(t) > 0 {
+		p("**Targets**")
+		p("")
+		p("| target | measured | | margin |")
+		p("|---|---|---|---|")
+		for _, x := range t {
+			v := "met"
+			if !x.Met {
+				v = "**missed**"
+			}
+			p("| %s | %s | %s | %s |", x.What, x.Measured, v, x.Margin)
+		}
+		p("")
+	}
+	if len(r.Warnings) > 0 {
+		p("Warnings: %s", strings.Join(r.Warnings, "; "))
+	}
+}
+
+func (p Pair) cpu() Pair {
+	if p.CPU == nil {
+		return Pair{}
+	}
+	return *p.CPU
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"slices"
+	"time"
+)
+
+// Stat summarises samples in milliseconds.
+type Stat struct {
+	N      int     `json:"n"`
+	Median float64 `json:"median"`
+	P90    float64 `json:"p90"`
+	Min    float64 `json:"min"`
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+func summarize(samples []float64) Stat {
+	if len(samples) == 0 {
+		return Stat{}
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	return Stat{N: len(s), Median: quantile(s, 0.5), P90: quantile(s, 0.9), Min: s[0]}
+}
+
+// quantile interpolates linearly between the closest ranks of sorted s.
+func quantile(s []float64, q float64) float64 {
+	if len(s) == 1 {
+		return s[0]
+	}
+	pos := q * float64(len(s)-1)
+	lo := int(math.Floor(pos))
+	hi := int(math.Ceil(pos))
+	return s[lo] + (s[hi]-s[lo])*(pos-float64(lo))
+}
+
+func median(samples []float64) float64 { return summarize(samples).Median }
+
+// Pair is one A/B comparison.
+type Pair struct {
+	Name string `json:"name"`
+	A    Stat   `json:"a"`
+	B    Stat   `json:"b"`
+	// Ratio is median(A)/median(B).
+	Ratio float64 `json:"ratio"`
+	// PairedRatio is the median of the per-pair ratios A_i/B_i.
+	PairedRatio float64 `json:"pairedRatio"`
+	// CPU is the same comparison in CPU time (user + system of every
+	// process involved), which a busy machine distorts far less than
+	// wall time.
+	CPU *Pair `json:"cpu,omitempty"`
+}
+
+func (p Pair) withCPU(a, b []float64) Pair {
+	c := makePair(p.Name+" (CPU)", a, b)
+	p.CPU = &c
+	return p
+}
+
+func makePair(name string, a, b []float64) Pair {
+	p := Pair{Name: name, A: summarize(a), B: summarize(b)}
+	if p.B.Median > 0 {
+		p.Ratio = p.A.Median / p.B.Median
+	}
+	var r []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			r = append(r, a[i]/b[i])
+		}
+	}
+	p.PairedRatio = median(r)
+	return p
+}
+
+// SweepCell is one (lease count, stale share) cell of the sweep benchmark.
+type SweepCell struct {
+	Leases int `json:"leases"`
+	Stale  int `json:"stalePercent"`
+	// InProc is reclaim.Sweep timed inside this process (fresh Sweeper per
+	// sweep, as in a CHECK process): what a CHECK adds.
+	InProc    Stat `json:"inProcMs"`
+	InProcCPU Stat `json:"inProcCPUMs"`
+	// Process is `nomad-bridge-cni gc --network N` wall time, process
+	// start included.
+	Process    Stat `json:"processMs"`
+	ProcessCPU Stat `json:"processCPUMs"`
+	// MaxRSSKiB is the largest peak RSS of the gc process over the reps.
+	MaxRSSKiB int64 `json:"maxRSSKiB"`
+}
+
+// Results is everything one run measured.
+type Results struct {
+	Started string            `json:"started"`
+	Machine map[string]string `json:"machine"`
+	Command string            `json:"command"`
+	Elapsed float64           `json:"elapsedSeconds"`
+	Driver  string            `json:"driver"`
+	Latency []Pair            `json:"latency,omitempty"`
+	Pairs   int               `json:"pairs,omitempty"`
+	GCEmpty Stat              `json:"gcEmptyMs"`
+	// RSSFloorKiB is the peak RSS execrss reports for /bin/true: the most
+	// of execrss's own RSS that can show in a measurement.
+	RSSFloorKiB int64       `json:"rssFloorKiB"`
+	Sweep       []SweepCell `json:"sweep,omitempty"`
+	Release     *Pair       `json:"release,omitempty"`
+	Parallel    int         `json:"parallel,omitempty"`
+	// Throughput holds containers/s per round (A = plugin, B = bridge);
+	// its Ratio is A/B throughput.
+	Throughput *Pair    `json:"throughput,omitempty"`
+	ColdStart  *Pair    `json:"coldStart,omitempty"`
+	LoadAvg    string   `json:"loadAvg"`
+	Warnings   []string `json:"warnings,omitempty"`
+}
+
+func writeJSON(path string, r *Results) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func readJSON(path string) (*Results, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Results
+	return &r, json.Unmarshal(b, &r)
+}
