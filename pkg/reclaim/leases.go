@@ -7,7 +7,6 @@ package reclaim
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -45,22 +44,36 @@ type leaseDir struct {
 	// unreadable is set when some reservation file could not be read in
 	// full, so its content is unknown.
 	unreadable bool
-	problems   []error
+	// skipped counts leases not read because a live record claims them.
+	skipped  int
+	problems []error
 }
 
 // readLeases reads every reservation in a host-local network directory,
 // one open per file. Files that are not reservations (lock,
 // last_reserved_ip.N) are skipped silently; damaged ones are skipped and
 // reported as problems.
-func readLeases(dir string) (*leaseDir, error) {
+//
+// A file named after an address in claimed is not read: a live record says
+// whose it is, and a sweep keeps it either way. That makes the common sweep
+// (nothing stale) read records only. Whoever is about to release must read
+// the directory again in full (claimed nil): GC's keep list needs every
+// file's content.
+func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 	d := &leaseDir{}
-	entries, err := os.ReadDir(dir)
+	df, err := os.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return d, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
 	}
+	defer df.Close()
+	entries, err := df.ReadDir(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
+	}
+	dirfd := int(df.Fd())
 	for _, e := range entries {
 		name := e.Name()
 		if name == "lock" || strings.HasPrefix(name, "last_reserved_ip.") {
@@ -73,9 +86,14 @@ func readLeases(dir string) (*leaseDir, error) {
 			d.problems = append(d.problems, fmt.Errorf("%s: not a regular file", path))
 			continue
 		}
+		if k, ok := claimed[name]; ok && ip != nil {
+			d.leases = append(d.leases, Lease{IP: ip, Path: path, Key: k})
+			d.skipped++
+			continue
+		}
 		// disk.Store.GC treats every other regular file as a reservation,
 		// so each one is read, even if its name is not an address.
-		l, content, err := readLease(path)
+		l, content, err := readLease(dirfd, name, path)
 		switch {
 		case err == nil && ip != nil:
 			l.IP = ip
@@ -99,29 +117,17 @@ func readLeases(dir string) (*leaseDir, error) {
 
 // readLease reads one reservation. When the file was read in full but is
 // not a valid lease, its trimmed content is returned with the error.
-func readLease(path string) (Lease, *string, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|noFollow, 0)
+func readLease(dirfd int, name, path string) (Lease, *string, error) {
+	b, st, err := records.ReadSmallFileAt(dirfd, name, path, maxLeaseSize, true)
 	if err != nil {
-		return Lease{}, nil, fmt.Errorf("open lease: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Lease{}, nil, fmt.Errorf("stat lease: %w", err)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxLeaseSize+1))
-	if err != nil {
-		return Lease{}, nil, fmt.Errorf("read lease %s: %w", path, err)
-	}
-	if len(b) > maxLeaseSize {
-		return Lease{}, nil, fmt.Errorf("lease %s: larger than %d bytes", path, maxLeaseSize)
+		return Lease{}, nil, fmt.Errorf("read lease: %w", err)
 	}
 	key, content, err := parseLease(b)
 	if err != nil {
 		trimmed := strings.TrimSpace(string(b))
 		return Lease{}, &trimmed, fmt.Errorf("lease %s: %w", path, err)
 	}
-	return Lease{Path: path, Key: key, ModTime: fi.ModTime(), content: content}, nil, nil
+	return Lease{Path: path, Key: key, ModTime: time.Unix(st.Mtim.Unix()), content: content}, nil, nil
 }
 
 // parseLease decodes host-local's "<containerID>\r\n<ifname>" (or the older

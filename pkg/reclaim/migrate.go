@@ -77,7 +77,7 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 	}
 	defer unlockLegacy()
 
-	dir, err := readLeases(filepath.Join(legacyDir, network))
+	dir, err := readLeases(filepath.Join(legacyDir, network), nil)
 	if err != nil {
 		return nil, err
 	}

@@ -520,3 +520,22 @@ func TestReleaseNeverTouchesForeignFilesOrFollowsSymlinks(t *testing.T) {
 		}
 	}
 }
+
+func TestSweepWithNothingStaleReadsNoClaimedLease(t *testing.T) {
+	w := newWorld(t)
+	w.container("live", "10.0.0.2")
+	// Content a read would flag (too big): a sweep that reads it reports it.
+	w.lease("10.0.0.2", strings.Repeat("x", maxLeaseSize+1), bootTime.Add(time.Minute))
+	rep := w.sweep(Request{})
+	if len(rep.Problems) != 0 {
+		t.Errorf("a lease claimed by a live record was read: %v", rep.Problems)
+	}
+	// Once something is stale, every file is read before releasing.
+	w.container("gone", "10.0.0.3")
+	delete(w.host.Namespaces, "/run/netns/gone")
+	rep = w.sweep(Request{})
+	if len(rep.Problems) != 1 || len(rep.Released) != 1 {
+		t.Errorf("problems %v, released %v; want the big file read and reported, gone released", rep.Problems, rep.Released)
+	}
+	equal(t, "left", w.leases(), []string{"10.0.0.2"})
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
@@ -66,7 +67,7 @@ func releaseLeases(store *disk.Store, dir *leaseDir, stale map[records.Key]bool)
 // removeLeaseFile removes one lease file if it still is the file that was
 // read: a regular file (not followed if a symlink) with the same content.
 func removeLeaseFile(l Lease) error {
-	again, _, err := readLease(l.Path)
+	again, _, err := readLease(unix.AT_FDCWD, l.Path, l.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}

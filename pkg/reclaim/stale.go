@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -64,6 +65,9 @@ type judge struct {
 	bootTime time.Time
 	// valid is the GC verb's list; nil outside a GC.
 	valid *validSet
+	// seen caches each record's verdict: a sweep asks twice (liveClaims,
+	// then judgeAll) and the namespace check is most of its cost.
+	seen map[*records.Record]Verdict
 }
 
 func newJudge(h sysinfo.Host, valid []types.GCAttachment, isGC bool) (*judge, error) {
@@ -75,11 +79,50 @@ func newJudge(h sysinfo.Host, valid []types.GCAttachment, isGC bool) (*judge, er
 	if err != nil {
 		return nil, err
 	}
-	j := &judge{host: h, bootID: bootID, bootTime: bootTime}
+	j := &judge{host: h, bootID: bootID, bootTime: bootTime, seen: map[*records.Record]Verdict{}}
 	if isGC {
 		j.valid = newValidSet(valid)
 	}
 	return j, nil
+}
+
+// judgeAll sets every attachment's verdict and returns the stale ones.
+func (j *judge) judgeAll(atts []*Attachment) map[records.Key]bool {
+	stale := map[records.Key]bool{}
+	for _, a := range atts {
+		a.Verdict = j.verdict(a)
+		if a.Verdict.State == Stale {
+			stale[a.Key] = true
+		}
+	}
+	return stale
+}
+
+// liveClaims maps each address of a record judged live (or pending) to
+// its attachment: a sweep keeps those leases whatever their files say, so
+// it need not read them (see readLeases). Outside a GC only: the GC verb
+// judges by the runtime's list, not by records.
+func (j *judge) liveClaims(recs []*records.Record) map[string]records.Key {
+	if j.valid != nil {
+		return nil
+	}
+	claims := map[string]records.Key{}
+	for _, r := range recs {
+		if len(r.IPs) == 0 {
+			continue
+		}
+		if v := j.verdict(&Attachment{Key: r.Key(), Record: r}); v.State == Stale || v.State == Unknown {
+			continue
+		}
+		for _, cidr := range r.IPs {
+			ip, _, err := net.ParseCIDR(cidr)
+			if err != nil {
+				continue
+			}
+			claims[ip.String()] = r.Key()
+		}
+	}
+	return claims
 }
 
 func (j *judge) verdict(a *Attachment) Verdict {
@@ -93,7 +136,11 @@ func (j *judge) verdict(a *Attachment) Verdict {
 		return Verdict{Stale, "not in the runtime's valid attachments"}
 	}
 	if a.Record != nil {
-		v := j.recordVerdict(a.Record)
+		v, ok := j.seen[a.Record]
+		if !ok {
+			v = j.recordVerdict(a.Record)
+			j.seen[a.Record] = v
+		}
 		if v.State == Live && a.Record.State == records.Pending && len(a.Leases) == 0 {
 			// Its writer is gone (checked above) and nothing was allocated:
 			// the record protects nothing.

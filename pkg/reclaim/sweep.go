@@ -89,33 +89,40 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	defer unlock()
 
-	dir, err := readLeases(netDir)
-	if err != nil {
-		return nil, err
-	}
 	listing, err := recStore.List()
 	if err != nil {
 		return nil, err
 	}
-	recs := listing.Records
-	report.Problems = append(dir.problems, listing.Problems...)
-	if req.DryRun {
-		// Nothing will be written: let allocations go on while we judge.
-		store.Unlock()
-	}
-
 	j, err := newJudge(s.Host, req.Valid, req.GC)
 	if err != nil {
 		return nil, err
 	}
-	report.Attachments = join(dir.leases, recs)
-	stale := map[records.Key]bool{}
+	var claimed map[string]records.Key
+	if !req.DryRun { // a report shows what the files say
+		claimed = j.liveClaims(listing.Records)
+	}
+	dir, err := readLeases(netDir, claimed)
+	if err != nil {
+		return nil, err
+	}
+	report.Attachments = join(dir.leases, listing.Records)
+	stale := j.judgeAll(report.Attachments)
+	if len(stale) > 0 && dir.skipped > 0 {
+		// Releasing needs every file's content (see readLeases).
+		if dir, err = readLeases(netDir, nil); err != nil {
+			return nil, err
+		}
+		report.Attachments = join(dir.leases, listing.Records)
+		stale = j.judgeAll(report.Attachments)
+	}
+	if req.DryRun {
+		// Nothing will be written: let allocations go on while we report.
+		store.Unlock()
+	}
+	report.Problems = append(dir.problems, listing.Problems...)
 	natOwnersAlive := map[string]bool{}
 	for _, a := range report.Attachments {
-		a.Verdict = j.verdict(a)
-		if a.Verdict.State == Stale {
-			stale[a.Key] = true
-		} else {
+		if a.Verdict.State != Stale {
 			natOwnersAlive[a.Key.ContainerID] = true
 		}
 	}
