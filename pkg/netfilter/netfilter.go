@@ -12,44 +12,45 @@
 package netfilter
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/utils"
 	"github.com/coreos/go-iptables/iptables"
+	"github.com/google/nftables"
 	"github.com/mattn/go-shellwords"
 )
 
 const (
-	natTable        = "nat"
+	natTableName       = "nat"
 	postrouting     = "POSTROUTING"
 	hostportDNAT    = "CNI-HOSTPORT-DNAT"
 	portmapDNPrefix = "DN-"
 )
 
-// Table is the part of *iptables.IPTables the cleaner uses, so tests can
-// run it against a fake.
+// Table is one iptables family's nat table as the cleaner uses it, so
+// tests can run it against a fake.
 type Table interface {
-	List(table, chain string) ([]string, error)
-	ListChains(table string) ([]string, error)
+	// ListNAT is `iptables -t nat -S`: "-N chain" and "-A chain spec" lines.
+	ListNAT() ([]string, error)
 	Delete(table, chain string, rulespec ...string) error
 	ClearAndDeleteChain(table, chain string) error
 }
-
-var _ Table = (*iptables.IPTables)(nil)
 
 // Cleaner releases the NAT rules of stale containers.
 type Cleaner struct {
 	// Tables are the iptables families present on the host (IPv4, IPv6).
 	// Use Families, which finds them on first use.
 	Tables []Table
-	// findTables finds Tables lazily: go-iptables runs `iptables --version`
-	// to construct a handle, a cost the ADD path must not pay.
+	// findTables finds Tables lazily, so the ADD path pays nothing.
 	findTables func() []Table
 	// NFTablesGC releases nftables ipMasq rules of every attachment not in
 	// keep; nil skips nftables.
@@ -66,14 +67,66 @@ func New() *Cleaner {
 	return &Cleaner{NFTablesGC: nftablesGC, NFTablesTeardown: nftablesTeardown, findTables: hostTables}
 }
 
+// hostTables finds iptables and ip6tables in PATH without running them.
 func hostTables() []Table {
 	var tables []Table
-	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
-		if ipt, err := iptables.NewWithProtocol(proto); err == nil {
-			tables = append(tables, ipt)
+	for _, f := range []struct {
+		cmd   string
+		proto iptables.Protocol
+	}{{"iptables", iptables.ProtocolIPv4}, {"ip6tables", iptables.ProtocolIPv6}} {
+		if path, err := exec.LookPath(f.cmd); err == nil {
+			tables = append(tables, &natTable{path: path, proto: f.proto})
 		}
 	}
 	return tables
+}
+
+// natTable lists with one `iptables -w -t nat -S` and deletes through
+// go-iptables, whose handle (it runs `iptables --version` and probes
+// features) is only made when there is something to delete.
+type natTable struct {
+	path  string
+	proto iptables.Protocol
+	ipt   *iptables.IPTables
+}
+
+func (t *natTable) ListNAT() ([]string, error) {
+	out, err := exec.Command(t.path, "-w", "-t", natTableName, "-S").Output()
+	if err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return nil, fmt.Errorf("%s -t nat -S: %w: %s", t.path, err, bytes.TrimSpace(exitErr.Stderr))
+		}
+		return nil, fmt.Errorf("%s -t nat -S: %w", t.path, err)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
+}
+
+func (t *natTable) handle() (*iptables.IPTables, error) {
+	if t.ipt == nil {
+		ipt, err := iptables.NewWithProtocol(t.proto)
+		if err != nil {
+			return nil, err
+		}
+		t.ipt = ipt
+	}
+	return t.ipt, nil
+}
+
+func (t *natTable) Delete(table, chain string, rulespec ...string) error {
+	ipt, err := t.handle()
+	if err != nil {
+		return err
+	}
+	return ipt.Delete(table, chain, rulespec...)
+}
+
+func (t *natTable) ClearAndDeleteChain(table, chain string) error {
+	ipt, err := t.handle()
+	if err != nil {
+		return err
+	}
+	return ipt.ClearAndDeleteChain(table, chain)
 }
 
 // Families returns the iptables families, finding them on first use.
@@ -84,10 +137,35 @@ func (c *Cleaner) Families() []Table {
 	return c.Tables
 }
 
-// nftablesGC runs bridge's nftables GC only where nftables is usable: on a
-// host without it, there are no such rules to release.
+// ipMasqTable is the nftables table bridge's ipMasq uses
+// (plugins/pkg/ip/ipmasq_nftables_linux.go).
+const ipMasqTable = "cni_plugins_masquerade"
+
+// nftIPMasqTableExists asks the kernel over netlink, without running nft,
+// whether bridge ever made nftables ipMasq rules on this host.
+func nftIPMasqTableExists() bool {
+	conn, err := nftables.New()
+	if err != nil {
+		return false
+	}
+	defer conn.CloseLasting()
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false
+	}
+	for _, t := range tables {
+		if t.Name == ipMasqTable {
+			return true
+		}
+	}
+	return false
+}
+
+// nftablesGC runs bridge's nftables GC where there is something for it:
+// without bridge's table there are no such rules to release, and bridge's
+// GC would run several nft processes to find that out.
 func nftablesGC(network string, keep []types.GCAttachment) error {
-	if !utils.SupportsNFTables() {
+	if !nftIPMasqTableExists() {
 		return nil
 	}
 	return ip.GCIPMasqForNetwork(network, keep)
@@ -97,7 +175,7 @@ func nftablesGC(network string, keep []types.GCAttachment) error {
 // iptables half then does nothing (the cleaner handles iptables by
 // comment), its nftables half finds the rules by their comment.
 func nftablesTeardown(network, ifname, containerID string) error {
-	if !utils.SupportsNFTables() {
+	if !nftIPMasqTableExists() {
 		return nil
 	}
 	return ip.TeardownIPMasqForNetworks(nil, network, ifname, containerID)
@@ -123,39 +201,30 @@ type familySnapshot struct {
 	jumps map[string][]rule
 }
 
-// Snapshot lists the NAT rules that belong to network: one listing of
-// POSTROUTING, of the chain names and (when present) of CNI-HOSTPORT-DNAT
-// per family, whatever the number of containers.
+// Snapshot lists the NAT rules that belong to network: one `iptables -S`
+// of the nat table per family, whatever the number of containers.
 func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
 	s := &Snapshot{network: network}
 	for _, t := range c.Families() {
 		fs := familySnapshot{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
-		chains, err := t.ListChains(natTable)
+		lines, err := t.ListNAT()
 		if err != nil {
-			return nil, fmt.Errorf("list nat chains: %w", err)
+			return nil, fmt.Errorf("list nat rules: %w", err)
 		}
-		for _, ch := range chains {
-			fs.chains[ch] = true
-		}
-		sources := []string{postrouting}
-		if fs.chains[hostportDNAT] {
-			sources = append(sources, hostportDNAT)
-		}
-		for _, chain := range sources {
-			rules, err := t.List(natTable, chain)
-			if err != nil {
-				return nil, fmt.Errorf("list nat %s: %w", chain, err)
+		for _, line := range lines {
+			if chain, ok := strings.CutPrefix(line, "-N "); ok {
+				fs.chains[strings.TrimSpace(chain)] = true
+				continue
 			}
-			for _, line := range rules {
+			for _, chain := range []string{postrouting, hostportDNAT} {
 				spec, comment, ok := parseRule(line, chain)
 				if !ok {
 					continue
 				}
 				net, cid, ok := ParseComment(comment)
-				if !ok || net != network {
-					continue
+				if ok && net == network {
+					fs.jumps[cid] = append(fs.jumps[cid], rule{table: t, chain: chain, spec: spec})
 				}
-				fs.jumps[cid] = append(fs.jumps[cid], rule{table: t, chain: chain, spec: spec})
 			}
 		}
 		s.perFamily = append(s.perFamily, fs)
@@ -213,7 +282,7 @@ func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
 	var errs []error
 	for _, fs := range s.perFamily {
 		for _, r := range fs.jumps[containerID] {
-			if err := r.table.Delete(natTable, r.chain, r.spec...); err != nil && !isNotExist(err) {
+			if err := r.table.Delete(natTableName, r.chain, r.spec...); err != nil && !isNotExist(err) {
 				errs = append(errs, fmt.Errorf("delete jump from %s for %s: %w", r.chain, containerID, err))
 				continue
 			}
@@ -224,7 +293,7 @@ func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
 			if !fs.chains[ch] {
 				continue
 			}
-			if err := fs.table.ClearAndDeleteChain(natTable, ch); err != nil && !isNotExist(err) {
+			if err := fs.table.ClearAndDeleteChain(natTableName, ch); err != nil && !isNotExist(err) {
 				errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", ch, containerID, err))
 				continue
 			}

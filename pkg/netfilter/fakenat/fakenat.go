@@ -32,22 +32,33 @@ func (f *Table) Add(chain, spec string) {
 	f.Chains[chain] = append(f.Chains[chain], "-A "+chain+" "+spec)
 }
 
-func (f *Table) List(_, chain string) ([]string, error) {
-	f.Calls = append(f.Calls, "list "+chain)
-	rules, ok := f.Chains[chain]
-	if !ok {
-		return nil, fmt.Errorf("iptables: No chain/target/match by that name")
-	}
-	return append([]string{"-N " + chain}, rules...), nil
-}
+// builtin chains are listed with -P by iptables -S, others with -N.
+var builtin = map[string]bool{"PREROUTING": true, "INPUT": true, "OUTPUT": true, "POSTROUTING": true}
 
-func (f *Table) ListChains(string) ([]string, error) {
-	f.Calls = append(f.Calls, "listchains")
-	out := make([]string, 0, len(f.Chains))
+func (f *Table) ListNAT() ([]string, error) {
+	f.Calls = append(f.Calls, "list nat")
+	names := make([]string, 0, len(f.Chains))
 	for ch := range f.Chains {
-		out = append(out, ch)
+		names = append(names, ch)
 	}
-	sort.Strings(out)
+	sort.Strings(names)
+	var out []string
+	for _, ch := range names {
+		if builtin[ch] {
+			out = append(out, "-P "+ch+" ACCEPT")
+		} else {
+			out = append(out, "-N "+ch)
+		}
+	}
+	// Like iptables: the built-in chains' rules first, in kernel order.
+	for _, ch := range []string{"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"} {
+		out = append(out, f.Chains[ch]...)
+	}
+	for _, ch := range names {
+		if !builtin[ch] {
+			out = append(out, f.Chains[ch]...)
+		}
+	}
 	return out, nil
 }
 
