@@ -30,7 +30,7 @@ import (
 )
 
 const (
-	natTableName       = "nat"
+	natTableName    = "nat"
 	postrouting     = "POSTROUTING"
 	hostportDNAT    = "CNI-HOSTPORT-DNAT"
 	portmapDNPrefix = "DN-"
