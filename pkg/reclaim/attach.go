@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path/filepath"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -90,31 +91,45 @@ func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, n
 // releaseOne releases a single stale attachment: its leases under
 // host-local's lock, its NAT rules, its record.
 func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reason string) error {
-	store, unlock, err := lockedStore(network, dataDir)
+	_, unlock, err := lockedStore(network, dataDir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 
-	what := []string{}
+	var what, ips []string
 	var errs []error
+	// One read of the directory, as a sweep does: disk.Store.ReleaseByID
+	// would walk into planted subdirectories and follow symlinks.
+	dir, err := readLeases(filepath.Join(dataDir, network), nil)
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, l := range dir.leases {
+			// A lease written before host-local recorded ifnames names the
+			// container alone, as host-local's own ReleaseByID matches it.
+			if l.Key != old.Key() && l.Key != (records.Key{ContainerID: old.ContainerID}) {
+				continue
+			}
+			if err := removeLeaseFile(l); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			ips = append(ips, l.IP.String())
+			what = append(what, "lease "+l.IP.String())
+		}
+	}
 	if s.Netfilter != nil {
 		removed, err := s.Netfilter.ReleaseContainer(network, old.IfName, old.ContainerID)
 		what = append(what, removed...)
 		errs = append(errs, err)
-	}
-	// One directory walk: this is one attachment, not a sweep.
-	if err := store.ReleaseByID(old.ContainerID, old.IfName); err != nil {
-		errs = append(errs, fmt.Errorf("release leases of %s: %w", old.Key(), err))
-	} else {
-		what = append(what, "leases")
 	}
 	if err := records.NewStore(dataDir, network).Remove(old.Key()); err != nil {
 		errs = append(errs, err)
 	} else {
 		what = append(what, "record")
 	}
-	rel := Release{Key: old.Key(), IPs: old.IPs, Reason: reason, What: what}
+	rel := Release{Key: old.Key(), IPs: ips, Reason: reason, What: what}
 	s.logf("%s: released %s", network, rel)
 	return errors.Join(errs...)
 }

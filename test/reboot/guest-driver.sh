@@ -17,6 +17,20 @@
 #            succeed, connect and CHECK; the control's re-ADD must fail with "duplicate
 #            allocation is not allowed"; then DEL everything and verify nothing is left.
 #
+# The GC steps (issue 3) add a second network, nomad-persist: Nomad's chain again, with
+# our plugin's dataDir on the guest's ext4 disk (/var/lib/nbc-persist: a host whose /run
+# is not tmpfs, or an operator who chose a persistent dataDir). Its leases and records
+# survive the reboot; the sweeps must prove them stale and reclaim them:
+#   phase 1  ADD P1 and P2 on it (the plugin warns that the dataDir is not on tmpfs);
+#            `leases` shows them live and a `gc` keeps them (and Nomad's two).
+#   phase 2  `leases` shows both stale ("recorded in an earlier boot"), `gc --dry-run`
+#            changes nothing; P1 is restored (its netns re-created, ADD without DEL:
+#            the stale record is released first, one lease); P2's job was stopped while
+#            the node was down, so nobody restores it: CHECK of P1 releases it, and a
+#            second sweep (`gc`) has nothing to release. After the restore of Nomad's
+#            allocations a `gc` keeps them; after the DELs, a `gc --orphan-rules` of
+#            both dataDirs has nothing to release and nothing of P1/P2 is left.
+#
 # Output goes to the serial console; the host (run.sh) watches for the lines
 #   NBC-PHASE <n> BEGIN | NBC-PHASE 1 END | NBC-RESULT: PASS | NBC-RESULT: FAIL ...
 # A failed check is recorded (NBC-CHECK-FAIL, kept on disk across the reboot) and the
@@ -45,12 +59,22 @@ CTL_NET=nomad-control
 CTL_BRIDGE=nomadctl
 CTL_SUBNET=172.26.96.0/20
 CTL_LEASES=/var/lib/cni/networks/$CTL_NET
+# The GC steps' network: the same chain with our plugin, its dataDir on the persistent disk.
+P_NET=nomad-persist
+P_BRIDGE=nomadp
+P_SUBNET=172.26.112.0/20
+P_DATA_DIR=/var/lib/nbc-persist
+P_LEASES=$P_DATA_DIR/$P_NET
+P_RECORDS=$P_DATA_DIR/.nomad-bridge-cni/$P_NET # our attachment records
+EARLIER_BOOT="recorded in an earlier boot"     # the reason a sweep gives for them
 
 # Allocation IDs, used as netns names as Nomad does; cnitool derives the container ID
 # from the netns path, so a netns re-created at the same path gets the same ID.
 ALLOC_A=0dc525f4-c491-7e25-a67d-0121069ad55e
 ALLOC_B=7f3b9a2e-51c4-4d0b-9e1a-2c6d8f4e0b17 # the one with a port mapping
 ALLOC_C=c0a1c0a1-0000-4000-8000-00000000c0de # the control (bare bridge)
+ALLOC_P1=5e1f0c2d-6a7b-4c8d-9e0f-1a2b3c4d5e61  # nomad-persist, restored after the reboot
+ALLOC_P2=5e1f0c2d-6a7b-4c8d-9e0f-1a2b3c4d5e62  # nomad-persist, never restored (job stopped)
 HOST_PORT=8080
 PORTMAP_B='{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}'
 
@@ -60,13 +84,29 @@ log() { printf '[phase %s %6ss] %s\n' "$PHASE" "$(cut -d' ' -f1 /proc/uptime)" "
 step() { printf '\n'; log "== $*"; }
 indent() { sed -e 's/\r$//' -e 's/^/      | /'; }
 OUT= # output of the last run()
+ERR= # stderr of the last run_split() (run() mixes it into $OUT)
 run() { # seconds, command...: echo, run with a timeout, show its output, keep it in $OUT
 	local limit=$1 rc
 	shift
 	printf '    $ %s\n' "$*"
+	ERR=
 	OUT=$(timeout -k 5 "$limit" "$@" 2>&1)
 	rc=$?
 	[[ -n $OUT ]] && printf '%s\n' "$OUT" | indent
+	[[ $rc == 124 || $rc == 137 ]] && printf '    (timed out after %ss)\n' "$limit"
+	[[ $rc != 0 ]] && printf '    (exit %s)\n' "$rc"
+	return $rc
+}
+run_split() { # like run, with stdout in $OUT and stderr in $ERR (shown as "! ...")
+	local limit=$1 rc errf=/run/nbc-stderr
+	shift
+	printf '    $ %s\n' "$*"
+	OUT=$(timeout -k 5 "$limit" "$@" 2>"$errf")
+	rc=$?
+	ERR=$(cat "$errf" 2>/dev/null)
+	rm -f "$errf"
+	[[ -n $OUT ]] && printf '%s\n' "$OUT" | indent
+	[[ -n $ERR ]] && printf '%s\n' "$ERR" | sed -e 's/\r$//' -e 's/^/      ! /'
 	[[ $rc == 124 || $rc == 137 ]] && printf '    (timed out after %ss)\n' "$limit"
 	[[ $rc != 0 ]] && printf '    (exit %s)\n' "$rc"
 	return $rc
@@ -109,7 +149,7 @@ cni() { # op, network, alloc, [CAP_ARGS]
 	CAP_ARGS=${4:-} run 60 cnitool "$1" "$2" "$(netns_path "$3")"
 }
 cni_error() { # the error line of the last cnitool run
-	grep -m1 -E "Error|failed" <<<"$OUT" | sed -e "s/^Error: //" | cut -c1-300
+	printf '%s\n%s\n' "$OUT" "$ERR" | grep -m1 -E "Error|failed" | sed -e "s/^Error: //" | cut -c1-300
 }
 result_ip() { jq -r '.ips[0].address | split("/")[0]' <<<"$1" 2>/dev/null; }
 result_gw() { jq -r '.ips[0].gateway // empty' <<<"$1" 2>/dev/null; }
@@ -207,6 +247,54 @@ stop_tasks() { # alloc...: kill what runs in the netns (before DEL, as Nomad sto
 	sleep 0.2
 }
 
+# ------------------------------------------- GC steps: the persistent network ---
+p_cni() { # op, alloc: cnitool on $P_NET, stdout in $OUT, stderr (the plugin's log) in $ERR
+	run_split 60 cnitool "$1" "$P_NET" "$(netns_path "$2")"
+}
+p_add() { # alloc; like add_alloc, on $P_NET, keeping the plugin's stderr apart from the result
+	local a=$1
+	run 10 ip netns add "$a" || return 1
+	p_cni add "$a" || return 1
+	IP[$a]=$(result_ip "$OUT")
+	GW[$a]=$(result_gw "$OUT")
+	[[ -n ${IP[$a]} && ${IP[$a]} != null ]] || {
+		fail "ADD $P_NET/$a printed no IP address"
+		return 1
+	}
+	echo "    $a: container ID $(cid "$a"), IP ${IP[$a]}, gateway ${GW[$a]}"
+}
+nbc() { # the operator CLI: nomad-bridge-cni leases|gc ...
+	run_split 30 "$CNI_PATH/nomad-bridge-cni" "$@"
+}
+leases_of() { # container ID: "state|reason|ip" of its rows in the last `leases --json` ($OUT)
+	jq -r --arg id "$1" '[.leases[] | select(.containerID == $id) | "\(.state)|\(.reason // "")|\(.ip)"] | join(" ")' <<<"$OUT" 2>/dev/null
+}
+leases_held_by() { # dir, container ID: the lease files whose first line is that ID
+	local f
+	for f in $(lease_files "$1"); do
+		[[ $(head -n1 "$f" | tr -d '\r') == "$2" ]] && echo "$f"
+	done
+	return 0
+}
+record_of() { # alloc: our record of its attachment on $P_NET
+	echo "$P_RECORDS/$(cid "$1")@eth0"
+}
+expect_nothing_to_release() { # what: the last `gc` ($OUT) released nothing
+	if grep -qx "nothing to release" <<<"$OUT" && ! grep -q "released" <<<"$OUT$ERR"; then
+		pass "$1: nothing to release"
+	else
+		fail "$1 released something or failed: $(tr '\n' ' ' <<<"$OUT $ERR" | cut -c1-400)"
+	fi
+}
+released_in_err() { # container ID, IP: the last run_split's stderr has the plugin's release line
+	# "nomad-bridge-cni: <net>: released <cid>/eth0 <ips>: recorded in an earlier boot; removed ..."
+	# (<ips> as the lease or the record has them: with or without the prefix length)
+	grep -qE "^nomad-bridge-cni: $P_NET: released $1/eth0 ${2//./\\.}(/[0-9]+)?: $EARLIER_BOOT;" <<<"$ERR"
+}
+tree_state() { # dir: every entry (type, mode, size) and every file's sha256
+	(cd "$1" && find . -printf '%p %y %m %s\n' | sort && find . -type f -exec sha256sum {} + | sort -k2) 2>&1
+}
+
 setup_host() { # plugins at Nomad's cni_path, conflists at its cni_config_dir
 	mkdir -p "$CNI_PATH" "$NETCONFPATH"
 	local p
@@ -226,6 +314,16 @@ setup_host() { # plugins at Nomad's cni_path, conflists at its cni_config_dir
 		fatal "cannot write the control conflist"
 	echo "    $NETCONFPATH/20-$CTL_NET.conflist:"
 	indent <"$NETCONFPATH/20-$CTL_NET.conflist"
+	# The GC steps' network: Nomad's chain with our plugin, its own name, bridge and
+	# subnet, and the plugin's dataDir on the persistent disk.
+	jq --arg name "$P_NET" --arg br "$P_BRIDGE" --arg subnet "$P_SUBNET" --arg dd "$P_DATA_DIR" '
+		.name = $name
+		| .plugins |= map(if .type == "nomad-bridge-cni"
+			then (.bridge = $br | .dataDir = $dd | .ipam.ranges = [[{subnet: $subnet}]])
+			else . end)' "$SHARE/nomad.conflist" >"$NETCONFPATH/30-$P_NET.conflist" ||
+		fatal "cannot write the $P_NET conflist"
+	echo "    $NETCONFPATH/30-$P_NET.conflist (the plugin's part):"
+	jq '.plugins[] | select(.type == "nomad-bridge-cni")' "$NETCONFPATH/30-$P_NET.conflist" | indent
 	run 5 "$CNI_PATH/nomad-bridge-cni" # the version line Nomad fingerprints
 }
 
@@ -273,9 +371,60 @@ phase1() {
 	step "state that must survive the reboot"
 	run 5 ls -la "$CNI_CACHE/results"
 
-	# ---- GC steps (phase 1): reserved for the GC issue ------------------------------
-	# Nothing yet. When GC lands, GC must keep both live attachments here (a CHECK or
-	# `cnitool gc` naming them) before the reboot.
+	# ---- GC steps (phase 1) -----------------------------------------------------------
+	step "GC: ADD two allocations on $P_NET, whose dataDir $P_DATA_DIR is on the persistent disk"
+	run 5 stat -f -c "$(dirname "$P_DATA_DIR") is on %T" "$(dirname "$P_DATA_DIR")"
+	[[ $(stat -f -c %T "$(dirname "$P_DATA_DIR")") != tmpfs ]] || fatal "$(dirname "$P_DATA_DIR") is a tmpfs in the guest: the GC steps prove nothing"
+	[[ ! -e $P_DATA_DIR ]] || fatal "$P_DATA_DIR exists before the first ADD"
+	local a id
+	for a in "$ALLOC_P1" "$ALLOC_P2"; do
+		p_add "$a" || fatal "ADD $P_NET/$a failed before any reboot: $(cni_error)"
+		if grep -qF "dataDir $P_DATA_DIR is not on tmpfs" <<<"$ERR"; then
+			pass "ADD $a warned on stderr that $P_DATA_DIR is not on tmpfs"
+		else
+			fail "ADD $P_NET/$a did not warn that $P_DATA_DIR is not on tmpfs (stderr: $(tr '\n' ' ' <<<"$ERR" | cut -c1-300))"
+		fi
+	done
+	: >"$STATE/persist-ips"
+	for a in "$ALLOC_P1" "$ALLOC_P2"; do
+		id=$(cid "$a")
+		if [[ $(leases_held_by "$P_LEASES" "$id") == "$P_LEASES/${IP[$a]}" ]]; then
+			pass "lease $P_LEASES/${IP[$a]} holds $id"
+		else
+			fail "no lease for $a at $P_LEASES/${IP[$a]} (leases of $id: $(leases_held_by "$P_LEASES" "$id" | tr '\n' ' '))"
+		fi
+		if [[ $(jq -r '"\(.state) \(.bootID)"' "$(record_of "$a")" 2>/dev/null) == "complete $(cat /proc/sys/kernel/random/boot_id)" ]]; then
+			pass "record $(record_of "$a"): complete, this boot"
+		else
+			fail "no complete record of this boot at $(record_of "$a")"
+		fi
+		echo "$a ${IP[$a]}" >>"$STATE/persist-ips"
+	done
+	if ping_from "$ALLOC_P1" "${IP[$ALLOC_P2]}"; then pass "$ALLOC_P1 reaches $ALLOC_P2 (${IP[$ALLOC_P2]})"; else fail "$ALLOC_P1 cannot ping $ALLOC_P2 (${IP[$ALLOC_P2]}) on $P_NET"; fi
+
+	step "GC before the reboot: \`leases\` shows every attachment live, \`gc\` keeps them all"
+	local f live=() # the live attachments' files that are there (checked above), to be kept
+	for f in "$P_LEASES/${IP[$ALLOC_P1]}" "$(record_of "$ALLOC_P1")" "$P_LEASES/${IP[$ALLOC_P2]}" "$(record_of "$ALLOC_P2")" \
+		"$LEASES/${IP[$ALLOC_A]}" "$LEASES/${IP[$ALLOC_B]}"; do
+		[[ -f $f ]] && live+=("$f")
+	done
+	nbc leases --data-dir "$P_DATA_DIR" --json
+	for a in "$ALLOC_P1" "$ALLOC_P2"; do
+		if [[ $(leases_of "$(cid "$a")") == "live||${IP[$a]}" ]]; then pass "leases: $a live"; else fail "leases: $a is not (only) live on ${IP[$a]}: $(leases_of "$(cid "$a")")"; fi
+	done
+	nbc gc --data-dir "$P_DATA_DIR"
+	expect_nothing_to_release "gc --data-dir $P_DATA_DIR"
+	nbc gc --data-dir "$DATA_DIR"
+	expect_nothing_to_release "gc --data-dir $DATA_DIR"
+	local gone=0
+	for f in "${live[@]}"; do
+		[[ -f $f ]] || {
+			gone=1
+			fail "gc removed $f, a live attachment's"
+		}
+	done
+	[[ $gone == 0 && ${#live[@]} -gt 0 ]] && pass "the live attachments' ${#live[@]} leases and records are all still there"
+	run 5 find "$P_DATA_DIR" -type f
 	# ----------------------------------------------------------------------------------
 
 	echo 2 >"$STATE/phase"
@@ -307,9 +456,98 @@ phase2() {
 	[[ -n $(ls -A "$CNI_CACHE/results" 2>/dev/null) ]] || fatal "$CNI_CACHE/results did not survive the reboot"
 	[[ -n $(lease_files "$CTL_LEASES") ]] || fatal "the control's lease did not survive the reboot"
 
-	# ---- GC steps (phase 2, before the restore): reserved for the GC issue ----------
-	# When GC lands: CHECK (Nomad's restore hook) or `cnitool gc` here must reclaim
-	# nothing of ours that is live and report or reclaim what the old boot left.
+	# ---- GC steps (phase 2, before the restore) ---------------------------------------
+	# What the persistent dataDir kept: P1's and P2's leases and records of the first
+	# boot. `leases` must call them stale, `gc --dry-run` must change nothing, P1's
+	# re-ADD must release its own old attachment first, and CHECK's sweep must release
+	# P2 (nobody restores it: its job was stopped while the node was down).
+	step "GC: what the persistent $P_DATA_DIR kept across the reboot"
+	declare -A OLD_IP=()
+	local p_ok=1 ida idb ip
+	while read -r a ip; do OLD_IP[$a]=$ip; done <"$STATE/persist-ips"
+	run 5 find "$P_DATA_DIR" -type f
+	for a in "$ALLOC_P1" "$ALLOC_P2"; do
+		id=$(cid "$a")
+		if [[ -n ${OLD_IP[$a]:-} && $(leases_held_by "$P_LEASES" "$id") == "$P_LEASES/${OLD_IP[$a]}" && -f $(record_of "$a") ]]; then
+			pass "$a's lease (${OLD_IP[$a]}) and record survived the reboot on $P_DATA_DIR"
+		else
+			p_ok=0
+			fail "$a's lease ${OLD_IP[$a]:-?} or record is not in $P_DATA_DIR after the reboot: the GC steps prove nothing"
+		fi
+	done
+	ida=$(cid "$ALLOC_P1") idb=$(cid "$ALLOC_P2")
+	if [[ $p_ok == 1 ]]; then
+		nbc leases --data-dir "$P_DATA_DIR" --json
+		for a in "$ALLOC_P1" "$ALLOC_P2"; do
+			if [[ $(leases_of "$(cid "$a")") == "stale|$EARLIER_BOOT|${OLD_IP[$a]}" ]]; then
+				pass "leases: $a stale ($EARLIER_BOOT)"
+			else
+				fail "leases: $a is not stale \"$EARLIER_BOOT\": $(leases_of "$(cid "$a")")"
+			fi
+		done
+
+		local before_gc after_gc
+		before_gc=$(tree_state "$P_DATA_DIR")
+		nbc gc --data-dir "$P_DATA_DIR" --dry-run
+		for a in "$ALLOC_P1" "$ALLOC_P2"; do
+			grep -qF "would release $P_NET $(cid "$a")/eth0 ${OLD_IP[$a]}: $EARLIER_BOOT" <<<"$OUT" ||
+				fail "gc --dry-run does not say it would release $a (${OLD_IP[$a]}): $EARLIER_BOOT"
+		done
+		after_gc=$(tree_state "$P_DATA_DIR")
+		if [[ $before_gc == "$after_gc" ]]; then
+			pass "gc --dry-run changed nothing under $P_DATA_DIR ($(grep -c . <<<"$after_gc") entries and digests compared)"
+		else
+			fail "gc --dry-run changed $P_DATA_DIR: $(diff <(echo "$before_gc") <(echo "$after_gc") | grep '^[<>]' | tr '\n' ' ' | cut -c1-400)"
+		fi
+
+		step "GC: restore $ALLOC_P1 on $P_NET (netns re-created, ADD without DEL); $ALLOC_P2 is not restored"
+		if p_add "$ALLOC_P1"; then
+			pass "re-ADD $P_NET/$ALLOC_P1 after the reboot"
+			if released_in_err "$ida" "${OLD_IP[$ALLOC_P1]}"; then
+				pass "the re-ADD released $ALLOC_P1's old attachment first ($EARLIER_BOOT)"
+			else
+				fail "the re-ADD's stderr has no \"released $ida/eth0 ${OLD_IP[$ALLOC_P1]}: $EARLIER_BOOT\" line"
+			fi
+			if [[ $(leases_held_by "$P_LEASES" "$ida") == "$P_LEASES/${IP[$ALLOC_P1]}" ]]; then
+				pass "exactly one lease for $ALLOC_P1: ${IP[$ALLOC_P1]}"
+			else
+				fail "leases of $ALLOC_P1 are not exactly ${IP[$ALLOC_P1]}: $(leases_held_by "$P_LEASES" "$ida" | tr '\n' ' ')"
+			fi
+			[[ ${IP[$ALLOC_P1]} != "${OLD_IP[$ALLOC_P2]}" ]] || fail "$ALLOC_P1 got $ALLOC_P2's address ${OLD_IP[$ALLOC_P2]} while its lease still exists"
+			if ping_from "$ALLOC_P1" "${GW[$ALLOC_P1]}"; then pass "$ALLOC_P1 reaches its gateway ${GW[$ALLOC_P1]}"; else fail "$ALLOC_P1 cannot ping its gateway ${GW[$ALLOC_P1]}"; fi
+		else
+			p_ok=0
+			fail "re-ADD $P_NET/$ALLOC_P1 after the reboot failed: $(cni_error)"
+		fi
+	fi
+	if [[ $p_ok == 1 ]]; then
+		if [[ -f $P_LEASES/${OLD_IP[$ALLOC_P2]} && -f $(record_of "$ALLOC_P2") ]]; then
+			pass "$ALLOC_P2's stale lease and record are still there for CHECK's sweep"
+		else
+			fail "$ALLOC_P2's lease or record went before CHECK: the re-ADD of $ALLOC_P1 should release only its own"
+		fi
+
+		step "GC: CHECK $ALLOC_P1 (Nomad's restore hook) sweeps $P_NET and releases $ALLOC_P2"
+		if p_cni check "$ALLOC_P1"; then pass "CHECK $ALLOC_P1"; else fail "CHECK $P_NET/$ALLOC_P1 failed: $(cni_error)"; fi
+		if released_in_err "$idb" "${OLD_IP[$ALLOC_P2]}"; then
+			pass "CHECK's stderr: released $ALLOC_P2 (${OLD_IP[$ALLOC_P2]}): $EARLIER_BOOT"
+		else
+			fail "CHECK's stderr has no \"released $idb/eth0 ${OLD_IP[$ALLOC_P2]}: $EARLIER_BOOT\" line"
+		fi
+		if [[ -z $(leases_held_by "$P_LEASES" "$idb") && ! -e $P_LEASES/${OLD_IP[$ALLOC_P2]} && ! -e $(record_of "$ALLOC_P2") ]]; then
+			pass "$ALLOC_P2's lease ${OLD_IP[$ALLOC_P2]} and record are gone"
+		else
+			fail "$ALLOC_P2's lease or record is still there after CHECK: $(leases_held_by "$P_LEASES" "$idb" | tr '\n' ' ') $(ls "$(record_of "$ALLOC_P2")" 2>/dev/null)"
+		fi
+		if [[ $(leases_held_by "$P_LEASES" "$ida") == "$P_LEASES/${IP[$ALLOC_P1]}" && -f $(record_of "$ALLOC_P1") ]]; then
+			pass "the live $ALLOC_P1 kept its lease and record"
+		else
+			fail "CHECK's sweep touched the live $ALLOC_P1's lease or record"
+		fi
+		nbc gc --data-dir "$P_DATA_DIR"
+		expect_nothing_to_release "a second sweep (gc --data-dir $P_DATA_DIR)"
+		run 5 find "$P_DATA_DIR" -type f
+	fi
 	# ----------------------------------------------------------------------------------
 
 	step "restore the allocations as Nomad does: same netns paths, same container IDs, ADD without DEL"
@@ -346,8 +584,20 @@ phase2() {
 		fail "the control's re-ADD failed, but not with \"duplicate allocation is not allowed\": $(cni_error)"
 	fi
 
-	# ---- GC steps (phase 2, after the restore): reserved for the GC issue -----------
-	# When GC lands: GC naming both restored attachments must keep them (and connectivity).
+	# ---- GC steps (phase 2, after the restore) ----------------------------------------
+	if [[ $ok_a == 1 && $ok_b == 1 ]]; then
+		step "GC after the restore: \`leases\` shows $NET's restored allocations live, \`gc\` keeps them"
+		nbc leases --data-dir "$DATA_DIR" --network "$NET" --json
+		for a in "$ALLOC_A" "$ALLOC_B"; do
+			if [[ $(leases_of "$(cid "$a")") == "live||${IP[$a]}" ]]; then pass "leases: $a live"; else fail "leases: $a is not (only) live on ${IP[$a]}: $(leases_of "$(cid "$a")")"; fi
+		done
+		nbc gc --data-dir "$DATA_DIR" --network "$NET"
+		expect_nothing_to_release "gc --data-dir $DATA_DIR --network $NET"
+		for a in "$ALLOC_A" "$ALLOC_B"; do
+			[[ -f $LEASES/${IP[$a]} ]] || fail "gc removed the lease of the restored $a"
+		done
+		if ping_from "$ALLOC_A" "${IP[$ALLOC_B]}"; then pass "$ALLOC_A still reaches $ALLOC_B after the gc"; else fail "$ALLOC_A cannot ping $ALLOC_B after the gc"; fi
+	fi
 	# ----------------------------------------------------------------------------------
 
 	step "DEL everything"
@@ -355,7 +605,10 @@ phase2() {
 	cni del "$NET" "$ALLOC_A" || fail "DEL $NET/$ALLOC_A failed: $(cni_error)"
 	cni del "$NET" "$ALLOC_B" "$PORTMAP_B" || fail "DEL $NET/$ALLOC_B failed: $(cni_error)"
 	cni del "$CTL_NET" "$ALLOC_C" || echo "    (the control's DEL failed; not part of the verdict)"
-	for a in "$ALLOC_A" "$ALLOC_B" "$ALLOC_C"; do run 10 ip netns del "$a"; done
+	if [[ -e $(netns_path "$ALLOC_P1") ]]; then
+		p_cni del "$ALLOC_P1" || fail "DEL $P_NET/$ALLOC_P1 failed: $(cni_error)"
+	fi
+	for a in "$ALLOC_A" "$ALLOC_B" "$ALLOC_C" "$ALLOC_P1"; do [[ -e $(netns_path "$a") ]] && run 10 ip netns del "$a"; done
 
 	step "nothing of ours is left: leases, records, chains, rules"
 	run 5 find "$DATA_DIR" "$CNI_CACHE" -type f
@@ -402,9 +655,46 @@ phase2() {
 	if grep -q -- "^:CNI-DN-" <<<"$rules"; then
 		fail "CNI-DN chains left: $(grep -- '^:CNI-DN-' <<<"$rules" | tr '\n' ' ')"
 	fi
+	# The persistent network: P1 was DELeted, P2 released by CHECK's sweep. (libcni's
+	# cached result of P2 stays in $CNI_CACHE: nobody ran DEL for it, as after a real
+	# node outage; that cache is libcni's, not ours.)
+	run 5 find "$P_DATA_DIR" -type f
+	if [[ -n $(lease_files "$P_LEASES") ]]; then
+		fail "leases left in $P_LEASES: $(lease_files "$P_LEASES" | tr '\n' ' ')"
+	else
+		pass "no lease in $P_LEASES"
+	fi
+	if masq_jumps | grep -qF "name: \"$P_NET\" id: "; then
+		fail "ipMasq POSTROUTING jumps for $P_NET left: $(masq_jumps | grep -F "name: \"$P_NET\" id: " | tr '\n' ' ')"
+	else
+		pass "no POSTROUTING jump commented with $P_NET"
+	fi
+	for a in "$ALLOC_P1" "$ALLOC_P2"; do
+		id=$(cid "$a")
+		if grep -qE -- "^:($(masq_chain "$P_NET" "$id")|$(dnat_chain "$P_NET" "$id")) " <<<"$rules" || grep -qF -e "$id" <<<"$rules"; then
+			fail "chains or rules of $P_NET/$a left: $(grep -E -e "^:($(masq_chain "$P_NET" "$id")|$(dnat_chain "$P_NET" "$id")) " -e "$id" <<<"$rules" | tr '\n' ' ')"
+		else
+			pass "no chain or rule of $P_NET/$a"
+		fi
+		if grep -rlF -e "$id" "$P_DATA_DIR" >/dev/null 2>&1 || [[ -e $(record_of "$a") ]]; then
+			fail "files mentioning $id left: $(grep -rlF -e "$id" "$P_DATA_DIR" | tr '\n' ' ') $(ls "$(record_of "$a")" 2>/dev/null)"
+		else
+			pass "no lease or record of $a under $P_DATA_DIR"
+		fi
+	done
+	if grep -rlF -e "$(cid "$ALLOC_P1")" "$CNI_CACHE" >/dev/null 2>&1; then
+		fail "files mentioning $(cid "$ALLOC_P1") left: $(grep -rlF -e "$(cid "$ALLOC_P1")" "$CNI_CACHE" | tr '\n' ' ')"
+	else
+		pass "no file under $CNI_CACHE mentions $ALLOC_P1 (DELeted)"
+	fi
 
-	# ---- GC steps (phase 2, after DEL): reserved for the GC issue -------------------
-	# When GC lands: a GC with no valid attachments must leave the same nothing.
+	# ---- GC steps (phase 2, after DEL) -------------------------------------------------
+	step "GC after the DELs: a sweep of both dataDirs, NAT rules included, has nothing to release"
+	local d
+	for d in "$DATA_DIR" "$P_DATA_DIR"; do
+		nbc gc --data-dir "$d" --orphan-rules
+		expect_nothing_to_release "gc --data-dir $d --orphan-rules"
+	done
 	# ----------------------------------------------------------------------------------
 
 	finish

@@ -13,7 +13,9 @@
 #      over 9p; the guest reboots itself (reboot -f), -no-reboot turns that reset into
 #      qemu's exit, and the second boot is a new qemu on the same disk;
 #   3. the guest runs guest-driver.sh by itself at each boot: phase 1 ADDs Nomad's chain
-#      and reboots for real, phase 2 restores, checks, DELs and verifies nothing is left;
+#      (and a copy of it whose dataDir is on the persistent disk) and reboots for real,
+#      phase 2 restores, sweeps what the old boot left (leases, gc, CHECK), checks, DELs
+#      and verifies nothing is left;
 #   4. watches the serial console for the driver's markers, each boot and phase under its
 #      own timeout, and prints the verdict; on failure, the whole guest log.
 # qemu is always killed on exit (trap, and `timeout` around it as a last resort).
@@ -278,14 +280,14 @@ wait_exit() { # timeout, what: qemu must exit by itself
 say "$(elapsed) boot 1 (qemu-system-x86_64 -accel tcg; plugins from $BIN)"
 boot 1
 wait_for "NBC-PHASE 1 BEGIN" "$BOOT_TIMEOUT" "the first boot"
-say "$(elapsed) phase 1: ADD through Nomad's chain, connectivity, CHECK, control ADD"
+say "$(elapsed) phase 1: ADD through Nomad's chain, connectivity, CHECK, control ADD, GC steps on a persistent dataDir"
 wait_for "NBC-PHASE 1 END" "$PHASE_TIMEOUT" "the end of phase 1"
 wait_exit 60 "the guest's reboot"
 grep -aq "reboot: Restarting system" "$LOG" || fail_with_log "the guest stopped without rebooting"
 say "$(elapsed) the guest rebooted (reboot -f); boot 2 on the same disk"
 boot 2
 wait_for "NBC-PHASE 2 BEGIN" "$BOOT_TIMEOUT" "the second boot"
-say "$(elapsed) phase 2: restore under the same container IDs, control re-ADD, CHECK, DEL, leftovers"
+say "$(elapsed) phase 2: GC of the persistent dataDir, restore under the same container IDs, control re-ADD, CHECK, DEL, leftovers"
 wait_for "NBC-RESULT:" "$PHASE_TIMEOUT" "the verdict"
 wait_exit 30 "the verdict" # the guest powers itself off
 
@@ -296,5 +298,5 @@ if [[ ${VERBOSE:-0} == 1 ]]; then
 else
 	guest_log | grep -aE '^\[phase [12] .*\] == |^    OK ' || true
 fi
-say "$(elapsed) PASSED: after a real reboot both allocations came back under the same container IDs, and DEL left nothing behind"
+say "$(elapsed) PASSED: after a real reboot both allocations came back under the same container IDs, the sweeps reclaimed what a persistent dataDir kept, and DEL left nothing behind"
 summary
