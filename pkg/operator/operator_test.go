@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/dirstate"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -189,20 +190,11 @@ func TestNetworksErrors(t *testing.T) {
 
 func tree(t *testing.T, root string) string {
 	t.Helper()
-	var b strings.Builder
-	filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		c := ""
-		if fi.Mode().IsRegular() {
-			data, _ := os.ReadFile(path)
-			c = string(data)
-		}
-		b.WriteString(path + " " + fi.ModTime().String() + " " + c + "\n")
-		return nil
-	})
-	return b.String()
+	state, err := dirstate.Describe(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return state
 }
 
 func TestNetworksRefusesSymlinkedRecordsDir(t *testing.T) {

@@ -26,7 +26,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if _, err := p.find(ipamdir.HostLocal); err != nil {
+	if err := p.find(ipamdir.HostLocal); err != nil {
 		return err
 	}
 	hostLocalConf, err := conf.HostLocalGCConfig()

@@ -57,7 +57,7 @@ func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := p.find(conf.Delegate); err != nil {
+	if err := p.find(conf.Delegate); err != nil {
 		return nil, nil, err
 	}
 	if err := conf.CheckDirs(); err != nil {
@@ -73,27 +73,24 @@ func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
 // find resolves a plugin in CNI_PATH exactly as invoke.Delegate* will (it
 // reads the process environment too), so a missing delegate is reported as
 // a configuration problem up-front rather than after we have written state.
-func (p *Plugin) find(plugin string) (string, error) {
+func (p *Plugin) find(plugin string) error {
 	cniPath := os.Getenv("CNI_PATH")
-	path, err := p.Exec.FindInPath(plugin, filepath.SplitList(cniPath))
-	if err != nil {
-		return "", types.NewError(types.ErrInvalidNetworkConfig,
+	if _, err := p.Exec.FindInPath(plugin, filepath.SplitList(cniPath)); err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("plugin %q not found in CNI_PATH %q: install the reference CNI plugins there or set \"delegate\"", plugin, cniPath),
 			err.Error())
 	}
-	return path, nil
+	return nil
 }
 
 // delegateError keeps the delegate's CNI error code (the runtime may act on
 // it, e.g. 11 "try again later") and says which plugin and verb failed.
 func delegateError(ctx context.Context, plugin, verb string, err error) error {
-	var cniErr *types.Error
-	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		deadline, _ := ctx.Deadline()
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("delegate %s did not answer %s in time and was killed (deadline %s; see \"delegateTimeout\")", plugin, verb, deadline.UTC().Format("15:04:05")), err.Error())
-	case answered(err):
-		errors.As(err, &cniErr)
+	}
+	if cniErr := answer(err); cniErr != nil {
 		return types.NewError(cniErr.Code, fmt.Sprintf("delegate %s failed (%s): %s", plugin, verb, cniErr.Msg), cniErr.Details)
 	}
 	return types.NewError(types.ErrInternal, fmt.Sprintf("delegate %s failed (%s) without a CNI error: it crashed or was killed", plugin, verb), err.Error())
@@ -103,9 +100,15 @@ func delegateError(ctx context.Context, plugin, verb string, err error) error {
 // (code 0 is what invoke makes of output it could not parse): bridge then
 // rolled back what it had done. Anything else (a crash, a kill, a timeout)
 // may have left an allocation behind.
-func answered(err error) bool {
+func answered(err error) bool { return answer(err) != nil }
+
+// answer is the CNI error a delegate printed, or nil if it printed none.
+func answer(err error) *types.Error {
 	var cniErr *types.Error
-	return errors.As(err, &cniErr) && cniErr.Code != 0
+	if errors.As(err, &cniErr) && cniErr.Code != 0 {
+		return cniErr
+	}
+	return nil
 }
 
 func (p *Plugin) warnf(format string, args ...any) {

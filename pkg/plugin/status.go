@@ -16,7 +16,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if _, err := p.find(conf.Delegate); err != nil {
+	if err := p.find(conf.Delegate); err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
 	}
 	if err := conf.CheckUsable(); err != nil {

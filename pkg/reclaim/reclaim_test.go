@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/dirstate"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -417,23 +418,11 @@ func TestEndDelTearsDownNATWhenNamespaceIsGone(t *testing.T) {
 
 func snapshotDir(t *testing.T, root string) string {
 	t.Helper()
-	var b strings.Builder
-	err := filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		content := ""
-		if fi.Mode().IsRegular() {
-			c, _ := os.ReadFile(path)
-			content = string(c)
-		}
-		b.WriteString(path + " " + fi.Mode().String() + " " + fi.ModTime().String() + " " + content + "\n")
-		return nil
-	})
+	state, err := dirstate.Describe(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b.String()
+	return state
 }
 
 func TestBeginAddTellsReusedInodeByCookie(t *testing.T) {

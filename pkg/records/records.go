@@ -243,20 +243,16 @@ const maxRecordSize = 64 << 10
 // ReadFileNoFollow reads a small state file without following a symlink
 // planted in its place, and refuses files larger than 64 KiB.
 func ReadFileNoFollow(path string) ([]byte, error) {
-	b, _, err := ReadSmallFile(path, maxRecordSize, false)
+	b, _, err := ReadSmallFileAt(unix.AT_FDCWD, path, path, maxRecordSize, false)
 	return b, err
 }
 
-// ReadSmallFile reads a file of at most limit bytes with raw syscalls —
-// open(O_NOFOLLOW), read until EOF, close, and fstat when withStat — since
-// an *os.File costs four fcntl and a failing epoll_ctl more per file,
-// which dominates a sweep over thousands of tiny files.
-func ReadSmallFile(path string, limit int, withStat bool) ([]byte, *unix.Stat_t, error) {
-	return ReadSmallFileAt(unix.AT_FDCWD, path, path, limit, withStat)
-}
-
-// ReadSmallFileAt is ReadSmallFile of name in the directory open as dirfd
-// (openat: no walk of the whole path per file); path is for errors.
+// ReadSmallFileAt reads name, in the directory open as dirfd (openat: no
+// walk of the whole path per file; unix.AT_FDCWD for a plain path), if it
+// holds at most limit bytes. It uses raw syscalls — open(O_NOFOLLOW), read
+// until EOF, close, and fstat when withStat — since an *os.File costs four
+// fcntl and a failing epoll_ctl more per file, which dominates a sweep over
+// thousands of tiny files. path is for errors.
 func ReadSmallFileAt(dirfd int, name, path string, limit int, withStat bool) ([]byte, *unix.Stat_t, error) {
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
 	for err == unix.EINTR {

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -58,27 +57,6 @@ func (e *testEnv) natState(t *testing.T) string {
 	return b.String()
 }
 
-func dirState(t *testing.T, root string) string {
-	t.Helper()
-	var b strings.Builder
-	err := filepath.Walk(root, func(path string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		content := ""
-		if fi.Mode().IsRegular() {
-			c, _ := os.ReadFile(path)
-			content = string(c)
-		}
-		b.WriteString(path + " " + fi.Mode().String() + " " + fi.ModTime().String() + " " + content + "\n")
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b.String()
-}
-
 // TestOperatorLeasesAndGC: after the stale-namespace scenario, `leases`
 // marks exactly the dead container stale with the right reason, `gc
 // --dry-run` changes no file and no rule, `gc` releases exactly that
@@ -115,12 +93,12 @@ func TestOperatorLeasesAndGC(t *testing.T) {
 		t.Errorf("leases table (err %v):\n%s", err, table)
 	}
 
-	filesBefore, natBefore := dirState(t, e.dataDir), e.natState(t)
+	filesBefore, natBefore := treeState(t, e.dataDir), e.natState(t)
 	dry, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--dry-run")
 	if err != nil {
 		t.Fatalf("gc --dry-run: %v\n%s", err, stderr)
 	}
-	if dirState(t, e.dataDir) != filesBefore || e.natState(t) != natBefore {
+	if treeState(t, e.dataDir) != filesBefore || e.natState(t) != natBefore {
 		t.Fatal("gc --dry-run changed files or iptables")
 	}
 	if !strings.Contains(dry, "would release "+e.netName+" "+dead.cid) || strings.Contains(dry, live.cid) {
@@ -141,12 +119,12 @@ func TestOperatorLeasesAndGC(t *testing.T) {
 	e.assertNoMasq(t, dead)
 	e.assertMasq(t, live, liveAddr.Addr())
 
-	filesBefore, natBefore = dirState(t, e.dataDir), e.natState(t)
+	filesBefore, natBefore = treeState(t, e.dataDir), e.natState(t)
 	again, _, err := e.operator(t, "gc", "--data-dir", e.dataDir)
 	if err != nil || !strings.Contains(again, "nothing to release") {
 		t.Errorf("second gc (err %v):\n%s", err, again)
 	}
-	if dirState(t, e.dataDir) != filesBefore || e.natState(t) != natBefore {
+	if treeState(t, e.dataDir) != filesBefore || e.natState(t) != natBefore {
 		t.Error("second gc changed something")
 	}
 	e.mustCNI(t, "del", live, "")
