@@ -5,11 +5,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"golang.org/x/sys/unix"
 )
 
 func script(t *testing.T, body string) string {
@@ -70,15 +72,40 @@ func TestDelegateExecKillsAHungDelegateAndItsChildren(t *testing.T) {
 		t.Errorf("returned after %v", took)
 	}
 	b, _ := os.ReadFile(pidFile)
-	if pid := strings.TrimSpace(string(b)); pid != "" {
-		if _, err := os.Stat("/proc/" + pid); err == nil {
-			if st, _ := os.ReadFile("/proc/" + pid + "/stat"); !strings.Contains(string(st), ") Z ") {
-				t.Errorf("child %s of the hung delegate still runs", pid)
-			}
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+		if !exitsWithin(t, pid, 5*time.Second) {
+			t.Errorf("child %d of the hung delegate still runs", pid)
 		}
 	}
 	var cniErr *types.Error
 	if errors.As(err, &cniErr) {
 		t.Errorf("a killed delegate became a CNI error: %v", cniErr)
+	}
+}
+
+// exitsWithin reports whether process pid has exited (or is gone) within d.
+// SIGKILL is delivered asynchronously: right after the group kill the child
+// may still be scheduled, so wait on a pidfd, which becomes readable the
+// moment the process exits, instead of looking at /proc once.
+func exitsWithin(t *testing.T, pid int, d time.Duration) bool {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return true
+	}
+	if err != nil {
+		t.Fatalf("pidfd_open(%d): %v", pid, err)
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, int(d.Milliseconds()))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("poll pidfd %d: %v", pid, err)
+		}
+		return n == 1
 	}
 }
