@@ -93,7 +93,7 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 		}
 		// disk.Store.GC treats every other regular file as a reservation,
 		// so each one is read, even if its name is not an address.
-		l, content, err := readLease(dirfd, name, path)
+		l, content, err := readLease(dirfd, dir, name)
 		switch {
 		case err == nil && ip != nil:
 			l.IP = ip
@@ -117,8 +117,9 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 
 // readLease reads one reservation. When the file was read in full but is
 // not a valid lease, its trimmed content is returned with the error.
-func readLease(dirfd int, name, path string) (Lease, *string, error) {
-	b, st, err := records.ReadSmallFileAt(dirfd, name, path, maxLeaseSize, true)
+func readLease(dirfd int, dir, name string) (Lease, *string, error) {
+	path := filepath.Join(dir, name)
+	b, st, err := records.ReadSmallFileAt(dirfd, dir, name, maxLeaseSize, true)
 	if err != nil {
 		return Lease{}, nil, fmt.Errorf("read lease: %w", err)
 	}
