@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ip"
@@ -40,6 +41,7 @@ const (
 // tests can run it against a fake.
 type Table interface {
 	// ListNAT is `iptables -t nat -S`: "-N chain" and "-A chain spec" lines.
+	// The tables of different families are listed concurrently.
 	ListNAT() ([]string, error)
 	Delete(table, chain string, rulespec ...string) error
 	ClearAndDeleteChain(table, chain string) error
@@ -205,13 +207,22 @@ type familySnapshot struct {
 // of the nat table per family, whatever the number of containers.
 func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
 	s := &Snapshot{network: network}
-	for _, t := range c.Families() {
+	tables := c.Families()
+	listings := make([][]string, len(tables))
+	errs := make([]error, len(tables))
+	// The families are listed at once: each listing is a process start
+	// (≈ 5 ms), a fifth of a small network's whole gc.
+	var wg sync.WaitGroup
+	for i, t := range tables {
+		wg.Go(func() { listings[i], errs[i] = t.ListNAT() })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("list nat rules: %w", err)
+	}
+	for i, t := range tables {
 		fs := familySnapshot{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
-		lines, err := t.ListNAT()
-		if err != nil {
-			return nil, fmt.Errorf("list nat rules: %w", err)
-		}
-		for _, line := range lines {
+		for _, line := range listings[i] {
 			if chain, ok := strings.CutPrefix(line, "-N "); ok {
 				fs.chains[strings.TrimSpace(chain)] = true
 				continue
