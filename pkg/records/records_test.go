@@ -2,6 +2,7 @@ package records
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -199,5 +200,38 @@ func TestDecodeFastTakesWhatWriteWrites(t *testing.T) {
 		if decodeFast([]byte(in), &Record{}) {
 			t.Errorf("fast path accepted %s", in)
 		}
+	}
+}
+
+// A network large enough to be read on several goroutines lists every
+// record exactly once and every damaged file as a problem, as a small one.
+func TestListLargeNetwork(t *testing.T) {
+	s := NewStore(t.TempDir(), "nomad")
+	const n, damaged = 1500, 7
+	for i := range n {
+		r := sample()
+		r.ContainerID = fmt.Sprintf("c%04d", i)
+		if err := s.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range damaged {
+		if err := os.WriteFile(filepath.Join(s.Dir(), fmt.Sprintf("bad%d@eth0", i)), []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range l.Records {
+		if seen[r.ContainerID] {
+			t.Fatalf("%s listed twice", r.ContainerID)
+		}
+		seen[r.ContainerID] = true
+	}
+	if len(seen) != n || len(l.Problems) != damaged {
+		t.Errorf("listed %d records and %d problems, want %d and %d", len(seen), len(l.Problems), n, damaged)
 	}
 }
