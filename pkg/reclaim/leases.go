@@ -115,7 +115,8 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 	return d, nil
 }
 
-// readLease reads one reservation. When the file was read in full but is
+// readLease reads one reservation, name in dir open as dirfd (or, with
+// unix.AT_FDCWD and dir "", the path name). When the file was read in full but is
 // not a valid lease, its trimmed content is returned with the error.
 func readLease(dirfd int, dir, name string) (Lease, *string, error) {
 	path := filepath.Join(dir, name)

@@ -67,7 +67,7 @@ func releaseLeases(store *disk.Store, dir *leaseDir, stale map[records.Key]bool)
 // removeLeaseFile removes one lease file if it still is the file that was
 // read: a regular file (not followed if a symlink) with the same content.
 func removeLeaseFile(l Lease) error {
-	again, _, err := readLease(unix.AT_FDCWD, l.Path, l.Path)
+	again, _, err := readLease(unix.AT_FDCWD, "", l.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
