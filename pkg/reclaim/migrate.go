@@ -131,7 +131,7 @@ func copyLease(l Lease, target string) (bool, error) {
 	content := []byte(l.content)
 	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o600)
 	if errors.Is(err, fs.ErrExist) {
-		existing, rerr := os.ReadFile(target)
+		existing, rerr := records.ReadFileNoFollow(target)
 		if rerr != nil {
 			return false, fmt.Errorf("read %s: %w", target, rerr)
 		}

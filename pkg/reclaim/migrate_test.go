@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func (w *world) legacyLease(legacy, ip, content string, mtime time.Time) string {
@@ -107,5 +109,41 @@ func TestMigrateWithoutLegacyDirectoryOnlyMarks(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(w.dataDir, ".nomad-bridge-cni", net1, ".migrated"))
 	if err != nil || string(b) != "boot-1" {
 		t.Errorf("marker = %q, %v", b, err)
+	}
+}
+
+// When the target of a migrated lease already exists, it is compared
+// without following a symlink and without blocking on a FIFO: a symlink to
+// an identical lease elsewhere is not "already moved", and neither hangs.
+func TestCopyLeaseDoesNotFollowOrBlockOnAnExistingTarget(t *testing.T) {
+	dir := t.TempDir()
+	l := Lease{content: "c1\r\neth0", ModTime: time.Now()}
+	elsewhere := filepath.Join(t.TempDir(), "lease")
+	if err := os.WriteFile(elsewhere, []byte(l.content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "10.0.0.2")
+	if err := os.Symlink(elsewhere, link); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := copyLease(l, link); moved || err == nil {
+		t.Errorf("symlinked target: moved %v, err %v; want an error and no move", moved, err)
+	}
+	fifo := filepath.Join(dir, "10.0.0.3")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan bool, 1)
+	go func() { moved, _ := copyLease(l, fifo); done <- moved }()
+	select {
+	case moved := <-done:
+		if moved {
+			t.Error("a FIFO target counted as the migrated lease")
+		}
+	case <-time.After(10 * time.Second):
+		if w, err := os.OpenFile(fifo, os.O_WRONLY, 0); err == nil {
+			w.Close()
+		}
+		t.Fatal("copyLease blocked on a FIFO")
 	}
 }

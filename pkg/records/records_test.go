@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
@@ -233,5 +235,43 @@ func TestListLargeNetwork(t *testing.T) {
 	}
 	if len(seen) != n || len(l.Problems) != damaged {
 		t.Errorf("listed %d records and %d problems, want %d and %d", len(seen), len(l.Problems), n, damaged)
+	}
+}
+
+// A FIFO where a record should be is an error, not a read that waits
+// forever for a writer (which would hang a DEL or a sweep).
+func TestReadDoesNotBlockOnAFIFO(t *testing.T) {
+	s := NewStore(t.TempDir(), "nomad")
+	if err := s.Write(sample()); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(s.Dir(), "c1@eth0")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		r, err := s.Read(Key{"c1", "eth0"})
+		if err == nil {
+			err = fmt.Errorf("read a record from a FIFO: %+v", r)
+		} else {
+			err = nil
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(10 * time.Second):
+		// Unblock the reader so the test binary can exit.
+		if w, err := os.OpenFile(path, os.O_WRONLY, 0); err == nil {
+			w.Close()
+		}
+		t.Fatal("Read blocked on a FIFO")
 	}
 }
