@@ -69,27 +69,23 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
 	}
 	defer df.Close()
-	entries, err := df.ReadDir(-1)
-	if err != nil {
-		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
-	}
 	dirfd := int(df.Fd())
-	for _, e := range entries {
+	err = records.EachDirEntry(df, func(e fs.DirEntry) {
 		name := e.Name()
 		if name == "lock" || strings.HasPrefix(name, "last_reserved_ip.") {
-			continue // host-local's own, never a reservation
+			return // host-local's own, never a reservation
 		}
 		path := filepath.Join(dir, name)
 		ip := net.ParseIP(name)
 		if !e.Type().IsRegular() {
 			// disk.Store skips these too; nothing here removes them.
 			d.problems = append(d.problems, fmt.Errorf("%s: not a regular file", path))
-			continue
+			return
 		}
 		if k, ok := claimed[name]; ok && ip != nil {
 			d.leases = append(d.leases, Lease{IP: ip, Path: path, Key: k})
 			d.skipped++
-			continue
+			return
 		}
 		// disk.Store.GC treats every other regular file as a reservation,
 		// so each one is read, even if its name is not an address.
@@ -111,6 +107,9 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 			d.unreadable = true
 			d.problems = append(d.problems, err)
 		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
 	}
 	return d, nil
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -206,13 +207,8 @@ func (s *Store) List() (*Listing, error) {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
 	defer dir.Close()
-	entries, err := dir.ReadDir(-1)
-	if err != nil {
-		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
-	}
-	dirfd := int(dir.Fd())
 	var names []string
-	for _, e := range entries {
+	err = EachDirEntry(dir, func(e fs.DirEntry) {
 		name := e.Name()
 		if rest, ok := strings.CutPrefix(name, tempPrefix); ok && e.Type().IsRegular() {
 			pidText, _, _ := strings.Cut(rest, "-")
@@ -222,17 +218,21 @@ func (s *Store) List() (*Listing, error) {
 				}
 				l.Temps[name] = pid
 			}
-			continue
+			return
 		}
 		if strings.HasPrefix(name, ".") {
-			continue // the migration marker, a temp file of unknown origin
+			return // the migration marker, a temp file of unknown origin
 		}
 		if !e.Type().IsRegular() {
 			l.Problems = append(l.Problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
-			continue
+			return
 		}
 		names = append(names, name)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
+	dirfd := int(dir.Fd())
 	recs, errs := make([]*Record, len(names)), make([]error, len(names))
 	forEachParallel(len(names), func(i int) {
 		b, _, err := ReadSmallFileAt(dirfd, s.dir, names[i], maxRecordSize, false)
@@ -242,14 +242,38 @@ func (s *Store) List() (*Listing, error) {
 		}
 		recs[i], errs[i] = s.decode(names[i], b)
 	})
+	var bootID string
 	for i := range names {
 		if errs[i] != nil {
 			l.Problems = append(l.Problems, errs[i])
-		} else {
-			l.Records = append(l.Records, recs[i])
+			continue
 		}
+		// The records of a network nearly all name one boot: share it.
+		if r := recs[i]; r.BootID == bootID {
+			r.BootID = bootID
+		} else {
+			bootID = r.BootID
+		}
+		l.Records = append(l.Records, recs[i])
 	}
 	return l, nil
+}
+
+// EachDirEntry calls fn for every entry of dir, read 1024 at a time, so a
+// network of 65534 leases does not hold 65534 DirEntry values at once.
+func EachDirEntry(dir *os.File, fn func(fs.DirEntry)) error {
+	for {
+		entries, err := dir.ReadDir(1024)
+		for _, e := range entries {
+			fn(e)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // forEachParallel runs f(0..n-1) on up to GOMAXPROCS goroutines, in chunks
@@ -364,6 +388,13 @@ func (s *Store) decode(name string, b []byte) (*Record, error) {
 	case r.State != Pending && r.State != Complete:
 		problem = fmt.Sprintf("unknown state %q", r.State)
 	default:
+		// Share the strings every record of the store holds alike.
+		r.Network = s.network
+		if r.State == Pending {
+			r.State = Pending
+		} else {
+			r.State = Complete
+		}
 		return &r, nil
 	}
 	return nil, fmt.Errorf("record %s: %s", filepath.Join(s.dir, name), problem)
