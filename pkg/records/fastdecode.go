@@ -15,62 +15,47 @@ import (
 // decoding was 40 % of a sweep that finds nothing stale.
 func decodeFast(b []byte, r *Record) bool {
 	p := fastParser{b: b}
-	if !p.byte('{') {
-		return false
-	}
-	if p.byte('}') {
-		return p.end()
-	}
-	for {
-		key, ok := p.rawStr()
-		if !ok || !p.byte(':') {
-			return false
-		}
-		switch string(key[1 : len(key)-1]) { // no allocation: a conversion in a switch
+	return p.object(func(key []byte) bool {
+		switch string(key) { // no allocation: a conversion in a switch
 		case "version":
-			ok = p.int(&r.Version)
+			return p.int(&r.Version)
 		case "pid":
-			ok = p.int(&r.PID)
+			return p.int(&r.PID)
 		case "netnsCookie":
-			ok = p.uint(&r.NetnsCookie)
+			return p.uint(&r.NetnsCookie)
 		case "pidStart":
-			ok = p.uint(&r.PIDStart)
+			return p.uint(&r.PIDStart)
 		case "network":
-			r.Network, ok = p.str()
+			return p.str(&r.Network)
 		case "containerID":
-			r.ContainerID, ok = p.str()
+			return p.str(&r.ContainerID)
 		case "ifName":
-			r.IfName, ok = p.str()
+			return p.str(&r.IfName)
 		case "netns":
-			r.Netns, ok = p.str()
+			return p.str(&r.Netns)
 		case "bootID":
-			r.BootID, ok = p.str()
+			return p.str(&r.BootID)
 		case "state":
-			var s string
-			s, ok = p.str()
-			r.State = State(s)
+			return p.str((*string)(&r.State))
 		case "created":
-			var raw []byte
-			if raw, ok = p.rawStr(); ok {
-				ok = r.Created.UnmarshalJSON(raw) == nil
-			}
+			raw, ok := p.rawStr()
+			return ok && r.Created.UnmarshalJSON(raw) == nil
 		case "netnsID":
-			ok = p.netnsID(r)
+			// A repeated object updates field by field, as in encoding/json.
+			return p.object(func(key []byte) bool {
+				switch string(key) {
+				case "dev":
+					return p.uint(&r.NetnsID.Dev)
+				case "ino":
+					return p.uint(&r.NetnsID.Ino)
+				}
+				return false
+			})
 		case "ips":
-			ok = p.strs(&r.IPs)
-		default:
-			return false
+			return p.strs(&r.IPs)
 		}
-		if !ok {
-			return false
-		}
-		if p.byte('}') {
-			return p.end()
-		}
-		if !p.byte(',') {
-			return false
-		}
-	}
+		return false
+	}) && p.end()
 }
 
 type fastParser struct {
@@ -97,6 +82,29 @@ func (p *fastParser) byte(c byte) bool {
 		return true
 	}
 	return false
+}
+
+// object parses {"key":value,...}, calling field with each key (without
+// its quotes) to parse the value that follows.
+func (p *fastParser) object(field func(key []byte) bool) bool {
+	if !p.byte('{') {
+		return false
+	}
+	if p.byte('}') {
+		return true
+	}
+	for {
+		key, ok := p.rawStr()
+		if !ok || !p.byte(':') || !field(key[1:len(key)-1]) {
+			return false
+		}
+		if p.byte('}') {
+			return true
+		}
+		if !p.byte(',') {
+			return false
+		}
+	}
 }
 
 func (p *fastParser) end() bool {
@@ -127,12 +135,12 @@ func (p *fastParser) rawStr() ([]byte, bool) {
 	return nil, false
 }
 
-func (p *fastParser) str() (string, bool) {
+func (p *fastParser) str(v *string) bool {
 	raw, ok := p.rawStr()
-	if !ok {
-		return "", false
+	if ok {
+		*v = string(raw[1 : len(raw)-1])
 	}
-	return string(raw[1 : len(raw)-1]), true
+	return ok
 }
 
 // digits consumes an integer literal — an optional '-' when signed, then 0
@@ -186,40 +194,6 @@ func (p *fastParser) uint(v *uint64) bool {
 	return ok
 }
 
-// netnsID reads {"dev":N,"ino":N} into r.NetnsID, field by field as
-// encoding/json does (a repeated object updates, it does not reset).
-func (p *fastParser) netnsID(r *Record) bool {
-	if !p.byte('{') {
-		return false
-	}
-	if p.byte('}') {
-		return true
-	}
-	for {
-		key, ok := p.rawStr()
-		if !ok || !p.byte(':') {
-			return false
-		}
-		switch string(key[1 : len(key)-1]) { // no allocation: a conversion in a switch
-		case "dev":
-			ok = p.uint(&r.NetnsID.Dev)
-		case "ino":
-			ok = p.uint(&r.NetnsID.Ino)
-		default:
-			return false
-		}
-		if !ok {
-			return false
-		}
-		if p.byte('}') {
-			return true
-		}
-		if !p.byte(',') {
-			return false
-		}
-	}
-}
-
 // strs reads an array of strings; like encoding/json, it replaces what the
 // slice held, and [] gives an empty, non-nil slice.
 func (p *fastParser) strs(v *[]string) bool {
@@ -232,8 +206,8 @@ func (p *fastParser) strs(v *[]string) bool {
 		return true
 	}
 	for {
-		s, ok := p.str()
-		if !ok {
+		var s string
+		if !p.str(&s) {
 			return false
 		}
 		out = append(out, s)
