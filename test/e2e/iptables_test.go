@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/utils"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
 )
 
 // ipFamilies are the iptables front ends; bridge, portmap and firewall write
@@ -26,87 +28,17 @@ const (
 
 var sharedChains = []string{hostportDNATChain, hostportMarkChain, hostportMasqChain, firewallChain}
 
-// ipRule is one "-A CHAIN spec..." line of `iptables -S`.
-type ipRule struct {
-	Chain string
-	Spec  []string
-}
+// The rule and table readers are shared with the benchmark harness.
+type (
+	ipRule  = iptstate.Rule
+	ipTable = iptstate.Table
+)
 
-func (r ipRule) String() string {
-	return "-A " + r.Chain + " " + strings.Join(r.Spec, " ")
-}
-
-// value returns the argument following flag (e.g. "-j", "--comment").
-func (r ipRule) value(flag string) string {
-	for i := 0; i+1 < len(r.Spec); i++ {
-		if r.Spec[i] == flag {
-			return r.Spec[i+1]
-		}
-	}
-	return ""
-}
-
-func (r ipRule) target() string  { return r.value("-j") }
-func (r ipRule) comment() string { return r.value("--comment") }
-
-// addrs returns the -s and -d arguments of the rule that parse as
-// addresses or prefixes.
-func (r ipRule) addrs() []netip.Prefix {
-	var out []netip.Prefix
-	for i := 0; i+1 < len(r.Spec); i++ {
-		if r.Spec[i] != "-s" && r.Spec[i] != "-d" {
-			continue
-		}
-		if p, err := netip.ParsePrefix(r.Spec[i+1]); err == nil {
-			out = append(out, p)
-		} else if a, err := netip.ParseAddr(r.Spec[i+1]); err == nil {
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-		}
-	}
-	return out
-}
-
-// ipTable is one table as `iptables -S` prints it.
-type ipTable struct {
-	Chains map[string]bool
-	Rules  []ipRule
-}
-
-func (tb ipTable) rulesIn(chain string) []ipRule {
-	var out []ipRule
-	for _, r := range tb.Rules {
-		if r.Chain == chain {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// readTable lists a table with `iptables -S`. (-S prints rules in a form
-// that is valid input again, which is what rule deletion relies on.)
-func readTable(fam, table string) (ipTable, error) {
-	out, err := output(fam, "-w", "-t", table, "-S")
-	if err != nil {
-		return ipTable{}, err
-	}
-	tb := ipTable{Chains: map[string]bool{}}
-	for line := range strings.SplitSeq(out, "\n") {
-		words, err := splitRule(line)
-		if err != nil {
-			return ipTable{}, fmt.Errorf("%s -t %s -S: %w", fam, table, err)
-		}
-		if len(words) < 2 {
-			continue
-		}
-		switch words[0] {
-		case "-P", "-N":
-			tb.Chains[words[1]] = true
-		case "-A":
-			tb.Rules = append(tb.Rules, ipRule{Chain: words[1], Spec: words[2:]})
-		}
-	}
-	return tb, nil
-}
+var (
+	readTable  = iptstate.Read
+	deleteRule = iptstate.DeleteRule
+	dropChain  = iptstate.DropChain
+)
 
 func mustReadTable(t *testing.T, fam, table string) ipTable {
 	t.Helper()
@@ -115,54 +47,6 @@ func mustReadTable(t *testing.T, fam, table string) ipTable {
 		t.Fatalf("%v", err)
 	}
 	return tb
-}
-
-// splitRule splits an `iptables -S` line into words. iptables quotes words
-// that contain blanks or quotes with double quotes and escapes `"` and `\`
-// inside them with a backslash (e.g. --comment "name: \"net\" id: \"x\"").
-func splitRule(line string) ([]string, error) {
-	var words []string
-	var cur strings.Builder
-	inWord, inQuote := false, false
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case inQuote && c == '\\' && i+1 < len(line):
-			i++
-			cur.WriteByte(line[i])
-		case inQuote && c == '"':
-			inQuote = false
-		case c == '"':
-			inQuote, inWord = true, true
-		case !inQuote && (c == ' ' || c == '\t'):
-			if inWord {
-				words = append(words, cur.String())
-				cur.Reset()
-				inWord = false
-			}
-		default:
-			cur.WriteByte(c)
-			inWord = true
-		}
-	}
-	if inQuote {
-		return nil, fmt.Errorf("unterminated quote in %q", line)
-	}
-	if inWord {
-		words = append(words, cur.String())
-	}
-	return words, nil
-}
-
-func deleteRule(fam, table string, r ipRule) error {
-	return run(fam, append([]string{"-w", "-t", table, "-D", r.Chain}, r.Spec...)...)
-}
-
-func dropChain(fam, table, chain string) error {
-	if err := run(fam, "-w", "-t", table, "-F", chain); err != nil {
-		return err
-	}
-	return run(fam, "-w", "-t", table, "-X", chain)
 }
 
 // ---------------------------------------------------------------------------
@@ -205,14 +89,14 @@ func (e *testEnv) ownedChains() []string {
 // to a chain the test owns, or it is a firewall rule for one of the test's
 // addresses.
 func (e *testEnv) ownsRule(r ipRule) bool {
-	if strings.Contains(r.comment(), fmt.Sprintf("name: %q", e.netName)) {
+	if strings.Contains(r.Comment(), fmt.Sprintf("name: %q", e.netName)) {
 		return true
 	}
-	if slices.Contains(e.ownedChains(), r.target()) {
+	if slices.Contains(e.ownedChains(), r.Target()) {
 		return true
 	}
 	if r.Chain == firewallChain {
-		for _, p := range r.addrs() {
+		for _, p := range r.Addrs() {
 			if e.subnet4.Overlaps(p) || e.subnet6.Overlaps(p) {
 				return true
 			}
@@ -269,18 +153,18 @@ func (e *testEnv) assertMasq(t *testing.T, ns netns, addr netip.Addr) {
 	}
 	nat := mustReadTable(t, fam, "nat")
 	var jumps []ipRule
-	for _, r := range nat.rulesIn("POSTROUTING") {
-		if r.comment() == e.masqComment(ns.cid) {
+	for _, r := range nat.RulesIn("POSTROUTING") {
+		if r.Comment() == e.masqComment(ns.cid) {
 			jumps = append(jumps, r)
 		}
 	}
 	if len(jumps) == 0 {
-		t.Fatalf("%s -t nat POSTROUTING has no jump with comment %q:\n%s", fam, e.masqComment(ns.cid), rulesString(nat.rulesIn("POSTROUTING")))
+		t.Fatalf("%s -t nat POSTROUTING has no jump with comment %q:\n%s", fam, e.masqComment(ns.cid), rulesString(nat.RulesIn("POSTROUTING")))
 	}
 	var fromAddr *ipRule
 	for i, r := range jumps {
-		for _, p := range r.addrs() {
-			if p.Addr() == addr && r.value("-s") != "" {
+		for _, p := range r.Addrs() {
+			if p.Addr() == addr && r.Value("-s") != "" {
 				fromAddr = &jumps[i]
 			}
 		}
@@ -288,15 +172,15 @@ func (e *testEnv) assertMasq(t *testing.T, ns netns, addr netip.Addr) {
 	if fromAddr == nil {
 		t.Fatalf("no masquerade jump from %s among %s", addr, rulesString(jumps))
 	}
-	chain := fromAddr.target()
+	chain := fromAddr.Target()
 	if chain != e.masqChain(ns.cid) {
 		t.Errorf("masquerade jump goes to %s, want bridge's chain %s", chain, e.masqChain(ns.cid))
 	}
 	if !nat.Chains[chain] {
 		t.Fatalf("masquerade chain %s does not exist", chain)
 	}
-	if !slices.ContainsFunc(nat.rulesIn(chain), func(r ipRule) bool { return r.target() == "MASQUERADE" }) {
-		t.Fatalf("chain %s does not masquerade:\n%s", chain, rulesString(nat.rulesIn(chain)))
+	if !slices.ContainsFunc(nat.RulesIn(chain), func(r ipRule) bool { return r.Target() == "MASQUERADE" }) {
+		t.Fatalf("chain %s does not masquerade:\n%s", chain, rulesString(nat.RulesIn(chain)))
 	}
 }
 
@@ -307,7 +191,7 @@ func (e *testEnv) assertNoMasq(t *testing.T, ns netns) {
 	for _, fam := range ipFamilies {
 		nat := mustReadTable(t, fam, "nat")
 		for _, r := range nat.Rules {
-			if r.comment() == e.masqComment(ns.cid) || r.target() == e.masqChain(ns.cid) {
+			if r.Comment() == e.masqComment(ns.cid) || r.Target() == e.masqChain(ns.cid) {
 				t.Errorf("%s: masquerade rule left after DEL: %s", fam, r)
 			}
 		}
@@ -324,31 +208,31 @@ func (e *testEnv) assertDNAT(t *testing.T, ns netns, addr netip.Addr, hostPort, 
 	t.Helper()
 	nat := mustReadTable(t, "iptables", "nat")
 	var jump *ipRule
-	for _, r := range nat.rulesIn(hostportDNATChain) {
-		if r.comment() == e.dnatComment(ns.cid) {
+	for _, r := range nat.RulesIn(hostportDNATChain) {
+		if r.Comment() == e.dnatComment(ns.cid) {
 			jump = &r
 		}
 	}
 	if jump == nil {
-		t.Fatalf("%s has no jump with comment %q:\n%s", hostportDNATChain, e.dnatComment(ns.cid), rulesString(nat.rulesIn(hostportDNATChain)))
+		t.Fatalf("%s has no jump with comment %q:\n%s", hostportDNATChain, e.dnatComment(ns.cid), rulesString(nat.RulesIn(hostportDNATChain)))
 	}
-	if got, want := jump.target(), e.dnatChain(ns.cid); got != want {
+	if got, want := jump.Target(), e.dnatChain(ns.cid); got != want {
 		t.Errorf("portmap jump goes to %s, want %s", got, want)
 	}
 	// portmap writes --destination-ports; iptables -S prints it as --dports.
-	ports := jump.value("--dports") + jump.value("--destination-ports")
+	ports := jump.Value("--dports") + jump.Value("--destination-ports")
 	if !slices.Contains(strings.Split(ports, ","), fmt.Sprint(hostPort)) {
 		t.Errorf("portmap jump does not match host port %d: %s", hostPort, jump)
 	}
-	chain := jump.target()
+	chain := jump.Target()
 	if !nat.Chains[chain] {
 		t.Fatalf("portmap chain %s does not exist", chain)
 	}
 	dest := netip.AddrPortFrom(addr, uint16(containerPort)).String()
-	if !slices.ContainsFunc(nat.rulesIn(chain), func(r ipRule) bool {
-		return r.target() == "DNAT" && r.value("--dport") == fmt.Sprint(hostPort) && r.value("--to-destination") == dest
+	if !slices.ContainsFunc(nat.RulesIn(chain), func(r ipRule) bool {
+		return r.Target() == "DNAT" && r.Value("--dport") == fmt.Sprint(hostPort) && r.Value("--to-destination") == dest
 	}) {
-		t.Fatalf("chain %s has no DNAT of port %d to %s:\n%s", chain, hostPort, dest, rulesString(nat.rulesIn(chain)))
+		t.Fatalf("chain %s has no DNAT of port %d to %s:\n%s", chain, hostPort, dest, rulesString(nat.RulesIn(chain)))
 	}
 }
 
@@ -358,7 +242,7 @@ func (e *testEnv) assertNoDNAT(t *testing.T, ns netns) {
 	for _, fam := range ipFamilies {
 		nat := mustReadTable(t, fam, "nat")
 		for _, r := range nat.Rules {
-			if r.comment() == e.dnatComment(ns.cid) || r.target() == e.dnatChain(ns.cid) {
+			if r.Comment() == e.dnatComment(ns.cid) || r.Target() == e.dnatChain(ns.cid) {
 				t.Errorf("%s: portmap rule left after DEL: %s", fam, r)
 			}
 		}
@@ -373,8 +257,8 @@ func firewallRules(t *testing.T, addr netip.Addr) []ipRule {
 	t.Helper()
 	filter := mustReadTable(t, "iptables", "filter")
 	var out []ipRule
-	for _, r := range filter.rulesIn(firewallChain) {
-		for _, p := range r.addrs() {
+	for _, r := range filter.RulesIn(firewallChain) {
+		for _, p := range r.Addrs() {
 			if p.Addr() == addr && p.Bits() == addr.BitLen() {
 				out = append(out, r)
 			}
@@ -396,7 +280,7 @@ func (e *testEnv) assertFirewall(t *testing.T, addr netip.Addr) {
 	if !filter.Chains[e.adminChain] {
 		t.Fatalf("firewall admin chain %s missing", e.adminChain)
 	}
-	if !slices.ContainsFunc(filter.rulesIn(firewallChain), func(r ipRule) bool { return r.target() == e.adminChain }) {
+	if !slices.ContainsFunc(filter.RulesIn(firewallChain), func(r ipRule) bool { return r.Target() == e.adminChain }) {
 		t.Fatalf("%s does not jump to %s", firewallChain, e.adminChain)
 	}
 }

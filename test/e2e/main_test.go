@@ -196,8 +196,8 @@ func (s *hostSnapshot) restoreSharedChains(fam string) []error {
 	}
 	list := []shared{
 		{"nat", hostportDNATChain, func(ipRule) bool { return false }},
-		{"nat", hostportMasqChain, func(r ipRule) bool { return r.target() == "MASQUERADE" && r.value("--mark") != "" }},
-		{"nat", hostportMarkChain, func(r ipRule) bool { return r.target() == "MARK" }},
+		{"nat", hostportMasqChain, func(r ipRule) bool { return r.Target() == "MASQUERADE" && r.Value("--mark") != "" }},
+		{"nat", hostportMarkChain, func(r ipRule) bool { return r.Target() == "MARK" }},
 		{"filter", firewallChain, func(ipRule) bool { return false }},
 	}
 	for _, sc := range list {
@@ -212,10 +212,10 @@ func (s *hostSnapshot) restoreSharedChains(fam string) []error {
 		if !tb.Chains[sc.chain] {
 			continue
 		}
-		if !slices.ContainsFunc(tb.rulesIn(sc.chain), func(r ipRule) bool { return !sc.idle(r) }) {
+		if !slices.ContainsFunc(tb.RulesIn(sc.chain), func(r ipRule) bool { return !sc.idle(r) }) {
 			var jumpErr error
 			for _, r := range tb.Rules {
-				if r.target() == sc.chain && r.Chain != sc.chain {
+				if r.Target() == sc.chain && r.Chain != sc.chain {
 					jumpErr = errors.Join(jumpErr, deleteRule(fam, sc.table, r))
 				}
 			}
@@ -230,7 +230,7 @@ func (s *hostSnapshot) restoreSharedChains(fam string) []error {
 			// are left, so these are somebody else's (e.g. a container
 			// started meanwhile): the chain is in use, leave it.
 			fmt.Fprintf(os.Stderr, "e2e: leaving %s -t %s %s, it is in use:\n%s",
-				fam, sc.table, sc.chain, rulesString(tb.rulesIn(sc.chain)))
+				fam, sc.table, sc.chain, rulesString(tb.RulesIn(sc.chain)))
 		}
 	}
 	return errs

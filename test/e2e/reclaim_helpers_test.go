@@ -419,8 +419,8 @@ func (e *testEnv) assertReleased(t *testing.T, stderr, cid string, want ...strin
 func (e *testEnv) masqJumps(t *testing.T, fam, cid string) []ipRule {
 	t.Helper()
 	var out []ipRule
-	for _, r := range mustReadTable(t, fam, "nat").rulesIn("POSTROUTING") {
-		if r.comment() == e.masqComment(cid) {
+	for _, r := range mustReadTable(t, fam, "nat").RulesIn("POSTROUTING") {
+		if r.Comment() == e.masqComment(cid) {
 			out = append(out, r)
 		}
 	}
@@ -431,8 +431,8 @@ func (e *testEnv) masqJumps(t *testing.T, fam, cid string) []ipRule {
 func (e *testEnv) dnatJumps(t *testing.T, fam, cid string) []ipRule {
 	t.Helper()
 	var out []ipRule
-	for _, r := range mustReadTable(t, fam, "nat").rulesIn(hostportDNATChain) {
-		if r.comment() == e.dnatComment(cid) {
+	for _, r := range mustReadTable(t, fam, "nat").RulesIn(hostportDNATChain) {
+		if r.Comment() == e.dnatComment(cid) {
 			out = append(out, r)
 		}
 	}
@@ -457,7 +457,7 @@ func (e *testEnv) assertNetworkNATEmpty(t *testing.T) {
 	for _, fam := range ipFamilies {
 		nat := mustReadTable(t, fam, "nat")
 		for _, r := range nat.Rules {
-			if strings.Contains(r.comment(), fmt.Sprintf("name: %q", e.netName)) || slices.Contains(owned, r.target()) {
+			if strings.Contains(r.Comment(), fmt.Sprintf("name: %q", e.netName)) || slices.Contains(owned, r.Target()) {
 				t.Errorf("%s: rule of the network left: %s", fam, r)
 			}
 		}

@@ -14,10 +14,13 @@ import (
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/utils"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
 )
 
 // The approach is the e2e suite's (test/e2e/harness_test.go,
-// iptables_test.go, main_test.go), copied: delete what is named after the
+// iptables_test.go, main_test.go; the iptables reader is shared with it,
+// test/internal/iptstate): delete what is named after the
 // run's networks, containers and subnets, then the shared chains the run
 // created if nothing else uses them, then check that nothing is left.
 
@@ -241,123 +244,17 @@ func isMountPoint(dir string) (bool, error) {
 // ---------------------------------------------------------------------------
 // iptables
 
-type ipRule struct {
-	Chain string
-	Spec  []string
-}
+// The rule and table readers are shared with the e2e tests.
+type (
+	ipRule  = iptstate.Rule
+	ipTable = iptstate.Table
+)
 
-func (r ipRule) value(flag string) string {
-	for i := 0; i+1 < len(r.Spec); i++ {
-		if r.Spec[i] == flag {
-			return r.Spec[i+1]
-		}
-	}
-	return ""
-}
-
-func (r ipRule) target() string  { return r.value("-j") }
-func (r ipRule) comment() string { return r.value("--comment") }
-
-func (r ipRule) addrs() []netip.Prefix {
-	var out []netip.Prefix
-	for i := 0; i+1 < len(r.Spec); i++ {
-		if r.Spec[i] != "-s" && r.Spec[i] != "-d" {
-			continue
-		}
-		if p, err := netip.ParsePrefix(r.Spec[i+1]); err == nil {
-			out = append(out, p)
-		} else if a, err := netip.ParseAddr(r.Spec[i+1]); err == nil {
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-		}
-	}
-	return out
-}
-
-type ipTable struct {
-	Chains map[string]bool
-	Rules  []ipRule
-}
-
-func (tb ipTable) rulesIn(chain string) []ipRule {
-	var out []ipRule
-	for _, r := range tb.Rules {
-		if r.Chain == chain {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-func readTable(fam, table string) (ipTable, error) {
-	out, err := output(fam, "-w", "-t", table, "-S")
-	if err != nil {
-		return ipTable{}, err
-	}
-	tb := ipTable{Chains: map[string]bool{}}
-	for line := range strings.SplitSeq(out, "\n") {
-		words, err := splitRule(line)
-		if err != nil {
-			return ipTable{}, err
-		}
-		if len(words) < 2 {
-			continue
-		}
-		switch words[0] {
-		case "-P", "-N":
-			tb.Chains[words[1]] = true
-		case "-A":
-			tb.Rules = append(tb.Rules, ipRule{Chain: words[1], Spec: words[2:]})
-		}
-	}
-	return tb, nil
-}
-
-// splitRule splits an `iptables -S` line into words (double quotes, with
-// backslash escapes inside them).
-func splitRule(line string) ([]string, error) {
-	var words []string
-	var cur strings.Builder
-	inWord, inQuote := false, false
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case inQuote && c == '\\' && i+1 < len(line):
-			i++
-			cur.WriteByte(line[i])
-		case inQuote && c == '"':
-			inQuote = false
-		case c == '"':
-			inQuote, inWord = true, true
-		case !inQuote && (c == ' ' || c == '\t'):
-			if inWord {
-				words = append(words, cur.String())
-				cur.Reset()
-				inWord = false
-			}
-		default:
-			cur.WriteByte(c)
-			inWord = true
-		}
-	}
-	if inQuote {
-		return nil, fmt.Errorf("unterminated quote in %q", line)
-	}
-	if inWord {
-		words = append(words, cur.String())
-	}
-	return words, nil
-}
-
-func deleteRule(fam, table string, r ipRule) error {
-	return run(fam, append([]string{"-w", "-t", table, "-D", r.Chain}, r.Spec...)...)
-}
-
-func dropChain(fam, table, chain string) error {
-	if err := run(fam, "-w", "-t", table, "-F", chain); err != nil {
-		return err
-	}
-	return run(fam, "-w", "-t", table, "-X", chain)
-}
+var (
+	readTable  = iptstate.Read
+	deleteRule = iptstate.DeleteRule
+	dropChain  = iptstate.DropChain
+)
 
 // ownedChains are the per-container chains bridge and portmap name after
 // the run's networks and containers, plus the firewall admin chains.
@@ -376,15 +273,15 @@ func (s *runState) ownedChains() []string {
 
 func (s *runState) ownsRule(r ipRule, owned []string) bool {
 	for _, n := range s.networks {
-		if strings.Contains(r.comment(), fmt.Sprintf("name: %q", n)) {
+		if strings.Contains(r.Comment(), fmt.Sprintf("name: %q", n)) {
 			return true
 		}
 	}
-	if slices.Contains(owned, r.target()) {
+	if slices.Contains(owned, r.Target()) {
 		return true
 	}
 	if r.Chain == firewallChain {
-		for _, p := range r.addrs() {
+		for _, p := range r.Addrs() {
 			for _, sub := range s.subnets {
 				if sub.Overlaps(p) {
 					return true
@@ -409,8 +306,8 @@ func cleanupIPTables(s *runState) []error {
 			// the container ID is not in the state (cannot happen, but a
 			// chain is only ever found through its jump).
 			for _, r := range tb.Rules {
-				if s.ownsRule(r, owned) && strings.HasPrefix(r.target(), "CNI-") && !slices.Contains(owned, r.target()) && !slices.Contains(sharedChains, r.target()) {
-					owned = append(owned, r.target())
+				if s.ownsRule(r, owned) && strings.HasPrefix(r.Target(), "CNI-") && !slices.Contains(owned, r.Target()) && !slices.Contains(sharedChains, r.Target()) {
+					owned = append(owned, r.Target())
 				}
 			}
 			for _, r := range tb.Rules {
@@ -444,8 +341,8 @@ func restoreSharedChains(s *runState, fam string) []error {
 	}
 	list := []shared{
 		{"nat", hostportDNATChain, func(ipRule) bool { return false }},
-		{"nat", hostportMasqChain, func(r ipRule) bool { return r.target() == "MASQUERADE" && r.value("--mark") != "" }},
-		{"nat", hostportMarkChain, func(r ipRule) bool { return r.target() == "MARK" }},
+		{"nat", hostportMasqChain, func(r ipRule) bool { return r.Target() == "MASQUERADE" && r.Value("--mark") != "" }},
+		{"nat", hostportMarkChain, func(r ipRule) bool { return r.Target() == "MARK" }},
 		{"filter", firewallChain, func(ipRule) bool { return false }},
 	}
 	for _, sc := range list {
@@ -460,12 +357,12 @@ func restoreSharedChains(s *runState, fam string) []error {
 		if !tb.Chains[sc.chain] {
 			continue
 		}
-		if slices.ContainsFunc(tb.rulesIn(sc.chain), func(r ipRule) bool { return !sc.idle(r) }) {
+		if slices.ContainsFunc(tb.RulesIn(sc.chain), func(r ipRule) bool { return !sc.idle(r) }) {
 			continue // somebody else's rules: in use
 		}
 		var jumpErr error
 		for _, r := range tb.Rules {
-			if r.target() == sc.chain && r.Chain != sc.chain {
+			if r.Target() == sc.chain && r.Chain != sc.chain {
 				jumpErr = errors.Join(jumpErr, deleteRule(fam, sc.table, r))
 			}
 		}
