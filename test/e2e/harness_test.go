@@ -22,6 +22,8 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
 )
 
 const (
@@ -404,18 +406,8 @@ func linkExists(name string) bool {
 // ---------------------------------------------------------------------------
 // Running cnitool and the plugin
 
-// cniEnv is the process environment without any CNI variables of the
-// caller's, plus the given ones. PATH is kept: the plugins run iptables.
-func cniEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "CNI_") || strings.HasPrefix(kv, "NETCONFPATH=") || strings.HasPrefix(kv, "CAP_ARGS=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, extra...)
-}
+// cniEnv: see hostcmd.CNIEnv.
+var cniEnv = hostcmd.CNIEnv
 
 // cnitool runs `cnitool VERB NETWORK NSPATH` with the test's NETCONFPATH and
 // bin dir. capArgs, when set, is CAP_ARGS (e.g. portMappings).
@@ -507,28 +499,10 @@ func (e *testEnv) dropCnitoolCache() error {
 }
 
 // run runs a command and returns an error carrying its output.
-func run(name string, args ...string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return nil
-}
+func run(name string, args ...string) error { return hostcmd.Run(cmdTimeout, name, args...) }
 
-// output runs a command and returns its stdout.
 func output(name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return string(out), nil
+	return hostcmd.Output(cmdTimeout, name, args...)
 }
 
 // ---------------------------------------------------------------------------

@@ -12,21 +12,20 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
 )
 
-// ipFamilies are the iptables front ends; bridge, portmap and firewall write
-// IPv6 rules with ip6tables when a container has an IPv6 address.
-var ipFamilies = []string{"iptables", "ip6tables"}
+// ipFamilies are the iptables front ends.
+var ipFamilies = iptstate.Families
 
 // Chains that portmap and firewall share between every network and
 // container. Tests never delete them while running; TestMain removes the ones
 // this package created, once they are empty of per-container rules.
 const (
-	hostportDNATChain = "CNI-HOSTPORT-DNAT"
-	hostportMarkChain = "CNI-HOSTPORT-SETMARK"
-	hostportMasqChain = "CNI-HOSTPORT-MASQ"
-	firewallChain     = "CNI-FORWARD"
+	hostportDNATChain = iptstate.HostportDNATChain
+	hostportMarkChain = iptstate.HostportMarkChain
+	hostportMasqChain = iptstate.HostportMasqChain
+	firewallChain     = iptstate.FirewallChain
 )
 
-var sharedChains = []string{hostportDNATChain, hostportMarkChain, hostportMasqChain, firewallChain}
+var sharedChains = iptstate.SharedChains
 
 // The rule and table readers are shared with the benchmark harness.
 type (

@@ -9,10 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
 )
 
 // Environment of the listener helper: the test binary re-executes itself
@@ -178,60 +179,15 @@ func isNotEmpty(err error) bool {
 }
 
 // restoreSharedChains deletes the shared portmap/firewall chains that did
-// not exist before the package ran, provided nothing per-container is left
-// in them (then nothing can depend on them). It removes the jumps into them
-// from the built-in chains first. A chain created while the package ran by
-// something else could be taken for ours; that is why an idle chain is the
-// condition: removing it loses nothing, the plugins re-create it on use.
+// not exist before the package ran, once idle (see
+// iptstate.RemoveIdleSharedChains). Every test has already verified that
+// none of its own rules are left, so rules still in a chain are somebody
+// else's (e.g. a container started meanwhile): the chain is in use, and
+// left.
 func (s *hostSnapshot) restoreSharedChains(fam string) []error {
-	var errs []error
-	before := func(table, chain string) bool { return s.chains[fam+"/"+table][chain] }
-
-	// The chains and, for each, what a rule inside it may be for the chain
-	// to count as unused: portmap's mark/masquerade boilerplate is fine, a
-	// jump to a per-container chain or a per-address rule is not.
-	type shared struct {
-		table, chain string
-		idle         func(r ipRule) bool
-	}
-	list := []shared{
-		{"nat", hostportDNATChain, func(ipRule) bool { return false }},
-		{"nat", hostportMasqChain, func(r ipRule) bool { return r.Target() == "MASQUERADE" && r.Value("--mark") != "" }},
-		{"nat", hostportMarkChain, func(r ipRule) bool { return r.Target() == "MARK" }},
-		{"filter", firewallChain, func(ipRule) bool { return false }},
-	}
-	for _, sc := range list {
-		if before(sc.table, sc.chain) {
-			continue
-		}
-		tb, err := readTable(fam, sc.table)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if !tb.Chains[sc.chain] {
-			continue
-		}
-		if !slices.ContainsFunc(tb.RulesIn(sc.chain), func(r ipRule) bool { return !sc.idle(r) }) {
-			var jumpErr error
-			for _, r := range tb.Rules {
-				if r.Target() == sc.chain && r.Chain != sc.chain {
-					jumpErr = errors.Join(jumpErr, deleteRule(fam, sc.table, r))
-				}
-			}
-			if jumpErr == nil {
-				jumpErr = dropChain(fam, sc.table, sc.chain)
-			}
-			if jumpErr != nil {
-				errs = append(errs, fmt.Errorf("%s: remove shared chain %s: %w", fam, sc.chain, jumpErr))
-			}
-		} else {
-			// Every test has already verified that none of its own rules
-			// are left, so these are somebody else's (e.g. a container
-			// started meanwhile): the chain is in use, leave it.
-			fmt.Fprintf(os.Stderr, "e2e: leaving %s -t %s %s, it is in use:\n%s",
-				fam, sc.table, sc.chain, rulesString(tb.RulesIn(sc.chain)))
-		}
-	}
-	return errs
+	return iptstate.RemoveIdleSharedChains(fam, func(table, chain string) bool {
+		return s.chains[fam+"/"+table][chain]
+	}, func(table, chain string, rules []ipRule) {
+		fmt.Fprintf(os.Stderr, "e2e: leaving %s -t %s %s, it is in use:\n%s", fam, table, chain, rulesString(rules))
+	})
 }

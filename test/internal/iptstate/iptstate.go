@@ -4,17 +4,33 @@
 package iptstate
 
 import (
-	"bytes"
-	"context"
+	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
 )
 
 // timeout bounds one iptables command (-w waits for the xtables lock).
 const timeout = 2 * time.Minute
+
+// Families are the iptables front ends; bridge, portmap and firewall write
+// IPv6 rules with ip6tables when a container has an IPv6 address.
+var Families = []string{"iptables", "ip6tables"}
+
+// Chains that portmap and firewall share between every network and
+// container.
+const (
+	HostportDNATChain = "CNI-HOSTPORT-DNAT"
+	HostportMarkChain = "CNI-HOSTPORT-SETMARK"
+	HostportMasqChain = "CNI-HOSTPORT-MASQ"
+	FirewallChain     = "CNI-FORWARD"
+)
+
+var SharedChains = []string{HostportDNATChain, HostportMarkChain, HostportMasqChain, FirewallChain}
 
 // Rule is one "-A CHAIN spec..." line of `iptables -S`.
 type Rule struct {
@@ -76,17 +92,12 @@ func (tb Table) RulesIn(chain string) []Rule {
 // Read lists a table with `<fam> -w -t <table> -S`. (-S prints rules in a
 // form that is valid input again, which is what DeleteRule relies on.)
 func Read(fam, table string) (Table, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, fam, "-w", "-t", table, "-S")
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := hostcmd.Output(timeout, fam, "-w", "-t", table, "-S")
 	if err != nil {
-		return Table{}, fmt.Errorf("%s -t %s -S: %w: %s", fam, table, err, bytes.TrimSpace(stderr.Bytes()))
+		return Table{}, err
 	}
 	tb := Table{Chains: map[string]bool{}}
-	for line := range strings.SplitSeq(string(out), "\n") {
+	for line := range strings.SplitSeq(out, "\n") {
 		words, err := SplitRule(line)
 		if err != nil {
 			return Table{}, fmt.Errorf("%s -t %s -S: %w", fam, table, err)
@@ -143,23 +154,69 @@ func SplitRule(line string) ([]string, error) {
 
 // DeleteRule deletes r from table.
 func DeleteRule(fam, table string, r Rule) error {
-	return run(fam, append([]string{"-w", "-t", table, "-D", r.Chain}, r.Spec...)...)
+	return hostcmd.Run(timeout, fam, append([]string{"-w", "-t", table, "-D", r.Chain}, r.Spec...)...)
 }
 
 // DropChain flushes and deletes chain.
 func DropChain(fam, table, chain string) error {
-	if err := run(fam, "-w", "-t", table, "-F", chain); err != nil {
+	if err := hostcmd.Run(timeout, fam, "-w", "-t", table, "-F", chain); err != nil {
 		return err
 	}
-	return run(fam, "-w", "-t", table, "-X", chain)
+	return hostcmd.Run(timeout, fam, "-w", "-t", table, "-X", chain)
 }
 
-func run(name string, args ...string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+// RemoveIdleSharedChains deletes, in family fam, the shared portmap and
+// firewall chains for which existedBefore is false, provided nothing
+// per-container is left in them (then nothing can depend on them), removing
+// the jumps into them first. A chain created meanwhile by something else
+// could be taken for one of ours; that is why an idle chain is the
+// condition: removing it loses nothing, the plugins re-create it on use.
+// A chain still in use is left, and reported to inUse when it is not nil.
+func RemoveIdleSharedChains(fam string, existedBefore func(table, chain string) bool, inUse func(table, chain string, rules []Rule)) []error {
+	// The chains and, for each, what a rule inside it may be for the chain
+	// to count as unused: portmap's mark/masquerade boilerplate is fine, a
+	// jump to a per-container chain or a per-address rule is not.
+	type shared struct {
+		table, chain string
+		idle         func(r Rule) bool
 	}
-	return nil
+	list := []shared{
+		{"nat", HostportDNATChain, func(Rule) bool { return false }},
+		{"nat", HostportMasqChain, func(r Rule) bool { return r.Target() == "MASQUERADE" && r.Value("--mark") != "" }},
+		{"nat", HostportMarkChain, func(r Rule) bool { return r.Target() == "MARK" }},
+		{"filter", FirewallChain, func(Rule) bool { return false }},
+	}
+	var errs []error
+	for _, sc := range list {
+		if existedBefore(sc.table, sc.chain) {
+			continue
+		}
+		tb, err := Read(fam, sc.table)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !tb.Chains[sc.chain] {
+			continue
+		}
+		if slices.ContainsFunc(tb.RulesIn(sc.chain), func(r Rule) bool { return !sc.idle(r) }) {
+			if inUse != nil {
+				inUse(sc.table, sc.chain, tb.RulesIn(sc.chain))
+			}
+			continue
+		}
+		var jumpErr error
+		for _, r := range tb.Rules {
+			if r.Target() == sc.chain && r.Chain != sc.chain {
+				jumpErr = errors.Join(jumpErr, DeleteRule(fam, sc.table, r))
+			}
+		}
+		if jumpErr == nil {
+			jumpErr = DropChain(fam, sc.table, sc.chain)
+		}
+		if jumpErr != nil {
+			errs = append(errs, fmt.Errorf("%s: remove shared chain %s: %w", fam, sc.chain, jumpErr))
+		}
+	}
+	return errs
 }

@@ -24,16 +24,18 @@ import (
 // run's networks, containers and subnets, then the shared chains the run
 // created if nothing else uses them, then check that nothing is left.
 
-var ipFamilies = []string{"iptables", "ip6tables"}
+var ipFamilies = iptstate.Families
 
+// Chains that portmap and firewall share between every network and
+// container. The run removes the ones it created, once idle.
 const (
-	hostportDNATChain = "CNI-HOSTPORT-DNAT"
-	hostportMarkChain = "CNI-HOSTPORT-SETMARK"
-	hostportMasqChain = "CNI-HOSTPORT-MASQ"
-	firewallChain     = "CNI-FORWARD"
+	hostportDNATChain = iptstate.HostportDNATChain
+	hostportMarkChain = iptstate.HostportMarkChain
+	hostportMasqChain = iptstate.HostportMasqChain
+	firewallChain     = iptstate.FirewallChain
 )
 
-var sharedChains = []string{hostportDNATChain, hostportMarkChain, hostportMasqChain, firewallChain}
+var sharedChains = iptstate.SharedChains
 
 var snapshotSysctls = []string{
 	"/proc/sys/net/ipv4/ip_forward",
@@ -334,46 +336,9 @@ func cleanupIPTables(s *runState) []error {
 // created, when nothing per-container is left in them (the e2e suite's
 // rule: an idle chain can go, the plugins re-create it on use).
 func restoreSharedChains(s *runState, fam string) []error {
-	var errs []error
-	type shared struct {
-		table, chain string
-		idle         func(r ipRule) bool
-	}
-	list := []shared{
-		{"nat", hostportDNATChain, func(ipRule) bool { return false }},
-		{"nat", hostportMasqChain, func(r ipRule) bool { return r.Target() == "MASQUERADE" && r.Value("--mark") != "" }},
-		{"nat", hostportMarkChain, func(r ipRule) bool { return r.Target() == "MARK" }},
-		{"filter", firewallChain, func(ipRule) bool { return false }},
-	}
-	for _, sc := range list {
-		if s.chainBefore[fam+"/"+sc.table+"/"+sc.chain] {
-			continue
-		}
-		tb, err := readTable(fam, sc.table)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if !tb.Chains[sc.chain] {
-			continue
-		}
-		if slices.ContainsFunc(tb.RulesIn(sc.chain), func(r ipRule) bool { return !sc.idle(r) }) {
-			continue // somebody else's rules: in use
-		}
-		var jumpErr error
-		for _, r := range tb.Rules {
-			if r.Target() == sc.chain && r.Chain != sc.chain {
-				jumpErr = errors.Join(jumpErr, deleteRule(fam, sc.table, r))
-			}
-		}
-		if jumpErr == nil {
-			jumpErr = dropChain(fam, sc.table, sc.chain)
-		}
-		if jumpErr != nil {
-			errs = append(errs, fmt.Errorf("%s: remove shared chain %s: %w", fam, sc.chain, jumpErr))
-		}
-	}
-	return errs
+	return iptstate.RemoveIdleSharedChains(fam, func(table, chain string) bool {
+		return s.chainBefore[fam+"/"+table+"/"+chain]
+	}, nil)
 }
 
 // leftovers reports anything of the run that still exists.

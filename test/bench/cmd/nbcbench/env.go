@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
 )
 
 const (
@@ -246,37 +247,11 @@ func (e *Env) containerID(v *variant, tag string) string {
 	return cid
 }
 
-func run(name string, args ...string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return nil
-}
+func run(name string, args ...string) error { return hostcmd.Run(cmdTimeout, name, args...) }
 
 func output(name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return string(out), nil
+	return hostcmd.Output(cmdTimeout, name, args...)
 }
 
-// cniEnv is the environment without the caller's CNI variables.
-func cniEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "CNI_") || strings.HasPrefix(kv, "NETCONFPATH=") || strings.HasPrefix(kv, "CAP_ARGS=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, extra...)
-}
+// cniEnv: see hostcmd.CNIEnv.
+var cniEnv = hostcmd.CNIEnv
