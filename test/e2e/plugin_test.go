@@ -2,14 +2,11 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -105,23 +102,7 @@ func TestNomadChainPortMappings(t *testing.T) {
 	// Real traffic through the mapping: connect to the host port on the
 	// bridge's address (the test's own) and reach a listener on port 80
 	// inside the namespace.
-	token := "nbc-e2e-" + e.id
-	listener := e.startListener(t, ns, 80, token)
-	conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(gw, uint16(hostPort)).String(), 5*time.Second)
-	if err != nil {
-		t.Fatalf("dial host port %d: %v", hostPort, err)
-	}
-	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
-		t.Fatalf("set deadline: %v", err)
-	}
-	got, err := io.ReadAll(conn)
-	conn.Close()
-	if err != nil || string(got) != token {
-		t.Fatalf("through host port %d got %q (%v), want %q from the container", hostPort, got, err, token)
-	}
-	if err := listener.Wait(); err != nil {
-		t.Fatalf("listener: %v", err)
-	}
+	e.assertPortForward(t, ns, gw, hostPort)
 
 	e.mustCNI(t, "check", ns, capArgs)
 

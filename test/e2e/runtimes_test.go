@@ -282,6 +282,34 @@ func runtimeCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// containerdSandbox is one pod sandbox set up through go-cni with
+// conf/10-containerd-net.conflist, the way containerd's CRI plugin does.
+type containerdSandbox struct {
+	cid       string
+	ns        netns
+	netPlugin gocni.CNI
+	hostPort  int
+	opts      []gocni.NamespaceOpts
+	ctx       context.Context
+	result    cniResult
+}
+
+func (e *testEnv) containerdSandbox(t *testing.T) containerdSandbox {
+	t.Helper()
+	e.requirePlugin(t)
+	path := e.writeConflist(t, e.reclaimConf(t, "10-containerd-net.conflist"))
+	sb := containerdSandbox{cid: sandboxID(t), hostPort: randomHostPort(), ctx: runtimeCtx(t)}
+	sb.ns = e.podNetns(t, "pod", sb.cid)
+	sb.netPlugin = e.goCNI(t, gocni.WithConfListFile(path))
+	sb.opts = criOpts(t, sb.cid, sb.hostPort)
+	res, err := sb.netPlugin.Setup(sb.ctx, sb.cid, sb.ns.path, sb.opts...)
+	if err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	sb.result = goCNIResult(t, res)
+	return sb
+}
+
 // TestContainerdConflist drives conflist/10-containerd-net.conflist
 // (containerd script/setup/install-cni, containerd v1.7/v2.x: bridge +
 // portmap, cniVersion 1.0.0, dual-stack, promiscMode) through
@@ -291,20 +319,8 @@ func runtimeCtx(t *testing.T) context.Context {
 func TestContainerdConflist(t *testing.T) {
 	t.Run("setup-check-remove", func(t *testing.T) {
 		e := newEnv(t)
-		e.requirePlugin(t)
-		path := e.writeConflist(t, e.reclaimConf(t, "10-containerd-net.conflist"))
-		cid := sandboxID(t)
-		ns := e.podNetns(t, "pod", cid)
-		netPlugin := e.goCNI(t, gocni.WithConfListFile(path))
-		hostPort := randomHostPort()
-		opts := criOpts(t, cid, hostPort)
-		ctx := runtimeCtx(t)
-
-		res, err := netPlugin.Setup(ctx, cid, ns.path, opts...)
-		if err != nil {
-			t.Fatalf("Setup: %v", err)
-		}
-		r := goCNIResult(t, res)
+		sb := e.containerdSandbox(t)
+		cid, ns, netPlugin, hostPort, opts, ctx, r := sb.cid, sb.ns, sb.netPlugin, sb.hostPort, sb.opts, sb.ctx, sb.result
 		addr4, gw4 := r.addrIn(t, e.subnet4)
 		addr6, gw6 := r.addrIn(t, e.subnet6)
 		assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr4.Addr(): leaseContent(cid), addr6.Addr(): leaseContent(cid)})
@@ -357,20 +373,8 @@ func TestContainerdConflist(t *testing.T) {
 	// teardown; every rule of the sandbox, IPv4 and IPv6, must still go.
 	t.Run("remove-after-netns-lost", func(t *testing.T) {
 		e := newEnv(t)
-		e.requirePlugin(t)
-		path := e.writeConflist(t, e.reclaimConf(t, "10-containerd-net.conflist"))
-		cid := sandboxID(t)
-		ns := e.podNetns(t, "pod", cid)
-		netPlugin := e.goCNI(t, gocni.WithConfListFile(path))
-		hostPort := randomHostPort()
-		opts := criOpts(t, cid, hostPort)
-		ctx := runtimeCtx(t)
-
-		res, err := netPlugin.Setup(ctx, cid, ns.path, opts...)
-		if err != nil {
-			t.Fatalf("Setup: %v", err)
-		}
-		r := goCNIResult(t, res)
+		sb := e.containerdSandbox(t)
+		cid, ns, netPlugin, hostPort, opts, ctx, r := sb.cid, sb.ns, sb.netPlugin, sb.hostPort, sb.opts, sb.ctx, sb.result
 		addr4, _ := r.addrIn(t, e.subnet4)
 		addr6, _ := r.addrIn(t, e.subnet6)
 		e.assertMasq(t, ns, addr4.Addr())
