@@ -6,9 +6,6 @@ import (
 	"compress/gzip"
 	"crypto/md5"
 	"crypto/sha256"
-	"debug/buildinfo"
-	"debug/elf"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -22,6 +19,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/elfcheck"
 )
 
 const (
@@ -250,7 +249,7 @@ func TestRelease(t *testing.T) {
 		if err := os.WriteFile(bin, bins["amd64"], 0o755); err != nil {
 			t.Fatal(err)
 		}
-		checkELF(t, bin, "amd64", elf.EM_X86_64, version)
+		checkELF(t, bin, "amd64", version)
 		checkRuns(t, bin, version)
 	})
 	t.Run("arm64-binary-elf", func(t *testing.T) {
@@ -258,7 +257,7 @@ func TestRelease(t *testing.T) {
 		if err := os.WriteFile(bin, bins["arm64"], 0o755); err != nil {
 			t.Fatal(err)
 		}
-		checkELF(t, bin, "arm64", elf.EM_AARCH64, version)
+		checkELF(t, bin, "arm64", version)
 	})
 	for _, arch := range []string{"amd64", "arm64"} {
 		t.Run("deb-"+arch, func(t *testing.T) {
@@ -609,73 +608,12 @@ func checkRuns(t *testing.T, bin, version string) {
 	}
 }
 
-// checkELF checks a binary without running it: static ELF64 for machine, Go
-// build info for linux/arch without cgo, and the stamped pkg/skel.Version.
-func checkELF(t *testing.T, path, arch string, machine elf.Machine, version string) {
+// checkELF checks a binary without running it (see internal/elfcheck).
+func checkELF(t *testing.T, path, arch string, version string) {
 	t.Helper()
-	f, err := elf.Open(path)
-	if err != nil {
-		t.Fatal(err)
+	if _, problems := elfcheck.Check(arch, path, module, version); len(problems) > 0 {
+		t.Errorf("%s: %s", path, strings.Join(problems, "; "))
 	}
-	defer f.Close()
-	if f.Class != elf.ELFCLASS64 || f.Data != elf.ELFDATA2LSB || f.Machine != machine {
-		t.Errorf("ELF %v %v %v, want ELFCLASS64 ELFDATA2LSB %v", f.Class, f.Data, f.Machine, machine)
-	}
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
-			t.Errorf("has %v: not static", p.Type)
-		}
-	}
-	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
-		t.Errorf("needs %v", libs)
-	}
-	bi, err := buildinfo.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	settings := map[string]string{}
-	for _, s := range bi.Settings {
-		settings[s.Key] = s.Value
-	}
-	for k, v := range map[string]string{"GOOS": "linux", "GOARCH": arch, "CGO_ENABLED": "0", "-trimpath": "true"} {
-		if settings[k] != v {
-			t.Errorf("build setting %s = %q, want %q", k, settings[k], v)
-		}
-	}
-	if got, err := stringVar(f, module+"/pkg/skel.Version"); err != nil || got != version {
-		t.Errorf("pkg/skel.Version = %q (%v), want %q", got, err, version)
-	}
-}
-
-// stringVar reads the Go string variable sym from the binary's data.
-func stringVar(f *elf.File, sym string) (string, error) {
-	syms, err := f.Symbols()
-	if err != nil {
-		return "", err
-	}
-	for _, s := range syms {
-		if s.Name != sym {
-			continue
-		}
-		hdr, err := readAt(f, s.Value, 16)
-		if err != nil {
-			return "", err
-		}
-		b, err := readAt(f, binary.LittleEndian.Uint64(hdr[:8]), min(binary.LittleEndian.Uint64(hdr[8:]), 1024))
-		return string(b), err
-	}
-	return "", errors.New("symbol not found")
-}
-
-func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
-	for _, sec := range f.Sections {
-		if sec.Type != elf.SHT_NOBITS && addr >= sec.Addr && addr+n <= sec.Addr+sec.Size {
-			b := make([]byte, n)
-			_, err := sec.ReadAt(b, int64(addr-sec.Addr))
-			return b, err
-		}
-	}
-	return nil, fmt.Errorf("address %#x not in a section with data", addr)
 }
 
 // ---------------------------------------------------------------------------
