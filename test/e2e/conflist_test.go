@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/containernetworking/cni/libcni"
 )
 
 // ---------------------------------------------------------------------------
@@ -128,6 +130,30 @@ func bareBridge(t *testing.T, conf map[string]any, leaseDir string) {
 	delete(p, "delegate")
 	delete(p, "dataDir")
 	p["ipam"].(map[string]any)["dataDir"] = leaseDir
+}
+
+// chooseChain makes conf the control when bare (bare bridge, leases in
+// host-local's persistent dir) and otherwise requires the plugin; it
+// returns where the network's leases go.
+func (e *testEnv) chooseChain(t *testing.T, conf map[string]any, bare bool) string {
+	t.Helper()
+	if bare {
+		bareBridge(t, conf, e.persistDir)
+		return filepath.Join(e.persistDir, e.netName)
+	}
+	e.requirePlugin(t)
+	return e.leaseDir()
+}
+
+// loadConfList writes conf as the test's only network and loads it back
+// the way libcni-based runtimes read their conflist.
+func (e *testEnv) loadConfList(t *testing.T, conf map[string]any) *libcni.NetworkConfigList {
+	t.Helper()
+	list, err := libcni.ConfListFromFile(e.writeConflist(t, conf))
+	if err != nil {
+		t.Fatalf("load conflist: %v", err)
+	}
+	return list
 }
 
 // writeConflist makes conf the only network in the test's NETCONFPATH.

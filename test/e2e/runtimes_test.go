@@ -417,11 +417,7 @@ func TestCRIOConflist(t *testing.T) {
 	t.Run("add-check-del", func(t *testing.T) {
 		e := newEnv(t)
 		e.requirePlugin(t)
-		path := e.writeConflist(t, e.reclaimConf(t, "11-crio-ipv4-bridge.conflist"))
-		list, err := libcni.ConfListFromFile(path)
-		if err != nil {
-			t.Fatalf("load conflist: %v", err)
-		}
+		list := e.loadConfList(t, e.reclaimConf(t, "11-crio-ipv4-bridge.conflist"))
 		cfg := e.libcniConfig()
 		ctx := runtimeCtx(t)
 		ns := e.podNetns(t, "pod", sandboxID(t))
@@ -477,18 +473,8 @@ func TestCRIOConflist(t *testing.T) {
 			e := newEnv(t)
 			conf := e.reclaimConf(t, "11-crio-ipv4-bridge.conflist")
 			conf["cniVersion"] = tc.version
-			leaseDir := e.leaseDir()
-			if tc.bare {
-				bareBridge(t, conf, e.persistDir)
-				leaseDir = filepath.Join(e.persistDir, e.netName)
-			} else {
-				e.requirePlugin(t)
-			}
-			path := e.writeConflist(t, conf)
-			list, err := libcni.ConfListFromFile(path)
-			if err != nil {
-				t.Fatalf("load conflist: %v", err)
-			}
+			leaseDir := e.chooseChain(t, conf, tc.bare)
+			list := e.loadConfList(t, conf)
 			cfg := e.libcniConfig()
 			ctx := runtimeCtx(t)
 
@@ -519,7 +505,7 @@ func TestCRIOConflist(t *testing.T) {
 			}
 
 			kept := pods["kept"]
-			err = cfg.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: kept.cid, IfName: ifName}}})
+			err := cfg.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: kept.cid, IfName: ifName}}})
 			if err != nil {
 				t.Fatalf("GC with the valid list [kept]: %v", err)
 			}
@@ -610,11 +596,7 @@ func TestApptainerConflist(t *testing.T) {
 			e.requirePlugin(t)
 			conf := e.reclaimConf(t, "00_bridge.conflist")
 			conf["cniVersion"] = v
-			path := e.writeConflist(t, conf)
-			list, err := libcni.ConfListFromFile(path)
-			if err != nil {
-				t.Fatalf("load conflist: %v", err)
-			}
+			list := e.loadConfList(t, conf)
 			cfg := e.libcniConfig()
 			ctx := runtimeCtx(t)
 			c := e.startContainer(t, e.addNetns(t, "c1"))
@@ -678,18 +660,8 @@ func TestApptainerConflist(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
 			conf := e.reclaimConf(t, "00_bridge.conflist")
-			leaseDir := e.leaseDir()
-			if bare {
-				bareBridge(t, conf, e.persistDir)
-				leaseDir = filepath.Join(e.persistDir, e.netName)
-			} else {
-				e.requirePlugin(t)
-			}
-			path := e.writeConflist(t, conf)
-			list, err := libcni.ConfListFromFile(path)
-			if err != nil {
-				t.Fatalf("load conflist: %v", err)
-			}
+			leaseDir := e.chooseChain(t, conf, bare)
+			list := e.loadConfList(t, conf)
 			cfg := e.libcniConfig()
 			ctx := runtimeCtx(t)
 			hostPort := randomHostPort()
@@ -787,13 +759,7 @@ func TestNerdctlDelBeforeAdd(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			conf := e.reclaimConf(t, "10-containerd-net.conflist")
-			leaseDir := e.leaseDir()
-			if tc.bare {
-				bareBridge(t, conf, e.persistDir)
-				leaseDir = filepath.Join(e.persistDir, e.netName)
-			} else {
-				e.requirePlugin(t)
-			}
+			leaseDir := e.chooseChain(t, conf, tc.bare)
 			e.writeConflist(t, conf)
 			netPlugin := e.goCNI(t, gocni.WithConfListBytes(mustJSON(t, conf)))
 			fullID := "default-" + sandboxID(t)
