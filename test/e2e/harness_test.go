@@ -24,6 +24,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
 )
 
 const (
@@ -588,25 +589,20 @@ func (e *testEnv) leftovers() []error {
 	if mounted, _ := isMountPoint(e.dataDir); mounted {
 		errs = append(errs, fmt.Errorf("tmpfs %s still mounted", e.dataDir))
 	}
-	for _, fam := range ipFamilies {
-		for _, table := range []string{"nat", "filter"} {
-			tb, err := readTable(fam, table)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			for _, r := range tb.Rules {
-				if e.ownsRule(r) {
-					errs = append(errs, fmt.Errorf("%s -t %s rule left: %s", fam, table, r))
-				}
-			}
-			for _, c := range e.ownedChains() {
-				if tb.Chains[c] {
-					errs = append(errs, fmt.Errorf("%s -t %s chain left: %s", fam, table, c))
-				}
+	errs = append(errs, iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		var errs []error
+		for _, r := range tb.Rules {
+			if e.ownsRule(r) {
+				errs = append(errs, fmt.Errorf("%s -t %s rule left: %s", fam, table, r))
 			}
 		}
-	}
+		for _, c := range e.ownedChains() {
+			if tb.Chains[c] {
+				errs = append(errs, fmt.Errorf("%s -t %s chain left: %s", fam, table, c))
+			}
+		}
+		return errs
+	})...)
 	return errs
 }
 

@@ -107,35 +107,28 @@ func (e *testEnv) ownsRule(r ipRule) bool {
 // cleanupIPTables deletes the test's rules, then its chains. Shared chains
 // (POSTROUTING, CNI-HOSTPORT-*, CNI-FORWARD) lose only the test's rules.
 func (e *testEnv) cleanupIPTables() []error {
-	var errs []error
 	owned := e.ownedChains()
-	for _, fam := range ipFamilies {
-		for _, table := range []string{"nat", "filter"} {
-			tb, err := readTable(fam, table)
-			if err != nil {
-				errs = append(errs, err)
+	return iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		var errs []error
+		// Rules inside owned chains go with the chain; delete the
+		// jumps into them (and the test's rules in shared chains).
+		for _, r := range tb.Rules {
+			if slices.Contains(owned, r.Chain) || !e.ownsRule(r) {
 				continue
 			}
-			// Rules inside owned chains go with the chain; delete the
-			// jumps into them (and the test's rules in shared chains).
-			for _, r := range tb.Rules {
-				if slices.Contains(owned, r.Chain) || !e.ownsRule(r) {
-					continue
-				}
-				if err := deleteRule(fam, table, r); err != nil {
+			if err := deleteRule(fam, table, r); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, c := range owned {
+			if tb.Chains[c] {
+				if err := dropChain(fam, table, c); err != nil {
 					errs = append(errs, err)
 				}
 			}
-			for _, c := range owned {
-				if tb.Chains[c] {
-					if err := dropChain(fam, table, c); err != nil {
-						errs = append(errs, err)
-					}
-				}
-			}
 		}
-	}
-	return errs
+		return errs
+	})
 }
 
 // ---------------------------------------------------------------------------

@@ -124,15 +124,10 @@ func snapshotHost() *hostSnapshot {
 		return s // the tests skip or fail; they create nothing
 	}
 	s.active = true
-	for _, fam := range ipFamilies {
-		for _, table := range []string{"nat", "filter"} {
-			tb, err := readTable(fam, table)
-			if err != nil {
-				continue
-			}
-			s.chains[fam+"/"+table] = tb.Chains
-		}
-	}
+	iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		s.chains[fam+"/"+table] = tb.Chains
+		return nil
+	})
 	for _, p := range snapshotSysctls {
 		if raw, err := os.ReadFile(p); err == nil {
 			s.sysctls[p] = strings.TrimSpace(string(raw))

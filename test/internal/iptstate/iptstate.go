@@ -220,3 +220,25 @@ func RemoveIdleSharedChains(fam string, existedBefore func(table, chain string) 
 	}
 	return errs
 }
+
+// Tables are the tables the plugins write to: nat (bridge's ipMasq,
+// portmap) and filter (firewall).
+var Tables = []string{"nat", "filter"}
+
+// EachTable reads every table of every family and calls fn with it,
+// returning fn's errors and those of tables that could not be read (which
+// are skipped).
+func EachTable(fn func(fam, table string, tb Table) []error) []error {
+	var errs []error
+	for _, fam := range Families {
+		for _, table := range Tables {
+			tb, err := Read(fam, table)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			errs = append(errs, fn(fam, table, tb)...)
+		}
+	}
+	return errs
+}

@@ -45,19 +45,14 @@ var snapshotSysctls = []string{
 // snapshotHost records which shared chains and sysctl values existed before
 // the run, so cleanup removes only what the run created.
 func snapshotHost(e *Env) {
-	for _, fam := range ipFamilies {
-		for _, table := range []string{"nat", "filter"} {
-			tb, err := readTable(fam, table)
-			if err != nil {
-				continue
-			}
-			for _, c := range sharedChains {
-				if tb.Chains[c] {
-					e.note("chain-before", fam, table, c)
-				}
+	iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		for _, c := range sharedChains {
+			if tb.Chains[c] {
+				e.note("chain-before", fam, table, c)
 			}
 		}
-	}
+		return nil
+	})
 	for _, p := range snapshotSysctls {
 		if raw, err := os.ReadFile(p); err == nil {
 			e.note("sysctl", p, strings.TrimSpace(string(raw)))
@@ -295,41 +290,34 @@ func (s *runState) ownsRule(r ipRule, owned []string) bool {
 }
 
 func cleanupIPTables(s *runState) []error {
-	var errs []error
 	owned := s.ownedChains()
-	for _, fam := range ipFamilies {
-		for _, table := range []string{"nat", "filter"} {
-			tb, err := readTable(fam, table)
-			if err != nil {
-				errs = append(errs, err)
+	return iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		var errs []error
+		// Jumps into chains bridge made for our containers, even when
+		// the container ID is not in the state (cannot happen, but a
+		// chain is only ever found through its jump).
+		for _, r := range tb.Rules {
+			if s.ownsRule(r, owned) && strings.HasPrefix(r.Target(), "CNI-") && !slices.Contains(owned, r.Target()) && !slices.Contains(sharedChains, r.Target()) {
+				owned = append(owned, r.Target())
+			}
+		}
+		for _, r := range tb.Rules {
+			if slices.Contains(owned, r.Chain) || !s.ownsRule(r, owned) {
 				continue
 			}
-			// Jumps into chains bridge made for our containers, even when
-			// the container ID is not in the state (cannot happen, but a
-			// chain is only ever found through its jump).
-			for _, r := range tb.Rules {
-				if s.ownsRule(r, owned) && strings.HasPrefix(r.Target(), "CNI-") && !slices.Contains(owned, r.Target()) && !slices.Contains(sharedChains, r.Target()) {
-					owned = append(owned, r.Target())
-				}
+			if err := deleteRule(fam, table, r); err != nil {
+				errs = append(errs, err)
 			}
-			for _, r := range tb.Rules {
-				if slices.Contains(owned, r.Chain) || !s.ownsRule(r, owned) {
-					continue
-				}
-				if err := deleteRule(fam, table, r); err != nil {
+		}
+		for _, c := range owned {
+			if tb.Chains[c] {
+				if err := dropChain(fam, table, c); err != nil {
 					errs = append(errs, err)
 				}
 			}
-			for _, c := range owned {
-				if tb.Chains[c] {
-					if err := dropChain(fam, table, c); err != nil {
-						errs = append(errs, err)
-					}
-				}
-			}
 		}
-	}
-	return errs
+		return errs
+	})
 }
 
 // restoreSharedChains deletes the shared portmap/firewall chains the run
@@ -360,24 +348,19 @@ func leftovers(s *runState) []error {
 		}
 	}
 	owned := s.ownedChains()
-	for _, fam := range ipFamilies {
-		for _, table := range []string{"nat", "filter"} {
-			tb, err := readTable(fam, table)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			for _, r := range tb.Rules {
-				if s.ownsRule(r, owned) {
-					errs = append(errs, fmt.Errorf("%s -t %s rule left: -A %s %s", fam, table, r.Chain, strings.Join(r.Spec, " ")))
-				}
-			}
-			for _, c := range owned {
-				if tb.Chains[c] {
-					errs = append(errs, fmt.Errorf("%s -t %s chain left: %s", fam, table, c))
-				}
+	errs = append(errs, iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		var errs []error
+		for _, r := range tb.Rules {
+			if s.ownsRule(r, owned) {
+				errs = append(errs, fmt.Errorf("%s -t %s rule left: -A %s %s", fam, table, r.Chain, strings.Join(r.Spec, " ")))
 			}
 		}
-	}
+		for _, c := range owned {
+			if tb.Chains[c] {
+				errs = append(errs, fmt.Errorf("%s -t %s chain left: %s", fam, table, c))
+			}
+		}
+		return errs
+	})...)
 	return errs
 }
