@@ -332,13 +332,7 @@ func TestDelegateHang(t *testing.T) {
 			}
 			e.assertNoLeaseOrNAT(t, ns.cid)
 			t.Logf("records before the sweep: %q", e.recordNames(t))
-			var left []int
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-				if left = liveProcesses(processesWithEnv(marker)); len(left) == 0 {
-					break
-				}
-			}
-			if len(left) > 0 {
+			if left := waitProcessesGone(marker, 5*time.Second); len(left) > 0 {
 				t.Errorf("processes of the ADD still running after it returned: %s", processLine(left))
 			}
 			t.Logf("sweep: %s", e.operatorSweep(t))

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Helpers for the hardening tests (issue 6): running the plugin binary with
@@ -403,13 +405,53 @@ func killProcessesWithEnv(t *testing.T, kv string) {
 	for _, pid := range processesWithEnv(kv) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(liveProcesses(processesWithEnv(kv))) > 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if left := liveProcesses(processesWithEnv(kv)); len(left) > 0 {
+	if left := waitProcessesGone(kv, 10*time.Second); len(left) > 0 {
 		t.Errorf("processes with %s still running after SIGKILL: %v", kv, left)
 	}
+}
+
+// waitProcessesGone waits until no live process carries kv in its
+// environment, at most timeout, and returns those still running then. It
+// waits on pidfds, which become readable when a process exits, and looks
+// again afterwards for any started meanwhile.
+func waitProcessesGone(kv string, timeout time.Duration) []int {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := liveProcesses(processesWithEnv(kv))
+		if len(left) == 0 || !time.Now().Before(deadline) || !waitExit(left, deadline) {
+			return left
+		}
+	}
+}
+
+// waitExit blocks until every process in pids has exited or deadline
+// passes. It reports false when it could watch none of them.
+func waitExit(pids []int, deadline time.Time) bool {
+	var fds []unix.PollFd
+	for _, pid := range pids {
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone already
+		}
+		defer unix.Close(fd)
+		fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
+	if len(fds) == 0 {
+		return false
+	}
+	for len(fds) > 0 && time.Now().Before(deadline) {
+		if _, err := unix.Poll(fds, int(time.Until(deadline).Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+			return true
+		}
+		waiting := fds[:0]
+		for _, f := range fds {
+			if f.Revents == 0 {
+				waiting = append(waiting, f)
+			}
+		}
+		fds = waiting
+	}
+	return true
 }
 
 // liveProcesses drops zombies (exited, waiting for their parent to reap

@@ -87,12 +87,17 @@ type container struct {
 	proc string
 }
 
-// startContainer runs `sleep` inside ns (ip netns exec execs it, so the pid is
-// the sleeper's) and waits until /proc/<pid>/ns/net is that namespace.
-// Cleanup kills it if the test has not.
+// startContainer runs `sleep` inside ns (ip netns exec execs sh, which
+// execs sleep, so the pid stays the one started) and waits for the line sh
+// prints once it runs there, then checks that /proc/<pid>/ns/net is that
+// namespace. Cleanup kills it if the test has not.
 func (e *testEnv) startContainer(t *testing.T, ns netns) *container {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", ns.name, "sleep", "600")
+	cmd := exec.Command("ip", "netns", "exec", ns.name, "sh", "-c", "echo ready; exec sleep 600")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start container process in %s: %v", ns.name, err)
 	}
@@ -102,20 +107,17 @@ func (e *testEnv) startContainer(t *testing.T, ns netns) *container {
 	c := &container{cmd: cmd, pid: cmd.Process.Pid}
 	c.proc = fmt.Sprintf("/proc/%d/ns/net", c.pid)
 	c.ns = netns{name: ns.name, path: c.proc, cid: ns.cid}
+	if line, err := waitLine(bufio.NewReader(stdout), 10*time.Second); err != nil || line != "ready" {
+		t.Fatalf("container process in %s: got %q, %v; want its ready line", ns.name, line, err)
+	}
 	var want, got syscall.Stat_t
 	if err := syscall.Stat(ns.path, &want); err != nil {
 		t.Fatalf("stat %s: %v", ns.path, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := syscall.Stat(c.proc, &got); err == nil && got.Ino == want.Ino && got.Dev == want.Dev {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never entered %s", c.proc, ns.path)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := syscall.Stat(c.proc, &got); err != nil || got.Ino != want.Ino || got.Dev != want.Dev {
+		t.Fatalf("%s is not %s (%v)", c.proc, ns.path, err)
 	}
+	return c
 }
 
 // startContainerAtPID starts the container process with the given PID when
