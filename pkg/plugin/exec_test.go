@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
 )
 
 func script(t *testing.T, body string) string {
@@ -73,39 +74,13 @@ func TestDelegateExecKillsAHungDelegateAndItsChildren(t *testing.T) {
 	}
 	b, _ := os.ReadFile(pidFile)
 	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-		if !exitsWithin(t, pid, 5*time.Second) {
-			t.Errorf("child %d of the hung delegate still runs", pid)
+		// SIGKILL is delivered asynchronously: wait for the exit.
+		if running, err := procwait.Exit([]int{pid}, time.Now().Add(5*time.Second)); err != nil || len(running) > 0 {
+			t.Errorf("child %d of the hung delegate still runs (%v)", pid, err)
 		}
 	}
 	var cniErr *types.Error
 	if errors.As(err, &cniErr) {
 		t.Errorf("a killed delegate became a CNI error: %v", cniErr)
-	}
-}
-
-// exitsWithin reports whether process pid has exited (or is gone) within d.
-// SIGKILL is delivered asynchronously: right after the group kill the child
-// may still be scheduled, so wait on a pidfd, which becomes readable the
-// moment the process exits, instead of looking at /proc once.
-func exitsWithin(t *testing.T, pid int, d time.Duration) bool {
-	t.Helper()
-	fd, err := unix.PidfdOpen(pid, 0)
-	if errors.Is(err, unix.ESRCH) {
-		return true
-	}
-	if err != nil {
-		t.Fatalf("pidfd_open(%d): %v", pid, err)
-	}
-	defer unix.Close(fd)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, int(d.Milliseconds()))
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			t.Fatalf("poll pidfd %d: %v", pid, err)
-		}
-		return n == 1
 	}
 }

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
 )
 
 // Helpers for the hardening tests (issue 6): running the plugin binary with
@@ -412,46 +412,19 @@ func killProcessesWithEnv(t *testing.T, kv string) {
 
 // waitProcessesGone waits until no live process carries kv in its
 // environment, at most timeout, and returns those still running then. It
-// waits on pidfds, which become readable when a process exits, and looks
-// again afterwards for any started meanwhile.
+// waits for their exit (procwait), then looks again for any started
+// meanwhile.
 func waitProcessesGone(kv string, timeout time.Duration) []int {
 	deadline := time.Now().Add(timeout)
 	for {
 		left := liveProcesses(processesWithEnv(kv))
-		if len(left) == 0 || !time.Now().Before(deadline) || !waitExit(left, deadline) {
+		if len(left) == 0 || !time.Now().Before(deadline) {
+			return left
+		}
+		if _, err := procwait.Exit(left, deadline); err != nil {
 			return left
 		}
 	}
-}
-
-// waitExit blocks until every process in pids has exited or deadline
-// passes. It reports false when it could watch none of them.
-func waitExit(pids []int, deadline time.Time) bool {
-	var fds []unix.PollFd
-	for _, pid := range pids {
-		fd, err := unix.PidfdOpen(pid, 0)
-		if err != nil {
-			continue // gone already
-		}
-		defer unix.Close(fd)
-		fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
-	}
-	if len(fds) == 0 {
-		return false
-	}
-	for len(fds) > 0 && time.Now().Before(deadline) {
-		if _, err := unix.Poll(fds, int(time.Until(deadline).Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
-			return true
-		}
-		waiting := fds[:0]
-		for _, f := range fds {
-			if f.Revents == 0 {
-				waiting = append(waiting, f)
-			}
-		}
-		fds = waiting
-	}
-	return true
 }
 
 // liveProcesses drops zombies (exited, waiting for their parent to reap
