@@ -24,19 +24,6 @@ import (
 // run's networks, containers and subnets, then the shared chains the run
 // created if nothing else uses them, then check that nothing is left.
 
-var ipFamilies = iptstate.Families
-
-// Chains that portmap and firewall share between every network and
-// container. The run removes the ones it created, once idle.
-const (
-	hostportDNATChain = iptstate.HostportDNATChain
-	hostportMarkChain = iptstate.HostportMarkChain
-	hostportMasqChain = iptstate.HostportMasqChain
-	firewallChain     = iptstate.FirewallChain
-)
-
-var sharedChains = iptstate.SharedChains
-
 var snapshotSysctls = []string{
 	"/proc/sys/net/ipv4/ip_forward",
 	"/proc/sys/net/ipv6/conf/all/forwarding",
@@ -45,8 +32,8 @@ var snapshotSysctls = []string{
 // snapshotHost records which shared chains and sysctl values existed before
 // the run, so cleanup removes only what the run created.
 func snapshotHost(e *Env) {
-	iptstate.EachTable(func(fam, table string, tb ipTable) []error {
-		for _, c := range sharedChains {
+	iptstate.EachTable(func(fam, table string, tb iptstate.Table) []error {
+		for _, c := range iptstate.SharedChains {
 			if tb.Chains[c] {
 				e.note("chain-before", fam, table, c)
 			}
@@ -157,7 +144,7 @@ func cleanup(work string) error {
 	}
 	errs = append(errs, cleanupIPTables(s)...)
 	if s.snapshotted {
-		for _, fam := range ipFamilies {
+		for _, fam := range iptstate.Families {
 			errs = append(errs, restoreSharedChains(s, fam)...)
 		}
 		for p, v := range s.sysctls {
@@ -241,18 +228,6 @@ func isMountPoint(dir string) (bool, error) {
 // ---------------------------------------------------------------------------
 // iptables
 
-// The rule and table readers are shared with the e2e tests.
-type (
-	ipRule  = iptstate.Rule
-	ipTable = iptstate.Table
-)
-
-var (
-	readTable  = iptstate.Read
-	deleteRule = iptstate.DeleteRule
-	dropChain  = iptstate.DropChain
-)
-
 // ownedChains are the per-container chains bridge and portmap name after
 // the run's networks and containers, plus the firewall admin chains.
 func (s *runState) ownedChains() []string {
@@ -268,7 +243,7 @@ func (s *runState) ownedChains() []string {
 	return chains
 }
 
-func (s *runState) ownsRule(r ipRule, owned []string) bool {
+func (s *runState) ownsRule(r iptstate.Rule, owned []string) bool {
 	for _, n := range s.networks {
 		if strings.Contains(r.Comment(), fmt.Sprintf("name: %q", n)) {
 			return true
@@ -277,7 +252,7 @@ func (s *runState) ownsRule(r ipRule, owned []string) bool {
 	if slices.Contains(owned, r.Target()) {
 		return true
 	}
-	if r.Chain == firewallChain {
+	if r.Chain == iptstate.FirewallChain {
 		for _, p := range r.Addrs() {
 			for _, sub := range s.subnets {
 				if sub.Overlaps(p) {
@@ -291,13 +266,13 @@ func (s *runState) ownsRule(r ipRule, owned []string) bool {
 
 func cleanupIPTables(s *runState) []error {
 	owned := s.ownedChains()
-	return iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+	return iptstate.EachTable(func(fam, table string, tb iptstate.Table) []error {
 		var errs []error
 		// Jumps into chains bridge made for our containers, even when
 		// the container ID is not in the state (cannot happen, but a
 		// chain is only ever found through its jump).
 		for _, r := range tb.Rules {
-			if s.ownsRule(r, owned) && strings.HasPrefix(r.Target(), "CNI-") && !slices.Contains(owned, r.Target()) && !slices.Contains(sharedChains, r.Target()) {
+			if s.ownsRule(r, owned) && strings.HasPrefix(r.Target(), "CNI-") && !slices.Contains(owned, r.Target()) && !slices.Contains(iptstate.SharedChains, r.Target()) {
 				owned = append(owned, r.Target())
 			}
 		}
@@ -305,13 +280,13 @@ func cleanupIPTables(s *runState) []error {
 			if slices.Contains(owned, r.Chain) || !s.ownsRule(r, owned) {
 				continue
 			}
-			if err := deleteRule(fam, table, r); err != nil {
+			if err := iptstate.DeleteRule(fam, table, r); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		for _, c := range owned {
 			if tb.Chains[c] {
-				if err := dropChain(fam, table, c); err != nil {
+				if err := iptstate.DropChain(fam, table, c); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -348,7 +323,7 @@ func leftovers(s *runState) []error {
 		}
 	}
 	owned := s.ownedChains()
-	errs = append(errs, iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+	errs = append(errs, iptstate.EachTable(func(fam, table string, tb iptstate.Table) []error {
 		var errs []error
 		for _, r := range tb.Rules {
 			if s.ownsRule(r, owned) {
