@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 // Row is one line of `leases`: a lease, or NAT rules whose lease is gone.
@@ -21,9 +22,11 @@ type Row struct {
 	Netns       string `json:"netns"`
 	// AgeSeconds counts from the record's creation, else the lease file's mtime.
 	AgeSeconds int64 `json:"ageSeconds"`
-	// State is live, stale, pending, unknown, or orphan-rules.
+	// State is live, stale, pending, detached, unknown, or orphan-rules.
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
+	// HeldBy is what keeps a detached attachment's namespace alive.
+	HeldBy *sysinfo.Holder `json:"heldBy,omitempty"`
 	// Rules lists NAT chains and jumps, for orphan-rules rows.
 	Rules []string `json:"rules,omitempty"`
 }
@@ -61,7 +64,7 @@ func Leases(s *reclaim.Sweeper, dataDir string, networks []string) (*LeasesOutpu
 }
 
 func rowsOf(network string, a *reclaim.Attachment, now time.Time) []Row {
-	base := Row{Network: network, ContainerID: a.Key.ContainerID, IfName: a.Key.IfName, State: string(a.Verdict.State), Reason: a.Verdict.Reason}
+	base := Row{Network: network, ContainerID: a.Key.ContainerID, IfName: a.Key.IfName, State: string(a.Verdict.State), Reason: a.Verdict.Reason, HeldBy: a.Verdict.Holder}
 	var created time.Time
 	if a.Record != nil {
 		base.Netns = a.Record.Netns

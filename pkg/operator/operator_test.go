@@ -75,6 +75,14 @@ func fixture(t *testing.T) (string, *reclaim.Sweeper, *fakenat.Table) {
 	lease("nomad", "172.26.64.4", "starting\r\neth0", boot.Add(3*time.Hour+24*time.Minute))
 	record("nomad", "starting", "/var/run/netns/starting", 104, "boot-1", records.Pending, 9999, boot.Add(3*time.Hour+24*time.Minute))
 
+	// Nomad re-created the path after a failed CHECK; the task still runs
+	// in the recorded namespace.
+	host.Namespaces["/var/run/netns/detached"] = sysinfo.NetnsID{Dev: 4, Ino: 4026533999}
+	host.Holders[sysinfo.NetnsID{Dev: 4, Ino: 105}] = []sysinfo.Holder{{PID: 20420, Command: "python3"}}
+	lease("nomad", "172.26.64.6", "detached\r\neth0", boot.Add(3*time.Hour))
+	record("nomad", "detached", "/var/run/netns/detached", 105, "boot-1", records.Complete, 0, boot.Add(3*time.Hour))
+	nat.AddContainer("nomad", "detached", "172.26.64.6", 0)
+
 	lease("nomad", "172.26.64.5", "migrated\r\neth0", boot.Add(30*time.Minute))
 	nat.AddContainer("nomad", "vanished", "172.26.64.99", 0)
 
@@ -157,8 +165,11 @@ func TestGCDryRunThenGC(t *testing.T) {
 			t.Errorf("release %d: %s, dry run said %s", i, done.Released[i].ContainerID, dry.Released[i].ContainerID)
 		}
 	}
-	if nat.Owns("nomad", "gone") || !nat.Owns("nomad", "web") || !nat.Owns("nomad", "vanished") {
-		t.Error("gc released the wrong NAT rules (orphans stay without --orphan-rules)")
+	if nat.Owns("nomad", "gone") || !nat.Owns("nomad", "web") || !nat.Owns("nomad", "vanished") || !nat.Owns("nomad", "detached") {
+		t.Error("gc released the wrong NAT rules (orphans stay without --orphan-rules; a detached attachment keeps its rules)")
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "nomad", "172.26.64.6")); err != nil {
+		t.Errorf("gc released the lease of an attachment whose namespace a process still holds: %v", err)
 	}
 	again, err := GC(s, dataDir, networks, false, false)
 	if err != nil || len(again.Released) != 0 {

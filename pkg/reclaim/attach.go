@@ -75,6 +75,13 @@ func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, n
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is in progress (pid %d)", old.Key(), network, old.PID), "")
 	case Stale:
 		return s.releaseOne(dataDir, network, old, v.Reason)
+	case Detached:
+		// Nomad's re-ADD after a failed CHECK, with its tasks still
+		// running in the old namespace: they answer on the old address,
+		// so it must not be handed out again, and a new address in the
+		// new namespace would reach nobody. Refused, Nomad stops the
+		// tasks, DELs and reschedules; nothing is changed here.
+		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), network, old.NetnsID.Ino, holderText(v.Holder), netnsPath, old.Key()), v.Reason)
 	}
 	// The kernel reuses a dead namespace's inode number, so a namespace
 	// re-created at the same path (Nomad's restore) can look identical
@@ -201,4 +208,16 @@ func (s *Sweeper) NamespaceUsable(netnsPath string) bool {
 	}
 	_, err := s.Host.Netns(netnsPath)
 	return err == nil || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, sysinfo.ErrNotNetns))
+}
+
+// holderText names a holder in an error: "pid 20420 (python3)" or
+// "mount /run/x".
+func holderText(h *sysinfo.Holder) string {
+	if h == nil {
+		return "another process"
+	}
+	if h.PID > 0 {
+		return fmt.Sprintf("pid %d (%s)", h.PID, h.Command)
+	}
+	return "mount " + h.Mount
 }

@@ -26,12 +26,18 @@ const (
 	// Unknown: a lease from this boot with no record (written by something
 	// else, or migrated): reported, never released by a sweep.
 	Unknown State = "unknown"
+	// Detached: its namespace path no longer names its namespace, but a
+	// process or a mount still holds that namespace, so its address is in
+	// use: kept by every sweep, and a re-ADD of it is refused.
+	Detached State = "detached"
 )
 
 // Verdict is a State and the reason for it, in words an operator reads.
 type Verdict struct {
 	State  State
 	Reason string
+	// Holder is what keeps a detached attachment's namespace alive.
+	Holder *sysinfo.Holder
 }
 
 func (v Verdict) String() string {
@@ -54,7 +60,9 @@ type Attachment struct {
 //  1. older than this boot: the record carries another boot ID, or a
 //     record-less lease file was last written before the boot time;
 //  2. namespace gone: the recorded path is missing, not nsfs, or another
-//     namespace than the one recorded (Nomad re-creates the same path);
+//     namespace than the one recorded (Nomad re-creates the same path),
+//     and no process is in the recorded namespace and no nsfs mount holds
+//     it (else it is Detached);
 //  3. the runtime's GC did not list it.
 //
 // A pending record whose ADD process is still running is kept whatever the
@@ -68,6 +76,9 @@ type judge struct {
 	// seen caches each record's verdict: a sweep asks twice (liveClaims,
 	// then judgeAll) and the namespace check is most of its cost.
 	seen map[*records.Record]Verdict
+	// holders is the host's namespace holders, scanned at most once per
+	// judge, and only when some path fails its check.
+	holders sysinfo.Holders
 }
 
 func newJudge(h sysinfo.Host, valid []types.GCAttachment, isGC bool) (*judge, error) {
@@ -127,13 +138,13 @@ func (j *judge) liveClaims(recs []*records.Record) map[string]records.Key {
 
 func (j *judge) verdict(a *Attachment) Verdict {
 	if r := a.Record; r != nil && r.State == records.Pending && r.BootID == j.bootID && j.running(r) {
-		return Verdict{Pending, fmt.Sprintf("ADD in progress, pid %d", r.PID)}
+		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}
 	}
 	if j.valid != nil {
 		if j.valid.has(a.Key) {
-			return Verdict{Live, "listed by the runtime's GC"}
+			return Verdict{State: Live, Reason: "listed by the runtime's GC"}
 		}
-		return Verdict{Stale, "not in the runtime's valid attachments"}
+		return Verdict{State: Stale, Reason: "not in the runtime's valid attachments"}
 	}
 	if a.Record != nil {
 		v, ok := j.seen[a.Record]
@@ -144,41 +155,65 @@ func (j *judge) verdict(a *Attachment) Verdict {
 		if v.State == Live && a.Record.State == records.Pending && len(a.Leases) == 0 {
 			// Its writer is gone (checked above) and nothing was allocated:
 			// the record protects nothing.
-			return Verdict{Stale, "its ADD died before an address was allocated"}
+			return Verdict{State: Stale, Reason: "its ADD died before an address was allocated"}
 		}
 		return v
 	}
 	for _, l := range a.Leases {
 		if !l.ModTime.Before(j.bootTime) {
-			return Verdict{Unknown, "no record"}
+			return Verdict{State: Unknown, Reason: "no record"}
 		}
 	}
-	return Verdict{Stale, fmt.Sprintf("lease written %s, before this boot at %s", a.Leases[0].ModTime.UTC().Format(time.RFC3339), j.bootTime.UTC().Format(time.RFC3339))}
+	return Verdict{State: Stale, Reason: fmt.Sprintf("lease written %s, before this boot at %s", a.Leases[0].ModTime.UTC().Format(time.RFC3339), j.bootTime.UTC().Format(time.RFC3339))}
 }
 
 func (j *judge) recordVerdict(r *records.Record) Verdict {
 	if r.BootID != j.bootID {
-		return Verdict{Stale, "recorded in an earlier boot"}
+		return Verdict{State: Stale, Reason: "recorded in an earlier boot"}
 	}
 	if r.Netns == "" {
-		return Verdict{Unknown, "record has no namespace path"}
+		return Verdict{State: Unknown, Reason: "record has no namespace path"}
 	}
 	id, err := j.host.Netns(r.Netns)
+	var gone string
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return Verdict{Stale, fmt.Sprintf("namespace %s is gone", r.Netns)}
+		gone = fmt.Sprintf("namespace %s is gone", r.Netns)
 	case errors.Is(err, sysinfo.ErrNotNetns):
-		return Verdict{Stale, fmt.Sprintf("%s is no longer a network namespace", r.Netns)}
+		gone = fmt.Sprintf("%s is no longer a network namespace", r.Netns)
 	case err != nil:
 		// Cannot look: cannot prove anything, so keep it.
-		return Verdict{Unknown, fmt.Sprintf("cannot inspect namespace: %v", err)}
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot inspect namespace: %v", err)}
 	case id != r.NetnsID:
-		return Verdict{Stale, fmt.Sprintf("namespace %s was replaced (inode %d, recorded %d)", r.Netns, id.Ino, r.NetnsID.Ino)}
+		gone = fmt.Sprintf("namespace %s was replaced (inode %d, recorded %d)", r.Netns, id.Ino, r.NetnsID.Ino)
+	}
+	if gone != "" {
+		return j.unlessHeld(r, gone)
 	}
 	if r.State == records.Pending {
-		return Verdict{Live, "ADD did not finish, namespace still there"}
+		return Verdict{State: Live, Reason: "ADD did not finish, namespace still there"}
 	}
-	return Verdict{Live, ""}
+	return Verdict{State: Live}
+}
+
+// unlessHeld is the verdict on a record whose path no longer names its
+// namespace: stale, unless a process or a mount still holds the recorded
+// namespace. Only the kernel knows when a namespace is dead, and it keeps
+// one alive as long as something is in it.
+func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
+	if j.holders == nil {
+		holders, err := j.host.NetnsHolders()
+		if err != nil {
+			return Verdict{State: Unknown, Reason: fmt.Sprintf("%s, and cannot tell whether a process still holds it: %v", gone, err)}
+		}
+		j.holders = holders
+	}
+	for _, h := range j.holders[r.NetnsID] {
+		if h, ok := j.host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie); ok {
+			return Verdict{State: Detached, Reason: fmt.Sprintf("namespace net:[%d] still held by %s", r.NetnsID.Ino, h), Holder: &h}
+		}
+	}
+	return Verdict{State: Stale, Reason: gone}
 }
 
 // running reports whether the process that wrote a pending record is still

@@ -35,7 +35,9 @@ Flags:
 const leasesUsage = `Usage: nomad-bridge-cni leases [--data-dir D] [--network N] [--json]
 
 One row per lease: network, IP, container ID, ifname, netns path, age, and
-state: live, stale (<reason>), pending (ADD in progress), unknown (no record).
+state: live, stale (<reason>), pending (ADD in progress), detached (its
+namespace path was replaced or removed, but a process or mount still holds the
+namespace: kept, and a re-ADD is refused), unknown (no record).
 NAT rules (bridge ipMasq, portmap) that no lease or record holds are listed as
 orphan-rules. Sorted by network, then IP. Changes nothing.
 

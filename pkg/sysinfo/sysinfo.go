@@ -47,6 +47,13 @@ type Host interface {
 	// ProcessStart is the start time (clock ticks since boot, field 22 of
 	// /proc/<pid>/stat) of pid; ok is false when there is no such process.
 	ProcessStart(pid int) (start uint64, ok bool)
+	// NetnsHolders lists, by namespace, the processes and the nsfs mounts
+	// that keep network namespaces alive. It is a scan of every process:
+	// asked only when a namespace path no longer names its namespace.
+	NetnsHolders() (Holders, error)
+	// ConfirmHolder checks that h still holds namespace id, whose cookie
+	// is cookie (0: not known), and fills in the holder's command.
+	ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool)
 }
 
 // Real reads the running kernel. Boot facts are read once per process.
@@ -56,6 +63,8 @@ type Real struct {
 	// nsfsDev is the device of nsfs, once a statfs proved it: nsfs has a
 	// single superblock, so a file on that device is a namespace file.
 	nsfsDev uint64
+	// ProcRoot is where processes are read from; "" means /proc.
+	ProcRoot string
 }
 
 var _ Host = (*Real)(nil)

@@ -25,6 +25,12 @@ type Host struct {
 	Cookies map[string]uint64
 	// Processes maps a pid to its start time.
 	Processes map[int]uint64
+	// Holders is what holds each namespace, whatever its path; HolderCookies
+	// is the cookie of a held namespace (absent: the kernel cannot tell).
+	Holders       sysinfo.Holders
+	HolderCookies map[sysinfo.NetnsID]uint64
+	// HolderScans counts NetnsHolders calls.
+	HolderScans int
 }
 
 var _ sysinfo.Host = (*Host)(nil)
@@ -36,6 +42,7 @@ func New(boot time.Time) *Host {
 		ID: "boot-1", Boot: boot, Clock: boot.Add(time.Hour),
 		Namespaces: map[string]sysinfo.NetnsID{}, NotNetns: map[string]bool{}, Cookies: map[string]uint64{},
 		Processes: map[int]uint64{os.Getpid(): 4242},
+		Holders:   sysinfo.Holders{}, HolderCookies: map[sysinfo.NetnsID]uint64{},
 	}
 }
 
@@ -63,4 +70,23 @@ func (h *Host) NetnsCookie(path string) (uint64, error) {
 func (h *Host) ProcessStart(pid int) (uint64, bool) {
 	start, ok := h.Processes[pid]
 	return start, ok
+}
+
+func (h *Host) NetnsHolders() (sysinfo.Holders, error) {
+	h.HolderScans++
+	return h.Holders, nil
+}
+
+// ConfirmHolder confirms a holder listed in Holders whose namespace has the
+// cookie asked for (any, when cookie is 0).
+func (h *Host) ConfirmHolder(holder sysinfo.Holder, id sysinfo.NetnsID, cookie uint64) (sysinfo.Holder, bool) {
+	for _, listed := range h.Holders[id] {
+		if listed.PID == holder.PID && listed.Mount == holder.Mount {
+			if cookie != 0 && h.HolderCookies[id] != cookie {
+				return holder, false
+			}
+			return listed, true
+		}
+	}
+	return holder, false
 }

@@ -1,0 +1,174 @@
+package reclaim
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// detach makes cid's path fail the way Nomad leaves it after a failed
+// CHECK (how: "gone", "unmounted" or "replaced"), while a task (pid 20420,
+// python3) still runs in the recorded namespace.
+func (w *world) detach(cid, how string, holders ...sysinfo.Holder) sysinfo.NetnsID {
+	w.t.Helper()
+	path := "/run/netns/" + cid
+	id := w.host.Namespaces[path]
+	switch how {
+	case "gone":
+		delete(w.host.Namespaces, path)
+	case "unmounted":
+		delete(w.host.Namespaces, path)
+		w.host.NotNetns[path] = true
+	case "replaced":
+		w.nextIno++
+		w.host.Namespaces[path] = sysinfo.NetnsID{Dev: 4, Ino: w.nextIno}
+	default:
+		w.t.Fatalf("detach: unknown way %q", how)
+	}
+	w.host.Holders[id] = append(w.host.Holders[id], holders...)
+	return id
+}
+
+var task = sysinfo.Holder{PID: 20420, Command: "python3"}
+
+func TestSweepKeepsAnAttachmentWhoseNamespaceIsStillHeld(t *testing.T) {
+	for _, how := range []string{"gone", "unmounted", "replaced"} {
+		t.Run(how, func(t *testing.T) {
+			w := newWorld(t)
+			w.container("held", "10.0.0.2")
+			w.container("free", "10.0.0.3")
+			heldID := w.detach("held", how, task)
+			w.detach("free", how) // nothing holds it: dead
+			// A process in some other namespace changes nothing.
+			w.host.Holders[sysinfo.NetnsID{Dev: 4, Ino: 1}] = []sysinfo.Holder{{PID: 1, Command: "init"}}
+
+			rep := w.sweep(Request{})
+
+			var held *Attachment
+			for _, a := range rep.Attachments {
+				if a.Key.ContainerID == "held" {
+					held = a
+				}
+			}
+			if held == nil || held.Verdict.State != Detached {
+				t.Fatalf("verdicts = %v, want held detached", verdicts(rep))
+			}
+			want := "namespace net:[" + itoa(heldID.Ino) + "] still held by pid 20420 python3"
+			if held.Verdict.Reason != want || held.Verdict.Holder == nil || held.Verdict.Holder.PID != 20420 {
+				t.Errorf("verdict = %+v, want reason %q", held.Verdict, want)
+			}
+			if verdicts(rep)["free"] != Stale {
+				t.Errorf("free: %s, want stale", verdicts(rep)["free"])
+			}
+			equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
+			if !w.hasRecord("held") || !w.nat.Owns(net1, "held") {
+				t.Error("the detached attachment lost its record or NAT rules")
+			}
+			if w.host.HolderScans != 1 {
+				t.Errorf("%d holder scans, want one per sweep", w.host.HolderScans)
+			}
+		})
+	}
+}
+
+func TestHeldByAMountIsDetachedToo(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	w.detach("c1", "gone", sysinfo.Holder{Mount: "/run/docker/netns/abc"})
+	rep := w.sweep(Request{})
+	if got := rep.Attachments[0].Verdict; got.State != Detached || !strings.Contains(got.Reason, "still held by mount /run/docker/netns/abc") {
+		t.Errorf("verdict = %v", got)
+	}
+}
+
+// A younger namespace that got the recorded inode number is not the
+// recorded one: its cookie tells them apart.
+func TestAHolderOfAReusedInodeIsNotTheRecordedNamespace(t *testing.T) {
+	for _, tc := range []struct {
+		recorded, held uint64
+		want           State
+	}{
+		{recorded: 6108, held: 6113, want: Stale},
+		{recorded: 6108, held: 6108, want: Detached},
+		// The kernel could not say at ADD (before 5.14): the inode decides.
+		{recorded: 0, held: 6113, want: Detached},
+	} {
+		w := newWorld(t)
+		w.container("c1", "10.0.0.2")
+		w.recordCookie("c1", tc.recorded)
+		id := w.detach("c1", "gone", task)
+		w.host.HolderCookies[id] = tc.held
+		rep := w.sweep(Request{})
+		if got := rep.Attachments[0].Verdict.State; got != tc.want {
+			t.Errorf("recorded cookie %d, holder's %d: %s, want %s", tc.recorded, tc.held, got, tc.want)
+		}
+	}
+}
+
+func TestAHealthySweepScansNoProcesses(t *testing.T) {
+	w := newWorld(t)
+	for i, cid := range []string{"a", "b", "c"} {
+		w.container(cid, "10.0.0."+itoa(uint64(i+2)))
+	}
+	w.sweep(Request{})
+	w.sweep(Request{DryRun: true, Orphans: true})
+	if w.host.HolderScans != 0 {
+		t.Errorf("%d holder scans while every namespace path is intact", w.host.HolderScans)
+	}
+}
+
+func TestReAddIsRefusedWhileTheOldNamespaceIsHeld(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	id := w.detach("c1", "replaced", task)
+	before := snapshotDir(t, w.dataDir)
+
+	_, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInternal {
+		t.Fatalf("re-ADD with the old namespace held = %v, want a code 999 error", err)
+	}
+	for _, want := range []string{"c1/eth0 is still attached to " + net1, "net:[" + itoa(id.Ino) + "]", "pid 20420 (python3)", "stop that container, then DEL"} {
+		if !strings.Contains(cniErr.Msg, want) {
+			t.Errorf("error %q does not say %q", cniErr.Msg, want)
+		}
+	}
+	if after := snapshotDir(t, w.dataDir); after != before {
+		t.Errorf("refused re-ADD changed the data directory:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if !w.nat.Owns(net1, "c1") || len(w.nat.Calls) != 0 {
+		t.Errorf("refused re-ADD touched NAT rules: %v", w.nat.Calls)
+	}
+
+	// The task stopped: nothing holds the old namespace, re-ADD recovers.
+	w.host.Holders[id] = nil
+	if _, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
+		t.Fatalf("re-ADD once nothing holds the old namespace: %v", err)
+	}
+	if len(w.leases()) != 0 || w.nat.Owns(net1, "c1") {
+		t.Errorf("old attachment not released: leases %v", w.leases())
+	}
+}
+
+func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// recordCookie sets the namespace cookie cid's record carries.
+func (w *world) recordCookie(cid string, cookie uint64) {
+	w.t.Helper()
+	store := records.NewStore(w.dataDir, net1)
+	r, err := store.Read(records.Key{ContainerID: cid, IfName: "eth0"})
+	if err != nil || r == nil {
+		w.t.Fatalf("read record of %s: %v", cid, err)
+	}
+	r.NetnsCookie = cookie
+	if err := store.Write(r); err != nil {
+		w.t.Fatal(err)
+	}
+}

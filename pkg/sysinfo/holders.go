@@ -1,0 +1,191 @@
+package sysinfo
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// A path is not a namespace. The kernel keeps a network namespace alive
+// while a process is in it or a mount or an open file holds it, whatever
+// became of the path it was created at: Nomad, after a failed CHECK,
+// unmounts /var/run/netns/<alloc>, creates a new namespace there and ADDs
+// again, while the allocation's tasks run on in the old one. Before an
+// attachment is judged dead because its path no longer names its namespace,
+// the processes and mounts that hold namespaces are asked.
+
+// Holder is a process or an nsfs mount that keeps a network namespace alive.
+type Holder struct {
+	// PID is the process in the namespace; 0 for a mount.
+	PID int `json:"pid,omitempty"`
+	// Command is the process's name (/proc/<pid>/comm), filled in by
+	// ConfirmHolder.
+	Command string `json:"command,omitempty"`
+	// Mount is the mount point of an nsfs bind mount of the namespace.
+	Mount string `json:"mount,omitempty"`
+}
+
+func (h Holder) String() string {
+	if h.PID > 0 {
+		return fmt.Sprintf("pid %d %s", h.PID, h.Command)
+	}
+	return "mount " + h.Mount
+}
+
+// Holders maps each network namespace to what holds it.
+type Holders map[NetnsID][]Holder
+
+// procRoot is where Real reads processes from.
+func (r *Real) procRoot() string {
+	if r.ProcRoot == "" {
+		return "/proc"
+	}
+	return r.ProcRoot
+}
+
+// path is the file that names h's namespace: the process's ns/net link, or
+// the mount point.
+func (r *Real) holderPath(h Holder) string {
+	if h.PID > 0 {
+		return filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "ns", "net")
+	}
+	return h.Mount
+}
+
+// NetnsHolders reads, once per call, the network namespace of every process
+// (the thread group leader's /proc/<pid>/ns/net: a stat each, no file
+// read) and every nsfs mount in this process's mountinfo. A process that
+// exits during the scan is skipped. Open namespace files of processes in
+// other namespaces are not looked for: reading every fd of every process
+// costs far more, and a runtime that keeps a namespace by fd also keeps a
+// process or a mount on it (Nomad's tasks, a pause container, a bind mount).
+func (r *Real) NetnsHolders() (Holders, error) {
+	holders := Holders{}
+	if err := r.scanProcesses(holders); err != nil {
+		return nil, err
+	}
+	if err := r.scanMounts(holders); err != nil {
+		return nil, err
+	}
+	return holders, nil
+}
+
+func (r *Real) scanProcesses(holders Holders) error {
+	root := r.procRoot()
+	dir, err := os.Open(root)
+	if err != nil {
+		return fmt.Errorf("list processes: %w", err)
+	}
+	defer dir.Close()
+	for {
+		names, err := dir.Readdirnames(1024)
+		for _, name := range names {
+			pid, perr := strconv.Atoi(name)
+			if perr != nil || pid <= 0 {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Stat(root+"/"+name+"/ns/net", &st) != nil {
+				continue // exited, or a kernel thread we may not look into
+			}
+			id := NetnsID{Dev: st.Dev, Ino: st.Ino}
+			holders[id] = append(holders[id], Holder{PID: pid})
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("list processes: %w", err)
+		}
+	}
+}
+
+// scanMounts adds the nsfs mounts of network namespaces. A mountinfo line is
+// "id parent major:minor root mountpoint options... - fstype source opts";
+// for nsfs, root is "net:[<inode>]" and major:minor is the nsfs device.
+func (r *Real) scanMounts(holders Holders) error {
+	b, err := os.ReadFile(filepath.Join(r.procRoot(), "self", "mountinfo"))
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		id, mount, ok := parseNsfsMount(sc.Text())
+		if ok {
+			holders[id] = append(holders[id], Holder{Mount: mount})
+		}
+	}
+	return sc.Err()
+}
+
+func parseNsfsMount(line string) (NetnsID, string, bool) {
+	pre, post, ok := strings.Cut(line, " - ")
+	if !ok || !strings.HasPrefix(post, "nsfs ") {
+		return NetnsID{}, "", false
+	}
+	f := strings.Fields(pre)
+	if len(f) < 5 {
+		return NetnsID{}, "", false
+	}
+	inoText, ok := strings.CutPrefix(f[3], "net:[")
+	if !ok || !strings.HasSuffix(inoText, "]") {
+		return NetnsID{}, "", false
+	}
+	ino, err := strconv.ParseUint(strings.TrimSuffix(inoText, "]"), 10, 64)
+	if err != nil {
+		return NetnsID{}, "", false
+	}
+	majText, minText, ok := strings.Cut(f[2], ":")
+	major, err1 := strconv.ParseUint(majText, 10, 32)
+	minor, err2 := strconv.ParseUint(minText, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return NetnsID{}, "", false
+	}
+	return NetnsID{Dev: unix.Mkdev(uint32(major), uint32(minor)), Ino: ino}, unescapeMountinfo(f[4]), true
+}
+
+// unescapeMountinfo undoes the kernel's octal escaping of space, tab,
+// newline and backslash in mount points.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// ConfirmHolder checks, right before a verdict rests on it, that h still
+// holds namespace id — a process may have exited, or moved, since the scan
+// — and, when cookie is not zero, that the namespace it holds has that
+// cookie: the kernel hands a dead namespace's inode number to the next one,
+// so an inode alone may name a younger namespace. It fills in the command.
+func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool) {
+	path := r.holderPath(h)
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || (NetnsID{Dev: st.Dev, Ino: st.Ino}) != id {
+		return h, false
+	}
+	if cookie != 0 {
+		got, err := r.NetnsCookie(path)
+		if err != nil || got != cookie {
+			return h, false
+		}
+	}
+	if h.PID > 0 {
+		comm, err := os.ReadFile(filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "comm"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return h, false
+		}
+		h.Command = strings.TrimSpace(string(comm))
+	}
+	return h, true
+}

@@ -1,0 +1,176 @@
+package sysinfo
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// fakeProc builds a /proc of processes whose ns/net links point at files
+// standing in for namespaces (stat follows the link, as it does into nsfs),
+// with a comm each and a mountinfo.
+type fakeProc struct {
+	t    *testing.T
+	root string
+	nses string
+}
+
+func newFakeProc(t *testing.T, mountinfo string) *fakeProc {
+	t.Helper()
+	p := &fakeProc{t: t, root: t.TempDir(), nses: t.TempDir()}
+	if err := os.MkdirAll(filepath.Join(p.root, "self"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(p.root, "self", "mountinfo"), []byte(mountinfo), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Entries that are not processes are skipped.
+	for _, name := range []string{"sys", "net", "0"} {
+		if err := os.MkdirAll(filepath.Join(p.root, name, "ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// namespace creates a stand-in namespace file and returns its identity.
+func (p *fakeProc) namespace(name string) NetnsID {
+	p.t.Helper()
+	path := filepath.Join(p.nses, name)
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		p.t.Fatal(err)
+	}
+	return NetnsID{Dev: st.Dev, Ino: st.Ino}
+}
+
+func (p *fakeProc) process(pid int, comm, ns string) {
+	p.t.Helper()
+	dir := filepath.Join(p.root, strconv.Itoa(pid))
+	if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(p.nses, ns), filepath.Join(dir, "ns", "net")); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "comm"), []byte(comm+"\n"), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+const fakeMountinfo = `22 1 0:21 / /proc rw,nosuid - proc proc rw
+46 45 0:4 net:[4026532178] /run/netns/alloc-1 rw shared:2 - nsfs nsfs rw
+47 45 0:4 net:[4026532999] /run/my\040netns rw shared:2 - nsfs nsfs rw
+48 45 0:4 mnt:[4026532500] /run/mntns rw shared:2 - nsfs nsfs rw
+49 45 0:4 net:[bogus] /run/netns/bad rw - nsfs nsfs rw
+`
+
+func TestNetnsHoldersFindsProcessesAndMounts(t *testing.T) {
+	p := newFakeProc(t, fakeMountinfo)
+	old, host := p.namespace("old"), p.namespace("host")
+	p.process(20420, "python3", "old")
+	p.process(20421, "python3", "old")
+	p.process(1, "systemd", "host")
+	p.process(31337, "gone", "missing") // its namespace link is dangling: exited mid-scan
+	r := &Real{ProcRoot: p.root}
+
+	holders, err := r.NetnsHolders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := holders[old]; len(got) != 2 || got[0].PID+got[1].PID != 20420+20421 {
+		t.Errorf("holders of the old namespace = %+v", got)
+	}
+	if got := holders[host]; len(got) != 1 || got[0].PID != 1 {
+		t.Errorf("holders of the host namespace = %+v", got)
+	}
+	nsfs := unix.Mkdev(0, 4)
+	if got := holders[NetnsID{Dev: nsfs, Ino: 4026532178}]; len(got) != 1 || got[0].Mount != "/run/netns/alloc-1" {
+		t.Errorf("mount holder = %+v", got)
+	}
+	if got := holders[NetnsID{Dev: nsfs, Ino: 4026532999}]; len(got) != 1 || got[0].Mount != "/run/my netns" {
+		t.Errorf("escaped mount point = %+v", got)
+	}
+	if got := holders[NetnsID{Dev: nsfs, Ino: 4026532500}]; len(got) != 0 {
+		t.Errorf("a mount namespace counted as a network namespace holder: %+v", got)
+	}
+	if n := len(holders); n != 4 {
+		t.Errorf("%d namespaces found, want 4: %+v", n, holders)
+	}
+
+	h, ok := r.ConfirmHolder(Holder{PID: 20420}, old, 0)
+	if !ok || h.Command != "python3" || h.String() != "pid 20420 python3" {
+		t.Errorf("ConfirmHolder(20420) = %+v, %v", h, ok)
+	}
+	// Moved to another namespace, or exited, since the scan.
+	if _, ok := r.ConfirmHolder(Holder{PID: 1}, old, 0); ok {
+		t.Error("confirmed a process in another namespace")
+	}
+	if err := os.RemoveAll(filepath.Join(p.root, "20421")); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.ConfirmHolder(Holder{PID: 20421}, old, 0); ok {
+		t.Error("confirmed a process that exited")
+	}
+	// A cookie is read by entering the namespace: a stand-in file is not
+	// one, so the holder cannot be confirmed.
+	if _, ok := r.ConfirmHolder(Holder{PID: 20420}, old, 6108); ok {
+		t.Error("confirmed a cookie that could not be read")
+	}
+}
+
+func TestParseNsfsMount(t *testing.T) {
+	for _, tc := range []struct {
+		line  string
+		ok    bool
+		ino   uint64
+		mount string
+	}{
+		{line: "46 45 0:4 net:[4026532178] /run/netns/a rw shared:2 - nsfs nsfs rw", ok: true, ino: 4026532178, mount: "/run/netns/a"},
+		{line: "46 45 0:4 net:[4026532178] /run/netns/a rw - nsfs nsfs rw", ok: true, ino: 4026532178, mount: "/run/netns/a"},
+		{line: "46 45 0:4 net:[4026532178] /run/a\\134b rw - nsfs nsfs rw", ok: true, ino: 4026532178, mount: `/run/a\b`},
+		{line: "46 45 0:4 uts:[4026532178] /run/a rw - nsfs nsfs rw"},
+		{line: "46 45 0:4 net:[4026532178] /run/a rw - tmpfs tmpfs rw"},
+		{line: "46 45 0:x net:[4026532178] /run/a rw - nsfs nsfs rw"},
+		{line: "46 45 0:4 net:[4026532178]"},
+		{line: ""},
+	} {
+		id, mount, ok := parseNsfsMount(tc.line)
+		if ok != tc.ok || (ok && (id.Ino != tc.ino || id.Dev != unix.Mkdev(0, 4) || mount != tc.mount)) {
+			t.Errorf("parseNsfsMount(%q) = %+v, %q, %v", tc.line, id, mount, ok)
+		}
+	}
+}
+
+// The real /proc: this process is found in its own namespace, and the
+// device in mountinfo is the device stat reports.
+func TestNetnsHoldersOnThisHost(t *testing.T) {
+	r := &Real{}
+	own, err := r.Netns("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders, err := r.NetnsHolders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, h := range holders[own] {
+		if h.PID == os.Getpid() {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("this process (pid %d) is not among the holders of its own namespace %+v", os.Getpid(), own)
+	}
+	h, ok := r.ConfirmHolder(Holder{PID: os.Getpid()}, own, 0)
+	if !ok || h.Command == "" {
+		t.Errorf("ConfirmHolder(self) = %+v, %v", h, ok)
+	}
+}
