@@ -82,10 +82,11 @@ func (r cniResult) addrIn(t *testing.T, p netip.Prefix) (netip.Prefix, netip.Add
 // ---------------------------------------------------------------------------
 // Kernel state inside the namespace
 
-// assertAddrOnIf checks that `ip -n NS addr show dev eth0` carries addr.
+// assertAddrOnIf checks that eth0 in ns (see netns.enter) carries addr.
 func assertAddrOnIf(t *testing.T, ns netns, addr netip.Prefix) {
 	t.Helper()
-	out, err := output("ip", "-j", "-n", ns.name, "addr", "show", "dev", ifName)
+	enter := ns.enter()
+	out, err := output(enter[0], append(enter[1:], "ip", "-j", "addr", "show", "dev", ifName)...)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -175,11 +176,13 @@ func waitAddrSettled(t *testing.T, addr netip.Addr) {
 	}
 }
 
-// ping sends one echo request from inside the namespace to addr (the bridge
+// ping sends one echo request from inside the namespace (see netns.enter)
+// to addr (the bridge
 // gateway, an address the test created).
 func ping(t *testing.T, ns netns, addr netip.Addr) {
 	t.Helper()
-	if err := run("ip", "netns", "exec", ns.name, "ping", "-c1", "-W2", addr.String()); err != nil {
+	enter := ns.enter()
+	if err := run(enter[0], append(enter[1:], "ping", "-c1", "-W2", addr.String())...); err != nil {
 		t.Fatalf("ping %s from %s: %v", addr, ns.name, err)
 	}
 }

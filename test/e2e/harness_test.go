@@ -78,7 +78,7 @@ func missingHostPrereqs() []string {
 	if uid := os.Geteuid(); uid != 0 {
 		missing = append(missing, fmt.Sprintf("root (running as uid %d)", uid))
 	}
-	for _, tool := range []string{"ip", "iptables", "ip6tables", "mount", "umount", "ping"} {
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "mount", "umount", "ping", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, fmt.Sprintf("%s in PATH", tool))
 		}
@@ -337,6 +337,17 @@ func containerIDFor(nsPath string) string {
 	return fmt.Sprintf("cnitool-%x", s[:10])
 }
 
+// enter is the command prefix that runs a command in ns: by its name, or,
+// for a container's /proc/<pid>/ns/net, in that process's namespace
+// whatever the name now points at (Nomad re-creates the path while its
+// tasks stay in the old namespace).
+func (ns netns) enter() []string {
+	if strings.HasPrefix(ns.path, "/proc/") {
+		return []string{"nsenter", "--net=" + ns.path}
+	}
+	return []string{"ip", "netns", "exec", ns.name}
+}
+
 // addNetns creates a named network namespace; the same suffix always maps to
 // the same path and so to the same container ID.
 func (e *testEnv) addNetns(t *testing.T, suffix string) netns {
@@ -413,14 +424,26 @@ var cniEnv = hostcmd.CNIEnv
 // cnitool runs `cnitool VERB NETWORK NSPATH` with the test's NETCONFPATH and
 // bin dir. capArgs, when set, is CAP_ARGS (e.g. portMappings).
 func (e *testEnv) cnitool(verb string, ns netns, capArgs string) (stdout, stderr string, err error) {
-	env := []string{"CNI_PATH=" + e.bin, "NETCONFPATH=" + e.confDir, "CNI_IFNAME=" + ifName}
 	if capArgs != "" {
-		env = append(env, "CAP_ARGS="+capArgs)
+		return e.cnitoolEnv(verb, ns, "CAP_ARGS="+capArgs)
 	}
+	return e.cnitoolEnv(verb, ns)
+}
+
+// cnitoolCmd prepares `cnitool VERB NETWORK NSPATH` with the test's
+// NETCONFPATH, bin dir as CNI_PATH and CNI_IFNAME; env comes last, so it
+// can override them (a CNI_PATH holding a fake delegate).
+func (e *testEnv) cnitoolCmd(ctx context.Context, verb string, ns netns, env ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, "cnitool"), verb, e.netName, ns.path)
+	cmd.Env = cniEnv(append([]string{"CNI_PATH=" + e.bin, "NETCONFPATH=" + e.confDir, "CNI_IFNAME=" + ifName}, env...)...)
+	return cmd
+}
+
+// cnitoolEnv is cnitool with extra environment (see cnitoolCmd).
+func (e *testEnv) cnitoolEnv(verb string, ns netns, env ...string) (stdout, stderr string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, "cnitool"), verb, e.netName, ns.path)
-	cmd.Env = cniEnv(env...)
+	cmd := e.cnitoolCmd(ctx, verb, ns, env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -63,15 +63,16 @@ func serveOnce(addr, token string) int {
 	return 0
 }
 
-// startListener runs serveOnce inside ns on port and returns once it
-// listens. Cleanup kills it if the test ends before it is done.
+// startListener runs serveOnce inside ns (see netns.enter) on port and
+// returns once it listens. Cleanup kills it if the test ends before it is done.
 func (e *testEnv) startListener(t *testing.T, ns netns, port int, token string) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatalf("test executable: %v", err)
 	}
-	cmd := exec.Command("ip", "netns", "exec", ns.name, exe, "-test.run=^$")
+	enter := ns.enter()
+	cmd := exec.Command(enter[0], append(enter[1:], exe, "-test.run=^$")...)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=:%d", listenEnv, port), tokenEnv+"="+token)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()

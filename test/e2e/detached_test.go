@@ -1,0 +1,234 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+// How a test makes Nomad's CHECK fail on a running allocation.
+const (
+	// deleteEth0: the container's interface is gone (bridge's CHECK fails).
+	deleteEth0 = "eth0-deleted"
+	// flushPortmap: portmap's per-container chain was flushed, as any
+	// firewall reload does, while eth0 is intact (portmap's CHECK fails).
+	flushPortmap = "portmap-flushed"
+)
+
+// TestNomadReAddAfterFailedCheck drives Nomad's restore path after a failed
+// CHECK, as its client does it (allocrunner network hook and CNI setup):
+// it unmounts the allocation's netns path, creates a new namespace at the
+// same path and sends ADD again without DEL, and it never moves the tasks,
+// which run on in the old namespace. With a task left there, the re-ADD
+// must be refused and change nothing (its address is still in use: it
+// still answers on it); sweeps keep it; once the task is gone, Nomad's DEL
+// on the new path releases everything. With no task left, the re-ADD
+// succeeds in place. The control, bare bridge, refuses the re-ADD too
+// ("duplicate allocation"): refusing is what keeps Nomad rescheduling.
+func TestNomadReAddAfterFailedCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		breakIt string
+		task    bool // a process stays in the old namespace
+		bare    bool
+	}{
+		{name: "eth0-deleted-task-running", breakIt: deleteEth0, task: true},
+		{name: "portmap-flushed-task-running", breakIt: flushPortmap, task: true},
+		{name: "eth0-deleted-no-task", breakIt: deleteEth0},
+		{name: "portmap-flushed-no-task", breakIt: flushPortmap},
+		{name: "control-bare-bridge-portmap-flushed-task-running", breakIt: flushPortmap, task: true, bare: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			conf := e.reclaimConf(t, "nomad.conflist")
+			leaseDir := e.chooseChain(t, conf, tc.bare)
+			e.writeConflist(t, conf)
+			alloc := e.addNetns(t, "alloc")
+			port := randomHostPort()
+			capArgs := portMappings(port)
+
+			p1, gw := parseResult(t, e.mustCNI(t, "add", alloc, capArgs)).addrIn(t, e.subnet4)
+			_, oldIno := netnsIdentity(t, alloc.path)
+			var task *container
+			if tc.task {
+				task = e.startContainer(t, alloc)
+			}
+
+			e.failCheck(t, alloc, capArgs, tc.breakIt)
+			// Nomad's recovery: unmount the path, a new namespace there.
+			if err := run("ip", "netns", "delete", alloc.name); err != nil {
+				t.Fatal(err)
+			}
+			if err := run("ip", "netns", "add", alloc.name); err != nil {
+				t.Fatal(err)
+			}
+
+			out, stderr, err := e.cnitool("add", alloc, capArgs)
+			switch {
+			case tc.bare:
+				if err == nil || !strings.Contains(err.Error(), "duplicate allocation") {
+					t.Fatalf("control: bare bridge re-ADD = %v, want a duplicate allocation error", err)
+				}
+				t.Logf("control: bare bridge refuses the re-ADD: %v", err)
+				return
+			case !tc.task:
+				if err != nil {
+					t.Fatalf("re-ADD with nothing left in the old namespace: %v\nstderr: %s", err, stderr)
+				}
+				p2, gw := parseResult(t, out).addrIn(t, e.subnet4)
+				e.assertReleased(t, stderr, alloc.cid, "was replaced")
+				assertLeases(t, leaseDir, map[netip.Addr]string{p2.Addr(): leaseContent(alloc.cid)})
+				e.assertRecord(t, alloc, p2.Addr())
+				assertAddrOnIf(t, alloc, p2)
+				ping(t, alloc, gw)
+				e.mustCNI(t, "del", alloc, capArgs)
+				assertLeases(t, leaseDir, nil)
+				e.assertRecordsExactly(t)
+				e.assertNetworkNATEmpty(t)
+				return
+			}
+
+			// A task still runs in the old namespace: refused, as Nomad's
+			// up to three tries all are.
+			for try := range 2 {
+				if err == nil {
+					t.Fatalf("re-ADD %d while pid %d holds the old namespace succeeded:\n%s", try+1, task.pid, out)
+				}
+				for _, want := range []string{fmt.Sprintf("held by pid %d (sleep)", task.pid), fmt.Sprintf("net:[%d]", oldIno), "stop that container, then DEL"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("re-ADD error does not say %q: %v", want, err)
+					}
+				}
+				e.assertDetachedKept(t, alloc, oldIno, p1.Addr())
+				_, stderr, err = e.cnitool("add", alloc, capArgs)
+				if len(e.releaseLines(stderr)) != 0 {
+					t.Errorf("refused re-ADD released something: %s", stderr)
+				}
+			}
+			if tc.breakIt == flushPortmap {
+				// The task still answers on its address.
+				assertAddrOnIf(t, task.ns, netip.PrefixFrom(p1.Addr(), p1.Bits()))
+				e.assertServes(t, task.ns, p1.Addr())
+				ping(t, task.ns, gw)
+			}
+
+			// Sweeps keep it: a CHECK (it fails: the new namespace is empty)
+			// and the operator's gc.
+			if _, _, err := e.cnitool("check", alloc, capArgs); err == nil {
+				t.Error("CHECK of the empty new namespace passed")
+			}
+			if _, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--network", e.netName); err != nil {
+				t.Fatalf("gc: %v\n%s", err, stderr)
+			}
+			e.assertDetachedKept(t, alloc, oldIno, p1.Addr())
+			e.assertLeasesSaysDetached(t, alloc.cid, task.pid)
+
+			// Nomad gives up: it kills the tasks, DELs on the new path.
+			task.stop()
+			e.mustCNI(t, "del", alloc, capArgs)
+			assertLeases(t, leaseDir, nil)
+			e.assertRecordsExactly(t)
+			e.assertNetworkNATEmpty(t)
+		})
+	}
+}
+
+// failCheck breaks the running allocation in ns the given way and checks
+// that CHECK now fails, as Nomad sees it on a client restart.
+func (e *testEnv) failCheck(t *testing.T, ns netns, capArgs, how string) {
+	t.Helper()
+	var err error
+	switch how {
+	case deleteEth0:
+		err = run("ip", "-n", ns.name, "link", "delete", ifName)
+	case flushPortmap:
+		err = run("iptables", "-w", "-t", "nat", "-F", e.dnatChain(ns.cid))
+	default:
+		t.Fatalf("failCheck: unknown way %q", how)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.cnitool("check", ns, capArgs); err == nil {
+		t.Fatalf("CHECK passed with %s: the test no longer drives Nomad's failure path", how)
+	}
+}
+
+// assertDetachedKept checks that everything the attachment held in its old
+// namespace (inode oldIno) is still there: its lease, its record, bridge's
+// ipMasq rule and portmap's jump.
+func (e *testEnv) assertDetachedKept(t *testing.T, ns netns, oldIno uint64, addr netip.Addr) {
+	t.Helper()
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr: leaseContent(ns.cid)})
+	r, raw := e.readRecord(t, ns.cid)
+	if r.State != "complete" || r.NetnsID.Ino != oldIno {
+		t.Errorf("record of the detached attachment changed (want complete, inode %d): %s", oldIno, raw)
+	}
+	e.assertMasq(t, ns, addr)
+	if j := e.dnatJumps(t, "iptables", ns.cid); len(j) != 1 {
+		t.Errorf("want portmap's %s jump for %s kept, got:\n%s", hostportDNATChain, ns.cid, rulesString(j))
+	}
+}
+
+// assertLeasesSaysDetached checks `leases --json` reports cid as detached,
+// held by pid.
+func (e *testEnv) assertLeasesSaysDetached(t *testing.T, cid string, pid int) {
+	t.Helper()
+	stdout, stderr, err := e.operator(t, "leases", "--data-dir", e.dataDir, "--network", e.netName, "--json")
+	if err != nil {
+		t.Fatalf("leases --json: %v\n%s", err, stderr)
+	}
+	var doc struct {
+		Leases []struct {
+			ContainerID string `json:"containerID"`
+			State       string `json:"state"`
+			Reason      string `json:"reason"`
+			HeldBy      *struct {
+				PID     int    `json:"pid"`
+				Command string `json:"command"`
+			} `json:"heldBy"`
+		} `json:"leases"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
+		t.Fatalf("leases --json: %v\n%s", err, stdout)
+	}
+	for _, l := range doc.Leases {
+		if l.ContainerID != cid {
+			continue
+		}
+		want := fmt.Sprintf("still held by pid %d sleep", pid)
+		if l.State != "detached" || !strings.Contains(l.Reason, want) || l.HeldBy == nil || l.HeldBy.PID != pid || l.HeldBy.Command != "sleep" {
+			t.Errorf("leases: %s is %s (%s), heldBy %+v; want detached, %q", cid, l.State, l.Reason, l.HeldBy, want)
+		}
+		return
+	}
+	t.Errorf("leases does not list %s:\n%s", cid, stdout)
+}
+
+// assertServes connects from the host to addr:80, where a listener in ns
+// answers with a token: the container is reachable at that address.
+func (e *testEnv) assertServes(t *testing.T, ns netns, addr netip.Addr) {
+	t.Helper()
+	token := fmt.Sprintf("nbc-e2e-%s-%s", e.id, addr)
+	listener := e.startListener(t, ns, 80, token)
+	conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, 80).String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s:80: %v", addr, err)
+	}
+	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatalf("set deadline: %v", err)
+	}
+	got, err := io.ReadAll(conn)
+	conn.Close()
+	if err != nil || string(got) != token {
+		t.Fatalf("%s:80 answered %q (%v), want %q", addr, got, err, token)
+	}
+	if err := listener.Wait(); err != nil {
+		t.Fatalf("listener: %v", err)
+	}
+}
