@@ -86,6 +86,7 @@ func (r *Real) scanProcesses(holders Holders) error {
 		return fmt.Errorf("list processes: %w", err)
 	}
 	defer dir.Close()
+	procfd := int(dir.Fd())
 	for {
 		names, err := dir.Readdirnames(1024)
 		for _, name := range names {
@@ -94,7 +95,7 @@ func (r *Real) scanProcesses(holders Holders) error {
 				continue
 			}
 			var st unix.Stat_t
-			if unix.Stat(root+"/"+name+"/ns/net", &st) != nil {
+			if unix.Fstatat(procfd, name+"/ns/net", &st, 0) != nil {
 				continue // exited, or a kernel thread we may not look into
 			}
 			id := NetnsID{Dev: st.Dev, Ino: st.Ino}
