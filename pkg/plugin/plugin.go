@@ -33,6 +33,9 @@ type Plugin struct {
 	Stderr io.Writer
 	// Reclaim keeps the attachment records and releases stale attachments.
 	Reclaim *reclaim.Sweeper
+	// onTmpfs tells whether a dataDir lives in memory; nil means statfs
+	// (ipamdir.Config.OnTmpfs). Tests replace it.
+	onTmpfs func(*ipamdir.Config) (bool, int64, error)
 }
 
 // New returns a Plugin wired to the real process.

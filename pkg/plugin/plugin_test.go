@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -140,25 +141,91 @@ func TestAddPrintsResultInConfigVersion(t *testing.T) {
 	}
 }
 
-func TestAddWarnsOncePerAddWhenDataDirIsNotTmpfs(t *testing.T) {
+// The not-on-tmpfs warning is given once per boot and network: a runtime
+// logs the plugins' stderr, and every ADD repeating it fills that log.
+func TestAddWarnsOncePerBootWhenDataDirIsNotTmpfs(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.reply["bridge ADD"] = bridgeResult100
-	onTmpfs, _, err := tmpfsOf(h.t, filepath.Dir(h.dataDir))
-	if err != nil {
-		t.Fatal(err)
+	h.plugin.onTmpfs = func(*ipamdir.Config) (bool, int64, error) { return false, 0xef53, nil }
+	add := func(cid string) int {
+		t.Helper()
+		h.stderr.Reset()
+		args := h.args(h.conf("1.0.0", ""))
+		args.ContainerID = cid
+		if err := h.plugin.Add(args); err != nil {
+			t.Fatalf("Add %s: %v", cid, err)
+		}
+		if strings.Contains(h.stdout.String(), "tmpfs") {
+			t.Errorf("warning leaked onto stdout: %q", h.stdout.String())
+		}
+		return strings.Count(h.stderr.String(), "is not on tmpfs")
 	}
+	if got := add("c1"); got != 1 {
+		t.Errorf("first ADD of the boot: %d tmpfs warnings, want 1: %q", got, h.stderr.String())
+	}
+	if got := add("c2"); got != 0 {
+		t.Errorf("second ADD in the same boot: %d tmpfs warnings, want 0: %q", got, h.stderr.String())
+	}
+	marker := filepath.Join(h.dataDir, ".nomad-bridge-cni", "nomad", ".warned-not-tmpfs")
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "boot-1" {
+		t.Errorf("marker %s = %q, %v; want the boot ID", marker, b, err)
+	}
+
+	// The marker survives a reboot on such a dataDir: its boot ID decides.
+	h.host.ID = "boot-2"
+	if got := add("c3"); got != 1 {
+		t.Errorf("first ADD of a new boot: %d tmpfs warnings, want 1: %q", got, h.stderr.String())
+	}
+	if got := add("c4"); got != 0 {
+		t.Errorf("second ADD of the new boot: %d tmpfs warnings, want 0: %q", got, h.stderr.String())
+	}
+
+	// Another network has its own marker.
+	h.stderr.Reset()
+	other := bytes.Replace(h.conf("1.0.0", ""), []byte(`"name":"nomad"`), []byte(`"name":"other"`), 1)
+	if err := h.plugin.Add(h.args(other)); err != nil {
+		t.Fatalf("Add on another network: %v", err)
+	}
+	if got := strings.Count(h.stderr.String(), "is not on tmpfs"); got != 1 {
+		t.Errorf("first ADD on another network: %d tmpfs warnings, want 1: %q", got, h.stderr.String())
+	}
+}
+
+func TestAddOnTmpfsNeitherWarnsNorMarks(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	h.plugin.onTmpfs = func(*ipamdir.Config) (bool, int64, error) { return true, 0x01021994, nil }
 	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
-	n := strings.Count(h.stderr.String(), "is not on tmpfs")
-	if onTmpfs && n != 0 {
+	if strings.Contains(h.stderr.String(), "tmpfs") {
 		t.Errorf("warned about tmpfs on a tmpfs dataDir: %q", h.stderr.String())
 	}
-	if !onTmpfs && n != 1 {
-		t.Errorf("tmpfs warnings = %d, want 1: %q", n, h.stderr.String())
+	if _, err := os.Lstat(filepath.Join(h.dataDir, ".nomad-bridge-cni", "nomad", ".warned-not-tmpfs")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("tmpfs warning marker written on a tmpfs dataDir: %v", err)
 	}
-	if strings.Contains(h.stdout.String(), "tmpfs") {
-		t.Errorf("warning leaked onto stdout: %q", h.stdout.String())
+}
+
+// A marker that cannot be written costs a repeated warning, never the ADD.
+func TestAddWarnsWhenTheTmpfsMarkerCannotBeWritten(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	h.plugin.onTmpfs = func(*ipamdir.Config) (bool, int64, error) { return false, 0xef53, nil }
+	// A non-empty directory where the marker goes: rename onto it fails.
+	blocker := filepath.Join(h.dataDir, ".nomad-bridge-cni", "nomad", ".warned-not-tmpfs", "x")
+	if err := os.MkdirAll(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, cid := range []string{"c1", "c2"} {
+		h.stderr.Reset()
+		args := h.args(h.conf("1.0.0", ""))
+		args.ContainerID = cid
+		if err := h.plugin.Add(args); err != nil {
+			t.Fatalf("Add %s with an unwritable marker: %v", cid, err)
+		}
+		if !strings.Contains(h.stderr.String(), "is not on tmpfs") || !strings.Contains(h.stderr.String(), "record that the tmpfs warning was given") {
+			t.Errorf("ADD %s: stderr = %q, want the tmpfs warning and why it may repeat", cid, h.stderr.String())
+		}
 	}
 }
 

@@ -2,16 +2,28 @@ package plugin
 
 import "github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 
-// warnIfPersistent tells the operator, once per ADD, that the dataDir will
-// survive a reboot, which is the failure this plugin exists to prevent. It
-// is a warning, not an error: /run is not tmpfs on every host, and the
-// boot-aware GC still reclaims such leases.
+// warnIfPersistent tells the operator that the dataDir will survive a
+// reboot, which is the failure this plugin exists to prevent. It is a
+// warning, not an error: /run is not tmpfs on every host, and the
+// boot-aware GC still reclaims such leases. It is given once per boot and
+// network (a marker next to the records), not on every ADD: a runtime
+// such as Nomad logs the plugins' stderr, and the log would fill with it.
 func (p *Plugin) warnIfPersistent(conf *ipamdir.Config) {
-	onTmpfs, fsType, err := conf.OnTmpfs()
+	onTmpfs := p.onTmpfs
+	if onTmpfs == nil {
+		onTmpfs = (*ipamdir.Config).OnTmpfs
+	}
+	inMemory, fsType, err := onTmpfs(conf)
 	switch {
 	case err != nil:
 		p.warnf("warning: cannot tell whether dataDir %s is on tmpfs: %v", conf.DataDir, err)
-	case !onTmpfs:
-		p.warnf("warning: dataDir %s is not on tmpfs (filesystem magic 0x%x): its leases survive a reboot; mount a tmpfs there or point \"dataDir\" at one (e.g. /run/cni)", conf.DataDir, fsType)
+	case !inMemory:
+		due, merr := p.Reclaim.ClaimNotTmpfsWarning(conf.DataDir, conf.Name)
+		if merr != nil {
+			p.warnf("warning: %v", merr)
+		}
+		if due {
+			p.warnf("warning: dataDir %s is not on tmpfs (filesystem magic 0x%x): its leases survive a reboot; mount a tmpfs there or point \"dataDir\" at one (e.g. /run/cni) (said once per boot for network %s)", conf.DataDir, fsType, conf.Name)
+		}
 	}
 }

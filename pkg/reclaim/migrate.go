@@ -11,10 +11,6 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
-// migratedMarker, in the network's record directory, holds the boot ID of
-// the last migration. Names starting with '.' are not records.
-const migratedMarker = ".migrated"
-
 // Migration is what one legacy migration did.
 type Migration struct {
 	Moved, Dropped int
@@ -38,9 +34,8 @@ func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error
 	if err != nil {
 		return nil, err
 	}
-	recDir := records.NewStore(dataDir, network).Dir()
-	marker := filepath.Join(recDir, migratedMarker)
-	if b, err := records.ReadFileNoFollow(marker); err == nil && string(b) == bootID {
+	marker := newBootMarker(dataDir, network, migratedMarker)
+	if marker.current(bootID) {
 		return &Migration{}, nil
 	}
 	m := &Migration{}
@@ -50,11 +45,8 @@ func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error
 			return m, err
 		}
 	}
-	if err := os.MkdirAll(recDir, 0o700); err != nil {
-		return m, fmt.Errorf("create %s: %w", recDir, err)
-	}
-	if err := records.WriteFileAtomic(marker, []byte(bootID)); err != nil {
-		return m, fmt.Errorf("write migration marker: %w", err)
+	if err := marker.set(bootID); err != nil {
+		return m, fmt.Errorf("migration marker: %w", err)
 	}
 	return m, nil
 }

@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -198,8 +200,11 @@ func TestDualStack(t *testing.T) {
 }
 
 // TestNonTmpfsWarning: with dataDir on a filesystem that survives a reboot
-// the plugin still works but says so on stderr, once per ADD; on tmpfs it
-// says nothing of the kind. (cnitool passes the plugins' stderr through.)
+// the plugin still works but says so on stderr, once per boot and network:
+// on the first ADD, not on the second (a runtime's log would fill with it).
+// The marker that remembers it holds the boot ID, since it survives a
+// reboot too. On tmpfs it says nothing of the kind. (cnitool passes the
+// plugins' stderr through.)
 func TestNonTmpfsWarning(t *testing.T) {
 	tmpfsLines := func(stderr, dataDir string) []string {
 		var lines []string
@@ -229,6 +234,18 @@ func TestNonTmpfsWarning(t *testing.T) {
 		if lines := tmpfsLines(stderr, e.persistDir); len(lines) != 1 {
 			t.Fatalf("want one stderr line saying %s is not on tmpfs, got %q (stderr: %q)", e.persistDir, lines, stderr)
 		}
+		marker := filepath.Join(e.persistDir, recordDirName, e.netName, ".warned-not-tmpfs")
+		if b, err := os.ReadFile(marker); err != nil || string(b) != bootID(t) {
+			t.Errorf("marker %s = %q, %v; want this boot's ID", marker, b, err)
+		}
+
+		ns2 := e.addNetns(t, "b")
+		if _, stderr, err := e.cnitool("add", ns2, ""); err != nil {
+			t.Fatalf("second ADD with a persistent dataDir: %v", err)
+		} else if lines := tmpfsLines(stderr, e.persistDir); len(lines) != 0 {
+			t.Errorf("the second ADD in the same boot warned again: %q", lines)
+		}
+		e.mustCNI(t, "del", ns2, "")
 		e.mustCNI(t, "del", ns, "")
 		assertLeases(t, filepath.Join(e.persistDir, e.netName), nil)
 	})
@@ -244,6 +261,9 @@ func TestNonTmpfsWarning(t *testing.T) {
 		}
 		if lines := tmpfsLines(stderr, e.dataDir); len(lines) != 0 {
 			t.Fatalf("dataDir %s is a tmpfs, yet ADD warned: %q", e.dataDir, lines)
+		}
+		if _, err := os.Lstat(filepath.Join(e.recordDir(), ".warned-not-tmpfs")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("tmpfs warning marker written on a tmpfs dataDir: %v", err)
 		}
 	})
 }
