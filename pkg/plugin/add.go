@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	cnins "github.com/containernetworking/cni/pkg/ns"
@@ -32,6 +33,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	// Complete and Abort drop the lock; this covers a record left pending
+	// (a failed rollback) too.
+	defer attach.Close()
 	p.warnIfPersistent(conf)
 	if err := p.migrate(conf); err != nil {
 		if aerr := attach.Abort(); aerr != nil {
@@ -42,7 +46,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 
 	ctx, cancel := delegateCtx(conf)
 	defer cancel()
-	result, err := invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, p.Exec)
+	// The delegate and all it runs hold the record's lock: a sweep counts
+	// the ADD as running while any of them does, even once we are killed.
+	result, err := invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, p.execHolding(attach.LockFile()))
 	if err != nil {
 		addErr := delegateError(ctx, conf.Delegate, "add", err)
 		if !answered(err) {
@@ -87,6 +93,22 @@ func checkTarget(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own network namespace", args.Netns), "")
 	}
 	return nil
+}
+
+// inheritingExec is an invoke.Exec that can pass an open file to the
+// delegates it runs (delegateExec can; fakes need not).
+type inheritingExec interface {
+	invoke.Exec
+	Inheriting(f *os.File) invoke.Exec
+}
+
+// execHolding is p.Exec with f inherited by the delegate, and by all the
+// delegate runs.
+func (p *Plugin) execHolding(f *os.File) invoke.Exec {
+	if e, ok := p.Exec.(inheritingExec); ok && f != nil {
+		return e.Inheriting(f)
+	}
+	return p.Exec
 }
 
 // rollback sends DEL for an ADD whose delegate gave no answer.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"syscall"
 	"time"
@@ -32,12 +33,24 @@ const waitDelay = 2 * time.Second
 type delegateExec struct {
 	version.PluginDecoder
 	stderr io.Writer
+	// inherit, when set, is passed to the delegate as fd 3 (see Inheriting).
+	inherit *os.File
 }
 
 var _ invoke.Exec = (*delegateExec)(nil)
 
 func (e *delegateExec) FindInPath(plugin string, paths []string) (string, error) {
 	return invoke.FindInPath(plugin, paths)
+}
+
+// Inheriting returns a copy of e whose delegates inherit f. The delegate
+// gets it as fd 3, not close-on-exec, and so does everything it starts
+// (exec closes only close-on-exec descriptors, and Go's os/exec, bridge's,
+// opens all of its own so), until the last of them exits.
+func (e *delegateExec) Inheriting(f *os.File) invoke.Exec {
+	c := *e
+	c.inherit = f
+	return &c
 }
 
 func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
@@ -49,6 +62,9 @@ func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin 
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = waitDelay
+	if e.inherit != nil {
+		cmd.ExtraFiles = []*os.File{e.inherit}
+	}
 
 	err := cmd.Run()
 	if e.stderr != nil && stderr.Len() > 0 {

@@ -3,10 +3,12 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/version"
 )
 
@@ -33,6 +35,8 @@ type execCall struct {
 	Command string
 	Stdin   string
 	Env     map[string]string
+	// Inherited is the file the delegate would inherit (see Inheriting).
+	Inherited *os.File
 }
 
 func newFakeExec(installed ...string) *fakeExec {
@@ -44,12 +48,29 @@ func newFakeExec(installed ...string) *fakeExec {
 }
 
 func (f *fakeExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	return f.exec(ctx, pluginPath, stdin, environ, nil)
+}
+
+// Inheriting is delegateExec.Inheriting: the calls made through the
+// returned Exec record the file.
+func (f *fakeExec) Inheriting(file *os.File) invoke.Exec { return &fakeInheriting{f, file} }
+
+type fakeInheriting struct {
+	*fakeExec
+	file *os.File
+}
+
+func (f *fakeInheriting) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	return f.exec(ctx, pluginPath, stdin, environ, f.file)
+}
+
+func (f *fakeExec) exec(ctx context.Context, pluginPath string, stdin []byte, environ []string, inherited *os.File) ([]byte, error) {
 	env := map[string]string{}
 	for _, kv := range environ {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
-	call := execCall{Plugin: filepath.Base(pluginPath), Command: env["CNI_COMMAND"], Stdin: string(stdin), Env: env}
+	call := execCall{Plugin: filepath.Base(pluginPath), Command: env["CNI_COMMAND"], Stdin: string(stdin), Env: env, Inherited: inherited}
 	f.calls = append(f.calls, call)
 	if f.onExec != nil {
 		f.onExec()

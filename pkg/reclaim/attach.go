@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -17,6 +18,10 @@ import (
 type Attach struct {
 	store  *records.Store
 	Record *records.Record
+	// lock holds the pending record's flock (records.Store.WriteLocked)
+	// until Complete or Abort: a sweep counts the ADD as running while
+	// any process holds it.
+	lock *os.File
 }
 
 // BeginAdd prepares an ADD of key into the namespace at netnsPath. If the
@@ -56,23 +61,24 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 		Netns: netnsPath, NetnsID: nsID, NetnsCookie: cookie, BootID: bootID, Created: s.Host.Now().UTC(),
 		State: records.Pending, PID: pid, PIDStart: start,
 	}
-	if err := recStore.Write(rec); err != nil {
+	lock, err := recStore.WriteLocked(rec)
+	if err != nil {
 		return nil, types.NewError(types.ErrIOFailure, "failed to write the attachment record", err.Error())
 	}
-	return &Attach{store: recStore, Record: rec}, nil
+	return &Attach{store: recStore, Record: rec, lock: lock}, nil
 }
 
 // replaceEarlier decides what an existing record for the same attachment
 // means for a new ADD.
 func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
-	j, err := newJudge(s.Host, nil, false)
+	j, err := newJudge(s.Host, records.NewStore(dataDir, network), nil, false)
 	if err != nil {
 		return err
 	}
 	v := j.verdict(&Attachment{Key: old.Key(), Record: old})
 	switch v.State {
 	case Pending:
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is in progress (pid %d)", old.Key(), network, old.PID), "")
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is still running (%s)", old.Key(), network, v.Reason), "")
 	case Stale:
 		return s.releaseOne(dataDir, network, old, v.Reason)
 	case Detached:
@@ -141,17 +147,38 @@ func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reaso
 	return errors.Join(errs...)
 }
 
+// LockFile is the open pending record whose flock marks the ADD as
+// running: the ADD's delegate must inherit it, and so everything the
+// delegate runs.
+func (a *Attach) LockFile() *os.File { return a.lock }
+
 // Complete records the delegate's IPs: the ADD is done.
 func (a *Attach) Complete(ips []string) error {
 	a.Record.State = records.Complete
 	a.Record.PID, a.Record.PIDStart = 0, 0
 	a.Record.IPs = ips
+	defer a.Close()
 	return a.store.Write(a.Record)
 }
 
 // Abort removes the pending record of an ADD that failed: the delegate
 // cleaned up after itself (bridge releases its IPAM allocation on error).
-func (a *Attach) Abort() error { return a.store.Remove(a.Record.Key()) }
+func (a *Attach) Abort() error {
+	defer a.Close()
+	return a.store.Remove(a.Record.Key())
+}
+
+// Close drops the plugin's hold on the pending record's lock; it may be
+// called more than once. After Complete or Abort the lock marks nothing
+// (the record was replaced by another file, or removed); an ADD that
+// leaves its record pending is judged by its processes' lock until they
+// have all exited, then by its namespace.
+func (a *Attach) Close() {
+	if a.lock != nil {
+		a.lock.Close() // read-only: nothing to lose
+		a.lock = nil
+	}
+}
 
 // EndDel finishes a DEL the delegate accepted. bridge tears its ipMasq
 // rules down only when it finds the container's interface in CNI_NETNS;

@@ -65,10 +65,13 @@ type Attachment struct {
 //     it (else it is Detached);
 //  3. the runtime's GC did not list it.
 //
-// A pending record whose ADD process is still running is kept whatever the
-// rules say, and so is a record-less lease from this boot.
+// A pending record whose ADD is still running is kept whatever the rules
+// say, and so is a record-less lease from this boot.
 type judge struct {
-	host     sysinfo.Host
+	host sysinfo.Host
+	// records is the network's record store, whose locks tell which ADDs
+	// still run.
+	records  *records.Store
 	bootID   string
 	bootTime time.Time
 	// valid is the GC verb's list; nil outside a GC.
@@ -81,7 +84,7 @@ type judge struct {
 	holders sysinfo.Holders
 }
 
-func newJudge(h sysinfo.Host, valid []types.GCAttachment, isGC bool) (*judge, error) {
+func newJudge(h sysinfo.Host, recs *records.Store, valid []types.GCAttachment, isGC bool) (*judge, error) {
 	bootID, err := h.BootID()
 	if err != nil {
 		return nil, err
@@ -90,7 +93,7 @@ func newJudge(h sysinfo.Host, valid []types.GCAttachment, isGC bool) (*judge, er
 	if err != nil {
 		return nil, err
 	}
-	j := &judge{host: h, bootID: bootID, bootTime: bootTime, seen: map[*records.Record]Verdict{}}
+	j := &judge{host: h, records: recs, bootID: bootID, bootTime: bootTime, seen: map[*records.Record]Verdict{}}
 	if isGC {
 		j.valid = newValidSet(valid)
 	}
@@ -137,8 +140,10 @@ func (j *judge) liveClaims(recs []*records.Record) map[string]records.Key {
 }
 
 func (j *judge) verdict(a *Attachment) Verdict {
-	if r := a.Record; r != nil && r.State == records.Pending && r.BootID == j.bootID && j.running(r) {
-		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}
+	if r := a.Record; r != nil && r.State == records.Pending && r.BootID == j.bootID {
+		if v, running := j.addRunning(r); running {
+			return v
+		}
 	}
 	if j.valid != nil {
 		if j.valid.has(a.Key) {
@@ -153,8 +158,8 @@ func (j *judge) verdict(a *Attachment) Verdict {
 			j.seen[a.Record] = v
 		}
 		if v.State == Live && a.Record.State == records.Pending && len(a.Leases) == 0 {
-			// Its writer is gone (checked above) and nothing was allocated:
-			// the record protects nothing.
+			// Its processes are gone (checked above) and nothing was
+			// allocated: the record protects nothing.
 			return Verdict{State: Stale, Reason: "its ADD died before an address was allocated"}
 		}
 		return v
@@ -216,14 +221,26 @@ func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 	return Verdict{State: Stale, Reason: gone}
 }
 
-// running reports whether the process that wrote a pending record is still
-// that process (same pid and start time: pids are reused).
-func (j *judge) running(r *records.Record) bool {
-	if r.PID <= 0 {
-		return false
+// addRunning tells whether the ADD that wrote a pending record still runs,
+// and says so in a verdict: its plugin is still that process (same pid and
+// start time: pids are reused), or a process it started (the delegate,
+// host-local, iptables) still holds the record's lock. Records written
+// before the lock existed are judged by the pid alone.
+func (j *judge) addRunning(r *records.Record) (Verdict, bool) {
+	if r.PID > 0 {
+		if start, ok := j.host.ProcessStart(r.PID); ok && start == r.PIDStart {
+			return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}, true
+		}
 	}
-	start, ok := j.host.ProcessStart(r.PID)
-	return ok && start == r.PIDStart
+	locked, err := j.records.AddRunning(r.Key())
+	switch {
+	case err != nil:
+		// Cannot look: cannot prove the ADD is over, so keep it.
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot tell whether its ADD still runs: %v", err)}, true
+	case locked:
+		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d gone, its delegate still runs", r.PID)}, true
+	}
+	return Verdict{}, false
 }
 
 // validSet matches attachments against a GC list the way host-local does:

@@ -93,7 +93,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	j, err := newJudge(s.Host, req.Valid, req.GC)
+	j, err := newJudge(s.Host, recStore, req.Valid, req.GC)
 	if err != nil {
 		return nil, err
 	}

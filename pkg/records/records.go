@@ -106,7 +106,11 @@ func isFileNameOf(name string, k Key) bool {
 
 // Write stores r atomically (temp file + rename, 0600), so a reader sees the
 // old record or the new one, never half of one.
-func (s *Store) Write(r *Record) error {
+func (s *Store) Write(r *Record) error { return s.write(r, nil) }
+
+// write is Write, calling beforeRename (when set) with the temp file's
+// path once it holds the record.
+func (s *Store) write(r *Record, beforeRename func(tmp string) error) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create record directory %s: %w", s.dir, err)
 	}
@@ -114,7 +118,7 @@ func (s *Store) Write(r *Record) error {
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", r.Key(), err)
 	}
-	if err := WriteFileAtomic(filepath.Join(s.dir, fileName(r.Key())), b); err != nil {
+	if err := replaceFile(filepath.Join(s.dir, fileName(r.Key())), b, beforeRename); err != nil {
 		return fmt.Errorf("store record %s: %w", r.Key(), err)
 	}
 	return nil
@@ -148,7 +152,12 @@ func (s *Store) RemoveAbandonedTemps(l *Listing, running func(pid int) bool) ([]
 // WriteFileAtomic replaces path with data through a 0600 temp file in the
 // same directory and a rename: a reader, or a crash, sees the old content
 // or the new, never a mix.
-func WriteFileAtomic(path string, data []byte) error {
+func WriteFileAtomic(path string, data []byte) error { return replaceFile(path, data, nil) }
+
+// replaceFile is WriteFileAtomic, calling beforeRename (when set) with the
+// temp file's path once it holds data: the last moment nobody else can
+// see the file.
+func replaceFile(path string, data []byte, beforeRename func(tmp string) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), tempPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return err
@@ -157,6 +166,12 @@ func WriteFileAtomic(path string, data []byte) error {
 	if err := errors.Join(werr, tmp.Close()); err != nil {
 		os.Remove(tmp.Name())
 		return err
+	}
+	if beforeRename != nil {
+		if err := beforeRename(tmp.Name()); err != nil {
+			os.Remove(tmp.Name())
+			return err
+		}
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		os.Remove(tmp.Name())
@@ -221,7 +236,7 @@ func (s *Store) List() (*Listing, error) {
 			return
 		}
 		if strings.HasPrefix(name, ".") {
-			return // the migration marker, a temp file of unknown origin
+			return // a boot marker (.migrated, ...), a temp file of unknown origin
 		}
 		if !e.Type().IsRegular() {
 			l.Problems = append(l.Problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))

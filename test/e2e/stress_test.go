@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Knobs of the long-running tests; the defaults are what the issue asks.
@@ -260,13 +258,8 @@ func TestCrashDuringAdd(t *testing.T) {
 	pl, gw := parseResult(t, e.mustCNI(t, "add", live, "")).addrIn(t, e.subnet4)
 	stdin := entryConfig(t, conf, pluginType)
 
-	// The killed plugin's delegates are orphaned. As a child subreaper the
-	// test inherits them, so it can wait for them to finish (and reap
-	// them: PID 1 of a container may not).
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		t.Fatalf("become child subreaper: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
+	// The killed plugin's delegates are orphaned: the test inherits them.
+	becomeSubreaper(t)
 
 	var dead []netns
 	completed := 0
@@ -278,7 +271,6 @@ func TestCrashDuringAdd(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start plugin: %v", err)
 		}
-		pgid := cmd.Process.Pid
 		delay := time.Duration(rand.Int64N(int64(window)))
 		time.Sleep(delay) // the fault injection: kill at a random point
 		_ = cmd.Process.Signal(syscall.SIGKILL)
@@ -289,7 +281,8 @@ func TestCrashDuringAdd(t *testing.T) {
 		} else if !errors.As(err, &exitErr) {
 			t.Fatalf("wait for plugin: %v", err)
 		}
-		if err := reapGroup(pgid, 30*time.Second); err != nil {
+		// Its delegates finish the ADD (or fail) before the namespace goes.
+		if err := reapChildren(30 * time.Second); err != nil {
 			t.Fatalf("trial %d: %v", i, err)
 		}
 		e.mustKillNetns(t, ns)
@@ -335,33 +328,4 @@ func TestCrashDuringAdd(t *testing.T) {
 	assertLeases(t, e.leaseDir(), nil)
 	e.assertRecordsExactly(t)
 	e.assertNetworkNATEmpty(t)
-}
-
-// reapGroup waits for every process of the process group pgid that the
-// test has inherited as subreaper, until none is left.
-func reapGroup(pgid int, timeout time.Duration) error {
-	done := make(chan error, 1)
-	go func() {
-		for {
-			var ws unix.WaitStatus
-			_, err := unix.Wait4(-pgid, &ws, 0, nil)
-			switch {
-			case errors.Is(err, unix.ECHILD):
-				done <- nil
-				return
-			case errors.Is(err, unix.EINTR):
-				continue
-			case err != nil:
-				done <- fmt.Errorf("wait for process group %d: %w", pgid, err)
-				return
-			}
-		}
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(timeout):
-		_ = unix.Kill(-pgid, unix.SIGKILL)
-		return fmt.Errorf("delegates of the killed plugin (process group %d) still running after %v", pgid, timeout)
-	}
 }

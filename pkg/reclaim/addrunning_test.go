@@ -1,0 +1,128 @@
+package reclaim
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// lockedRecord writes r as w.record does, then again as BeginAdd does,
+// locked; the returned file stands for the delegate still holding it.
+func (w *world) lockedRecord(r *records.Record) *os.File {
+	w.t.Helper()
+	w.record(r)
+	held, err := records.NewStore(w.dataDir, net1).WriteLocked(r)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { held.Close() })
+	return held
+}
+
+// The plugin of an ADD was killed (its pid is dead) while its delegate
+// runs on and holds the record's lock: every sweep keeps the attachment,
+// whatever its namespace says, until the lock is free; the next sweep
+// then judges it by the usual rules.
+func TestSweepKeepsAnADDWhoseDelegateStillRuns(t *testing.T) {
+	for _, tc := range []struct {
+		name, netns string
+		lease       bool
+		after       State
+	}{
+		{"namespace gone, address allocated", "/run/netns/gone", true, Stale},
+		{"namespace there, nothing allocated yet", "/run/netns/alive", false, Stale},
+		{"namespace there, address allocated", "/run/netns/alive", true, Live},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			w.host.Namespaces["/run/netns/alive"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
+			held := w.lockedRecord(&records.Record{ContainerID: "killed", IfName: "eth0", Netns: tc.netns, NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
+			if tc.lease {
+				w.lease("10.0.0.2", "killed\r\neth0", bootTime.Add(time.Minute))
+				w.nat.AddContainer(net1, "killed", "10.0.0.2", 0)
+			}
+
+			for _, req := range []Request{{}, {GC: true}} {
+				rep := w.sweep(req)
+				if len(rep.Attachments) != 1 || rep.Attachments[0].Verdict.State != Pending || !strings.Contains(rep.Attachments[0].Verdict.Reason, "delegate still runs") {
+					t.Fatalf("sweep %+v while the delegate runs: %v", req, rep.Attachments[0].Verdict)
+				}
+				if !w.hasRecord("killed") || (tc.lease && (len(w.leases()) != 1 || !w.nat.Owns(net1, "killed"))) {
+					t.Fatalf("sweep %+v released part of a running ADD: leases %v, log %q", req, w.leases(), w.log)
+				}
+			}
+
+			held.Close()
+			rep := w.sweep(Request{})
+			if got := rep.Attachments[0].Verdict.State; got != tc.after {
+				t.Fatalf("verdict once the delegate is gone = %v, want %s", rep.Attachments[0].Verdict, tc.after)
+			}
+			if tc.after == Stale && (w.hasRecord("killed") || len(w.leases()) != 0 || w.nat.Owns(net1, "killed")) {
+				t.Errorf("stale ADD not released: record %v, leases %v, log %q", w.hasRecord("killed"), w.leases(), w.log)
+			}
+		})
+	}
+}
+
+// A new ADD of the same attachment waits (code 11) while the earlier
+// ADD's delegate runs, and releases the earlier one once it is gone.
+func TestBeginAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
+	w := newWorld(t)
+	w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
+	key := records.Key{ContainerID: "c1", IfName: "eth0"}
+	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
+
+	_, err := w.sweeper.BeginAdd(w.dataDir, net1, key, "/run/netns/c1")
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "delegate still runs") {
+		t.Fatalf("BeginAdd while the earlier delegate runs = %v, want code 11", err)
+	}
+
+	held.Close()
+	att, err := w.sweeper.BeginAdd(w.dataDir, net1, key, "/run/netns/c1")
+	if err != nil {
+		t.Fatalf("BeginAdd once the earlier ADD is gone: %v", err)
+	}
+	defer att.Close()
+	if att.Record.PID != os.Getpid() || !strings.Contains(w.log.String(), "died before an address was allocated") {
+		t.Errorf("earlier ADD not replaced: record %+v, log %q", att.Record, w.log)
+	}
+}
+
+// BeginAdd's pending record is locked from the start; Complete and Abort
+// drop the lock once the pending record is replaced or gone.
+func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {
+	for _, end := range []string{"complete", "abort"} {
+		t.Run(end, func(t *testing.T) {
+			w := newWorld(t)
+			w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
+			key := records.Key{ContainerID: "c1", IfName: "eth0"}
+			store := records.NewStore(w.dataDir, net1)
+			att, err := w.sweeper.BeginAdd(w.dataDir, net1, key, "/run/netns/c1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if running, err := store.AddRunning(key); !running || err != nil || att.LockFile() == nil {
+				t.Fatalf("pending record: AddRunning = %v, %v; lock file %v", running, err, att.LockFile())
+			}
+			if end == "complete" {
+				err = att.Complete([]string{"10.0.0.2/24"})
+			} else {
+				err = att.Abort()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if running, err := store.AddRunning(key); running || err != nil || att.LockFile() != nil {
+				t.Errorf("after %s: AddRunning = %v, %v; lock file %v", end, running, err, att.LockFile())
+			}
+		})
+	}
+}

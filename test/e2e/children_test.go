@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A runtime that gives up on an ADD kills the plugin, not its delegates:
+// they run in their own process group and are orphaned. A test that kills
+// plugins becomes a child subreaper, so the orphans are reparented to it
+// rather than to PID 1: it can wait for them to finish (an event, not a
+// sleep) and reap them (PID 1 of a container may not).
+
+// becomeSubreaper makes the test process a child subreaper until the test
+// ends. Its cleanup first kills and reaps whatever the test inherited and
+// left running (a test that failed half-way), before the harness deletes
+// the namespaces and rules those processes would otherwise still write.
+func becomeSubreaper(t *testing.T) {
+	t.Helper()
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatalf("become child subreaper: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := reapChildren(0); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+	})
+}
+
+// reapChildren waits until the test process has no child left, reaping
+// each, including those reparented to it meanwhile (a killed bridge's
+// host-local). After grace it kills whatever is left, and says so. It
+// must run only while the test waits for no child of its own: wait4(-1)
+// would take that child from exec.Cmd.Wait.
+func reapChildren(grace time.Duration) error {
+	var kill atomic.Bool
+	done := make(chan error, 1)
+	go func() { done <- waitAllChildren(&kill) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(grace):
+	}
+	left := liveProcesses(childPIDs())
+	kill.Store(true)
+	killAll(left) // wakes the wait4 below, which kills the rest
+	if err := <-done; err != nil {
+		return err
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	return fmt.Errorf("inherited processes still running after %v, killed: %s", grace, processLine(left))
+}
+
+// waitAllChildren reaps children until there are none (ECHILD); once kill
+// is set it kills every child before each wait.
+func waitAllChildren(kill *atomic.Bool) error {
+	for {
+		if kill.Load() {
+			killAll(childPIDs())
+		}
+		_, err := unix.Wait4(-1, nil, 0, nil)
+		switch {
+		case errors.Is(err, unix.ECHILD):
+			return nil
+		case errors.Is(err, unix.EINTR):
+		case err != nil:
+			return fmt.Errorf("wait for inherited processes: %w", err)
+		}
+	}
+}
+
+// reapGroup reaps the members of process group pgid that the test
+// inherited, as the runtime that killed them would: a plugin whose caller
+// was killed with it is an orphan, and a zombie still has its pid.
+// Children in other groups are left alone.
+func reapGroup(pgid int) error {
+	for {
+		_, err := unix.Wait4(-pgid, nil, 0, nil)
+		switch {
+		case errors.Is(err, unix.ECHILD):
+			return nil
+		case errors.Is(err, unix.EINTR):
+		case err != nil:
+			return fmt.Errorf("reap process group %d: %w", pgid, err)
+		}
+	}
+}
+
+func killAll(pids []int) {
+	for _, pid := range pids {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+}
+
+// childPIDs lists the test process's children, zombies included.
+func childPIDs() []int {
+	entries, _ := os.ReadDir("/proc")
+	self := strconv.Itoa(os.Getpid())
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+		s := string(raw)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fields) > 1 && fields[1] == self {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
