@@ -19,11 +19,12 @@ LDFLAGS        := -X $(MODULE)/pkg/skel.Version=$(VERSION)
 REFERENCE_PLUGINS := \
 	github.com/containernetworking/plugins/plugins/main/bridge \
 	github.com/containernetworking/plugins/plugins/ipam/host-local \
+	github.com/containernetworking/plugins/plugins/ipam/static \
 	github.com/containernetworking/plugins/plugins/main/loopback \
 	github.com/containernetworking/plugins/plugins/meta/firewall \
 	github.com/containernetworking/plugins/plugins/meta/portmap
 
-.PHONY: all build plugins test test-unit test-e2e test-release test-reboot bench install demo release clean
+.PHONY: all build plugins test test-unit test-e2e test-release test-reboot bench install install-as-bridge demo release clean
 
 all: build plugins
 
@@ -65,6 +66,14 @@ bench: build plugins
 install: build
 	install -d $(DESTDIR)$(PREFIX)
 	install -m 0755 $(BIN)/nomad-bridge-cni $(DESTDIR)$(PREFIX)/nomad-bridge-cni
+
+# Installed under its delegate's name: as `bridge` in FRONT_PREFIX, a plugin
+# directory the runtime must search before the reference plugins' (Nomad:
+# cni_path = "/opt/nbc/bin:/opt/cni/bin"). Conflists keep "type": "bridge".
+FRONT_PREFIX ?= /opt/nbc/bin
+install-as-bridge: build
+	install -d $(DESTDIR)$(FRONT_PREFIX)
+	install -m 0755 $(BIN)/nomad-bridge-cni $(DESTDIR)$(FRONT_PREFIX)/bridge
 
 # Release artifacts in dist/: static linux/amd64 and linux/arm64 tarballs,
 # .debs, SHA256SUMS. Version from git; `make release VERSION=vX.Y.Z` overrides.

@@ -57,9 +57,15 @@ type Config struct {
 	LegacyDataDir string
 	// DelegateTimeout bounds each call of a delegate.
 	DelegateTimeout time.Duration
+	// Passthrough marks an entry the plugin does not manage (installed
+	// under its delegate's name, an IPAM other than host-local): every
+	// verb hands it to the delegate unchanged, and nothing else is done.
+	// Only Name, CNIVersion, Type, Delegate and DelegateTimeout are set.
+	Passthrough bool
 
-	raw  map[string]json.RawMessage
-	ipam map[string]json.RawMessage
+	raw   map[string]json.RawMessage
+	ipam  map[string]json.RawMessage
+	stdin []byte
 }
 
 // Parse decodes and validates a conflist entry. Every error is a
@@ -91,8 +97,17 @@ func Parse(stdin []byte) (*Config, error) {
 	if c.Delegate, err = stringKey(raw, keyDelegate, DefaultDelegate); err != nil {
 		return nil, err
 	}
-	if err := validateDelegate(c.Delegate, c.Type); err != nil {
+	if err := validateDelegate(c.Delegate); err != nil {
 		return nil, err
+	}
+	if c.Type == c.Delegate && !managesIPAM(raw) {
+		// Installed under its delegate's name, the plugin receives every
+		// entry of that type, also those with another IPAM (dhcp, static):
+		// they are none of its business and reach the delegate as they
+		// came, leaving no state.
+		c.Passthrough, c.stdin = true, stdin
+		c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, maxDelegateTimeout)
+		return c, err
 	}
 	if c.DataDir, err = stringKey(raw, keyDataDir, DefaultDataDir); err != nil {
 		return nil, err
@@ -188,10 +203,21 @@ func isNull(v json.RawMessage) bool {
 	return strings.TrimSpace(string(v)) == "null"
 }
 
+// managesIPAM reports whether the entry's IPAM is host-local, the one
+// this plugin exists to manage.
+func managesIPAM(raw map[string]json.RawMessage) bool {
+	var ipam struct {
+		Type string `json:"type"`
+	}
+	return raw[keyIPAM] != nil && json.Unmarshal(raw[keyIPAM], &ipam) == nil && ipam.Type == HostLocal
+}
+
 // validateDelegate keeps the delegate a bare plugin name: CNI_PATH lookup
-// is the only way a binary gets chosen, and naming ourselves would recurse
-// until the runtime's timeout.
-func validateDelegate(delegate, self string) error {
+// is the only way a binary gets chosen. A delegate of the plugin's own
+// type is how it runs installed under the delegate's name; the lookup
+// skips its own executable (plugin.FindDelegate), so naming only itself is
+// caught there.
+func validateDelegate(delegate string) error {
 	switch {
 	case delegate == "":
 		return invalidConfig(`"delegate" must not be empty`)
@@ -199,8 +225,6 @@ func validateDelegate(delegate, self string) error {
 		return invalidConfig(fmt.Sprintf(`"delegate" %q must be a plugin name looked up in CNI_PATH, not a path`, delegate))
 	case strings.ContainsRune(delegate, 0):
 		return invalidConfig(`"delegate" contains a NUL byte`)
-	case delegate == self:
-		return invalidConfig(fmt.Sprintf(`"delegate" %q names this plugin itself`, delegate))
 	}
 	return nil
 }

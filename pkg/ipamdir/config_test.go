@@ -203,7 +203,6 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"delegate relative path", `{"name":"n","delegate":"../bridge",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
 		{"delegate dotdot", `{"name":"n","delegate":"..",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
 		{"delegate empty", `{"name":"n","delegate":"",` + ipam + `}`, types.ErrInvalidNetworkConfig, "must not be empty"},
-		{"delegate is self", `{"name":"n","type":"nomad-bridge-cni","delegate":"nomad-bridge-cni",` + ipam + `}`, types.ErrInvalidNetworkConfig, "itself"},
 		{"delegate wrong type", `{"name":"n","delegate":1,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegate" must be a string`},
 		{"delegateTimeout garbage", `{"name":"n","delegateTimeout":"soon",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
 		{"delegateTimeout negative", `{"name":"n","delegateTimeout":"-1s",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
@@ -297,5 +296,51 @@ func TestValidAttachments(t *testing.T) {
 				t.Errorf("list = %#v", list)
 			}
 		})
+	}
+}
+
+// Installed under its delegate's name, the plugin receives entries of the
+// delegate's type: those with host-local are managed as usual, any other
+// reaches the delegate byte for byte.
+func TestInstalledUnderTheDelegatesName(t *testing.T) {
+	for _, stdin := range []string{
+		`{"cniVersion":"1.0.0","name":"n","type":"bridge","ipam":{"type":"dhcp"}}`,
+		`{"cniVersion":"1.0.0","name":"n","type":"bridge","ipam":{"type":"static","addresses":[{"address":"10.1.0.2/24"}]},"dataDir":"relative"}`,
+		`{"cniVersion":"0.4.0","name":"n","type":"bridge"}`,
+		`{"name":"n","type":"bridge","ipam":{"type":1}}`,
+		`{"name":"n","type":"macvlan","delegate":"macvlan","ipam":{"type":"dhcp"}}`,
+	} {
+		c, err := Parse([]byte(stdin))
+		if err != nil {
+			t.Errorf("Parse(%s): %v", stdin, err)
+			continue
+		}
+		got, err := c.DelegateConfig()
+		if !c.Passthrough || err != nil || string(got) != stdin {
+			t.Errorf("Parse(%s): passthrough %v, delegate gets %s (%v); want it unchanged", stdin, c.Passthrough, got, err)
+		}
+	}
+
+	c, err := Parse([]byte(`{"cniVersion":"0.4.0","name":"nomad","type":"bridge","bridge":"nomad","ipam":{"type":"host-local","dataDir":"/var/run/cni","ranges":[[{"subnet":"172.26.64.0/20"}]]}}`))
+	if err != nil || c.Passthrough {
+		t.Fatalf("Nomad's own bridge entry: passthrough %v, %v; want it managed", c != nil && c.Passthrough, err)
+	}
+	out, err := c.DelegateConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delegate struct {
+		Type string `json:"type"`
+		IPAM struct {
+			DataDir string `json:"dataDir"`
+		} `json:"ipam"`
+	}
+	if err := json.Unmarshal(out, &delegate); err != nil || delegate.Type != "bridge" || delegate.IPAM.DataDir != DefaultDataDir {
+		t.Errorf("delegate gets %s (%v)", out, err)
+	}
+
+	// Under its own name the plugin only manages host-local.
+	if _, err := Parse([]byte(`{"name":"n","type":"nomad-bridge-cni","ipam":{"type":"dhcp"}}`)); err == nil {
+		t.Error("nomad-bridge-cni accepted a dhcp entry")
 	}
 }

@@ -10,7 +10,11 @@ import (
 // wrapper's own keys, with type set to the delegate and ipam.dataDir set to
 // our DataDir. Keys we do not model (prevResult, runtimeConfig, args,
 // capabilities, hairpinMode, vlan, dns, ...) are copied byte for byte.
+// A passthrough entry is returned as it came.
 func (c *Config) DelegateConfig() ([]byte, error) {
+	if c.Passthrough {
+		return c.stdin, nil
+	}
 	return c.render(c.Delegate, "")
 }
 

@@ -39,8 +39,9 @@ type delegateExec struct {
 
 var _ invoke.Exec = (*delegateExec)(nil)
 
+// FindInPath skips this plugin's own executable (see FindDelegate).
 func (e *delegateExec) FindInPath(plugin string, paths []string) (string, error) {
-	return invoke.FindInPath(plugin, paths)
+	return FindDelegate(plugin, paths)
 }
 
 // Inheriting returns a copy of e whose delegates inherit f. The delegate

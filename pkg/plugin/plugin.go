@@ -50,7 +50,13 @@ func New() *Plugin {
 
 // Funcs lists the verbs for skel.
 func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
+	return skel.CNIFuncs{
+		Add:    p.unlessPassthrough("add", p.Add),
+		Del:    p.unlessPassthrough("del", p.Del),
+		Check:  p.unlessPassthrough("check", p.Check),
+		Status: p.unlessPassthrough("status", p.Status),
+		GC:     p.unlessPassthrough("gc", p.GC),
+	}
 }
 
 // load parses the entry and makes sure its delegate can be found, before
@@ -78,7 +84,13 @@ func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
 // a configuration problem up-front rather than after we have written state.
 func (p *Plugin) find(plugin string) error {
 	cniPath := os.Getenv("CNI_PATH")
-	if _, err := p.Exec.FindInPath(plugin, filepath.SplitList(cniPath)); err != nil {
+	_, err := p.Exec.FindInPath(plugin, filepath.SplitList(cniPath))
+	if errors.Is(err, ErrOnlySelf) {
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("\"delegate\" %q names this plugin itself: no other %q in CNI_PATH %q; install the reference plugins in a directory listed after this plugin's", plugin, plugin, cniPath),
+			err.Error())
+	}
+	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig,
 			fmt.Sprintf("plugin %q not found in CNI_PATH %q: install the reference CNI plugins there or set \"delegate\"", plugin, cniPath),
 			err.Error())

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
+	"path/filepath"
 
 	cniskel "github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -18,16 +18,17 @@ import (
 
 // Main runs the binary and returns its exit code.
 func Main(args []string) int {
-	return run(args, os.Getenv, os.Stdout, os.Stderr)
+	return run(filepath.Base(os.Args[0]), args, os.Getenv, os.Stdout, os.Stderr)
 }
 
-func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+// run dispatches; invokedAs is the name the binary was started by, which
+// is its delegate's when it is installed as `bridge`.
+func run(invokedAs string, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	switch {
 	case getenv("CNI_COMMAND") != "":
 		return runCNI(getenv("CNI_COMMAND"))
 	case len(args) == 0:
-		printAbout(stdout, stderr)
-		return 0
+		return printAbout(invokedAs, getenv, stdout, stderr)
 	default:
 		return runCLI(args, stdout, stderr)
 	}
@@ -83,12 +84,4 @@ func capStdin(in io.Reader, limit int64) (*os.File, *types.Error) {
 		w.Close()
 	}()
 	return r, nil
-}
-
-// printAbout writes the about line on stdout, where a person and Nomad's
-// fingerprinter both read it, and the spec versions on stderr as the
-// reference plugins do.
-func printAbout(stdout, stderr io.Writer) {
-	fmt.Fprintln(stdout, About())
-	fmt.Fprintf(stderr, "CNI protocol versions supported: %s\n", strings.Join(SupportedVersions.SupportedVersions(), ", "))
 }

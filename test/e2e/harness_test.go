@@ -569,7 +569,7 @@ func (e *testEnv) cleanup(t *testing.T) {
 	if err := e.dropCnitoolCache(); err != nil {
 		errs = append(errs, err)
 	}
-	for _, d := range []string{hostLocalDefaultDir, pluginDefaultDataDir} {
+	for _, d := range []string{hostLocalDefaultDir, pluginDefaultDataDir, filepath.Join(pluginDefaultDataDir, recordDirName)} {
 		// Unique to this test by name: if the plugin wrote here (a bug the
 		// tests report), do not leave it behind.
 		if err := os.RemoveAll(filepath.Join(d, e.netName)); err != nil {

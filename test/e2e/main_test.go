@@ -116,6 +116,7 @@ var snapshotDirs = []string{
 	filepath.Join(cnitoolCacheDir, "results"),
 	cnitoolCacheDir,
 	hostLocalDefaultDir,
+	filepath.Join(pluginDefaultDataDir, recordDirName),
 	pluginDefaultDataDir,
 }
 

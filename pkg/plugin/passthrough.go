@@ -1,0 +1,58 @@
+package plugin
+
+import (
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+)
+
+// unlessPassthrough runs verb on the entries the plugin manages and hands
+// every other entry to the delegate as it came (see ipamdir.Config's
+// Passthrough): installed as `bridge`, the plugin receives the runtime's
+// dhcp or static bridge networks too, and must be invisible there. An entry
+// that does not parse goes to verb, which reports why.
+func (p *Plugin) unlessPassthrough(verb string, run func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		conf, err := ipamdir.Parse(args.StdinData)
+		if err != nil || !conf.Passthrough {
+			return run(args)
+		}
+		return p.passThrough(verb, conf, args.StdinData)
+	}
+}
+
+// passThrough delegates one verb with the entry unchanged, and prints what
+// the delegate answered, nothing more.
+func (p *Plugin) passThrough(verb string, conf *ipamdir.Config, stdin []byte) error {
+	if err := p.find(conf.Delegate); err != nil {
+		return err
+	}
+	ctx, cancel := delegateCtx(conf)
+	defer cancel()
+	var err error
+	switch verb {
+	case "add":
+		result, aerr := invoke.DelegateAdd(ctx, conf.Delegate, stdin, p.Exec)
+		if aerr == nil {
+			return p.printResult(result, conf.CNIVersion)
+		}
+		err = aerr
+	case "check":
+		err = invoke.DelegateCheck(ctx, conf.Delegate, stdin, p.Exec)
+	case "del":
+		err = invoke.DelegateDel(ctx, conf.Delegate, stdin, p.Exec)
+	case "gc":
+		err = invoke.DelegateGC(ctx, conf.Delegate, stdin, p.Exec)
+	case "status":
+		err = invoke.DelegateStatus(ctx, conf.Delegate, stdin, p.Exec)
+	default:
+		return fmt.Errorf("pass through: unknown verb %q", verb)
+	}
+	if err != nil {
+		return delegateError(ctx, conf.Delegate, verb, err)
+	}
+	return nil
+}

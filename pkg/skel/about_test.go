@@ -1,0 +1,65 @@
+package skel
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// firstSemver is what Nomad's fingerprint records: the first token of the
+// combined output that parses as a version.
+func firstSemver(out string) string {
+	re := regexp.MustCompile(`^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$`)
+	for _, tok := range strings.Fields(out) {
+		if re.MatchString(tok) {
+			return tok
+		}
+	}
+	return ""
+}
+
+func TestAboutUnderTheDelegatesNameLeadsWithTheDelegatesVersion(t *testing.T) {
+	dir := t.TempDir()
+	bridge := filepath.Join(dir, "bridge")
+	script := "#!/bin/sh\necho 'CNI bridge plugin v1.10.0' >&2\necho 'CNI protocol versions supported: 0.1.0, 0.2.0, 1.1.0' >&2\n"
+	if err := os.WriteFile(bridge, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"CNI_PATH": dir}
+	// One buffer for both streams, as Nomad's CombinedOutput reads them.
+	var combined bytes.Buffer
+	code := run("bridge", nil, func(k string) string { return env[k] }, &combined, &combined)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, combined.String())
+	}
+	if got := firstSemver(combined.String()); got != "v1.10.0" {
+		t.Errorf("first version printed = %q, want the delegate's v1.10.0:\n%s", got, combined.String())
+	}
+	if !strings.Contains(combined.String(), About()+", in front of "+bridge) {
+		t.Errorf("the plugin's own line is missing:\n%s", combined.String())
+	}
+
+	// An unstamped delegate: the runtime reads what it would read without
+	// the plugin (Nomad takes 1.1.0 from the protocol line), not ours.
+	script = "#!/bin/sh\necho 'CNI bridge plugin version unknown' >&2\necho 'CNI protocol versions supported: 0.1.0, 0.2.0, 1.1.0' >&2\n"
+	if err := os.WriteFile(bridge, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	combined.Reset()
+	run("bridge", nil, func(k string) string { return env[k] }, &combined, &combined)
+	if got := firstSemver(combined.String()); got == Version {
+		t.Errorf("unstamped delegate: the first version printed is the plugin's own:\n%s", combined.String())
+	}
+}
+
+func TestAboutUnderAnotherNameWithoutADelegateIsItsOwn(t *testing.T) {
+	env := map[string]string{"CNI_PATH": t.TempDir()}
+	var out, errOut bytes.Buffer
+	code := run("nbc", nil, func(k string) string { return env[k] }, &out, &errOut)
+	if code != 0 || out.String() != About()+"\n" {
+		t.Errorf("exit %d, stdout %q; want the plugin's own about line", code, out.String())
+	}
+}

@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	gocni "github.com/containerd/go-cni"
+)
+
+// nomadBridgeConflist is the conflist Nomad's client generates in code for
+// `network { mode = "bridge" }` (client/allocrunner/cni/bridge.go: loopback,
+// bridge with forceAddress and hairpinMode, host-local with dataDir
+// /var/run/cni, firewall with the admin chain, portmap with snat), with the
+// test's own network name, bridge, subnet and admin chain.
+func (e *testEnv) nomadBridgeConflist() []byte {
+	return []byte(fmt.Sprintf(`{
+	"cniVersion": "0.4.0",
+	"name": %q,
+	"plugins": [
+		{
+			"type": "loopback"
+		},
+		{
+			"type": "bridge",
+			"bridge": %q,
+			"ipMasq": true,
+			"isGateway": true,
+			"forceAddress": true,
+			"hairpinMode": false,
+			"ipam": {
+				"type": "host-local",
+				"ranges": [
+					[
+						{
+							"subnet": %q
+						}
+					]
+				],
+				"routes": [
+					{
+						"dst": "0.0.0.0/0"
+					}
+				],
+				"dataDir": "/var/run/cni"
+			}
+		},
+		{
+			"type": "firewall",
+			"backend": "iptables",
+			"iptablesAdminChainName": %q
+		},
+		{
+			"type": "portmap",
+			"capabilities": {
+				"portMappings": true
+			},
+			"snat": true
+		}
+	]
+}`, e.netName, e.bridge, e.subnet4, e.adminChain))
+}
+
+// frontDir installs the plugin as `bridge` in a directory of its own, as
+// `make install-as-bridge` does: the runtime lists it before the reference
+// plugins.
+func (e *testEnv) frontDir(t *testing.T) string {
+	t.Helper()
+	e.requirePlugin(t)
+	dir := filepath.Join(t.TempDir(), "front")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := run("install", "-m", "0755", filepath.Join(e.bin, pluginType), filepath.Join(dir, "bridge")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// nomadCNI is go-cni set up as Nomad's client sets it up: cni_path split on
+// ':', interface prefix "eth", the generated conflist.
+func (e *testEnv) nomadCNI(t *testing.T, cniPath string) gocni.CNI {
+	t.Helper()
+	c, err := gocni.New(gocni.WithPluginDir(filepath.SplitList(cniPath)), gocni.WithInterfacePrefix("eth"))
+	if err != nil {
+		t.Fatalf("go-cni: %v", err)
+	}
+	if err := c.Load(gocni.WithConfListBytes(e.nomadBridgeConflist())); err != nil {
+		t.Fatalf("load Nomad's bridge conflist: %v", err)
+	}
+	return c
+}
+
+// nomadOpts are the namespace options of Nomad's Setup: its CNI_ARGS and
+// the group's port mappings.
+func nomadOpts(allocID string, hostPort int) []gocni.NamespaceOpts {
+	return []gocni.NamespaceOpts{
+		gocni.WithCapabilityPortMap([]gocni.PortMapping{{HostPort: int32(hostPort), ContainerPort: 80, Protocol: "tcp"}}),
+		gocni.WithLabels(map[string]string{"IgnoreUnknown": "true", "NOMAD_ALLOC_ID": allocID, "NOMAD_JOB_ID": "web", "NOMAD_GROUP_NAME": "web", "NOMAD_NAMESPACE": "default", "NOMAD_REGION": "global"}),
+	}
+}
+
+// TestNomadBuiltinBridgeWithThePluginInstalledAsBridge: with the plugin
+// installed as `bridge` in a directory listed first in Nomad's cni_path,
+// Nomad's own bridge network (the conflist it generates, "type": "bridge",
+// no key of ours) gets the plugin with no job change: leases in the
+// plugin's tmpfs dataDir with a record, a working container, and after a
+// lost namespace Nomad's re-ADD succeeds where the reference bridge fails
+// with "duplicate allocation". Nomad's fingerprint of `bridge` reads the
+// reference bridge's version first.
+func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
+	for _, bare := range []bool{false, true} {
+		name := "installed-as-bridge"
+		if bare {
+			name = "control-reference-bridge"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			cniPath := e.bin
+			if !bare {
+				cniPath = e.frontDir(t) + ":" + e.bin
+				assertFingerprint(t, strings.SplitN(cniPath, ":", 2)[0], cniPath)
+			}
+			alloc := podUID(t)
+			ns := e.podNetns(t, "alloc", alloc)
+			port := randomHostPort()
+			nomad := e.nomadCNI(t, cniPath)
+			ctx := runtimeCtx(t)
+			leaseDir := filepath.Join(pluginDefaultDataDir, e.netName)
+
+			res, err := nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+			if err != nil {
+				t.Fatalf("Setup: %v", err)
+			}
+			p1, gw := goCNIResult(t, res).addrIn(t, e.subnet4)
+			assertLeases(t, leaseDir, map[netip.Addr]string{p1.Addr(): leaseContent(alloc)})
+			assertAddrOnIf(t, ns, p1)
+			ping(t, ns, gw)
+			e.assertPortForward(t, ns, gw, port)
+			recordPath := filepath.Join(pluginDefaultDataDir, recordDirName, e.netName, alloc+"@"+ifName)
+			if _, err := os.Stat(recordPath); (err == nil) == bare {
+				t.Errorf("record %s: stat error %v (bare bridge keeps none, the plugin one)", recordPath, err)
+			}
+
+			// The host lost the namespace (crash, or a reboot with /var/run
+			// not on tmpfs): Nomad re-creates it and sends ADD, no DEL.
+			e.mustKillNetns(t, ns)
+			if err := run("ip", "netns", "add", ns.name); err != nil {
+				t.Fatal(err)
+			}
+			res, err = nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+			if bare {
+				if err == nil || !strings.Contains(err.Error(), "duplicate allocation") {
+					t.Fatalf("control: reference bridge re-ADD = %v, want duplicate allocation", err)
+				}
+				t.Logf("control: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatalf("re-ADD after the namespace was lost: %v", err)
+			}
+			p2, gw := goCNIResult(t, res).addrIn(t, e.subnet4)
+			assertLeases(t, leaseDir, map[netip.Addr]string{p2.Addr(): leaseContent(alloc)})
+			ping(t, ns, gw)
+			e.assertPortForward(t, ns, gw, port)
+
+			if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil {
+				t.Fatalf("Remove: %v", err)
+			}
+			assertLeases(t, leaseDir, nil)
+			if _, err := os.Stat(recordPath); !os.IsNotExist(err) {
+				t.Errorf("record %s left after DEL (%v)", recordPath, err)
+			}
+			e.assertNetworkNATEmpty(t)
+		})
+	}
+}
+
+// assertFingerprint runs front/bridge with no arguments, as Nomad's
+// fingerprint does (stdout and stderr together), and checks that the first
+// version in it is the reference bridge's.
+func assertFingerprint(t *testing.T, front, cniPath string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(front, "bridge"))
+	cmd.Env = cniEnv("CNI_PATH=" + cniPath)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s/bridge with no arguments: %v\n%s", front, err, out)
+	}
+	fields := strings.Fields(string(out))
+	if len(fields) < 4 || strings.Join(fields[:4], " ") != "CNI bridge plugin v1.10.0" || !strings.Contains(string(out), "nomad-bridge-cni") {
+		t.Errorf("fingerprint of the installed bridge:\n%s\nwant the reference bridge's line first, then the plugin's", out)
+	}
+}
+
+// TestInstalledAsBridgePassesOtherIPAMThrough: installed as bridge, the
+// plugin also receives bridge networks it does not manage (static IPAM
+// here): they work as with the reference bridge, and the plugin leaves no
+// state for them. With nothing but itself under that name in CNI_PATH, it
+// fails with a configuration error instead of calling itself.
+func TestInstalledAsBridgePassesOtherIPAMThrough(t *testing.T) {
+	e := newEnv(t)
+	requireBinaries(t, e.bin, "static")
+	front := e.frontDir(t)
+	addr := netip.PrefixFrom(e.hostAddr(7), 24)
+	conf := map[string]any{
+		"cniVersion": "1.0.0", "name": e.netName,
+		"plugins": []any{map[string]any{
+			"type": "bridge", "bridge": e.bridge, "isGateway": true,
+			"ipam": map[string]any{"type": "static", "addresses": []any{map[string]any{"address": addr.String(), "gateway": e.hostAddr(1).String()}}},
+		}},
+	}
+	e.writeConflist(t, conf)
+	ns := e.addNetns(t, "static")
+	stdout, stderr, err := e.cnitoolEnv("add", ns, "CNI_PATH="+front+":"+e.bin)
+	if err != nil {
+		t.Fatalf("ADD through the installed bridge: %v\n%s", err, stderr)
+	}
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil || len(res.IPs) != 1 || res.IPs[0].Address != addr.String() {
+		t.Fatalf("result %s (%v), want %s", stdout, err, addr)
+	}
+	assertAddrOnIf(t, ns, addr)
+	ping(t, ns, e.hostAddr(1))
+	for _, dir := range []string{filepath.Join(pluginDefaultDataDir, e.netName), filepath.Join(pluginDefaultDataDir, recordDirName, e.netName)} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("passed-through network left %s (%v)", dir, err)
+		}
+	}
+	if _, stderr, err := e.cnitoolEnv("del", ns, "CNI_PATH="+front+":"+e.bin); err != nil {
+		t.Fatalf("DEL: %v\n%s", err, stderr)
+	}
+
+	// Only itself under the name: refused, not recursed into.
+	_, _, err = e.cnitoolEnv("add", e.addNetns(t, "loop"), "CNI_PATH="+front)
+	if err == nil || !strings.Contains(err.Error(), "names this plugin itself") {
+		t.Fatalf("ADD with no other bridge in CNI_PATH = %v, want the loop refused", err)
+	}
+}
