@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench: the wrapper against bare bridge, and the sweep against lease
-# count (issue 5). Prints one set of tables and refreshes the generated
+# count. Prints one set of tables and refreshes the generated
 # block of BENCHMARKS.md. Needs root (namespaces, bridges, iptables, tmpfs)
 # and the binaries of `make build plugins` in $BIN.
 #

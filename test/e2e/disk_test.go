@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// Issue 6, item 3: hostile state on disk. The plugin must refuse data
+// Hostile state on disk. The plugin must refuse data
 // directories someone else could have planted (a symlink, another owner,
 // not a directory) before touching anything; skip and report damaged lease
 // files and records without following a symlink or releasing anything
@@ -368,8 +368,8 @@ func TestDamagedStateSkipped(t *testing.T) {
 	e.assertNetworkNATEmpty(t)
 }
 
-// TestSweepSparesForeignAndPlantedFiles: regression test for a bug fixed after 618bb55, which did this.
-// When a sweep releases a stale attachment it deletes more than that
+// TestSweepSparesForeignAndPlantedFiles: regression test. When a sweep
+// released a stale attachment it deleted more than that
 // attachment's lease, in host-local's network directory:
 //
 //   - the fast path (one disk.Store.GC pass with every other lease as the
@@ -384,7 +384,7 @@ func TestDamagedStateSkipped(t *testing.T) {
 //     symlink to a file outside that holds the stale key is deleted, and so
 //     is a file inside a directory planted where a lease should be.
 //
-// Neither is "skipped and reported"; the issue asks for damaged entries
+// Neither is "skipped and reported"; the contract asks for damaged entries
 // and wrong names to stay where they are.
 func TestSweepSparesForeignAndPlantedFiles(t *testing.T) {
 	for _, tc := range []struct {
@@ -570,8 +570,7 @@ func (e *testEnv) assertRecordsExactlyIn(t *testing.T, dir string) {
 	}
 }
 
-// TestOperatorRefusesSymlinkedRecordsDir: FAILS with the plugin at
-// 618bb55. The CNI verbs refuse a symlinked record directory
+// TestOperatorRefusesSymlinkedRecordsDir: regression test. The CNI verbs refuse a symlinked record directory
 // (TestUnsafeDirs), but `nomad-bridge-cni gc --data-dir D` does not check
 // D's directories: with D/.nomad-bridge-cni a symlink to a directory
 // elsewhere it lists the networks in the target, sweeps them, deletes a

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Issue 6, item 4: faults. A full tmpfs, a delegate that crashes, a
+// Faults. A full tmpfs, a delegate that crashes, a
 // delegate that hangs: each ADD must fail with a clear error and leave no
 // half-written record, no temp file after a sweep, no lease; DEL must
 // succeed whatever part of an attachment is already gone.
@@ -238,7 +238,7 @@ exec "$dir/bridge"
 // crashes too, the pending record may stay until the next sweep, which
 // must remove it.
 //
-// regression test for a bug fixed after 618bb55, which did this: invoke.RawExec turns every failed
+// regression test for a bug: invoke.RawExec turns every failed
 // exec into a *types.Error with code 0 (its message says "netplugin failed
 // ..."), so the plugin's answered() believes the delegate answered: it
 // prints code 0, does not say "crashed", and sends no rollback DEL, so the
@@ -295,7 +295,7 @@ func TestDelegateCrash(t *testing.T) {
 // DEL hangs too, so the pending record may stay until then) no pending
 // record behind.
 //
-// regression test for a bug fixed after 618bb55, which did this: the timeout's error is also a code-0
+// regression test for a bug: the timeout's error is also a code-0
 // *types.Error from invoke.RawExec, so it is reported as code 0 (not 11)
 // and not rolled back; and with the child holding the pipe, exec's Wait
 // blocks until the child exits: the plugin hangs for the child's lifetime

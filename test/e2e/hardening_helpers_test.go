@@ -22,7 +22,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
 )
 
-// Helpers for the hardening tests (issue 6): running the plugin binary with
+// Helpers for the hardening tests: running the plugin binary with
 // an exact CNI environment, reading its CNI error, and proving that a run
 // changed nothing on the host.
 

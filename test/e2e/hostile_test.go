@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Issue 6, item 1: hostile input. The plugin binary is run directly, as a
+// Hostile input. The plugin binary is run directly, as a
 // runtime runs it (CNI_* environment, config on stdin), with inputs a
 // runtime, a conflist author or an attacker could hand it. Each must end in
 // a single CNI error object on stdout with the code the contract gives it,
@@ -297,31 +297,30 @@ func hostileCases() []hostileCase {
 func TestHostileInput(t *testing.T) {
 	cases := hostileCases()
 	if len(cases) < 40 {
-		t.Fatalf("only %d hostile cases, the issue asks for at least 40", len(cases))
+		t.Fatalf("only %d hostile cases, the contract is at least 40", len(cases))
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { runHostileCase(t, tc) })
 	}
 }
 
-// TestHostileInputBeforeAnyWrite holds the hostile inputs the plugin at commit
-// 618bb55 does NOT handle as the issue asks. Each case says what it does
-// today; they are the contract, kept failing until the plugin is fixed
-// (then move them into hostileCases). Root causes:
+// TestHostileInputBeforeAnyWrite holds the hostile inputs the plugin once
+// mishandled; each case is the regression test of its fix. What went wrong
+// before:
 //
-//   - ADD and CHECK write dataDir/.nomad-bridge-cni/<net>/.migrated (and CHECK
-//     also <net>/lock) before the input is fully validated: a netns that
+//   - ADD and CHECK wrote dataDir/.nomad-bridge-cni/<net>/.migrated (and CHECK
+//     also <net>/lock) before the input was fully validated: a netns that
 //     is missing or not a namespace, a container ID too long for a record
-//     file name, and a prevResult that is not a result are only found
+//     file name, and a prevResult that is not a result were only found
 //     afterwards (or by the delegate).
 //   - ipam.dataDir (the legacy lease directory, which migration reads and
-//     deletes from) is not validated like dataDir: a relative path resolves
+//     deletes from) was not validated like dataDir: a relative path resolved
 //     against the runtime's working directory, where the plugin then
-//     creates <dir>/<net>/lock and deletes leases from before this boot.
-//   - CNI_NETNS naming the plugin's own namespace reaches the delegate:
-//     bridge then configures the host's namespace, and upstream skel only
+//     created <dir>/<net>/lock and deleted leases from before this boot.
+//   - CNI_NETNS naming the plugin's own namespace reached the delegate:
+//     bridge then configured the host's namespace, and upstream skel only
 //     rejects it after the ADD has run, printing a result and an error; the
-//     plugin reads that as a code-0 error and keeps the lease, the bridge
+//     plugin read that as a code-0 error and kept the lease, the bridge
 //     and the veth.
 func TestHostileInputBeforeAnyWrite(t *testing.T) {
 	prev := func(pr any) func(*testing.T, *testEnv) []byte {

@@ -19,11 +19,11 @@ import (
 	"time"
 )
 
-// Helpers for the reclaim tests (issue 3): attachment records, boot facts,
+// Helpers for the reclaim tests: attachment records, boot facts,
 // namespaces that die without a DEL, forged leases, running the plugin
 // binary directly.
 
-// recordDirName is the plugin's directory under dataDir (DESIGN.md: a name
+// recordDirName is the plugin's directory under dataDir (a name
 // no CNI network can have, so host-local never collides with it).
 const recordDirName = ".nomad-bridge-cni"
 

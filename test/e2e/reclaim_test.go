@@ -75,7 +75,7 @@ func TestReclaimOnCheck(t *testing.T) {
 	e.assertNoMasq(t, a)
 	e.assertNoDNAT(t, a)
 	if rules := firewallRules(t, addrA); len(rules) > 0 {
-		// Not in DESIGN.md's list of what a stale attachment leaves.
+		// Not in the README's list of what a stale attachment leaves.
 		t.Logf("note: firewall's rules for A's %s stay in %s after the release:\n%s", addrA, firewallChain, rulesString(rules))
 	}
 
@@ -287,7 +287,7 @@ func TestReclaimBootRules(t *testing.T) {
 		t.Errorf("want exactly 2 releases, got %q", lines)
 	}
 	if !strings.Contains(stderr, "this-boot-id") {
-		// The issue asks for such a lease to be reported; the sweep only
+		// Such a lease must be reported; the sweep only
 		// logs releases and problems. Not a failure of this test.
 		t.Logf("note: the record-less lease from this boot (%s) is not mentioned on stderr", thisBoot)
 	}
@@ -403,7 +403,7 @@ func TestGCVerbValidList(t *testing.T) {
 // control runs bare bridge the same way and must leave the rules behind,
 // which proves the assertion can fail.
 //
-// replaced-netns goes one step beyond DESIGN.md's two cases: the path
+// replaced-netns goes one step beyond the two cases above: the path
 // holds a new namespace (Nomad re-created it) when the DEL comes. bridge
 // enters it, finds no eth0 and skips the teardown just the same, and the
 // record still names the old namespace.

@@ -26,7 +26,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 )
 
-// Helpers for the runtime tests (issue 8): container IDs and namespace paths
+// Helpers for the runtime tests: container IDs and namespace paths
 // the way each runtime makes them, running a plugin with CNI_ARGS, kernel
 // state the runtime conflists ask for (promiscuous bridge, hairpin ports,
 // MTU, routes), and a line-by-line reproduction of what flannel's CNI

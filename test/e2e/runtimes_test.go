@@ -22,7 +22,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 )
 
-// The runtime conflists of issue 8: each runtime's shipped default with the
+// The runtime conflists: each runtime's shipped default with the
 // plugin in bridge's place, driven the way that runtime drives it (same
 // cniVersion, capabilities, CNI_ARGS, container IDs and namespace paths).
 //

@@ -17,7 +17,7 @@ import (
 	"time"
 )
 
-// Knobs of the long-running tests; the defaults are what the issue asks.
+// Knobs of the long-running tests; the defaults are the required load.
 const (
 	stressDurationEnv = "NBC_E2E_STRESS_DURATION" // Go duration, default 30s
 	crashTrialsEnv    = "NBC_E2E_CRASH_TRIALS"    // default 20

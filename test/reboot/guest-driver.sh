@@ -17,7 +17,7 @@
 #            succeed, connect and CHECK; the control's re-ADD must fail with "duplicate
 #            allocation is not allowed"; then DEL everything and verify nothing is left.
 #
-# The GC steps (issue 3) add a second network, nomad-persist: Nomad's chain again, with
+# The GC steps add a second network, nomad-persist: Nomad's chain again, with
 # our plugin's dataDir on the guest's ext4 disk (/var/lib/nbc-persist: a host whose /run
 # is not tmpfs, or an operator who chose a persistent dataDir). Its leases and records
 # survive the reboot; the sweeps must prove them stale and reclaim them:

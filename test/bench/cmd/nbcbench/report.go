@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// Target is one goal of issue 5, judged against a run.
+// Target is one benchmark goal, judged against a run.
 type Target struct {
 	What     string
 	Measured string
