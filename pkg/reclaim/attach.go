@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -88,6 +89,9 @@ func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, n
 		// new namespace would reach nobody. Refused, Nomad stops the
 		// tasks, DELs and reschedules; nothing is changed here.
 		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), network, old.NetnsID.Ino, holderText(v.Holder), netnsPath, old.Key()), v.Reason)
+	}
+	if old.State == records.Migrated {
+		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s through the configuration it was added with (its lease %s was migrated and is still held there): DEL it with that configuration, or stop its container, before adding it again", old.Key(), network, strings.Join(old.LegacyLeases, ", ")), v.Reason)
 	}
 	// The kernel reuses a dead namespace's inode number, so a namespace
 	// re-created at the same path (Nomad's restore) can look identical
@@ -202,7 +206,37 @@ func (s *Sweeper) EndDel(dataDir, network string, key records.Key, netnsPath str
 		}
 		errs = append(errs, err)
 	}
+	if rec != nil && rec.State == records.Migrated {
+		errs = append(errs, s.releaseLegacy(network, rec))
+	}
 	errs = append(errs, store.Remove(key))
+	return errors.Join(errs...)
+}
+
+// releaseLegacy removes the legacy leases of a migrated attachment that is
+// DELeted through the plugin: they were kept only as the sign that it was
+// alive (Sweeper.recordMigrated). Each is removed under the legacy
+// directory's host-local lock, and only while it still names the
+// attachment.
+func (s *Sweeper) releaseLegacy(network string, rec *records.Record) error {
+	want := rec.ContainerID + disk.LineBreak + rec.IfName
+	var errs []error
+	for _, path := range rec.LegacyLeases {
+		if !exists(path) {
+			continue // its runtime released it already
+		}
+		legacyDir := filepath.Dir(filepath.Dir(path))
+		_, unlock, err := lockedStore(network, legacyDir)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		err = removeLeaseFile(Lease{Path: path, content: want})
+		unlock()
+		if err != nil {
+			s.logf("%s: %s: legacy lease left in place: %v", network, rec.Key(), err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -77,8 +77,10 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 	for _, p := range dir.problems {
 		s.logf("%s: legacy lease skipped: %v", network, p)
 	}
+	recStore := records.NewStore(dataDir, network)
 	drop := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
+	copied := map[records.Key][]Lease{}
 	var errs []error
 	for _, l := range dir.leases {
 		if l.ModTime.Before(bootTime) {
@@ -97,8 +99,17 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 			kept[l.Key] = true
 			s.logf("%s: legacy lease %s for %s not migrated: %s already holds it", network, l.IP, l.Key, target)
 		default:
-			drop[l.Key] = true
+			copied[l.Key] = append(copied[l.Key], l)
 			m.Moved++
+		}
+	}
+	for k, leases := range copied {
+		if kept[k] {
+			continue // one lease moved and another kept: both stay in place
+		}
+		if err := s.recordMigrated(recStore, k, leases); err != nil {
+			s.logf("%s: %s: %v; its legacy lease is removed instead", network, k, err)
+			drop[k] = true
 		}
 	}
 	// A key with one lease moved and another kept must keep both in place.
@@ -112,6 +123,34 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 		s.logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", network, m.Moved, legacyDir, dataDir, m.Dropped)
 	}
 	return m, errors.Join(errs...)
+}
+
+// recordMigrated keeps a copied attachment's legacy leases where they are
+// and records them: a runtime that adopted the plugin in place (podman
+// after a conflist edit) DELs the attachment with the configuration it
+// cached at ADD, plain bridge on the legacy directory, which releases only
+// the legacy copy. While that copy exists the attachment is alive; once it
+// is gone a sweep, or the attachment's next ADD, releases ours (see
+// judge.migratedVerdict). Leases written before host-local recorded
+// ifnames, and attachments that already have a record, are moved as
+// before.
+func (s *Sweeper) recordMigrated(store *records.Store, k records.Key, leases []Lease) error {
+	if k.IfName == "" {
+		return errors.New("lease names no ifname")
+	}
+	if old, err := store.Read(k); err != nil || old != nil {
+		return fmt.Errorf("already has a record (%v)", err)
+	}
+	bootID, err := s.Host.BootID()
+	if err != nil {
+		return err
+	}
+	rec := &records.Record{Version: records.FormatVersion, Network: store.Network(), ContainerID: k.ContainerID, IfName: k.IfName,
+		BootID: bootID, Created: leases[0].ModTime.UTC(), State: records.Migrated}
+	for _, l := range leases {
+		rec.LegacyLeases = append(rec.LegacyLeases, l.Path)
+	}
+	return store.Write(rec)
 }
 
 // copyLease writes l at target as host-local's Reserve would (O_EXCL,

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 func (w *world) legacyLease(legacy, ip, content string, mtime time.Time) string {
@@ -58,8 +61,13 @@ func TestMigrateMovesThisBootsLeasesAndDropsOlderOnes(t *testing.T) {
 	for _, e := range left {
 		names = append(names, e.Name())
 	}
-	// The conflicting lease stays where it is, host-local's own files too.
-	equal(t, "legacy dir", names, []string{"10.0.0.4", "last_reserved_ip.0", "lock"})
+	// The conflicting lease stays where it is, host-local's own files too,
+	// and so does the migrated one: the sign that its attachment is alive.
+	equal(t, "legacy dir", names, []string{"10.0.0.2", "10.0.0.4", "last_reserved_ip.0", "lock"})
+	rec, err := records.NewStore(w.dataDir, net1).Read(records.Key{ContainerID: "running", IfName: "eth0"})
+	if err != nil || rec == nil || rec.State != records.Migrated || len(rec.LegacyLeases) != 1 || rec.LegacyLeases[0] != filepath.Join(legacy, net1, "10.0.0.2") {
+		t.Errorf("record of the migrated attachment = %+v, %v", rec, err)
+	}
 	if b, _ := os.ReadFile(filepath.Join(w.dataDir, net1, "10.0.0.4")); string(b) != "someone-else\r\neth0" {
 		t.Errorf("our lease was overwritten: %q", b)
 	}
@@ -72,9 +80,10 @@ func TestMigrateMovesThisBootsLeasesAndDropsOlderOnes(t *testing.T) {
 	if m, err := w.sweeper.Migrate(w.dataDir, net1, legacy); err != nil || m.Moved != 0 {
 		t.Errorf("second Migrate this boot = %+v, %v", m, err)
 	}
-	// Next boot, it is.
+	// Next boot, it is (and 10.0.0.2 again, which already has a record:
+	// its legacy copy is removed this time).
 	w.host.ID = "boot-2"
-	if m, err := w.sweeper.Migrate(w.dataDir, net1, legacy); err != nil || m.Moved != 1 {
+	if m, err := w.sweeper.Migrate(w.dataDir, net1, legacy); err != nil || m.Moved != 2 {
 		t.Errorf("Migrate in the next boot = %+v, %v", m, err)
 	}
 }
@@ -92,9 +101,78 @@ func TestMigrateResumesAfterACrashBetweenCopyAndRemove(t *testing.T) {
 	if err != nil || m.Moved != 1 || len(m.Conflicts) != 0 {
 		t.Fatalf("Migrate = %+v, %v", m, err)
 	}
-	if _, err := os.Stat(src); !os.IsNotExist(err) {
-		t.Errorf("source lease still there: %v", err)
+	if _, err := os.Stat(src); err != nil {
+		t.Errorf("source lease gone, want it kept for the migrated record: %v", err)
 	}
+	if r, err := records.NewStore(w.dataDir, net1).Read(records.Key{ContainerID: "c1", IfName: "eth0"}); err != nil || r == nil || r.State != records.Migrated {
+		t.Errorf("record = %+v, %v; want a migrated one", r, err)
+	}
+}
+
+// A runtime that adopted the plugin in place DELs with the configuration
+// it cached at ADD: plain bridge on the legacy directory, which releases
+// only the legacy copy. Until then the migrated attachment is alive; then a
+// sweep, or its next ADD, releases what the plugin holds for it.
+func TestMigratedAttachmentLivesWhileItsLegacyLeaseDoes(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	running := bootTime.Add(time.Minute)
+	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", running)
+	b := w.legacyLease(legacy, "10.0.0.3", "b\r\neth0", running)
+	w.nat.AddContainer(net1, "a", "10.0.0.2", 0)
+	if _, err := w.sweeper.Migrate(w.dataDir, net1, legacy); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := w.sweep(Request{})
+	if got := verdicts(rep); got["a"] != Live || got["b"] != Live {
+		t.Fatalf("verdicts with both legacy leases held = %v", got)
+	}
+	equal(t, "leases", w.leases(), []string{"10.0.0.2", "10.0.0.3"})
+
+	// The runtime DELs a and b through the old configuration.
+	for _, p := range []string{a, b} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b's container starts again: its ADD releases the old attachment first.
+	w.host.Namespaces["/run/netns/b-new"] = sysinfo.NetnsID{Dev: 4, Ino: 7777}
+	att, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "b", IfName: "eth0"}, "/run/netns/b-new")
+	if err != nil {
+		t.Fatalf("ADD of b after its DEL through the old configuration: %v", err)
+	}
+	att.Close()
+	equal(t, "leases after b's re-ADD", w.leases(), []string{"10.0.0.2"})
+	// a was removed for good: the next sweep releases it.
+	rep = w.sweep(Request{})
+	if got := verdicts(rep)["a"]; got != Stale {
+		t.Fatalf("a: %s, want stale", got)
+	}
+	equal(t, "leases", w.leases(), nil)
+	if w.hasRecord("a") || w.nat.Owns(net1, "a") {
+		t.Error("a's record or NAT rules kept")
+	}
+	if !strings.Contains(w.log.String(), "released its legacy lease") {
+		t.Errorf("log does not say why: %s", w.log)
+	}
+}
+
+// While the legacy lease still names it, a re-ADD of a migrated attachment
+// is a duplicate, refused with what to do.
+func TestReAddOfALiveMigratedAttachmentIsRefused(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
+	if _, err := w.sweeper.Migrate(w.dataDir, net1, legacy); err != nil {
+		t.Fatal(err)
+	}
+	w.host.Namespaces["/run/netns/a"] = sysinfo.NetnsID{Dev: 4, Ino: 7777}
+	_, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "a", IfName: "eth0"}, "/run/netns/a")
+	if err == nil || !strings.Contains(err.Error(), "through the configuration it was added with") {
+		t.Fatalf("re-ADD of a live migrated attachment = %v", err)
+	}
+	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
 }
 
 func TestMigrateWithoutLegacyDirectoryOnlyMarks(t *testing.T) {
@@ -145,5 +223,29 @@ func TestCopyLeaseDoesNotFollowOrBlockOnAnExistingTarget(t *testing.T) {
 			w.Close()
 		}
 		t.Fatal("copyLease blocked on a FIFO")
+	}
+}
+
+// DELeted through the plugin, a migrated attachment leaves nothing: its
+// legacy lease, kept as the sign it was alive, goes with it.
+func TestDelOfAMigratedAttachmentRemovesItsLegacyLease(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
+	other := w.legacyLease(legacy, "10.0.0.3", "someone\r\neth0", bootTime.Add(time.Minute))
+	if _, err := w.sweeper.Migrate(w.dataDir, net1, legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.sweeper.EndDel(w.dataDir, net1, records.Key{ContainerID: "a", IfName: "eth0"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(a); !os.IsNotExist(err) {
+		t.Errorf("legacy lease of a kept after its DEL: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("another attachment's legacy lease went too: %v", err)
+	}
+	if w.hasRecord("a") {
+		t.Error("record of a kept")
 	}
 }

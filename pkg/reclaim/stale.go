@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -176,6 +178,9 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 	if r.BootID != j.bootID {
 		return Verdict{State: Stale, Reason: "recorded in an earlier boot"}
 	}
+	if r.State == records.Migrated {
+		return migratedVerdict(r)
+	}
 	if r.Netns == "" {
 		return Verdict{State: Unknown, Reason: "record has no namespace path"}
 	}
@@ -199,6 +204,23 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 		return Verdict{State: Live, Reason: "ADD did not finish, namespace still there"}
 	}
 	return Verdict{State: Live}
+}
+
+// migratedVerdict judges an attachment migrated from the legacy lease
+// directory by its legacy lease (see Sweeper.recordMigrated): alive while
+// that still names it, released by its runtime once it is gone.
+func migratedVerdict(r *records.Record) Verdict {
+	want := r.ContainerID + disk.LineBreak + r.IfName
+	for _, path := range r.LegacyLeases {
+		b, err := records.ReadFileNoFollow(path)
+		switch {
+		case err == nil && strings.TrimSpace(string(b)) == want:
+			return Verdict{State: Live, Reason: fmt.Sprintf("migrated; in use while %s holds it", path)}
+		case err != nil && !errors.Is(err, fs.ErrNotExist):
+			return Verdict{State: Unknown, Reason: fmt.Sprintf("migrated, and cannot read %s: %v", path, err)}
+		}
+	}
+	return Verdict{State: Stale, Reason: fmt.Sprintf("migrated, and its runtime released its legacy lease %s (a DEL through the configuration it was added with)", strings.Join(r.LegacyLeases, ", "))}
 }
 
 // unlessHeld is the verdict on a record whose path no longer names its

@@ -53,6 +53,8 @@ func decodeFast(b []byte, r *Record) bool {
 			})
 		case "ips":
 			return p.strs(&r.IPs)
+		case "legacyLeases":
+			return p.strs(&r.LegacyLeases)
 		}
 		return false
 	}) && p.end()

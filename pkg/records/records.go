@@ -40,6 +40,12 @@ type State string
 const (
 	Pending  State = "pending"
 	Complete State = "complete"
+	// Migrated: a lease copied from the legacy lease directory at
+	// adoption. Its runtime may DEL it through the configuration it cached
+	// at ADD (plain bridge, legacy directory), which only releases the
+	// legacy copy: so that copy stays, as the sign that the attachment is
+	// alive (see LegacyLeases).
+	Migrated State = "migrated"
 )
 
 // Record is one attachment as the wrapper saw it at ADD.
@@ -60,6 +66,9 @@ type Record struct {
 	PID      int      `json:"pid,omitempty"`
 	PIDStart uint64   `json:"pidStart,omitempty"`
 	IPs      []string `json:"ips,omitempty"`
+	// LegacyLeases are a migrated attachment's lease files in the legacy
+	// directory.
+	LegacyLeases []string `json:"legacyLeases,omitempty"`
 }
 
 // Key identifies an attachment, as in the CNI GC verb.
@@ -92,6 +101,9 @@ func NewStore(dataDir, network string) *Store {
 
 // Dir is where the network's records live.
 func (s *Store) Dir() string { return s.dir }
+
+// Network is the network whose records these are.
+func (s *Store) Network() string { return s.network }
 
 // fileName is "<containerID>@<ifname>": a container ID cannot contain '@'
 // (skel enforces the network-name alphabet), so the split is unambiguous,
@@ -400,14 +412,15 @@ func (s *Store) decode(name string, b []byte) (*Record, error) {
 		problem = fmt.Sprintf("belongs to network %q", r.Network)
 	case r.ContainerID == "" || r.IfName == "" || !isFileNameOf(name, r.Key()):
 		problem = fmt.Sprintf("names attachment %s", r.Key())
-	case r.State != Pending && r.State != Complete:
+	case r.State != Pending && r.State != Complete && r.State != Migrated:
 		problem = fmt.Sprintf("unknown state %q", r.State)
 	default:
 		// Share the strings every record of the store holds alike.
 		r.Network = s.network
-		if r.State == Pending {
+		switch r.State {
+		case Pending:
 			r.State = Pending
-		} else {
+		case Complete:
 			r.State = Complete
 		}
 		return &r, nil

@@ -63,8 +63,10 @@ func TestUpgradeInPlace(t *testing.T) {
 		e.assertRecord(t, ns, p.Addr())
 
 		if i == 0 {
-			// The migration happened with the first ADD.
-			assertLeases(t, legacy, nil)
+			// The migration happened with the first ADD. The running
+			// container's legacy lease stays: the sign it is alive, for a
+			// runtime that DELs it through the old configuration.
+			assertLeases(t, legacy, map[netip.Addr]string{addrOld: leaseContent(old.cid)})
 			leases := readLeases(t, e.leaseDir())
 			if leases[addrOld] != leaseContent(old.cid) {
 				t.Fatalf("lease of %s not migrated into %s: %q", addrOld, e.leaseDir(), leases)
@@ -88,8 +90,7 @@ func TestUpgradeInPlace(t *testing.T) {
 	e.assertMasq(t, old, addrOld)
 	e.assertDNAT(t, old, addrOld, port, 80)
 
-	// A sweep keeps the migrated lease: it has no record, but is from this
-	// boot.
+	// A sweep keeps the migrated lease: its legacy copy still names it.
 	e.mustCNI(t, "check", added[0], "")
 	if got := readLeases(t, e.leaseDir())[addrOld]; got != leaseContent(old.cid) {
 		t.Fatalf("CHECK released the migrated lease of the running container (now %q)", got)
@@ -111,5 +112,73 @@ func TestUpgradeInPlace(t *testing.T) {
 	assertLeases(t, e.leaseDir(), nil)
 	e.assertRecordsExactly(t)
 	e.assertDefaultDirsUntouched(t)
+	e.assertNetworkNATEmpty(t)
+}
+
+// TestAdoptInPlaceThenDelThroughTheOldConfig: a runtime caches the
+// configuration of each attachment at ADD and DELs with it (podman, libcni's
+// cache). Containers started on plain bridge, then the network switched to
+// the plugin: their DEL still reaches plain bridge on the legacy lease
+// directory. The plugin's copy of their lease must not outlive that: a
+// restarted container's ADD succeeds (it failed with "duplicate
+// allocation"), a removed container's copy goes at the next sweep, and
+// nothing is left in either directory.
+func TestAdoptInPlaceThenDelThroughTheOldConfig(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	legacy := filepath.Join(e.persistDir, e.netName)
+	bare := e.confFor(t, "minimal.conflist")
+	bareBridge(t, bare, e.persistDir)
+	plugin := e.reclaimConf(t, "minimal.conflist")
+
+	e.writeConflist(t, bare)
+	restarted, removed := e.addNetns(t, "restarted"), e.addNetns(t, "removed")
+	pr, _ := parseResult(t, e.mustCNI(t, "add", restarted, "")).addrIn(t, e.subnet4)
+	pd, _ := parseResult(t, e.mustCNI(t, "add", removed, "")).addrIn(t, e.subnet4)
+
+	// The switch; the next ADD migrates both running containers' leases.
+	e.writeConflist(t, plugin)
+	fresh := e.addNetns(t, "fresh")
+	e.mustCNI(t, "add", fresh, "")
+	assertLeases(t, legacy, map[netip.Addr]string{pr.Addr(): leaseContent(restarted.cid), pd.Addr(): leaseContent(removed.cid)})
+	if got := readLeases(t, e.leaseDir()); got[pr.Addr()] != leaseContent(restarted.cid) || got[pd.Addr()] != leaseContent(removed.cid) {
+		t.Fatalf("leases not migrated: %v", got)
+	}
+
+	// Both are stopped: their runtime DELs with the configuration cached at
+	// ADD, plain bridge on the legacy directory.
+	e.writeConflist(t, bare)
+	e.mustCNI(t, "del", restarted, "")
+	e.mustCNI(t, "del", removed, "")
+	assertLeases(t, legacy, nil)
+	e.writeConflist(t, plugin)
+
+	// One starts again, through the plugin now.
+	out, stderr, err := e.cnitool("add", restarted, "")
+	if err != nil {
+		t.Fatalf("ADD of the restarted container: %v\n%s", err, stderr)
+	}
+	p2, gw := parseResult(t, out).addrIn(t, e.subnet4)
+	e.assertReleased(t, stderr, restarted.cid, "released its legacy lease")
+	ping(t, restarted, gw)
+	e.assertRecord(t, restarted, p2.Addr())
+
+	// The other is gone for good: the next sweep releases its copy.
+	_, stderr, err = e.cnitool("check", fresh, "")
+	if err != nil {
+		t.Fatalf("CHECK: %v\n%s", err, stderr)
+	}
+	e.assertReleased(t, stderr, removed.cid, "released its legacy lease")
+	if _, ok := readLeases(t, e.leaseDir())[pd.Addr()]; ok {
+		t.Errorf("the removed container's lease %s is still held", pd.Addr())
+	}
+	e.assertNoRecord(t, removed.cid)
+
+	for _, ns := range []netns{restarted, fresh} {
+		e.mustCNI(t, "del", ns, "")
+	}
+	assertLeases(t, e.leaseDir(), nil)
+	assertLeases(t, legacy, nil)
+	e.assertRecordsExactly(t)
 	e.assertNetworkNATEmpty(t)
 }
