@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -34,7 +35,7 @@ func newBootMarker(dataDir, network, name string) bootMarker {
 // current reports whether the marker was written in the boot bootID. A
 // missing or unreadable marker is not current: the work is done again.
 func (m bootMarker) current(bootID string) bool {
-	b, err := records.ReadFileNoFollow(m.path)
+	b, err := statefile.ReadFileNoFollow(m.path)
 	return err == nil && string(b) == bootID
 }
 
@@ -43,7 +44,7 @@ func (m bootMarker) set(bootID string) error {
 	if err := os.MkdirAll(m.recDir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", m.recDir, err)
 	}
-	if err := records.WriteFileAtomic(m.path, []byte(bootID)); err != nil {
+	if err := statefile.WriteFileAtomic(m.path, []byte(bootID)); err != nil {
 		return fmt.Errorf("write %s: %w", m.path, err)
 	}
 	return nil

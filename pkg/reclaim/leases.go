@@ -16,6 +16,7 @@ import (
 
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -70,7 +71,7 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 	}
 	defer df.Close()
 	dirfd := int(df.Fd())
-	err = records.EachDirEntry(df, func(e fs.DirEntry) {
+	err = statefile.EachDirEntry(df, func(e fs.DirEntry) {
 		name := e.Name()
 		if name == "lock" || strings.HasPrefix(name, "last_reserved_ip.") {
 			return // host-local's own, never a reservation
@@ -119,7 +120,7 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 // not a valid lease, its trimmed content is returned with the error.
 func readLease(dirfd int, dir, name string) (Lease, *string, error) {
 	path := filepath.Join(dir, name)
-	b, st, err := records.ReadSmallFileAt(dirfd, dir, name, maxLeaseSize, true)
+	b, st, err := statefile.ReadSmallFileAt(dirfd, dir, name, maxLeaseSize, true)
 	if err != nil {
 		return Lease{}, nil, fmt.Errorf("read lease: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -162,7 +163,7 @@ func copyLease(l Lease, target string) (bool, error) {
 	content := []byte(l.content)
 	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o600)
 	if errors.Is(err, fs.ErrExist) {
-		existing, rerr := records.ReadFileNoFollow(target)
+		existing, rerr := statefile.ReadFileNoFollow(target)
 		if rerr != nil {
 			return false, fmt.Errorf("read %s: %w", target, rerr)
 		}

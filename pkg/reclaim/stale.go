@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -212,7 +213,7 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 func migratedVerdict(r *records.Record) Verdict {
 	want := r.ContainerID + disk.LineBreak + r.IfName
 	for _, path := range r.LegacyLeases {
-		b, err := records.ReadFileNoFollow(path)
+		b, err := statefile.ReadFileNoFollow(path)
 		switch {
 		case err == nil && strings.TrimSpace(string(b)) == want:
 			return Verdict{State: Live, Reason: fmt.Sprintf("migrated; in use while %s holds it", path)}

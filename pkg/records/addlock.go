@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // A pending record names the plugin process that wrote it, but an ADD is
@@ -60,14 +62,11 @@ func openLocked(path string) (*os.File, error) {
 
 // AddRunning reports whether a process of the ADD that wrote k's record
 // still holds its lock (WriteLocked). A record that is gone has no ADD
-// running. It opens the record as ReadSmallFileAt does: a FIFO planted in
+// running. It opens the record with statefile.OpenAt: a FIFO planted in
 // its place cannot block it.
 func (s *Store) AddRunning(k Key) (bool, error) {
 	path := filepath.Join(s.dir, fileName(k))
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-	for err == unix.EINTR {
-		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-	}
+	fd, err := statefile.OpenAt(unix.AT_FDCWD, path)
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}

@@ -9,19 +9,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
@@ -130,15 +124,11 @@ func (s *Store) write(r *Record, beforeRename func(tmp string) error) error {
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", r.Key(), err)
 	}
-	if err := replaceFile(filepath.Join(s.dir, fileName(r.Key())), b, beforeRename); err != nil {
+	if err := statefile.WriteAtomic(filepath.Join(s.dir, fileName(r.Key())), b, beforeRename); err != nil {
 		return fmt.Errorf("store record %s: %w", r.Key(), err)
 	}
 	return nil
 }
-
-// tempPrefix starts the temp files of WriteFileAtomic, followed by the
-// writer's pid: a temp file whose writer is gone was abandoned mid-write.
-const tempPrefix = ".tmp-"
 
 // RemoveAbandonedTemps removes the temp files of a listing whose writer
 // died between creating and renaming them (kill -9 mid-ADD). A file whose
@@ -161,40 +151,9 @@ func (s *Store) RemoveAbandonedTemps(l *Listing, running func(pid int) bool) ([]
 	return removed, errors.Join(errs...)
 }
 
-// WriteFileAtomic replaces path with data through a 0600 temp file in the
-// same directory and a rename: a reader, or a crash, sees the old content
-// or the new, never a mix.
-func WriteFileAtomic(path string, data []byte) error { return replaceFile(path, data, nil) }
-
-// replaceFile is WriteFileAtomic, calling beforeRename (when set) with the
-// temp file's path once it holds data: the last moment nobody else can
-// see the file.
-func replaceFile(path string, data []byte, beforeRename func(tmp string) error) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), tempPrefix+strconv.Itoa(os.Getpid())+"-")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(data)
-	if err := errors.Join(werr, tmp.Close()); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	if beforeRename != nil {
-		if err := beforeRename(tmp.Name()); err != nil {
-			os.Remove(tmp.Name())
-			return err
-		}
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
-}
-
 // Read returns the record of k, or nil when there is none.
 func (s *Store) Read(k Key) (*Record, error) {
-	b, err := ReadFileNoFollow(filepath.Join(s.dir, fileName(k)))
+	b, err := statefile.ReadFileNoFollow(filepath.Join(s.dir, fileName(k)))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -219,7 +178,7 @@ type Listing struct {
 	// Problems are files that are not valid records: a damaged record must
 	// never stop a sweep, nor make it release anything.
 	Problems []error
-	// Temps are WriteFileAtomic's temp files, by writer pid.
+	// Temps are statefile.WriteAtomic's temp files, by writer pid.
 	Temps map[string]int
 }
 
@@ -235,11 +194,10 @@ func (s *Store) List() (*Listing, error) {
 	}
 	defer dir.Close()
 	var names []string
-	err = EachDirEntry(dir, func(e fs.DirEntry) {
+	err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
 		name := e.Name()
-		if rest, ok := strings.CutPrefix(name, tempPrefix); ok && e.Type().IsRegular() {
-			pidText, _, _ := strings.Cut(rest, "-")
-			if pid, err := strconv.Atoi(pidText); err == nil && pid > 0 {
+		if strings.HasPrefix(name, statefile.TempPrefix) && e.Type().IsRegular() {
+			if pid, ok := statefile.TempWriter(name); ok {
 				if l.Temps == nil {
 					l.Temps = map[string]int{}
 				}
@@ -261,8 +219,8 @@ func (s *Store) List() (*Listing, error) {
 	}
 	dirfd := int(dir.Fd())
 	recs, errs := make([]*Record, len(names)), make([]error, len(names))
-	forEachParallel(len(names), func(i int) {
-		b, _, err := ReadSmallFileAt(dirfd, s.dir, names[i], maxRecordSize, false)
+	statefile.ForEachParallel(len(names), func(i int) {
+		b, _, err := statefile.ReadSmallFileAt(dirfd, s.dir, names[i], statefile.DefaultLimit, false)
 		if err != nil {
 			errs[i] = fmt.Errorf("read record: %w", err)
 			return
@@ -284,115 +242,6 @@ func (s *Store) List() (*Listing, error) {
 		l.Records = append(l.Records, recs[i])
 	}
 	return l, nil
-}
-
-// EachDirEntry calls fn for every entry of dir, read 1024 at a time, so a
-// network of 65534 leases does not hold 65534 DirEntry values at once.
-func EachDirEntry(dir *os.File, fn func(fs.DirEntry)) error {
-	for {
-		entries, err := dir.ReadDir(1024)
-		for _, e := range entries {
-			fn(e)
-		}
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// forEachParallel runs f(0..n-1) on up to GOMAXPROCS goroutines, in chunks
-// of at least minChunk indexes. Reading a network's records is one open,
-// read and close per file, all CPU in the kernel on a tmpfs: on a large
-// network the cores divide it; a small one is read on the caller's
-// goroutine.
-func forEachParallel(n int, f func(i int)) {
-	const minChunk = 512
-	workers := min(runtime.GOMAXPROCS(0), (n+minChunk-1)/minChunk)
-	if workers <= 1 {
-		for i := range n {
-			f(i)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for {
-				end := int(next.Add(minChunk))
-				start := end - minChunk
-				if start >= n {
-					return
-				}
-				for i := start; i < min(end, n); i++ {
-					f(i)
-				}
-			}
-		})
-	}
-	wg.Wait()
-}
-
-// maxRecordSize bounds what is read of a record: a real one is a few
-// hundred bytes.
-const maxRecordSize = 64 << 10
-
-// ReadFileNoFollow reads a small state file without following a symlink
-// planted in its place, and refuses files larger than 64 KiB.
-func ReadFileNoFollow(path string) ([]byte, error) {
-	b, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", path, maxRecordSize, false)
-	return b, err
-}
-
-// ReadSmallFileAt reads name, in the directory dir open as dirfd (openat:
-// no walk of the whole path per file; unix.AT_FDCWD and "" for a plain
-// path), if it holds at most limit bytes. It uses raw syscalls —
-// open(O_NOFOLLOW), read until EOF, close, and fstat when withStat — since
-// an *os.File costs four fcntl and a failing epoll_ctl more per file, which
-// dominates a sweep over thousands of tiny files. O_NONBLOCK changes nothing
-// for a regular file but keeps a FIFO planted in its place from blocking
-// the open and the read forever. dir only names the file in errors, joined
-// when one happens (a Join per file costs 10 % of a sweep).
-func ReadSmallFileAt(dirfd int, dir, name string, limit int, withStat bool) ([]byte, *unix.Stat_t, error) {
-	path := func() string { return filepath.Join(dir, name) }
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-	for err == unix.EINTR {
-		fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-	}
-	if err != nil {
-		return nil, nil, &os.PathError{Op: "open", Path: path(), Err: err}
-	}
-	defer unix.Close(fd)
-	var st *unix.Stat_t
-	if withStat {
-		st = &unix.Stat_t{}
-		if err := unix.Fstat(fd, st); err != nil {
-			return nil, nil, &os.PathError{Op: "fstat", Path: path(), Err: err}
-		}
-	}
-	b := make([]byte, 0, 512)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := unix.Read(fd, b[len(b):min(cap(b), limit+1)])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("read %s: %w", path(), err)
-		}
-		if n == 0 {
-			return b, st, nil
-		}
-		b = b[:len(b)+n]
-		if len(b) > limit {
-			return nil, nil, fmt.Errorf("%s: larger than %d bytes", path(), limit)
-		}
-	}
 }
 
 // decode parses a record and checks it belongs where it was found.
