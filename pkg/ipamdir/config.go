@@ -168,9 +168,7 @@ func checkPrevResult(raw map[string]json.RawMessage, cniVersion string) error {
 }
 
 // NetworkDir is host-local's lease directory for this network.
-func (c *Config) NetworkDir() string {
-	return filepath.Join(c.DataDir, c.Name)
-}
+func (c *Config) NetworkDir() string { return c.Dir().Leases() }
 
 // stringKey reads an optional string key, falling back to def when the key
 // is absent or null.

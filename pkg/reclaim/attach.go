@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -108,7 +109,7 @@ func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, n
 // releaseOne releases a single stale attachment: its leases under
 // host-local's lock, its NAT rules, its record.
 func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reason string) error {
-	_, unlock, err := lockedStore(network, dataDir)
+	_, unlock, err := netdir.New(dataDir, network).Lock()
 	if err != nil {
 		return err
 	}
@@ -118,7 +119,7 @@ func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reaso
 	var errs []error
 	// One read of the directory, as a sweep does: disk.Store.ReleaseByID
 	// would walk into planted subdirectories and follow symlinks.
-	dir, err := readLeases(filepath.Join(dataDir, network), nil)
+	dir, err := readLeases(netdir.New(dataDir, network).Leases(), nil)
 	if err != nil {
 		errs = append(errs, err)
 	} else {
@@ -226,7 +227,7 @@ func (s *Sweeper) releaseLegacy(network string, rec *records.Record) error {
 			continue // its runtime released it already
 		}
 		legacyDir := filepath.Dir(filepath.Dir(path))
-		_, unlock, err := lockedStore(network, legacyDir)
+		_, unlock, err := netdir.New(legacyDir, network).Lock()
 		if err != nil {
 			errs = append(errs, err)
 			continue

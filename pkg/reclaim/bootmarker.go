@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 )
 
 // Boot markers sit in a network's record directory and hold the boot ID of
@@ -28,7 +28,7 @@ type bootMarker struct {
 }
 
 func newBootMarker(dataDir, network, name string) bootMarker {
-	recDir := records.NewStore(dataDir, network).Dir()
+	recDir := netdir.New(dataDir, network).Records()
 	return bootMarker{recDir: recDir, path: filepath.Join(recDir, name)}
 }
 

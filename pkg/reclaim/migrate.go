@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -40,7 +41,7 @@ func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error
 		return &Migration{}, nil
 	}
 	m := &Migration{}
-	legacyNet := filepath.Join(legacyDir, network)
+	legacyNet := netdir.New(legacyDir, network).Leases()
 	if legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(dataDir) && exists(legacyNet) {
 		if m, err = s.migrate(dataDir, network, legacyDir); err != nil {
 			return m, err
@@ -59,18 +60,18 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 	}
 	// Ours first, then the legacy one: every migration takes them in this
 	// order, and host-local itself only ever holds one.
-	_, unlockOurs, err := lockedStore(network, dataDir)
+	_, unlockOurs, err := netdir.New(dataDir, network).Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlockOurs()
-	legacy, unlockLegacy, err := lockedStore(network, legacyDir)
+	legacy, unlockLegacy, err := netdir.New(legacyDir, network).Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlockLegacy()
 
-	dir, err := readLeases(filepath.Join(legacyDir, network), nil)
+	dir, err := readLeases(netdir.New(legacyDir, network).Leases(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +90,7 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 			m.Dropped++
 			continue
 		}
-		target := filepath.Join(dataDir, network, l.IP.String())
+		target := filepath.Join(netdir.New(dataDir, network).Leases(), l.IP.String())
 		moved, err := copyLease(l, target)
 		switch {
 		case err != nil:

@@ -7,12 +7,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -77,13 +77,13 @@ type Report struct {
 // nothing.
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	report := &Report{Network: req.Network}
-	netDir := filepath.Join(req.DataDir, req.Network)
+	netDir := netdir.New(req.DataDir, req.Network).Leases()
 	recStore := records.NewStore(req.DataDir, req.Network)
 	if !exists(netDir) && !exists(recStore.Dir()) && !req.Orphans {
 		return report, nil
 	}
 
-	store, unlock, err := lockedStore(req.Network, req.DataDir)
+	store, unlock, err := netdir.New(req.DataDir, req.Network).Lock()
 	if err != nil {
 		return nil, err
 	}

@@ -16,13 +16,9 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
-
-// DirName is the wrapper's directory under dataDir. A CNI network name must
-// start with [a-zA-Z0-9], so no host-local network directory can ever be
-// called this; and host-local never looks outside <dataDir>/<network>.
-const DirName = ".nomad-bridge-cni"
 
 // FormatVersion is written into every record; a record of another version
 // is reported and left alone.
@@ -90,7 +86,7 @@ type Store struct {
 // NewStore names the record directory for network under dataDir; nothing
 // is created until the first Write.
 func NewStore(dataDir, network string) *Store {
-	return &Store{dir: filepath.Join(dataDir, DirName, network), network: network}
+	return &Store{dir: netdir.New(dataDir, network).Records(), network: network}
 }
 
 // Dir is where the network's records live.

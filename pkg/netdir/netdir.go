@@ -1,0 +1,158 @@
+// Package netdir owns the on-disk layout of a network under the plugin's
+// data directory, as host-local's backend/disk owns its directory:
+//
+//	<dataDir>/<network>/                    host-local's leases and its lock
+//	<dataDir>/.nomad-bridge-cni/<network>/  the plugin's records and markers
+//
+// Everything else asks a Dir for a path, for its safety check or for
+// host-local's lock, rather than joining names itself.
+package netdir
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+)
+
+// RecordDirName is the plugin's directory under the data directory. A CNI
+// network name must start with [a-zA-Z0-9], so no host-local network
+// directory can ever be called this; and host-local never looks outside
+// <dataDir>/<network>.
+const RecordDirName = ".nomad-bridge-cni"
+
+// Dir is one network's place under a data directory.
+type Dir struct {
+	DataDir string
+	Network string
+}
+
+// New names network's directories under dataDir; nothing is created.
+func New(dataDir, network string) Dir { return Dir{DataDir: dataDir, Network: network} }
+
+// Leases is host-local's directory of the network.
+func (d Dir) Leases() string { return filepath.Join(d.DataDir, d.Network) }
+
+// Records is the plugin's record directory of the network.
+func (d Dir) Records() string { return filepath.Join(d.DataDir, RecordDirName, d.Network) }
+
+// Check refuses directories someone else could have planted: the data
+// directory itself (its last component: /var/run is a symlink to /run on
+// most distributions, which is fine), host-local's network directory and
+// the record directories must each be a real directory, not a symlink,
+// and owned by the user the plugin runs as. Missing ones are fine: they
+// are created with the right owner. Run it before touching anything.
+func (d Dir) Check() error {
+	for _, dir := range []string{d.DataDir, d.Leases(), filepath.Join(d.DataDir, RecordDirName), d.Records()} {
+		if err := checkOwnDir(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkOwnDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("inspect %s: %w", dir, err)
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("refusing %s: it is a symlink (a directory the plugin writes must not point elsewhere)", dir)
+	case !fi.IsDir():
+		return fmt.Errorf("refusing %s: it is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("refusing %s: owned by uid %d, not by uid %d that runs the plugin", dir, st.Uid, os.Geteuid())
+	}
+	return nil
+}
+
+// Lock opens host-local's store of the network and takes its lock: the
+// flock on <dataDir>/<network>/lock that every host-local ADD and DEL
+// takes, so nothing done under it races an allocation. unlock unlocks and
+// closes; unlocking twice is harmless (disk.Store.GC unlocks on return).
+func (d Dir) Lock() (store *disk.Store, unlock func(), err error) {
+	store, err = disk.New(d.Network, d.DataDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open host-local store %s: %w", d.Leases(), err)
+	}
+	if err := store.Lock(); err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("lock %s: %w", d.Leases(), err), store.Close())
+	}
+	return store, func() {
+		store.Unlock()
+		store.Close()
+	}, nil
+}
+
+// List names the networks under dataDir — host-local's directories and the
+// record directories, by valid CNI network name — each checked as the CNI
+// verbs check it. With only set, it is that one network, which must exist.
+func List(dataDir, only string) ([]Dir, error) {
+	fi, err := os.Stat(dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("data dir %s is not a directory", dataDir)
+	}
+	var names []string
+	if only != "" {
+		if e := utils.ValidateNetworkName(only); e != nil {
+			return nil, fmt.Errorf("network %q: %s", only, e.Msg)
+		}
+		d := New(dataDir, only)
+		if !isDir(d.Leases()) && !isDir(d.Records()) {
+			return nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
+		}
+		names = []string{only}
+	} else if names, err = networkNames(dataDir); err != nil {
+		return nil, err
+	}
+	dirs := make([]Dir, 0, len(names))
+	for _, n := range names {
+		d := New(dataDir, n)
+		if err := d.Check(); err != nil {
+			return nil, fmt.Errorf("unsafe data directory: %w", err)
+		}
+		dirs = append(dirs, d)
+	}
+	return dirs, nil
+}
+
+func networkNames(dataDir string) ([]string, error) {
+	seen := map[string]bool{}
+	for _, dir := range []string{dataDir, filepath.Join(dataDir, RecordDirName)} {
+		entries, err := os.ReadDir(dir)
+		if err != nil && dir == dataDir {
+			return nil, fmt.Errorf("read data dir: %w", err)
+		}
+		for _, e := range entries {
+			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && utils.ValidateNetworkName(e.Name()) == nil {
+				seen[e.Name()] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func isDir(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.IsDir()
+}

@@ -1,0 +1,49 @@
+package netdir
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestLayout(t *testing.T) {
+	d := New("/run/cni", "nomad")
+	if d.Leases() != "/run/cni/nomad" || d.Records() != "/run/cni/.nomad-bridge-cni/nomad" {
+		t.Errorf("layout = %s, %s", d.Leases(), d.Records())
+	}
+}
+
+func TestLockIsHostLocalsLock(t *testing.T) {
+	d := New(t.TempDir(), "net")
+	_, unlock, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	unlock() // twice is harmless
+	if fi, err := os.Stat(filepath.Join(d.Leases(), "lock")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("host-local's lock file: %v, %v", fi, err)
+	}
+}
+
+func TestListFindsLeaseAndRecordDirectories(t *testing.T) {
+	data := t.TempDir()
+	for _, dir := range []string{"a", RecordDirName + "/b", RecordDirName + "/a", "bad name", ".hidden"} {
+		if err := os.MkdirAll(filepath.Join(data, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dirs, err := List(data, "")
+	if err != nil || len(dirs) != 2 || dirs[0].Network != "a" || dirs[1].Network != "b" {
+		t.Fatalf("List = %+v, %v", dirs, err)
+	}
+	if dirs, err := List(data, "b"); err != nil || len(dirs) != 1 {
+		t.Errorf("List(b) = %+v, %v", dirs, err)
+	}
+	if err := os.Symlink(t.TempDir(), filepath.Join(data, "c")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := List(data, "c"); err == nil {
+		t.Error("a symlinked network directory was listed")
+	}
+}
