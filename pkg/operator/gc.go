@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -34,7 +35,7 @@ func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRul
 	out := &GCOutput{DataDir: dataDir, DryRun: dryRun, Released: []GCRelease{}, Problems: []string{}}
 	var errs []error
 	for _, network := range networks {
-		rep, err := s.Sweep(reclaim.Request{DataDir: dataDir, Network: network, DryRun: dryRun, Orphans: orphanRules})
+		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}

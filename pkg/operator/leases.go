@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -44,7 +45,7 @@ func Leases(s *reclaim.Sweeper, dataDir string, networks []string) (*LeasesOutpu
 	out := &LeasesOutput{DataDir: dataDir, Leases: []Row{}, Problems: []string{}}
 	now := s.Host.Now()
 	for _, network := range networks {
-		rep, err := s.Sweep(reclaim.Request{DataDir: dataDir, Network: network, DryRun: true, Orphans: true})
+		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true})
 		if err != nil {
 			return nil, fmt.Errorf("network %s: %w", network, err)
 		}

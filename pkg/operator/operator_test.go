@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/dirstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -54,7 +55,7 @@ func fixture(t *testing.T) (string, *reclaim.Sweeper, *fakenat.Table) {
 			r.PIDStart = 1
 			host.Processes[pid] = 1
 		}
-		if err := records.NewStore(dataDir, network).Write(r); err != nil {
+		if err := records.NewStore(netdir.New(dataDir, network)).Write(r); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -23,7 +23,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 
 	if err := p.migrate(conf); err != nil {
 		p.warnf("warning: %v", err)
-	} else if _, err := p.Reclaim.Sweep(reclaim.Request{DataDir: conf.DataDir, Network: conf.Name}); err != nil {
+	} else if _, err := p.Reclaim.Sweep(reclaim.Request{Dir: conf.Dir()}); err != nil {
 		p.warnf("warning: sweep of %s: %v", conf.Name, err)
 	}
 

@@ -29,7 +29,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
 		return delegateError(ctx, conf.Delegate, "del", err)
 	}
-	if err := p.Reclaim.EndDel(conf.DataDir, conf.Name, attachmentKey(args), args.Netns); err != nil {
+	if err := p.Reclaim.EndDel(conf.Dir(), attachmentKey(args), args.Netns); err != nil {
 		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())
 	}
 	return nil

@@ -136,7 +136,7 @@ func (p *Plugin) warnf(format string, args ...any) {
 // is an error for ADD: allocating before the move could hand out an
 // address a running container still holds.
 func (p *Plugin) migrate(conf *ipamdir.Config) error {
-	if _, err := p.Reclaim.Migrate(conf.DataDir, conf.Name, conf.LegacyDataDir); err != nil {
+	if _, err := p.Reclaim.Migrate(conf.Dir(), conf.LegacyDataDir); err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("failed to migrate leases from %s", conf.LegacyDataDir), err.Error())
 	}
 	return nil

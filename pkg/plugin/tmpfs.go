@@ -18,7 +18,7 @@ func (p *Plugin) warnIfPersistent(conf *ipamdir.Config) {
 	case err != nil:
 		p.warnf("warning: cannot tell whether dataDir %s is on tmpfs: %v", conf.DataDir, err)
 	case !inMemory:
-		due, merr := p.Reclaim.ClaimNotTmpfsWarning(conf.DataDir, conf.Name)
+		due, merr := p.Reclaim.ClaimNotTmpfsWarning(conf.Dir())
 		if merr != nil {
 			p.warnf("warning: %v", merr)
 		}

@@ -18,7 +18,7 @@ import (
 func (w *world) lockedRecord(r *records.Record) *os.File {
 	w.t.Helper()
 	w.record(r)
-	held, err := records.NewStore(w.dataDir, net1).WriteLocked(r)
+	held, err := records.NewStore(w.dir()).WriteLocked(r)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -79,14 +79,14 @@ func TestBeginAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
 	key := records.Key{ContainerID: "c1", IfName: "eth0"}
 	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
 
-	_, err := w.sweeper.BeginAdd(w.dataDir, net1, key, "/run/netns/c1")
+	_, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "delegate still runs") {
 		t.Fatalf("BeginAdd while the earlier delegate runs = %v, want code 11", err)
 	}
 
 	held.Close()
-	att, err := w.sweeper.BeginAdd(w.dataDir, net1, key, "/run/netns/c1")
+	att, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
 	if err != nil {
 		t.Fatalf("BeginAdd once the earlier ADD is gone: %v", err)
 	}
@@ -104,8 +104,8 @@ func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {
 			w := newWorld(t)
 			w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
 			key := records.Key{ContainerID: "c1", IfName: "eth0"}
-			store := records.NewStore(w.dataDir, net1)
-			att, err := w.sweeper.BeginAdd(w.dataDir, net1, key, "/run/netns/c1")
+			store := records.NewStore(w.dir())
+			att, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -33,8 +33,8 @@ type Attach struct {
 // allocate again; a live one is a real duplicate and an error. Then the
 // pending record is written, before anything is delegated, so a crash at
 // any later point leaves a trace a sweep can follow.
-func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath string) (*Attach, error) {
-	recStore := records.NewStore(dataDir, network)
+func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*Attach, error) {
+	recStore := records.NewStore(d)
 	nsID, err := s.Host.Netns(netnsPath)
 	if err != nil {
 		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("cannot identify network namespace %q", netnsPath), err.Error())
@@ -44,11 +44,11 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 	old, err := recStore.Read(key)
 	if err != nil {
 		// A damaged record proves nothing; it is replaced below.
-		s.logf("%s: %s: ignoring unreadable record: %v", network, key, err)
+		s.logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
 		old = nil
 	}
 	if old != nil {
-		if err := s.replaceEarlier(dataDir, network, old, netnsPath, nsID, cookie); err != nil {
+		if err := s.replaceEarlier(d, old, netnsPath, nsID, cookie); err != nil {
 			return nil, err
 		}
 	}
@@ -59,7 +59,7 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 	}
 	pid, start := sysinfo.Self(s.Host)
 	rec := &records.Record{
-		Version: records.FormatVersion, Network: network, ContainerID: key.ContainerID, IfName: key.IfName,
+		Version: records.FormatVersion, Network: d.Network, ContainerID: key.ContainerID, IfName: key.IfName,
 		Netns: netnsPath, NetnsID: nsID, NetnsCookie: cookie, BootID: bootID, Created: s.Host.Now().UTC(),
 		State: records.Pending, PID: pid, PIDStart: start,
 	}
@@ -72,44 +72,44 @@ func (s *Sweeper) BeginAdd(dataDir, network string, key records.Key, netnsPath s
 
 // replaceEarlier decides what an existing record for the same attachment
 // means for a new ADD.
-func (s *Sweeper) replaceEarlier(dataDir, network string, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
-	j, err := newJudge(s.Host, records.NewStore(dataDir, network), nil, false)
+func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
+	j, err := newJudge(s.Host, records.NewStore(d), nil, false)
 	if err != nil {
 		return err
 	}
 	v := j.verdict(&Attachment{Key: old.Key(), Record: old})
 	switch v.State {
 	case Pending:
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is still running (%s)", old.Key(), network, v.Reason), "")
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is still running (%s)", old.Key(), d.Network, v.Reason), "")
 	case Stale:
-		return s.releaseOne(dataDir, network, old, v.Reason)
+		return s.releaseOne(d, old, v.Reason)
 	case Detached:
 		// Nomad's re-ADD after a failed CHECK, with its tasks still
 		// running in the old namespace: they answer on the old address,
 		// so it must not be handed out again, and a new address in the
 		// new namespace would reach nobody. Refused, Nomad stops the
 		// tasks, DELs and reschedules; nothing is changed here.
-		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), network, old.NetnsID.Ino, holderText(v.Holder), netnsPath, old.Key()), v.Reason)
+		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), d.Network, old.NetnsID.Ino, holderText(v.Holder), netnsPath, old.Key()), v.Reason)
 	}
 	if old.State == records.Migrated {
-		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s through the configuration it was added with (its lease %s was migrated and is still held there): DEL it with that configuration, or stop its container, before adding it again", old.Key(), network, strings.Join(old.LegacyLeases, ", ")), v.Reason)
+		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s through the configuration it was added with (its lease %s was migrated and is still held there): DEL it with that configuration, or stop its container, before adding it again", old.Key(), d.Network, strings.Join(old.LegacyLeases, ", ")), v.Reason)
 	}
 	// The kernel reuses a dead namespace's inode number, so a namespace
 	// re-created at the same path (Nomad's restore) can look identical
 	// by inode; its cookie cannot.
 	if old.Netns == netnsPath && old.NetnsID == nsID && old.NetnsCookie != 0 && cookie != 0 && old.NetnsCookie != cookie {
-		return s.releaseOne(dataDir, network, old, fmt.Sprintf("namespace %s was re-created (same inode %d, new namespace cookie)", netnsPath, nsID.Ino))
+		return s.releaseOne(d, old, fmt.Sprintf("namespace %s was re-created (same inode %d, new namespace cookie)", netnsPath, nsID.Ino))
 	}
 	if old.NetnsID == nsID {
-		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), network, netnsPath), "")
+		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath), "")
 	}
-	return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), network, old.Netns, netnsPath), "")
+	return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), d.Network, old.Netns, netnsPath), "")
 }
 
 // releaseOne releases a single stale attachment: its leases under
 // host-local's lock, its NAT rules, its record.
-func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reason string) error {
-	_, unlock, err := netdir.New(dataDir, network).Lock()
+func (s *Sweeper) releaseOne(d netdir.Dir, old *records.Record, reason string) error {
+	_, unlock, err := d.Lock()
 	if err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reaso
 	var errs []error
 	// One read of the directory, as a sweep does: disk.Store.ReleaseByID
 	// would walk into planted subdirectories and follow symlinks.
-	dir, err := readLeases(netdir.New(dataDir, network).Leases(), nil)
+	dir, err := readLeases(d.Leases(), nil)
 	if err != nil {
 		errs = append(errs, err)
 	} else {
@@ -138,17 +138,17 @@ func (s *Sweeper) releaseOne(dataDir, network string, old *records.Record, reaso
 		}
 	}
 	if s.Netfilter != nil {
-		removed, err := s.Netfilter.ReleaseContainer(network, old.IfName, old.ContainerID)
+		removed, err := s.Netfilter.ReleaseContainer(d.Network, old.IfName, old.ContainerID)
 		what = append(what, removed...)
 		errs = append(errs, err)
 	}
-	if err := records.NewStore(dataDir, network).Remove(old.Key()); err != nil {
+	if err := records.NewStore(d).Remove(old.Key()); err != nil {
 		errs = append(errs, err)
 	} else {
 		what = append(what, "record")
 	}
 	rel := Release{Key: old.Key(), IPs: ips, Reason: reason, What: what}
-	s.logf("%s: released %s", network, rel)
+	s.logf("%s: released %s", d.Network, rel)
 	return errors.Join(errs...)
 }
 
@@ -192,23 +192,23 @@ func (a *Attach) Close() {
 // re-created at the same path, it skips them, and they would stay for good
 // once the record is gone. In those cases the rules are released here,
 // found by their comments. Then the record goes.
-func (s *Sweeper) EndDel(dataDir, network string, key records.Key, netnsPath string) error {
-	store := records.NewStore(dataDir, network)
+func (s *Sweeper) EndDel(d netdir.Dir, key records.Key, netnsPath string) error {
+	store := records.NewStore(d)
 	rec, err := store.Read(key)
 	if err != nil {
-		s.logf("%s: %s: ignoring unreadable record: %v", network, key, err)
+		s.logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
 		rec = nil
 	}
 	var errs []error
 	if s.Netfilter != nil && !s.bridgeTornDown(rec, netnsPath) {
-		removed, err := s.Netfilter.ReleaseContainer(network, key.IfName, key.ContainerID)
+		removed, err := s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
 		if len(removed) > 0 {
-			s.logf("%s: DEL %s outside its namespace: removed %s", network, key, strings.Join(removed, ", "))
+			s.logf("%s: DEL %s outside its namespace: removed %s", d.Network, key, strings.Join(removed, ", "))
 		}
 		errs = append(errs, err)
 	}
 	if rec != nil && rec.State == records.Migrated {
-		errs = append(errs, s.releaseLegacy(network, rec))
+		errs = append(errs, s.releaseLegacy(d, rec))
 	}
 	errs = append(errs, store.Remove(key))
 	return errors.Join(errs...)
@@ -219,7 +219,7 @@ func (s *Sweeper) EndDel(dataDir, network string, key records.Key, netnsPath str
 // alive (Sweeper.recordMigrated). Each is removed under the legacy
 // directory's host-local lock, and only while it still names the
 // attachment.
-func (s *Sweeper) releaseLegacy(network string, rec *records.Record) error {
+func (s *Sweeper) releaseLegacy(d netdir.Dir, rec *records.Record) error {
 	want := rec.ContainerID + disk.LineBreak + rec.IfName
 	var errs []error
 	for _, path := range rec.LegacyLeases {
@@ -227,7 +227,7 @@ func (s *Sweeper) releaseLegacy(network string, rec *records.Record) error {
 			continue // its runtime released it already
 		}
 		legacyDir := filepath.Dir(filepath.Dir(path))
-		_, unlock, err := netdir.New(legacyDir, network).Lock()
+		_, unlock, err := netdir.New(legacyDir, d.Network).Lock()
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -235,7 +235,7 @@ func (s *Sweeper) releaseLegacy(network string, rec *records.Record) error {
 		err = removeLeaseFile(Lease{Path: path, content: want})
 		unlock()
 		if err != nil {
-			s.logf("%s: %s: legacy lease left in place: %v", network, rec.Key(), err)
+			s.logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
 		}
 	}
 	return errors.Join(errs...)

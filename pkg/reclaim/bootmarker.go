@@ -27,8 +27,8 @@ type bootMarker struct {
 	recDir, path string
 }
 
-func newBootMarker(dataDir, network, name string) bootMarker {
-	recDir := netdir.New(dataDir, network).Records()
+func newBootMarker(d netdir.Dir, name string) bootMarker {
+	recDir := d.Records()
 	return bootMarker{recDir: recDir, path: filepath.Join(recDir, name)}
 }
 
@@ -51,16 +51,16 @@ func (m bootMarker) set(bootID string) error {
 }
 
 // ClaimNotTmpfsWarning reports whether the warning that dataDir is not on
-// tmpfs is still due in this boot for network, and records that it is
+// tmpfs is still due in this boot for d.Network, and records that it is
 // being given, so that a runtime's log gets it once per boot and network
 // rather than on every ADD. When the marker cannot be read or written it
 // says the warning is due (better repeated than lost) and returns why.
-func (s *Sweeper) ClaimNotTmpfsWarning(dataDir, network string) (bool, error) {
+func (s *Sweeper) ClaimNotTmpfsWarning(d netdir.Dir) (bool, error) {
 	bootID, err := s.Host.BootID()
 	if err != nil {
 		return true, err
 	}
-	m := newBootMarker(dataDir, network, notTmpfsWarnedMarker)
+	m := newBootMarker(d, notTmpfsWarnedMarker)
 	if m.current(bootID) {
 		return false, nil
 	}

@@ -129,7 +129,7 @@ func TestReAddIsRefusedWhileTheOldNamespaceIsHeld(t *testing.T) {
 	id := w.detach("c1", "replaced", task)
 	before := snapshotDir(t, w.dataDir)
 
-	_, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
 
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInternal {
@@ -149,7 +149,7 @@ func TestReAddIsRefusedWhileTheOldNamespaceIsHeld(t *testing.T) {
 
 	// The task stopped: nothing holds the old namespace, re-ADD recovers.
 	w.host.Holders[id] = nil
-	if _, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
+	if _, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
 		t.Fatalf("re-ADD once nothing holds the old namespace: %v", err)
 	}
 	if len(w.leases()) != 0 || w.nat.Owns(net1, "c1") {
@@ -162,7 +162,7 @@ func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
 // recordCookie sets the namespace cookie cid's record carries.
 func (w *world) recordCookie(cid string, cookie uint64) {
 	w.t.Helper()
-	store := records.NewStore(w.dataDir, net1)
+	store := records.NewStore(w.dir())
 	r, err := store.Read(records.Key{ContainerID: cid, IfName: "eth0"})
 	if err != nil || r == nil {
 		w.t.Fatalf("read record of %s: %v", cid, err)

@@ -20,7 +20,7 @@ type Migration struct {
 }
 
 // Migrate moves the leases host-local kept in the legacy directory (the
-// user's own ipam.dataDir, or /var/lib/cni/networks) into dataDir, once per
+// user's own ipam.dataDir, or /var/lib/cni/networks) into d.DataDir, once per
 // boot and network. Without it, right after adoption the empty dataDir
 // would hand out addresses that running containers still hold (Nomad had to
 // copy its leases across for the same reason).
@@ -31,19 +31,19 @@ type Migration struct {
 // are held throughout, ours first. A crash at any point loses nothing: a
 // copy is only removed once its target exists, and without the marker the
 // next run starts again.
-func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error) {
+func (s *Sweeper) Migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	bootID, err := s.Host.BootID()
 	if err != nil {
 		return nil, err
 	}
-	marker := newBootMarker(dataDir, network, migratedMarker)
+	marker := newBootMarker(d, migratedMarker)
 	if marker.current(bootID) {
 		return &Migration{}, nil
 	}
 	m := &Migration{}
-	legacyNet := netdir.New(legacyDir, network).Leases()
-	if legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(dataDir) && exists(legacyNet) {
-		if m, err = s.migrate(dataDir, network, legacyDir); err != nil {
+	legacyNet := netdir.New(legacyDir, d.Network).Leases()
+	if legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(d.DataDir) && exists(legacyNet) {
+		if m, err = s.migrate(d, legacyDir); err != nil {
 			return m, err
 		}
 	}
@@ -53,33 +53,33 @@ func (s *Sweeper) Migrate(dataDir, network, legacyDir string) (*Migration, error
 	return m, nil
 }
 
-func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error) {
+func (s *Sweeper) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	bootTime, err := s.Host.BootTime()
 	if err != nil {
 		return nil, err
 	}
 	// Ours first, then the legacy one: every migration takes them in this
 	// order, and host-local itself only ever holds one.
-	_, unlockOurs, err := netdir.New(dataDir, network).Lock()
+	_, unlockOurs, err := d.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlockOurs()
-	legacy, unlockLegacy, err := netdir.New(legacyDir, network).Lock()
+	legacy, unlockLegacy, err := netdir.New(legacyDir, d.Network).Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlockLegacy()
 
-	dir, err := readLeases(netdir.New(legacyDir, network).Leases(), nil)
+	dir, err := readLeases(netdir.New(legacyDir, d.Network).Leases(), nil)
 	if err != nil {
 		return nil, err
 	}
 	m := &Migration{}
 	for _, p := range dir.problems {
-		s.logf("%s: legacy lease skipped: %v", network, p)
+		s.logf("%s: legacy lease skipped: %v", d.Network, p)
 	}
-	recStore := records.NewStore(dataDir, network)
+	recStore := records.NewStore(d)
 	drop := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
 	copied := map[records.Key][]Lease{}
@@ -90,7 +90,7 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 			m.Dropped++
 			continue
 		}
-		target := filepath.Join(netdir.New(dataDir, network).Leases(), l.IP.String())
+		target := filepath.Join(d.Leases(), l.IP.String())
 		moved, err := copyLease(l, target)
 		switch {
 		case err != nil:
@@ -99,7 +99,7 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 		case !moved:
 			m.Conflicts = append(m.Conflicts, l.IP.String())
 			kept[l.Key] = true
-			s.logf("%s: legacy lease %s for %s not migrated: %s already holds it", network, l.IP, l.Key, target)
+			s.logf("%s: legacy lease %s for %s not migrated: %s already holds it", d.Network, l.IP, l.Key, target)
 		default:
 			copied[l.Key] = append(copied[l.Key], l)
 			m.Moved++
@@ -110,7 +110,7 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 			continue // one lease moved and another kept: both stay in place
 		}
 		if err := s.recordMigrated(recStore, k, leases); err != nil {
-			s.logf("%s: %s: %v; its legacy lease is removed instead", network, k, err)
+			s.logf("%s: %s: %v; its legacy lease is removed instead", d.Network, k, err)
 			drop[k] = true
 		}
 	}
@@ -122,7 +122,7 @@ func (s *Sweeper) migrate(dataDir, network, legacyDir string) (*Migration, error
 		errs = append(errs, err)
 	}
 	if m.Moved+m.Dropped > 0 {
-		s.logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", network, m.Moved, legacyDir, dataDir, m.Dropped)
+		s.logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", d.Network, m.Moved, legacyDir, d.DataDir, m.Dropped)
 	}
 	return m, errors.Join(errs...)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/dirstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -82,14 +83,17 @@ func (w *world) record(r *records.Record) {
 	if r.Created.IsZero() {
 		r.Created = bootTime.Add(time.Minute)
 	}
-	if err := records.NewStore(w.dataDir, net1).Write(r); err != nil {
+	if err := records.NewStore(w.dir()).Write(r); err != nil {
 		w.t.Fatal(err)
 	}
 }
 
+// dir is the world's network under its data directory.
+func (w *world) dir() netdir.Dir { return netdir.New(w.dataDir, net1) }
+
 func (w *world) sweep(req Request) *Report {
 	w.t.Helper()
-	req.DataDir, req.Network = w.dataDir, net1
+	req.Dir = w.dir()
 	rep, err := w.sweeper.Sweep(req)
 	if err != nil {
 		w.t.Fatalf("Sweep: %v", err)
@@ -114,7 +118,7 @@ func (w *world) leases() []string {
 }
 
 func (w *world) hasRecord(cid string) bool {
-	r, err := records.NewStore(w.dataDir, net1).Read(records.Key{ContainerID: cid, IfName: "eth0"})
+	r, err := records.NewStore(w.dir()).Read(records.Key{ContainerID: cid, IfName: "eth0"})
 	return err == nil && r != nil
 }
 
@@ -287,7 +291,7 @@ func TestDamagedFilesAreSkippedAndKept(t *testing.T) {
 	if err := os.Symlink("/etc/passwd", filepath.Join(w.dataDir, net1, "10.0.0.14")); err != nil {
 		t.Fatal(err)
 	}
-	recDir := records.NewStore(w.dataDir, net1).Dir()
+	recDir := records.NewStore(w.dir()).Dir()
 	if err := os.WriteFile(filepath.Join(recDir, "junk@eth0"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +347,7 @@ func TestBeginAddReleasesStaleEarlierAttachment(t *testing.T) {
 	// Nomad re-creates the netns at the same path: new inode.
 	w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5555}
 
-	att, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	att, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
 	if err != nil {
 		t.Fatalf("BeginAdd: %v", err)
 	}
@@ -356,7 +360,7 @@ func TestBeginAddReleasesStaleEarlierAttachment(t *testing.T) {
 	if err := att.Complete([]string{"10.0.0.7/24"}); err != nil {
 		t.Fatal(err)
 	}
-	r, _ := records.NewStore(w.dataDir, net1).Read(records.Key{ContainerID: "c1", IfName: "eth0"})
+	r, _ := records.NewStore(w.dir()).Read(records.Key{ContainerID: "c1", IfName: "eth0"})
 	if r == nil || r.State != records.Complete || r.PID != 0 || r.IPs[0] != "10.0.0.7/24" {
 		t.Errorf("completed record = %+v", r)
 	}
@@ -368,7 +372,7 @@ func TestBeginAddReleasesStaleEarlierAttachment(t *testing.T) {
 func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 	w := newWorld(t)
 	w.container("c1", "10.0.0.2")
-	_, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || !strings.Contains(cniErr.Msg, "already attached") {
 		t.Fatalf("BeginAdd of a live attachment = %v", err)
@@ -377,7 +381,7 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 
 	w.host.Processes[777] = 1
 	w.record(&records.Record{ContainerID: "c2", IfName: "eth0", Netns: "/run/netns/c1", BootID: "boot-1", State: records.Pending, PID: 777, PIDStart: 1})
-	_, err = w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c1")
+	_, err = w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c1")
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater {
 		t.Errorf("BeginAdd during another ADD = %v, want code 11", err)
 	}
@@ -385,7 +389,7 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 
 func TestBeginAddNeedsANamespace(t *testing.T) {
 	w := newWorld(t)
-	_, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/none")
+	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/none")
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetNS {
 		t.Errorf("BeginAdd without netns = %v", err)
@@ -400,7 +404,7 @@ func TestEndDelTearsDownNATWhenNamespaceIsGone(t *testing.T) {
 	w.container("c1", "10.0.0.2")
 	w.container("c2", "10.0.0.3")
 	delete(w.host.Namespaces, "/run/netns/c1")
-	if err := w.sweeper.EndDel(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
+	if err := w.sweeper.EndDel(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
 		t.Fatal(err)
 	}
 	if w.nat.Owns(net1, "c1") || w.hasRecord("c1") {
@@ -408,7 +412,7 @@ func TestEndDelTearsDownNATWhenNamespaceIsGone(t *testing.T) {
 	}
 	// With the namespace there, bridge tore its rules down: no NAT work.
 	w.nat.Calls = nil
-	if err := w.sweeper.EndDel(w.dataDir, net1, records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c2"); err != nil {
+	if err := w.sweeper.EndDel(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c2"); err != nil {
 		t.Fatal(err)
 	}
 	if len(w.nat.Calls) != 0 || w.hasRecord("c2") {
@@ -430,7 +434,7 @@ func TestBeginAddTellsReusedInodeByCookie(t *testing.T) {
 	ns := "/run/netns/c1"
 	w.host.Namespaces[ns] = sysinfo.NetnsID{Dev: 4, Ino: 4026532178}
 	w.host.Cookies[ns] = 6108
-	att, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, ns)
+	att, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,13 +447,13 @@ func TestBeginAddTellsReusedInodeByCookie(t *testing.T) {
 	w.lease("10.0.0.2", "c1\r\neth0", bootTime.Add(time.Minute))
 
 	// Same namespace, same cookie: a real duplicate.
-	if _, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err == nil || !strings.Contains(err.Error(), "already attached") {
+	if _, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err == nil || !strings.Contains(err.Error(), "already attached") {
 		t.Fatalf("ADD into the same namespace = %v", err)
 	}
 	// Deleted and re-created: the kernel gave the new namespace the old
 	// inode number, but not the old cookie.
 	w.host.Cookies[ns] = 6113
-	if _, err := w.sweeper.BeginAdd(w.dataDir, net1, records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err != nil {
+	if _, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err != nil {
 		t.Fatalf("ADD into a re-created namespace with a reused inode: %v", err)
 	}
 	if len(w.leases()) != 0 || !strings.Contains(w.log.String(), "re-created (same inode") {

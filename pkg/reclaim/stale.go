@@ -58,7 +58,7 @@ type Attachment struct {
 	Verdict Verdict
 }
 
-// judge applies the staleness rules (README, "When a lease is stale"). Each stale verdict rests
+// judge applies the staleness rules (docs/reclaim.md, "When an attachment is stale"). Each stale verdict rests
 // on a fact, never on a guess:
 //  1. older than this boot: the record carries another boot ID, or a
 //     record-less lease file was last written before the boot time;

@@ -28,8 +28,7 @@ type Sweeper struct {
 
 // Request says which network to sweep and by which rules.
 type Request struct {
-	DataDir string
-	Network string
+	Dir netdir.Dir
 	// GC is set for the runtime's GC verb: every attachment not in Valid is
 	// stale (a nil Valid means none is valid, as host-local reads it).
 	GC    bool
@@ -76,14 +75,14 @@ type Report struct {
 // allocation. A sweep with nothing to release writes nothing and logs
 // nothing.
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
-	report := &Report{Network: req.Network}
-	netDir := netdir.New(req.DataDir, req.Network).Leases()
-	recStore := records.NewStore(req.DataDir, req.Network)
+	report := &Report{Network: req.Dir.Network}
+	netDir := req.Dir.Leases()
+	recStore := records.NewStore(req.Dir)
 	if !exists(netDir) && !exists(recStore.Dir()) && !req.Orphans {
 		return report, nil
 	}
 
-	store, unlock, err := netdir.New(req.DataDir, req.Network).Lock()
+	store, unlock, err := req.Dir.Lock()
 	if err != nil {
 		return nil, err
 	}
@@ -127,15 +126,15 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		}
 	}
 	for _, p := range report.Problems {
-		s.logf("%s: skipped: %v", req.Network, p)
+		s.logf("%s: skipped: %v", req.Dir.Network, p)
 	}
 	if !req.DryRun && len(listing.Temps) > 0 {
 		temps, err := recStore.RemoveAbandonedTemps(listing, func(pid int) bool { _, ok := s.Host.ProcessStart(pid); return ok })
 		for _, path := range temps {
-			s.logf("%s: removed %s, abandoned by a writer that died", req.Network, path)
+			s.logf("%s: removed %s, abandoned by a writer that died", req.Dir.Network, path)
 		}
 		if err != nil {
-			s.logf("%s: %v", req.Network, err)
+			s.logf("%s: %v", req.Dir.Network, err)
 		}
 	}
 	if len(stale) == 0 && !req.Orphans {
@@ -174,7 +173,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 
 	if len(stale) > 0 && s.Netfilter != nil {
-		if err := s.Netfilter.ReleaseNFTables(req.Network, keepList(report.Attachments)); err != nil {
+		if err := s.Netfilter.ReleaseNFTables(req.Dir.Network, keepList(report.Attachments)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -193,7 +192,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	report.Released = collect(releases, order)
 	for _, rel := range report.Released {
-		s.logf("%s: released %s", req.Network, rel)
+		s.logf("%s: released %s", req.Dir.Network, rel)
 	}
 	return report, errors.Join(errs...)
 }
@@ -206,9 +205,9 @@ func (s *Sweeper) releaseNAT(req Request, report *Report, releases map[records.K
 	if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
 		return nil
 	}
-	snap, err := s.Netfilter.Snapshot(req.Network)
+	snap, err := s.Netfilter.Snapshot(req.Dir.Network)
 	if err != nil {
-		return fmt.Errorf("read NAT rules of %s: %w", req.Network, err)
+		return fmt.Errorf("read NAT rules of %s: %w", req.Dir.Network, err)
 	}
 	known := map[string]bool{}
 	for _, a := range report.Attachments {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 )
 
 // FuzzDecode: a record file with any content and any name either decodes
@@ -15,7 +17,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add("x", []byte(``))
 	f.Add("c1@eth0", []byte(`{"version":1,"network":"other","containerID":"c1","ifName":"eth0","state":"complete"}`))
 	f.Fuzz(func(t *testing.T, name string, data []byte) {
-		s := NewStore("/nonexistent", "nomad")
+		s := NewStore(netdir.New("/nonexistent", "nomad"))
 		r, err := s.decode(name, data)
 		if err != nil {
 			return

@@ -85,8 +85,8 @@ type Store struct {
 
 // NewStore names the record directory for network under dataDir; nothing
 // is created until the first Write.
-func NewStore(dataDir, network string) *Store {
-	return &Store{dir: netdir.New(dataDir, network).Records(), network: network}
+func NewStore(d netdir.Dir) *Store {
+	return &Store{dir: d.Records(), network: d.Network}
 }
 
 // Dir is where the network's records live.

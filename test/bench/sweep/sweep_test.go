@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -99,7 +100,7 @@ func benchSweep(b *testing.B, n, pct int) {
 			s.Netfilter = nil // what the NAT lookup costs: compare with and without
 		}
 		c0 := cpuTime()
-		rep, err := s.Sweep(reclaim.Request{DataDir: dataDir, Network: network})
+		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network)})
 		cpu += cpuTime() - c0
 		if err != nil {
 			b.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -87,7 +88,7 @@ func Build(s Spec) (*Result, error) {
 	if err := os.WriteFile(filepath.Join(netDir, "lock"), nil, 0o644); err != nil {
 		return nil, err
 	}
-	store := records.NewStore(s.DataDir, s.Network)
+	store := records.NewStore(netdir.New(s.DataDir, s.Network))
 	if err := os.MkdirAll(store.Dir(), 0o700); err != nil {
 		return nil, err
 	}
@@ -152,7 +153,7 @@ func Remove(dataDir, network string) error {
 	}
 	return errors.Join(
 		os.RemoveAll(filepath.Join(dataDir, network)),
-		os.RemoveAll(records.NewStore(dataDir, network).Dir()),
+		os.RemoveAll(netdir.New(dataDir, network).Records()),
 	)
 }
 
