@@ -75,7 +75,7 @@ func TestReclaimOnCheck(t *testing.T) {
 	e.assertNoMasq(t, a)
 	e.assertNoDNAT(t, a)
 	if rules := firewallRules(t, addrA); len(rules) > 0 {
-		// Not in the README's list of what a stale attachment leaves.
+		// Not in docs/reclaim.md's list of what a release removes (see its "Releasing a stale attachment").
 		t.Logf("note: firewall's rules for A's %s stay in %s after the release:\n%s", addrA, firewallChain, rulesString(rules))
 	}
 
