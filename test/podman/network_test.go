@@ -1,0 +1,219 @@
+package podman
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// adoption is how a podman network gets the plugin, or, for the control,
+// does not.
+type adoption int
+
+const (
+	// oneWord: "type": "nomad-bridge-cni" in the network's conflist, with
+	// the plugin's dataDir on the test's tmpfs.
+	oneWord adoption = iota
+	// asBridge: the plugin installed as `bridge` in a directory that
+	// cni_plugin_dirs lists before the reference plugins; the conflist is
+	// podman's own.
+	asBridge
+	// bareBridge: the control, the reference bridge with host-local's
+	// leases in a plain (persistent) directory of the test.
+	bareBridge
+)
+
+var adoptions = []adoption{oneWord, asBridge, bareBridge}
+
+func (a adoption) String() string {
+	switch a {
+	case oneWord:
+		return "one-word"
+	case asBridge:
+		return "as-bridge"
+	case bareBridge:
+		return "bare-bridge"
+	}
+	return fmt.Sprintf("adoption(%d)", int(a))
+}
+
+// plugin reports whether the plugin manages the network's leases.
+func (a adoption) plugin() bool { return a != bareBridge }
+
+// forEachAdoption runs fn as a subtest per adoption.
+func forEachAdoption(t *testing.T, fn func(t *testing.T, a adoption)) {
+	for _, a := range adoptions {
+		t.Run(a.String(), func(t *testing.T) { fn(t, a) })
+	}
+}
+
+// network is a podman network the test created.
+type network struct {
+	name    string
+	bridge  string
+	subnet  netip.Prefix
+	gateway netip.Addr
+}
+
+// conflistPath is where podman's CNI backend keeps the network.
+func (e *env) conflistPath(n *network) string {
+	return filepath.Join(e.netConfDir, n.name+".conflist")
+}
+
+// leaseDir is where host-local keeps the network's leases.
+func (e *env) leaseDir(n *network) string {
+	switch e.adoption {
+	case oneWord:
+		return filepath.Join(e.tmpfs, n.name)
+	case asBridge:
+		return filepath.Join(pluginDefaultDataDir, n.name)
+	}
+	return filepath.Join(e.persist, n.name)
+}
+
+// recordDir is where the plugin keeps the network's attachment records
+// ("" for the control).
+func (e *env) recordDir(n *network) string {
+	switch e.adoption {
+	case oneWord:
+		return filepath.Join(e.tmpfs, recordDirName, n.name)
+	case asBridge:
+		return filepath.Join(pluginDefaultDataDir, recordDirName, n.name)
+	}
+	return ""
+}
+
+// addNetwork creates a network with `podman network create`, then adopts
+// the plugin in the conflist podman wrote (see adopt). suffix tells the
+// env's networks apart.
+func (e *env) addNetwork(t *testing.T, suffix string) *network {
+	t.Helper()
+	n := &network{
+		// Unique: as `bridge`, the plugin keeps its leases under the
+		// host's /var/run/cni/<name>.
+		name:   "nbp-" + e.id + suffix,
+		bridge: "nbp" + e.id + suffix, // at most 15 bytes
+		subnet: pickSubnet(t),
+	}
+	n.gateway = n.subnet.Addr().Next()
+	e.mu.Lock()
+	e.nets = append(e.nets, n)
+	e.mu.Unlock()
+	e.mustPodman(t, "network", "create", "--disable-dns", "--subnet", n.subnet.String(), n.name)
+	e.adopt(t, n)
+	return n
+}
+
+// adopt edits the network's conflist, keeping every key podman wrote. The
+// bridge device is renamed after the test (podman numbers them
+// cni-podman<N> from what it knows of, which is not the host's); then, by
+// adoption: one word changes the first plugin's type and adds the plugin's
+// dataDir; as `bridge` changes nothing else; the control puts host-local's
+// leases into the test's directory instead of /var/lib/cni/networks.
+func (e *env) adopt(t *testing.T, n *network) {
+	t.Helper()
+	path := e.conflistPath(n)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read podman's conflist: %v", err)
+	}
+	var conflist map[string]any
+	if err := json.Unmarshal(raw, &conflist); err != nil {
+		t.Fatalf("parse %s: %v", path, err)
+	}
+	plugins, _ := conflist["plugins"].([]any)
+	if len(plugins) == 0 {
+		t.Fatalf("%s has no plugins:\n%s", path, raw)
+	}
+	first, _ := plugins[0].(map[string]any)
+	ipam, _ := first["ipam"].(map[string]any)
+	if first["type"] != "bridge" || ipam == nil {
+		t.Fatalf("%s: first plugin is not bridge with ipam:\n%s", path, raw)
+	}
+	first["bridge"] = n.bridge
+	switch e.adoption {
+	case oneWord:
+		first["type"] = pluginType
+		first["dataDir"] = e.tmpfs
+	case bareBridge:
+		ipam["dataDir"] = e.persist
+	}
+	out, err := json.MarshalIndent(conflist, "", "   ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Subnets
+
+var subnetsTaken struct {
+	sync.Mutex
+	list []netip.Prefix
+}
+
+// pickSubnet chooses a random IPv4 /24 in 10.200.0.0-10.249.255.0 (the
+// e2e tests use 10.100-10.199) that overlaps nothing routed on the host
+// and no subnet this package chose before: a network's bridge, and so its
+// route, only exists once a container runs.
+func pickSubnet(t *testing.T) netip.Prefix {
+	t.Helper()
+	used, err := hostPrefixes()
+	if err != nil {
+		t.Fatalf("list host routes: %v", err)
+	}
+	subnetsTaken.Lock()
+	defer subnetsTaken.Unlock()
+	used = append(used, subnetsTaken.list...)
+	for range 1000 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + rand.IntN(50)), byte(rand.IntN(256)), 0}), 24)
+		if !slices.ContainsFunc(used, p.Overlaps) {
+			subnetsTaken.list = append(subnetsTaken.list, p)
+			return p
+		}
+	}
+	t.Fatalf("no free subnet found (host routes: %v)", used)
+	return netip.Prefix{}
+}
+
+// hostPrefixes lists every IPv4 destination in every routing table.
+func hostPrefixes() ([]netip.Prefix, error) {
+	raw, err := exec.Command("ip", "-j", "-4", "route", "show", "table", "all").Output()
+	if err != nil {
+		return nil, fmt.Errorf("ip -4 route: %w", err)
+	}
+	var routes []struct {
+		Dst string `json:"dst"`
+	}
+	if err := json.Unmarshal(raw, &routes); err != nil {
+		return nil, fmt.Errorf("parse ip -4 route: %w", err)
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if p, err := netip.ParsePrefix(r.Dst); err == nil {
+			out = append(out, p.Masked())
+		} else if a, err := netip.ParseAddr(r.Dst); err == nil {
+			out = append(out, netip.PrefixFrom(a, 32))
+		}
+	}
+	return out, nil
+}
+
+// nthAddr is the n-th address of p (p's own address is the 0th).
+func nthAddr(p netip.Prefix, n int) netip.Addr {
+	a := p.Addr()
+	for range n {
+		a = a.Next()
+	}
+	return a
+}

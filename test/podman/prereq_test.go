@@ -1,0 +1,188 @@
+package podman
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
+)
+
+const pluginType = "nomad-bridge-cni"
+
+// referencePlugins are what podman's bridge networks chain (bridge with
+// host-local, portmap, firewall, tuning), as `make plugins` builds them.
+var referencePlugins = []string{"bridge", "host-local", "portmap", "firewall", "tuning"}
+
+// hostTools are the commands the tests run besides podman itself: runc and
+// nsenter to play the reboot and look into namespaces, the rest to set up
+// and clean up.
+var hostTools = []string{"podman", "runc", "ip", "iptables", "ip6tables", "nsenter", "mount", "umount"}
+
+var hostPrereqs struct {
+	once    sync.Once
+	missing []string
+}
+
+// requireHost skips the test, saying why, when the host cannot run podman
+// tests. With CI set it fails instead: a CI run must never pass by skipping.
+func requireHost(t *testing.T) {
+	t.Helper()
+	hostPrereqs.once.Do(func() { hostPrereqs.missing = missingHostPrereqs() })
+	if len(hostPrereqs.missing) > 0 {
+		skipOrFail(t, "podman test prerequisites missing: "+strings.Join(hostPrereqs.missing, "; ")+" (.ci/run installs podman, runc and busybox-static with apt-get)")
+	}
+}
+
+func skipOrFail(t *testing.T, msg string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg + " (CI is set, so this is a failure, not a skip)")
+	}
+	t.Skip(msg)
+}
+
+func missingHostPrereqs() []string {
+	var missing []string
+	if uid := os.Geteuid(); uid != 0 {
+		missing = append(missing, fmt.Sprintf("root (running as uid %d)", uid))
+	}
+	for _, tool := range hostTools {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool+" in PATH")
+		}
+	}
+	if err := checkStaticBusybox(); err != nil {
+		missing = append(missing, err.Error())
+	}
+	if len(missing) > 0 {
+		return missing
+	}
+	for _, ipt := range []string{"iptables", "ip6tables"} {
+		if out, err := exec.Command(ipt, "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput(); err != nil {
+			missing = append(missing, fmt.Sprintf("a working %s nat table (%v: %s)", ipt, err, bytes.TrimSpace(out)))
+		}
+	}
+	return missing
+}
+
+// busyboxPath is where Debian's busybox-static installs the binary that
+// becomes the test image.
+const busyboxPath = "/bin/busybox"
+
+// checkStaticBusybox makes sure the image can be a single file: a dynamic
+// busybox (Debian's busybox package) would need its libraries inside.
+func checkStaticBusybox() error {
+	f, err := elf.Open(busyboxPath)
+	if err != nil {
+		return fmt.Errorf("a static %s (package busybox-static): %w", busyboxPath, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("a static %s (it is dynamically linked: install busybox-static)", busyboxPath)
+		}
+	}
+	return nil
+}
+
+// repoDir is the repository root; `go test` runs in test/podman.
+func repoDir(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatalf("getwd: %v", err)
+	}
+	return filepath.Clean(filepath.Join(wd, "..", ".."))
+}
+
+// binDir is NBC_BIN_DIR (set by the Makefile) or the repository's bin/.
+func binDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("NBC_BIN_DIR")
+	if dir == "" {
+		dir = filepath.Join(repoDir(t), "bin")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatalf("bin dir %q: %v", dir, err)
+	}
+	return abs
+}
+
+// requireBinaries fails (never skips): missing build output is a broken
+// build, not a host without prerequisites.
+func requireBinaries(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatalf("%s is missing (%v): run `make build plugins` or set NBC_BIN_DIR", p, err)
+		}
+		if fi.Mode()&0o111 == 0 {
+			t.Fatalf("%s is not executable", p)
+		}
+	}
+}
+
+// requireAsBridge skips (fails in CI) unless the plugin, installed as
+// `bridge` in front of the reference plugins, answers as itself and hands
+// a verb to the real bridge behind it. Both are asked of a copy in a
+// directory of its own, without touching the host: run with no arguments
+// (the line runtimes fingerprint), and STATUS for an entry of "type":
+// "bridge" with a dataDir in a temporary directory. (A plugin that cannot
+// run as `bridge` refuses that entry itself: its delegate would be itself.)
+func requireAsBridge(t *testing.T, bin string) {
+	t.Helper()
+	if reason := asBridgeUnsupported(t, bin); reason != "" {
+		skipOrFail(t, "the plugin installed as `bridge` does not delegate to the next bridge in CNI_PATH: "+reason)
+	}
+}
+
+func asBridgeUnsupported(t *testing.T, bin string) string {
+	t.Helper()
+	dir := t.TempDir()
+	front := filepath.Join(dir, "front")
+	if err := os.MkdirAll(front, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := hostcmd.Run(cmdTimeout, "install", "-m", "0755", filepath.Join(bin, pluginType), filepath.Join(front, "bridge")); err != nil {
+		t.Fatal(err)
+	}
+	cniPath := "CNI_PATH=" + front + string(os.PathListSeparator) + bin
+
+	about, err := runAsBridge(front, nil, cniPath)
+	if err != nil || !strings.Contains(about, pluginType) {
+		return fmt.Sprintf("%s/bridge with no arguments printed %q (%v), want a line naming %s", front, about, err, pluginType)
+	}
+	status := fmt.Sprintf(`{"cniVersion": "1.1.0", "name": "nbp-probe", "type": "bridge", "bridge": "nbpprobe0", "dataDir": %q,
+		"ipam": {"type": "host-local", "ranges": [[{"subnet": "192.0.2.0/24"}]]}}`, filepath.Join(dir, "data"))
+	out, err := runAsBridge(front, []byte(status), cniPath, "CNI_COMMAND=STATUS")
+	// An error of the delegate's own (prefixed so by the plugin) also
+	// proves that the verb reached the real bridge: one older than STATUS
+	// (before v1.2.0) answers it with an error.
+	if err != nil && !strings.Contains(out, "delegate bridge failed (status)") {
+		return fmt.Sprintf("STATUS through %s/bridge: %v: %s", front, err, out)
+	}
+	return ""
+}
+
+// runAsBridge runs front/bridge with stdin and the CNI environment env,
+// returning its stdout and stderr.
+func runAsBridge(front string, stdin []byte, env ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(front, "bridge"))
+	cmd.Env = hostcmd.CNIEnv(env...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
