@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // TestBadConfigTouchesNothing runs the plugin binary directly, as a runtime
@@ -129,8 +131,8 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 // Nomad does with every executable in cni_path: it must print a line with a
 // semver and exit 0, or Nomad cannot place bridge-mode jobs.
 func TestFingerprint(t *testing.T) {
-	bin := binDir(t)
-	requireBinaries(t, bin, pluginType)
+	bin := testhost.BinDir(t)
+	testhost.RequireBinaries(t, bin, pluginType)
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, pluginType))

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // ---------------------------------------------------------------------------
@@ -16,7 +18,7 @@ import (
 // loadConflist reads one of the repository's example conflists.
 func loadConflist(t *testing.T, file string) map[string]any {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoDir(t), "conflist", file))
+	raw, err := os.ReadFile(filepath.Join(testhost.RepoDir(t), "conflist", file))
 	if err != nil {
 		t.Fatalf("read conflist: %v", err)
 	}

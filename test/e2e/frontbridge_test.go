@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	gocni "github.com/containerd/go-cni"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // nomadBridgeConflist is the conflist Nomad's client generates in code for
@@ -205,7 +207,7 @@ func assertFingerprint(t *testing.T, front, cniPath string) {
 // fails with a configuration error instead of calling itself.
 func TestInstalledAsBridgePassesOtherIPAMThrough(t *testing.T) {
 	e := newEnv(t)
-	requireBinaries(t, e.bin, "static")
+	testhost.RequireBinaries(t, e.bin, "static")
 	front := e.frontDir(t)
 	addr := netip.PrefixFrom(e.hostAddr(7), 24)
 	conf := map[string]any{

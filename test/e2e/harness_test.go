@@ -25,6 +25,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 const (
@@ -58,31 +59,17 @@ var hostPrereqs struct {
 }
 
 // requireHost skips the test, saying why, when the host cannot run e2e tests
-// (not root, tools missing, iptables unusable). With CI set it fails instead:
-// a CI run must never pass by skipping everything.
+// (not root, tools missing, iptables unusable); with CI set it fails.
 func requireHost(t *testing.T) {
 	t.Helper()
 	hostPrereqs.once.Do(func() { hostPrereqs.missing = missingHostPrereqs() })
-	if len(hostPrereqs.missing) == 0 {
-		return
+	if len(hostPrereqs.missing) > 0 {
+		testhost.SkipOrFail(t, "e2e prerequisites missing: "+strings.Join(hostPrereqs.missing, "; "))
 	}
-	msg := "e2e prerequisites missing: " + strings.Join(hostPrereqs.missing, "; ")
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg + " (CI is set, so this is a failure, not a skip)")
-	}
-	t.Skip(msg)
 }
 
 func missingHostPrereqs() []string {
-	var missing []string
-	if uid := os.Geteuid(); uid != 0 {
-		missing = append(missing, fmt.Sprintf("root (running as uid %d)", uid))
-	}
-	for _, tool := range []string{"ip", "iptables", "ip6tables", "mount", "umount", "ping", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, fmt.Sprintf("%s in PATH", tool))
-		}
-	}
+	missing := testhost.MissingTools("ip", "iptables", "ip6tables", "mount", "umount", "ping", "nsenter")
 	if len(missing) > 0 {
 		return missing
 	}
@@ -94,47 +81,6 @@ func missingHostPrereqs() []string {
 		}
 	}
 	return missing
-}
-
-// repoDir is the repository root. `go test` runs a test binary in its
-// package's source directory, test/e2e.
-func repoDir(t *testing.T) string {
-	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatalf("getwd: %v", err)
-	}
-	return filepath.Clean(filepath.Join(wd, "..", ".."))
-}
-
-// binDir is NBC_BIN_DIR (set by the Makefile) or the repository's bin/.
-func binDir(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("NBC_BIN_DIR")
-	if dir == "" {
-		dir = filepath.Join(repoDir(t), "bin")
-	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		t.Fatalf("bin dir %q: %v", dir, err)
-	}
-	return abs
-}
-
-// requireBinaries fails (never skips) when a binary is missing: missing
-// build output is a broken build, not a host without prerequisites.
-func requireBinaries(t *testing.T, dir string, names ...string) {
-	t.Helper()
-	for _, name := range names {
-		p := filepath.Join(dir, name)
-		fi, err := os.Stat(p)
-		if err != nil {
-			t.Fatalf("%s is missing (%v): run `make build plugins` or set NBC_BIN_DIR", p, err)
-		}
-		if fi.Mode()&0o111 == 0 {
-			t.Fatalf("%s is not executable", p)
-		}
-	}
 }
 
 // ---------------------------------------------------------------------------
@@ -176,8 +122,8 @@ type testEnv struct {
 func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	requireHost(t)
-	bin := binDir(t)
-	requireBinaries(t, bin, referenceBinaries...)
+	bin := testhost.BinDir(t)
+	testhost.RequireBinaries(t, bin, referenceBinaries...)
 
 	id := fmt.Sprintf("%08x", rand.Uint32())
 	base := t.TempDir()
@@ -212,7 +158,7 @@ func newEnv(t *testing.T) *testEnv {
 // requirePlugin fails when the plugin under test has not been built.
 func (e *testEnv) requirePlugin(t *testing.T) {
 	t.Helper()
-	requireBinaries(t, e.bin, pluginType)
+	testhost.RequireBinaries(t, e.bin, pluginType)
 }
 
 // pickSubnets chooses a random IPv4 /24 in 10.100.0.0-10.199.255.0 and a
@@ -220,7 +166,7 @@ func (e *testEnv) requirePlugin(t *testing.T) {
 // host (including other tests' bridges).
 func pickSubnets(t *testing.T) (netip.Prefix, netip.Prefix) {
 	t.Helper()
-	used, err := hostPrefixes()
+	used, err := testhost.RoutedPrefixes()
 	if err != nil {
 		t.Fatalf("list host routes: %v", err)
 	}
@@ -251,31 +197,6 @@ func pickSubnets(t *testing.T) (netip.Prefix, netip.Prefix) {
 		t.Fatalf("no free subnet found (host routes: %v)", used)
 	}
 	return v4, v6
-}
-
-// hostPrefixes lists every destination in every routing table of the host.
-func hostPrefixes() ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, fam := range []string{"-4", "-6"} {
-		raw, err := exec.Command("ip", "-j", fam, "route", "show", "table", "all").Output()
-		if err != nil {
-			return nil, fmt.Errorf("ip %s route: %w", fam, err)
-		}
-		var routes []struct {
-			Dst string `json:"dst"`
-		}
-		if err := json.Unmarshal(raw, &routes); err != nil {
-			return nil, fmt.Errorf("parse ip %s route: %w", fam, err)
-		}
-		for _, r := range routes {
-			if p, err := netip.ParsePrefix(r.Dst); err == nil {
-				out = append(out, p.Masked())
-			} else if a, err := netip.ParseAddr(r.Dst); err == nil {
-				out = append(out, netip.PrefixFrom(a, a.BitLen()))
-			}
-		}
-	}
-	return out, nil
 }
 
 // randomHostPort is a host port for portmap; portmap only writes DNAT rules

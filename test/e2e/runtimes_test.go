@@ -20,6 +20,8 @@ import (
 	gocni "github.com/containerd/go-cni"
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // The runtime conflists: each runtime's shipped default with the
@@ -914,7 +916,7 @@ func TestK3sFlannelDelegate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("flannel: %v", err)
 		}
-		raw, err := os.ReadFile(filepath.Join(repoDir(t), "conflist", "k3s-flannel-delegate.json"))
+		raw, err := os.ReadFile(filepath.Join(testhost.RepoDir(t), "conflist", "k3s-flannel-delegate.json"))
 		if err != nil {
 			t.Fatalf("read fixture: %v", err)
 		}

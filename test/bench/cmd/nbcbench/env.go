@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 const (
@@ -180,7 +180,7 @@ func (e *Env) conflist(v *variant) ([]byte, error) {
 // pickSubnets chooses two /24s in 10.200.0.0-10.249.255.0 (clear of the
 // e2e suite's 10.100-10.199) that overlap nothing routed on the host.
 func pickSubnets() (netip.Prefix, netip.Prefix, error) {
-	used, err := hostPrefixes()
+	used, err := testhost.RoutedPrefixes()
 	if err != nil {
 		return netip.Prefix{}, netip.Prefix{}, err
 	}
@@ -195,28 +195,6 @@ func pickSubnets() (netip.Prefix, netip.Prefix, error) {
 		}
 	}
 	return netip.Prefix{}, netip.Prefix{}, errors.New("no free /24 found")
-}
-
-func hostPrefixes() ([]netip.Prefix, error) {
-	raw, err := exec.Command("ip", "-j", "-4", "route", "show", "table", "all").Output()
-	if err != nil {
-		return nil, fmt.Errorf("ip route: %w", err)
-	}
-	var routes []struct {
-		Dst string `json:"dst"`
-	}
-	if err := json.Unmarshal(raw, &routes); err != nil {
-		return nil, err
-	}
-	var out []netip.Prefix
-	for _, r := range routes {
-		if p, err := netip.ParsePrefix(r.Dst); err == nil {
-			out = append(out, p.Masked())
-		} else if a, err := netip.ParseAddr(r.Dst); err == nil {
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-		}
-	}
-	return out, nil
 }
 
 // addNetns creates a fresh named namespace and returns its path.
