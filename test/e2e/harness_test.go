@@ -273,19 +273,9 @@ func (ns netns) enter() []string {
 // the same path and so to the same container ID.
 func (e *testEnv) addNetns(t *testing.T, suffix string) netns {
 	t.Helper()
-	name := "nbc-e2e-" + e.id + "-" + suffix
-	ns := netns{name: name, path: filepath.Join(netnsDir, name)}
-	ns.cid = containerIDFor(ns.path)
-	e.mu.Lock()
-	if !slices.Contains(e.netnses, ns) {
-		e.netnses = append(e.netnses, ns)
-	}
-	if !slices.Contains(e.cids, ns.cid) {
-		e.cids = append(e.cids, ns.cid)
-	}
-	e.mu.Unlock()
-	if err := run("ip", "netns", "add", name); err != nil {
-		t.Fatalf("create netns: %v", err)
+	ns, err := e.newNetns(suffix)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ns
 }
