@@ -264,17 +264,10 @@ func (e *testEnv) pluginCmd(ctx context.Context, plugin, command, cid, netnsPath
 	return cmd
 }
 
-// runPlugin runs a plugin binary directly and returns stdout and stderr.
+// runPlugin runs a plugin binary directly, without CNI_ARGS (see
+// execPlugin), and returns stdout and stderr.
 func (e *testEnv) runPlugin(plugin, command, cid, netnsPath string, stdin []byte) (string, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := e.pluginCmd(ctx, plugin, command, cid, netnsPath, stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), errb.String(), fmt.Errorf("%s %s %s: %w\nstdout: %s\nstderr: %s", plugin, command, cid, err, out.String(), errb.String())
-	}
-	return out.String(), errb.String(), nil
+	return e.execPlugin(plugin, command, cid, netnsPath, "", stdin)
 }
 
 // ---------------------------------------------------------------------------
