@@ -28,7 +28,8 @@ import (
 // plugin in bridge's place, driven the way that runtime drives it (same
 // cniVersion, capabilities, CNI_ARGS, container IDs and namespace paths).
 //
-// Upstream files reproduced (the JSON is in upstreamConflists below):
+// Upstream files reproduced, verbatim, in testdata/upstream/ under our
+// conflist's file name:
 //   - containerd script/setup/install-cni, 10-containerd-net.conflist
 //     (containerd v1.7 / v2.x, cniVersion 1.0.0);
 //   - CRI-O contrib/cni/11-crio-ipv4-bridge.conflist (CRI-O >= 1.27,
@@ -38,122 +39,6 @@ import (
 //   - k3s pkg/agent/flannel/setup_linux.go cniConf, written to
 //     10-flannel.conflist (k3s v1.2x, cniVersion 1.0.0), and what flannel's
 //     CNI plugin (flannel-io/cni-plugin v1.x) hands its delegate.
-
-// upstreamConflists are the runtimes' own files, verbatim, keyed by our
-// conflist's file name.
-var upstreamConflists = map[string]string{
-	// containerd script/setup/install-cni
-	"10-containerd-net.conflist": `{
-  "cniVersion": "1.0.0",
-  "name": "containerd-net",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "ipMasq": true,
-      "promiscMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [
-          [{
-            "subnet": "10.88.0.0/16"
-          }],
-          [{
-            "subnet": "2001:4860:4860::/64"
-          }]
-        ],
-        "routes": [
-          { "dst": "0.0.0.0/0" },
-          { "dst": "::/0" }
-        ]
-      }
-    },
-    {
-      "type": "portmap",
-      "capabilities": {"portMappings": true}
-    }
-  ]
-}`,
-	// cri-o contrib/cni/11-crio-ipv4-bridge.conflist
-	"11-crio-ipv4-bridge.conflist": `{
-  "cniVersion": "1.0.0",
-  "name": "crio",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "ipMasq": true,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "routes": [
-            { "dst": "0.0.0.0/0" }
-        ],
-        "ranges": [
-            [{ "subnet": "10.85.0.0/16" }]
-        ]
-      }
-    }
-  ]
-}`,
-	// apptainer etc/network/00_bridge.conflist
-	"00_bridge.conflist": `{
-    "cniVersion": "1.0.0",
-    "name": "bridge",
-    "plugins": [
-        {
-            "type": "bridge",
-            "bridge": "sbr0",
-            "isGateway": true,
-            "ipMasq": true,
-            "ipam": {
-                "type": "host-local",
-                "subnet": "10.22.0.0/16",
-                "routes": [
-                    { "dst": "0.0.0.0/0" }
-                ]
-            }
-        },
-        {
-            "type": "firewall"
-        },
-        {
-            "type": "portmap",
-            "capabilities": {"portMappings": true},
-            "snat": true
-        }
-    ]
-}`,
-	// k3s pkg/agent/flannel/setup_linux.go cniConf
-	"k3s-flannel.conflist": `{
-  "name":"cbr0",
-  "cniVersion":"1.0.0",
-  "plugins":[
-    {
-      "type":"flannel",
-      "delegate":{
-        "hairpinMode":true,
-        "forceAddress":true,
-        "isDefaultGateway":true
-      }
-    },
-    {
-      "type":"portmap",
-      "capabilities":{
-        "portMappings":true
-      }
-    },
-    {
-      "type":"bandwidth",
-      "capabilities":{
-        "bandwidth":true
-      }
-    }
-  ]
-}`,
-}
 
 // k3sSubnetEnv is the /run/flannel/subnet.env k3s writes on its first node
 // with the default cluster CIDR and the vxlan backend.
@@ -169,11 +54,20 @@ FLANNEL_IPMASQ=true
 // type (flannel defaults its delegate to bridge), the only change is
 // "type": "nomad-bridge-cni" added to flannel's delegate.
 func TestRuntimeConflistsAreOneWordChanges(t *testing.T) {
-	for file, upstream := range upstreamConflists {
+	files, err := filepath.Glob(filepath.Join("testdata", "upstream", "*"))
+	if err != nil || len(files) != 4 {
+		t.Fatalf("testdata/upstream: %v, %v; want the four runtimes' files", files, err)
+	}
+	for _, path := range files {
+		file := filepath.Base(path)
+		upstream, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Run(file, func(t *testing.T) {
 			ours := loadConflist(t, file)
 			var want map[string]any
-			if err := json.Unmarshal([]byte(upstream), &want); err != nil {
+			if err := json.Unmarshal(upstream, &want); err != nil {
 				t.Fatalf("upstream %s: %v", file, err)
 			}
 			changed := 0
