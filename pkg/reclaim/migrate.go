@@ -65,7 +65,7 @@ func (s *Sweeper) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 		return nil, err
 	}
 	defer unlockOurs()
-	legacy, unlockLegacy, err := netdir.New(legacyDir, d.Network).Lock()
+	_, unlockLegacy, err := netdir.New(legacyDir, d.Network).Lock()
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +118,7 @@ func (s *Sweeper) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	for k := range kept {
 		delete(drop, k)
 	}
-	if _, err := releaseLeases(legacy, dir, drop); err != nil {
+	if err := releaseLeases(dir, drop); err != nil {
 		errs = append(errs, err)
 	}
 	if m.Moved+m.Dropped > 0 {

@@ -307,7 +307,7 @@ func TestDamagedFilesAreSkippedAndKept(t *testing.T) {
 	}
 }
 
-func TestReleaseLeasesUsesOneGCPassOrFallsBack(t *testing.T) {
+func TestReleaseLeasesRemovesEachStaleLease(t *testing.T) {
 	w := newWorld(t)
 	for i, cid := range []string{"a", "b", "c"} {
 		w.lease("10.0.0."+string(rune('2'+i)), cid+"\r\neth0", bootTime.Add(-time.Hour))
@@ -319,21 +319,17 @@ func TestReleaseLeasesUsesOneGCPassOrFallsBack(t *testing.T) {
 
 }
 
-func TestReleaseFallsBackWhenOneGCPassWouldBeWrong(t *testing.T) {
+func TestReleaseGoesByExactKey(t *testing.T) {
 	w := newWorld(t)
 	// A pre-ifname lease of container k from an earlier boot, and k's live
-	// eth1 attachment. One GC pass keeping k/eth1 would also keep the bare
-	// "k" lease (GC matches pre-ifname leases by ID), so the release must
-	// go by exact key instead.
+	// eth1 attachment: the stale one goes, the live one stays, and so do
+	// k's NAT rules.
 	w.lease("10.0.0.2", "k", bootTime.Add(-time.Hour))
 	w.host.Namespaces["/run/netns/k"] = sysinfo.NetnsID{Dev: 4, Ino: 77}
 	w.lease("10.0.0.3", "k\r\neth1", bootTime.Add(time.Minute))
 	w.record(&records.Record{ContainerID: "k", IfName: "eth1", Netns: "/run/netns/k", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 77}, BootID: w.host.ID, State: records.Complete})
 	w.nat.AddContainer(net1, "k", "10.0.0.3", 0)
 
-	if gcKeepsExactly([]types.GCAttachment{{ContainerID: "k", IfName: "eth1"}}, []string{"k\r\neth1"}, []string{"k"}) {
-		t.Fatal("the replay of GC's matching does not see the conflict")
-	}
 	w.sweep(Request{})
 	equal(t, "leases left", w.leases(), []string{"10.0.0.3"})
 	if !w.nat.Owns(net1, "k") {

@@ -69,81 +69,105 @@ type Report struct {
 }
 
 // Sweep judges every attachment of one network and releases the stale
-// ones: NAT rules, then leases, then records. It holds host-local's lock
-// (the flock on <dataDir>/<network>/lock that every host-local ADD and DEL
-// takes) from the first read to the lease release, so it never races an
-// allocation. A sweep with nothing to release writes nothing and logs
-// nothing.
+// ones. It holds host-local's lock (the flock on <dataDir>/<network>/lock
+// that every host-local ADD and DEL takes) from the first read to the last
+// lease released, so it never races an allocation: first a plan (what is
+// stale, and why), then, unless it is a dry run, its application (NAT
+// rules, leases, records). A sweep with nothing to release writes nothing
+// and logs nothing.
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	report := &Report{Network: req.Dir.Network}
-	netDir := req.Dir.Leases()
-	recStore := records.NewStore(req.Dir)
-	if !exists(netDir) && !exists(recStore.Dir()) && !req.Orphans {
+	if !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) && !req.Orphans {
 		return report, nil
 	}
-
 	store, unlock, err := req.Dir.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 
-	listing, err := recStore.List()
+	p, err := s.plan(req)
 	if err != nil {
 		return nil, err
 	}
-	j, err := newJudge(s.Host, recStore, req.Valid, req.GC)
+	report.Attachments, report.Problems = p.attachments, p.problems
+	for _, prob := range p.problems {
+		s.logf("%s: skipped: %v", req.Dir.Network, prob)
+	}
+	if req.DryRun {
+		// Nothing will be written: let allocations go on while we report.
+		store.Unlock()
+	} else {
+		s.removeAbandonedTemps(p)
+	}
+	if len(p.stale) == 0 && !req.Orphans {
+		return report, nil
+	}
+	releases, order := p.releases()
+	natErr := s.releaseNAT(p, report, releases, &order)
+	if req.DryRun {
+		p.listRecords(releases)
+		report.Released = collect(releases, order)
+		return report, natErr
+	}
+	err = errors.Join(natErr, s.apply(p, releases))
+	report.Released = collect(releases, order)
+	for _, rel := range report.Released {
+		s.logf("%s: released %s", req.Dir.Network, rel)
+	}
+	return report, err
+}
+
+// plan is a sweep's decision, taken under host-local's lock: every
+// attachment of the network with its verdict, and what was read to reach
+// it.
+type plan struct {
+	req         Request
+	records     *records.Store
+	listing     *records.Listing
+	leases      *leaseDir
+	attachments []*Attachment
+	stale       map[records.Key]bool
+	problems    []error
+}
+
+func (s *Sweeper) plan(req Request) (*plan, error) {
+	p := &plan{req: req, records: records.NewStore(req.Dir)}
+	var err error
+	if p.listing, err = p.records.List(); err != nil {
+		return nil, err
+	}
+	j, err := newJudge(s.Host, p.records, req.Valid, req.GC)
 	if err != nil {
 		return nil, err
 	}
 	var claimed map[string]records.Key
 	if !req.DryRun { // a report shows what the files say
-		claimed = j.liveClaims(listing.Records)
+		claimed = j.liveClaims(p.listing.Records)
 	}
-	dir, err := readLeases(netDir, claimed)
-	if err != nil {
+	if p.leases, err = readLeases(req.Dir.Leases(), claimed); err != nil {
 		return nil, err
 	}
-	report.Attachments = join(dir.leases, listing.Records)
-	stale := j.judgeAll(report.Attachments)
-	if len(stale) > 0 && dir.skipped > 0 {
+	p.attachments = join(p.leases.leases, p.listing.Records)
+	p.stale = j.judgeAll(p.attachments)
+	if len(p.stale) > 0 && p.leases.skipped > 0 {
 		// Releasing needs every file's content (see readLeases).
-		if dir, err = readLeases(netDir, nil); err != nil {
+		if p.leases, err = readLeases(req.Dir.Leases(), nil); err != nil {
 			return nil, err
 		}
-		report.Attachments = join(dir.leases, listing.Records)
-		stale = j.judgeAll(report.Attachments)
+		p.attachments = join(p.leases.leases, p.listing.Records)
+		p.stale = j.judgeAll(p.attachments)
 	}
-	if req.DryRun {
-		// Nothing will be written: let allocations go on while we report.
-		store.Unlock()
-	}
-	report.Problems = append(dir.problems, listing.Problems...)
-	natOwnersAlive := map[string]bool{}
-	for _, a := range report.Attachments {
-		if a.Verdict.State != Stale {
-			natOwnersAlive[a.Key.ContainerID] = true
-		}
-	}
-	for _, p := range report.Problems {
-		s.logf("%s: skipped: %v", req.Dir.Network, p)
-	}
-	if !req.DryRun && len(listing.Temps) > 0 {
-		temps, err := recStore.RemoveAbandonedTemps(listing, func(pid int) bool { _, ok := s.Host.ProcessStart(pid); return ok })
-		for _, path := range temps {
-			s.logf("%s: removed %s, abandoned by a writer that died", req.Dir.Network, path)
-		}
-		if err != nil {
-			s.logf("%s: %v", req.Dir.Network, err)
-		}
-	}
-	if len(stale) == 0 && !req.Orphans {
-		return report, nil
-	}
+	p.problems = append(p.leases.problems, p.listing.Problems...)
+	return p, nil
+}
 
+// releases starts the report of every stale attachment, in report order,
+// with its leases; NAT rules and records are added as they go.
+func (p *plan) releases() (map[records.Key]*Release, []records.Key) {
 	releases := map[records.Key]*Release{}
 	var order []records.Key
-	for _, a := range report.Attachments {
+	for _, a := range p.attachments {
 		if a.Verdict.State != Stale {
 			continue
 		}
@@ -155,53 +179,77 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		releases[a.Key] = rel
 		order = append(order, a.Key)
 	}
+	return releases, order
+}
 
-	var errs []error
-	if err := s.releaseNAT(req, report, releases, &order, natOwnersAlive); err != nil {
-		errs = append(errs, err)
+// natOwnersAlive are the container IDs with an attachment that is not
+// stale: their NAT rules, per network and container, stay.
+func (p *plan) natOwnersAlive() map[string]bool {
+	alive := map[string]bool{}
+	for _, a := range p.attachments {
+		if a.Verdict.State != Stale {
+			alive[a.Key.ContainerID] = true
+		}
 	}
-	if req.DryRun {
-		for _, rel := range releases {
-			if rel.Key.IfName != "" {
-				if r, _ := recStore.Read(rel.Key); r != nil {
-					rel.What = append(rel.What, "record")
-				}
+	return alive
+}
+
+// listRecords adds to a dry run's releases the records applying it would
+// remove.
+func (p *plan) listRecords(releases map[records.Key]*Release) {
+	for _, rel := range releases {
+		if rel.Key.IfName != "" {
+			if r, _ := p.records.Read(rel.Key); r != nil {
+				rel.What = append(rel.What, "record")
 			}
 		}
-		report.Released = collect(releases, order)
-		return report, errors.Join(errs...)
 	}
+}
 
-	if len(stale) > 0 && s.Netfilter != nil {
-		if err := s.Netfilter.ReleaseNFTables(req.Dir.Network, keepList(report.Attachments)); err != nil {
+// apply releases what the plan found stale, NAT rules aside
+// (releaseNAT): nftables ipMasq rules, lease files by path, records that
+// no new ADD replaced meanwhile.
+func (s *Sweeper) apply(p *plan, releases map[records.Key]*Release) error {
+	var errs []error
+	if len(p.stale) > 0 && s.Netfilter != nil {
+		if err := s.Netfilter.ReleaseNFTables(p.req.Dir.Network, keepList(p.attachments)); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if _, err := releaseLeases(store, dir, stale); err != nil {
-		errs = append(errs, err)
-	}
-	for _, a := range report.Attachments {
+	errs = append(errs, releaseLeases(p.leases, p.stale))
+	for _, a := range p.attachments {
 		if a.Verdict.State != Stale || a.Record == nil {
 			continue
 		}
-		if removed, err := removeRecordIfUnchanged(recStore, a.Record); err != nil {
+		if removed, err := removeRecordIfUnchanged(p.records, a.Record); err != nil {
 			errs = append(errs, err)
 		} else if removed {
 			releases[a.Key].What = append(releases[a.Key].What, "record")
 		}
 	}
-	report.Released = collect(releases, order)
-	for _, rel := range report.Released {
-		s.logf("%s: released %s", req.Dir.Network, rel)
+	return errors.Join(errs...)
+}
+
+// removeAbandonedTemps removes the records' temp files whose writer died.
+func (s *Sweeper) removeAbandonedTemps(p *plan) {
+	if len(p.listing.Temps) == 0 {
+		return
 	}
-	return report, errors.Join(errs...)
+	temps, err := p.records.RemoveAbandonedTemps(p.listing, func(pid int) bool { _, ok := s.Host.ProcessStart(pid); return ok })
+	for _, path := range temps {
+		s.logf("%s: removed %s, abandoned by a writer that died", p.req.Dir.Network, path)
+	}
+	if err != nil {
+		s.logf("%s: %v", p.req.Dir.Network, err)
+	}
 }
 
 // releaseNAT releases (or, in a dry run, lists) the NAT rules of stale
 // containers, and with req.Orphans those of containers the network no
 // longer knows. Rules are per network and container ID, not per ifname, so
 // a container keeps them while any of its attachments is not stale.
-func (s *Sweeper) releaseNAT(req Request, report *Report, releases map[records.Key]*Release, order *[]records.Key, alive map[string]bool) error {
+func (s *Sweeper) releaseNAT(p *plan, report *Report, releases map[records.Key]*Release, order *[]records.Key) error {
+	req, alive := p.req, p.natOwnersAlive()
 	if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
 		return nil
 	}
