@@ -88,8 +88,9 @@ func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
 			d.skipped++
 			return
 		}
-		// disk.Store.GC treats every other regular file as a reservation,
-		// so each one is read, even if its name is not an address.
+		// host-local treats every other regular file as a reservation, so
+		// each one is read, even if its name is not an address, and a
+		// damaged one is reported.
 		l, content, err := readLease(dirfd, dir, name)
 		switch {
 		case err == nil && ip != nil:
