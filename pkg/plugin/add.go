@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -11,6 +12,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
 // Add delegates ADD with host-local's dataDir rewritten and prints the
@@ -31,7 +33,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	// Nothing is written before this: it checks the namespace first.
 	attach, err := p.Reclaim.BeginAdd(conf.Dir(), attachmentKey(args), args.Netns)
 	if err != nil {
-		return err
+		return beginAddError(err)
 	}
 	// Complete and Abort drop the lock; this covers a record left pending
 	// (a failed rollback) too.
@@ -71,6 +73,27 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		p.warnf("warning: %v", err)
 	}
 	return p.printResult(result, conf.CNIVersion)
+}
+
+// beginAddError gives a refused or failed BeginAdd the CNI code a runtime
+// acts on: 11 (try again) for an ADD still running, 4 for a namespace that
+// is none, 5 for a record that cannot be written, 999 for an attachment
+// that must be DELeted first, and for anything else.
+func beginAddError(err error) error {
+	var refused *reclaim.AddError
+	if !errors.As(err, &refused) {
+		return types.NewError(types.ErrInternal, "failed to prepare the ADD", err.Error())
+	}
+	code := uint(types.ErrInternal)
+	switch {
+	case errors.Is(err, reclaim.ErrAddInProgress):
+		code = types.ErrTryAgainLater
+	case errors.Is(err, reclaim.ErrNoNamespace):
+		code = types.ErrInvalidNetNS
+	case errors.Is(err, reclaim.ErrRecordWrite):
+		code = types.ErrIOFailure
+	}
+	return types.NewError(code, refused.Msg, refused.Detail)
 }
 
 // maxKeyLength bounds containerID + ifname: the record's file name is

@@ -410,3 +410,24 @@ func TestStatusFailsWhenDataDirUnusable(t *testing.T) {
 		t.Errorf("delegated although dataDir is unusable")
 	}
 }
+
+// BeginAdd's domain errors reach the runtime with the code it acts on.
+func TestBeginAddErrorsKeepTheirCNICode(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code uint
+	}{
+		{&reclaim.AddError{Kind: reclaim.ErrAddInProgress, Msg: "m", Detail: "d"}, types.ErrTryAgainLater},
+		{&reclaim.AddError{Kind: reclaim.ErrNoNamespace, Msg: "m", Detail: "d"}, types.ErrInvalidNetNS},
+		{&reclaim.AddError{Kind: reclaim.ErrRecordWrite, Msg: "m", Detail: "d"}, types.ErrIOFailure},
+		{&reclaim.AddError{Kind: reclaim.ErrStillAttached, Msg: "m", Detail: "d"}, types.ErrInternal},
+		{errors.New("boom"), types.ErrInternal},
+	} {
+		var cniErr *types.Error
+		if err := beginAddError(tc.err); !errors.As(err, &cniErr) || cniErr.Code != tc.code {
+			t.Errorf("beginAddError(%v) = %v, want code %d", tc.err, err, tc.code)
+		} else if cniErr.Msg == "" || cniErr.Details == "" {
+			t.Errorf("beginAddError(%v) lost the message or detail: %+v", tc.err, cniErr)
+		}
+	}
+}

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -80,9 +78,8 @@ func TestBeginAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
 	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
 
 	_, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
-	var cniErr *types.Error
-	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "delegate still runs") {
-		t.Fatalf("BeginAdd while the earlier delegate runs = %v, want code 11", err)
+	if !errors.Is(err, ErrAddInProgress) || !strings.Contains(err.Error(), "delegate still runs") {
+		t.Fatalf("BeginAdd while the earlier delegate runs = %v, want ErrAddInProgress", err)
 	}
 
 	held.Close()

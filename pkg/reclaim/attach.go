@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
@@ -37,7 +36,7 @@ func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*At
 	recStore := records.NewStore(d)
 	nsID, err := s.Host.Netns(netnsPath)
 	if err != nil {
-		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("cannot identify network namespace %q", netnsPath), err.Error())
+		return nil, &AddError{Kind: ErrNoNamespace, Msg: fmt.Sprintf("cannot identify network namespace %q", netnsPath), Detail: err.Error()}
 	}
 	// Zero when the kernel cannot say (before 5.14): then inodes decide.
 	cookie, _ := s.Host.NetnsCookie(netnsPath)
@@ -65,7 +64,7 @@ func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*At
 	}
 	lock, err := recStore.WriteLocked(rec)
 	if err != nil {
-		return nil, types.NewError(types.ErrIOFailure, "failed to write the attachment record", err.Error())
+		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to write the attachment record", Detail: err.Error()}
 	}
 	return &Attach{store: recStore, Record: rec, lock: lock}, nil
 }
@@ -80,7 +79,7 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 	v := j.verdict(&Attachment{Key: old.Key(), Record: old})
 	switch v.State {
 	case Pending:
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("another ADD of %s on %s is still running (%s)", old.Key(), d.Network, v.Reason), "")
+		return &AddError{Kind: ErrAddInProgress, Msg: fmt.Sprintf("another ADD of %s on %s is still running (%s)", old.Key(), d.Network, v.Reason)}
 	case Stale:
 		return s.releaseOne(d, old, v.Reason)
 	case Detached:
@@ -89,10 +88,10 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 		// so it must not be handed out again, and a new address in the
 		// new namespace would reach nobody. Refused, Nomad stops the
 		// tasks, DELs and reschedules; nothing is changed here.
-		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), d.Network, old.NetnsID.Ino, holderText(v.Holder), netnsPath, old.Key()), v.Reason)
+		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), d.Network, old.NetnsID.Ino, holderText(v.Holder), netnsPath, old.Key()), Detail: v.Reason}
 	}
 	if old.State == records.Migrated {
-		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s through the configuration it was added with (its lease %s was migrated and is still held there): DEL it with that configuration, or stop its container, before adding it again", old.Key(), d.Network, strings.Join(old.LegacyLeases, ", ")), v.Reason)
+		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s through the configuration it was added with (its lease %s was migrated and is still held there): DEL it with that configuration, or stop its container, before adding it again", old.Key(), d.Network, strings.Join(old.LegacyLeases, ", ")), Detail: v.Reason}
 	}
 	// The kernel reuses a dead namespace's inode number, so a namespace
 	// re-created at the same path (Nomad's restore) can look identical
@@ -101,9 +100,9 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 		return s.releaseOne(d, old, fmt.Sprintf("namespace %s was re-created (same inode %d, new namespace cookie)", netnsPath, nsID.Ino))
 	}
 	if old.NetnsID == nsID {
-		return types.NewError(types.ErrInternal, fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath), "")
+		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath)}
 	}
-	return types.NewError(types.ErrInternal, fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), d.Network, old.Netns, netnsPath), "")
+	return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), d.Network, old.Netns, netnsPath)}
 }
 
 // releaseOne releases a single stale attachment: its leases under

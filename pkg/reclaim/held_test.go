@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -131,13 +129,12 @@ func TestReAddIsRefusedWhileTheOldNamespaceIsHeld(t *testing.T) {
 
 	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
 
-	var cniErr *types.Error
-	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInternal {
-		t.Fatalf("re-ADD with the old namespace held = %v, want a code 999 error", err)
+	if !errors.Is(err, ErrStillAttached) {
+		t.Fatalf("re-ADD with the old namespace held = %v, want ErrStillAttached", err)
 	}
 	for _, want := range []string{"c1/eth0 is still attached to " + net1, "net:[" + itoa(id.Ino) + "]", "pid 20420 (python3)", "stop that container, then DEL"} {
-		if !strings.Contains(cniErr.Msg, want) {
-			t.Errorf("error %q does not say %q", cniErr.Msg, want)
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
 		}
 	}
 	if after := snapshotDir(t, w.dataDir); after != before {

@@ -369,8 +369,7 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 	w := newWorld(t)
 	w.container("c1", "10.0.0.2")
 	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
-	var cniErr *types.Error
-	if !errors.As(err, &cniErr) || !strings.Contains(cniErr.Msg, "already attached") {
+	if !errors.Is(err, ErrStillAttached) || !strings.Contains(err.Error(), "already attached") {
 		t.Fatalf("BeginAdd of a live attachment = %v", err)
 	}
 	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
@@ -378,16 +377,15 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 	w.host.Processes[777] = 1
 	w.record(&records.Record{ContainerID: "c2", IfName: "eth0", Netns: "/run/netns/c1", BootID: "boot-1", State: records.Pending, PID: 777, PIDStart: 1})
 	_, err = w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c1")
-	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater {
-		t.Errorf("BeginAdd during another ADD = %v, want code 11", err)
+	if !errors.Is(err, ErrAddInProgress) {
+		t.Errorf("BeginAdd during another ADD = %v, want ErrAddInProgress", err)
 	}
 }
 
 func TestBeginAddNeedsANamespace(t *testing.T) {
 	w := newWorld(t)
 	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/none")
-	var cniErr *types.Error
-	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetNS {
+	if !errors.Is(err, ErrNoNamespace) {
 		t.Errorf("BeginAdd without netns = %v", err)
 	}
 	if w.hasRecord("c1") {
