@@ -32,12 +32,19 @@ const (
 	DefaultDelegateTimeout = 2 * time.Minute
 	// maxDelegateTimeout keeps a typo ("100h") from disabling the bound.
 	maxDelegateTimeout = time.Hour
+	// DefaultCheckSweepInterval: a CHECK sweeps its network only if no
+	// sweep of it ended within this long. A Nomad client restart sends one
+	// CHECK per restored allocation, back to back: they share one sweep
+	// instead of each reading the whole network again.
+	DefaultCheckSweepInterval = 10 * time.Second
+	maxCheckSweepInterval     = 24 * time.Hour
 
-	keyDelegate        = "delegate"
-	keyDataDir         = "dataDir"
-	keyDelegateTimeout = "delegateTimeout"
-	keyType            = "type"
-	keyIPAM            = "ipam"
+	keyDelegate           = "delegate"
+	keyDataDir            = "dataDir"
+	keyDelegateTimeout    = "delegateTimeout"
+	keyCheckSweepInterval = "checkSweepInterval"
+	keyType               = "type"
+	keyIPAM               = "ipam"
 )
 
 // Config is one validated conflist entry. Only the keys the wrapper acts on
@@ -57,6 +64,9 @@ type Config struct {
 	LegacyDataDir string
 	// DelegateTimeout bounds each call of a delegate.
 	DelegateTimeout time.Duration
+	// CheckSweepInterval is how long after a sweep of the network a CHECK
+	// skips its own; 0 sweeps on every CHECK.
+	CheckSweepInterval time.Duration
 	// Passthrough marks an entry the plugin does not manage (installed
 	// under its delegate's name, an IPAM other than host-local): every
 	// verb hands it to the delegate unchanged, and nothing else is done.
@@ -117,6 +127,9 @@ func Parse(stdin []byte) (*Config, error) {
 	}
 	c.DataDir = filepath.Clean(c.DataDir)
 	if c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, maxDelegateTimeout); err != nil {
+		return nil, err
+	}
+	if c.CheckSweepInterval, err = intervalKey(raw, keyCheckSweepInterval, DefaultCheckSweepInterval, maxCheckSweepInterval); err != nil {
 		return nil, err
 	}
 
@@ -193,6 +206,19 @@ func durationKey(m map[string]json.RawMessage, key string, def, max time.Duratio
 	d, err := time.ParseDuration(text)
 	if err != nil || d <= 0 || d > max {
 		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between 1ns and %s, such as \"90s\"", key, text, max))
+	}
+	return d, nil
+}
+
+// intervalKey reads an optional Go duration string that may be "0s".
+func intervalKey(m map[string]json.RawMessage, key string, def, max time.Duration) (time.Duration, error) {
+	text, err := stringKey(m, key, "")
+	if err != nil || text == "" {
+		return def, err
+	}
+	d, err := time.ParseDuration(text)
+	if err != nil || d < 0 || d > max {
+		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between 0s and %s, such as \"10s\"", key, text, max))
 	}
 	return d, nil
 }

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -133,7 +134,7 @@ func TestParseDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
-	if conf.Delegate != "bridge" || conf.DataDir != "/var/run/cni" || conf.LegacyDataDir != "/var/lib/cni/networks" || conf.DelegateTimeout != DefaultDelegateTimeout {
+	if conf.Delegate != "bridge" || conf.DataDir != "/var/run/cni" || conf.LegacyDataDir != "/var/lib/cni/networks" || conf.DelegateTimeout != DefaultDelegateTimeout || conf.CheckSweepInterval != 10*time.Second {
 		t.Errorf("defaults: delegate=%q dataDir=%q legacy=%q", conf.Delegate, conf.DataDir, conf.LegacyDataDir)
 	}
 	out, err := conf.DelegateConfig()
@@ -205,6 +206,9 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"delegate empty", `{"name":"n","delegate":"",` + ipam + `}`, types.ErrInvalidNetworkConfig, "must not be empty"},
 		{"delegate wrong type", `{"name":"n","delegate":1,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegate" must be a string`},
 		{"delegateTimeout garbage", `{"name":"n","delegateTimeout":"soon",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
+		{"checkSweepInterval negative", `{"name":"n","checkSweepInterval":"-1s",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"checkSweepInterval" "-1s" must be a duration between 0s and 24h0m0s`},
+		{"checkSweepInterval too long", `{"name":"n","checkSweepInterval":"25h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"checkSweepInterval"`},
+		{"checkSweepInterval not a string", `{"name":"n","checkSweepInterval":10,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"checkSweepInterval" must be a string`},
 		{"delegateTimeout negative", `{"name":"n","delegateTimeout":"-1s",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
 		{"delegateTimeout too long", `{"name":"n","delegateTimeout":"100h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
 		{"delegateTimeout wrong type", `{"name":"n","delegateTimeout":90,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout" must be a string`},
@@ -342,5 +346,16 @@ func TestInstalledUnderTheDelegatesName(t *testing.T) {
 	// Under its own name the plugin only manages host-local.
 	if _, err := Parse([]byte(`{"name":"n","type":"nomad-bridge-cni","ipam":{"type":"dhcp"}}`)); err == nil {
 		t.Error("nomad-bridge-cni accepted a dhcp entry")
+	}
+}
+
+func TestCheckSweepIntervalIsReadAndNotDelegated(t *testing.T) {
+	conf, err := Parse([]byte(`{"name":"n","type":"nomad-bridge-cni","checkSweepInterval":"0s","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`))
+	if err != nil || conf.CheckSweepInterval != 0 {
+		t.Fatalf("Parse = %+v, %v; want a 0s interval", conf, err)
+	}
+	out, err := conf.DelegateConfig()
+	if err != nil || strings.Contains(string(out), "checkSweepInterval") {
+		t.Errorf("the delegate gets %s (%v)", out, err)
 	}
 }

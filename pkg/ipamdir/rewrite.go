@@ -30,6 +30,7 @@ func (c *Config) render(pluginType, cniVersion string) ([]byte, error) {
 	delete(out, keyDelegate)
 	delete(out, keyDataDir)
 	delete(out, keyDelegateTimeout)
+	delete(out, keyCheckSweepInterval)
 
 	ipam := maps.Clone(c.ipam)
 	if err := setJSON(ipam, keyDataDir, c.DataDir); err != nil {

@@ -10,8 +10,11 @@ import (
 // Check delegates CHECK (bridge verifies the interface and addresses in the
 // netns, host-local the lease in our dataDir), then sweeps the network.
 // Nomad never sends GC but sends CHECK for every allocation it restores
-// when a client restarts: that is the moment to reclaim. The sweep's
-// problems are logged; the runtime gets CHECK's own verdict.
+// when a client restarts: that is the moment to reclaim. Those CHECKs come
+// back to back, so a CHECK within checkSweepInterval of the network's last
+// sweep does not sweep again: restoring N allocations costs N CHECKs and
+// about one sweep, not N. The sweep's problems are logged; the runtime gets
+// CHECK's own verdict.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
 	conf, delegateConf, err := p.load(args)
 	if err != nil {
@@ -23,8 +26,11 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 
 	if err := p.migrate(conf); err != nil {
 		p.warnf("warning: %v", err)
-	} else if _, err := p.Reclaim.Sweep(reclaim.Request{Dir: conf.Dir()}); err != nil {
-		p.warnf("warning: sweep of %s: %v", conf.Name, err)
+	} else if p.Reclaim.SweepDue(conf.Dir(), conf.CheckSweepInterval) {
+		if _, err := p.Reclaim.Sweep(reclaim.Request{Dir: conf.Dir()}); err != nil {
+			p.warnf("warning: sweep of %s: %v", conf.Name, err)
+		}
+		p.Reclaim.SweepEnded(conf.Dir())
 	}
 
 	if checkErr != nil {

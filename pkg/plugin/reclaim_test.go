@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
@@ -187,5 +189,71 @@ func TestFailedRollbackKeepsThePendingRecord(t *testing.T) {
 	}
 	if r := h.record(); r == nil || r.State != records.Pending {
 		t.Errorf("record = %+v, want the pending record kept for a sweep", r)
+	}
+}
+
+// deadAttachment writes what a container whose namespace is gone leaves:
+// its record and its lease.
+func (h *harness) deadAttachment(cid, ip string) string {
+	h.t.Helper()
+	gone := &records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: cid, IfName: "eth0", Netns: "/var/run/netns/" + cid, BootID: "boot-1", State: records.Complete}
+	if err := records.NewStore(netdir.New(h.dataDir, "nomad")).Write(gone); err != nil {
+		h.t.Fatal(err)
+	}
+	lease := filepath.Join(h.dataDir, "nomad", ip)
+	mkdir(h.t, filepath.Dir(lease))
+	if err := os.WriteFile(lease, []byte(cid+"\r\neth0"), 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+	return lease
+}
+
+func gone(path string) bool {
+	_, err := os.Stat(path)
+	return os.IsNotExist(err)
+}
+
+// A client restart CHECKs every allocation back to back: within
+// checkSweepInterval of a sweep a CHECK does not sweep again; after it, or
+// with 0s, it does. The GC verb always sweeps.
+func TestCheckSweepsAtMostOncePerInterval(t *testing.T) {
+	h := newHarness(t, "bridge")
+	first := h.deadAttachment("dead1", "172.26.64.9")
+	if err := h.plugin.Check(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(first) {
+		t.Fatal("the first CHECK did not sweep")
+	}
+	second := h.deadAttachment("dead2", "172.26.64.10")
+	h.host.Clock = h.host.Clock.Add(9 * time.Second)
+	if err := h.plugin.Check(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if gone(second) {
+		t.Fatal("a CHECK 9s after a sweep swept again (default interval 10s)")
+	}
+	if err := h.plugin.Check(h.args(h.conf("1.0.0", `,"checkSweepInterval":"0s"`))); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(second) {
+		t.Fatal(`with "checkSweepInterval": "0s" a CHECK did not sweep`)
+	}
+	third := h.deadAttachment("dead3", "172.26.64.11")
+	h.host.Clock = h.host.Clock.Add(10 * time.Second)
+	if err := h.plugin.Check(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(third) {
+		t.Fatal("a CHECK 10s after the last sweep did not sweep")
+	}
+	fourth := h.deadAttachment("dead4", "172.26.64.12")
+	h.exec.reply["bridge GC"], h.exec.reply["host-local GC"] = "", ""
+	h.exec.installed["host-local"] = true
+	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", "")}); err != nil {
+		t.Fatal(err)
+	}
+	if !gone(fourth) {
+		t.Fatal("GC right after a sweep did not sweep")
 	}
 }

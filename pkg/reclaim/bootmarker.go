@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
@@ -20,6 +23,9 @@ const (
 	// notTmpfsWarnedMarker: the warning that dataDir is not on tmpfs was
 	// given.
 	notTmpfsWarnedMarker = ".warned-not-tmpfs"
+	// lastSweepMarker: "<boot ID> <unix nanoseconds>" of the end of the
+	// network's last sweep.
+	lastSweepMarker = ".last-sweep"
 )
 
 // bootMarker is one marker file of one network.
@@ -68,4 +74,40 @@ func (s *Sweeper) ClaimNotTmpfsWarning(d netdir.Dir) (bool, error) {
 		return true, fmt.Errorf("record that the tmpfs warning was given: %w", err)
 	}
 	return true, nil
+}
+
+// SweepDue reports whether a CHECK should sweep d now: with interval 0
+// always, else when no sweep of d ended in this boot, or the last one ended
+// interval ago or more (or in the future: a clock set back). A stale
+// attachment so waits at most interval longer than it would with a sweep
+// on every CHECK, until the next CHECK after it; GC and `gc` always sweep.
+func (s *Sweeper) SweepDue(d netdir.Dir, interval time.Duration) bool {
+	if interval <= 0 {
+		return true
+	}
+	b, err := statefile.ReadFileNoFollow(newBootMarker(d, lastSweepMarker).path)
+	if err != nil {
+		return true
+	}
+	bootID, nanos, _ := strings.Cut(string(b), " ")
+	ended, err := strconv.ParseInt(nanos, 10, 64)
+	if id, idErr := s.Host.BootID(); err != nil || idErr != nil || bootID != id {
+		return true
+	}
+	since := s.Host.Now().Sub(time.Unix(0, ended))
+	return since >= interval || since < 0
+}
+
+// SweepEnded remembers when a CHECK's sweep of d ended, for SweepDue: the
+// one write a CHECK sweep adds (GC and `gc` sweep regardless, and write
+// nothing when nothing is stale). Failing to is logged: the next CHECK then
+// sweeps again, which is only slower.
+func (s *Sweeper) SweepEnded(d netdir.Dir) {
+	bootID, err := s.Host.BootID()
+	if err == nil {
+		err = newBootMarker(d, lastSweepMarker).set(bootID + " " + strconv.FormatInt(s.Host.Now().UnixNano(), 10))
+	}
+	if err != nil {
+		s.logf("%s: %v", d.Network, err)
+	}
 }
