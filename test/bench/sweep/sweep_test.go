@@ -140,3 +140,50 @@ func cpuTime() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids)
 	return time.Duration(self.Utime.Nano() + self.Stime.Nano() + kids.Utime.Nano() + kids.Stime.Nano())
 }
+
+// BenchmarkRestoreCheckSweeps is the sweeping part of a Nomad client
+// restart: N restored allocations on one network, then N CHECKs one after
+// another, each asking whether to sweep (checkSweepInterval) and sweeping
+// when due, as plugin.Check does. With an interval of 0s every CHECK sweeps
+// all N attachments (O(N²)); with the default 10s the CHECKs of one restore
+// share a sweep (O(N)). One op is the whole restore.
+//
+//	go test ./test/bench/sweep -run '^$' -bench RestoreCheckSweeps -benchtime 3x
+func BenchmarkRestoreCheckSweeps(b *testing.B) {
+	for _, n := range []int{50, 250, 1000} {
+		for _, interval := range []time.Duration{0, 10 * time.Second} {
+			b.Run(fmt.Sprintf("allocs=%d/interval=%s", n, interval), func(b *testing.B) {
+				dataDir := benchDir(b)
+				const network = "restore"
+				if _, err := synth.Build(synth.Spec{
+					DataDir: dataDir, Network: network, Leases: n,
+					Base: netip.MustParseAddr("10.0.0.0"), LiveNetns: liveNetns(),
+					GonePrefix: "/var/run/netns/nbc-bench-gone", Seed: "restore",
+				}); err != nil {
+					b.Fatal(err)
+				}
+				d := netdir.New(dataDir, network)
+				sweeps := 0
+				for b.Loop() {
+					// A restart: the last sweep was long ago.
+					if err := os.Remove(d.Records() + "/.last-sweep"); err != nil && !os.IsNotExist(err) {
+						b.Fatal(err)
+					}
+					for range n {
+						// A fresh sweeper per CHECK, as each CHECK process has.
+						s := &reclaim.Sweeper{Host: &sysinfo.Real{}}
+						if !s.SweepDue(d, interval) {
+							continue
+						}
+						if _, err := s.Sweep(reclaim.Request{Dir: d}); err != nil {
+							b.Fatal(err)
+						}
+						s.SweepEnded(d)
+						sweeps++
+					}
+				}
+				b.ReportMetric(float64(sweeps)/float64(b.N), "sweeps/restore")
+			})
+		}
+	}
+}
