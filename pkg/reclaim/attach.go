@@ -15,8 +15,9 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
-// Attach is the state of one ADD: where its record lives and what it says.
-type Attach struct {
+// PendingAdd is an ADD under way: where its record lives, what it says,
+// and the lock that marks it running.
+type PendingAdd struct {
 	store  *records.Store
 	Record *records.Record
 	// lock holds the pending record's flock (records.Store.WriteLocked)
@@ -32,7 +33,7 @@ type Attach struct {
 // allocate again; a live one is a real duplicate and an error. Then the
 // pending record is written, before anything is delegated, so a crash at
 // any later point leaves a trace a sweep can follow.
-func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*Attach, error) {
+func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*PendingAdd, error) {
 	recStore := records.NewStore(d)
 	nsID, err := s.Host.Netns(netnsPath)
 	if err != nil {
@@ -66,7 +67,7 @@ func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*At
 	if err != nil {
 		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to write the attachment record", Detail: err.Error()}
 	}
-	return &Attach{store: recStore, Record: rec, lock: lock}, nil
+	return &PendingAdd{store: recStore, Record: rec, lock: lock}, nil
 }
 
 // replaceEarlier decides what an existing record for the same attachment
@@ -154,10 +155,10 @@ func (s *Sweeper) releaseOne(d netdir.Dir, old *records.Record, reason string) e
 // LockFile is the open pending record whose flock marks the ADD as
 // running: the ADD's delegate must inherit it, and so everything the
 // delegate runs.
-func (a *Attach) LockFile() *os.File { return a.lock }
+func (a *PendingAdd) LockFile() *os.File { return a.lock }
 
 // Complete records the delegate's IPs: the ADD is done.
-func (a *Attach) Complete(ips []string) error {
+func (a *PendingAdd) Complete(ips []string) error {
 	a.Record.State = records.Complete
 	a.Record.PID, a.Record.PIDStart = 0, 0
 	a.Record.IPs = ips
@@ -167,7 +168,7 @@ func (a *Attach) Complete(ips []string) error {
 
 // Abort removes the pending record of an ADD that failed: the delegate
 // cleaned up after itself (bridge releases its IPAM allocation on error).
-func (a *Attach) Abort() error {
+func (a *PendingAdd) Abort() error {
 	defer a.Close()
 	return a.store.Remove(a.Record.Key())
 }
@@ -177,7 +178,7 @@ func (a *Attach) Abort() error {
 // (the record was replaced by another file, or removed); an ADD that
 // leaves its record pending is judged by its processes' lock until they
 // have all exited, then by its namespace.
-func (a *Attach) Close() {
+func (a *PendingAdd) Close() {
 	if a.lock != nil {
 		a.lock.Close() // read-only: nothing to lose
 		a.lock = nil
