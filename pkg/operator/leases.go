@@ -53,7 +53,7 @@ func Leases(s *reclaim.Sweeper, dataDir string, networks []string) (*LeasesOutpu
 			out.Leases = append(out.Leases, rowsOf(network, a, now)...)
 		}
 		for _, rel := range rep.Released {
-			if rel.Reason == reclaim.OrphanReason {
+			if rel.Orphan {
 				out.Leases = append(out.Leases, Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
 			}
 		}

@@ -47,6 +47,9 @@ type Release struct {
 	Reason string
 	// What lists what went: "lease 10.0.0.2", "chain CNI-...", "record".
 	What []string
+	// Orphan marks NAT rules of a container the network holds no lease or
+	// record of (Request.Orphans).
+	Orphan bool
 }
 
 func (r Release) String() string {
@@ -268,7 +271,7 @@ func (s *Sweeper) releaseNAT(p *plan, report *Report, releases map[records.Key]*
 			}
 			report.OrphanRules = append(report.OrphanRules, cid)
 			k := records.Key{ContainerID: cid}
-			releases[k] = &Release{Key: k, Reason: OrphanReason}
+			releases[k] = &Release{Key: k, Reason: OrphanReason, Orphan: true}
 			*order = append(*order, k)
 		}
 	}
