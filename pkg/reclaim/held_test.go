@@ -169,3 +169,25 @@ func (w *world) recordCookie(cid string, cookie uint64) {
 		w.t.Fatal(err)
 	}
 }
+
+// A process in the recorded namespace whose namespace cannot be entered to
+// confirm it (a user's rootless container, looked at by that user outside
+// its namespaces: setns is not allowed) proves nothing either way: the
+// attachment is kept, as unknown, and nothing of it is released.
+func TestAHolderThatCannotBeConfirmedKeepsTheAttachment(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	w.recordCookie("c1", 6108)
+	id := w.detach("c1", "unmounted", task)
+	w.host.HolderErrs = map[sysinfo.NetnsID]error{id: errors.New("setns: operation not permitted")}
+
+	rep := w.sweep(Request{})
+	v := rep.Attachments[0].Verdict
+	if v.State != Unknown || !strings.Contains(v.Reason, "operation not permitted") {
+		t.Fatalf("verdict = %v, want unknown, saying why", v)
+	}
+	equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
+	if !w.hasRecord("c1") || !w.nat.Owns(net1, "c1") {
+		t.Error("an attachment that could not be judged lost its record or NAT rules")
+	}
+}

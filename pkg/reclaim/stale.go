@@ -236,10 +236,19 @@ func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 		}
 		j.holders = holders
 	}
+	var unsure error
 	for _, h := range j.holders[r.NetnsID] {
-		if h, ok := j.host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie); ok {
+		h, ok, err := j.host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie)
+		if ok {
 			return Verdict{State: Detached, Reason: fmt.Sprintf("namespace net:[%d] still held by %s", r.NetnsID.Ino, h), Holder: &h}
 		}
+		if err != nil && unsure == nil {
+			unsure = fmt.Errorf("%s may still hold namespace net:[%d]: %w", h, r.NetnsID.Ino, err)
+		}
+	}
+	if unsure != nil {
+		// A path proves nothing, and the holder could not be checked.
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("%s, and %v", gone, unsure)}
 	}
 	return Verdict{State: Stale, Reason: gone}
 }

@@ -169,24 +169,32 @@ func unescapeMountinfo(s string) string {
 // — and, when cookie is not zero, that the namespace it holds has that
 // cookie: the kernel hands a dead namespace's inode number to the next one,
 // so an inode alone may name a younger namespace. It fills in the command.
-func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool) {
+// When the namespace cannot be entered for its cookie (a user looking at
+// its own rootless container from outside: setns needs a capability it
+// lacks), it cannot tell, and says so with an error.
+func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error) {
 	path := r.holderPath(h)
 	var st unix.Stat_t
 	if unix.Stat(path, &st) != nil || (NetnsID{Dev: st.Dev, Ino: st.Ino}) != id {
-		return h, false
+		return h, false, nil
 	}
 	if cookie != 0 {
 		got, err := r.NetnsCookie(path)
-		if err != nil || got != cookie {
-			return h, false
+		switch {
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
+			return h, false, nil // gone meanwhile
+		case err != nil:
+			return h, false, err
+		case got != cookie:
+			return h, false, nil
 		}
 	}
 	if h.PID > 0 {
 		comm, err := os.ReadFile(filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "comm"))
 		if errors.Is(err, fs.ErrNotExist) {
-			return h, false
+			return h, false, nil
 		}
 		h.Command = strings.TrimSpace(string(comm))
 	}
-	return h, true
+	return h, true, nil
 }

@@ -44,7 +44,7 @@ func BenchmarkNetnsHolders(b *testing.B) {
 			b.Skipf("no namespace cookie here: %v", err)
 		}
 		for b.Loop() {
-			if _, ok := r.ConfirmHolder(Holder{PID: os.Getpid()}, own, cookie); !ok {
+			if _, ok, err := r.ConfirmHolder(Holder{PID: os.Getpid()}, own, cookie); !ok || err != nil {
 				b.Fatal("own namespace not confirmed")
 			}
 		}

@@ -104,24 +104,24 @@ func TestNetnsHoldersFindsProcessesAndMounts(t *testing.T) {
 		t.Errorf("%d namespaces found, want 4: %+v", n, holders)
 	}
 
-	h, ok := r.ConfirmHolder(Holder{PID: 20420}, old, 0)
-	if !ok || h.Command != "python3" || h.String() != "pid 20420 python3" {
-		t.Errorf("ConfirmHolder(20420) = %+v, %v", h, ok)
+	h, ok, err := r.ConfirmHolder(Holder{PID: 20420}, old, 0)
+	if !ok || err != nil || h.Command != "python3" || h.String() != "pid 20420 python3" {
+		t.Errorf("ConfirmHolder(20420) = %+v, %v, %v", h, ok, err)
 	}
 	// Moved to another namespace, or exited, since the scan.
-	if _, ok := r.ConfirmHolder(Holder{PID: 1}, old, 0); ok {
+	if _, ok, err := r.ConfirmHolder(Holder{PID: 1}, old, 0); ok || err != nil {
 		t.Error("confirmed a process in another namespace")
 	}
 	if err := os.RemoveAll(filepath.Join(p.root, "20421")); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := r.ConfirmHolder(Holder{PID: 20421}, old, 0); ok {
+	if _, ok, err := r.ConfirmHolder(Holder{PID: 20421}, old, 0); ok || err != nil {
 		t.Error("confirmed a process that exited")
 	}
 	// A cookie is read by entering the namespace: a stand-in file is not
-	// one, so the holder cannot be confirmed.
-	if _, ok := r.ConfirmHolder(Holder{PID: 20420}, old, 6108); ok {
-		t.Error("confirmed a cookie that could not be read")
+	// one, so whether it holds the namespace cannot be told.
+	if _, ok, err := r.ConfirmHolder(Holder{PID: 20420}, old, 6108); ok || err == nil {
+		t.Errorf("a cookie that could not be read: confirmed %v, error %v; want neither a yes nor a no", ok, err)
 	}
 }
 
@@ -169,8 +169,8 @@ func TestNetnsHoldersOnThisHost(t *testing.T) {
 	if !found {
 		t.Fatalf("this process (pid %d) is not among the holders of its own namespace %+v", os.Getpid(), own)
 	}
-	h, ok := r.ConfirmHolder(Holder{PID: os.Getpid()}, own, 0)
-	if !ok || h.Command == "" {
-		t.Errorf("ConfirmHolder(self) = %+v, %v", h, ok)
+	h, ok, err := r.ConfirmHolder(Holder{PID: os.Getpid()}, own, 0)
+	if !ok || err != nil || h.Command == "" {
+		t.Errorf("ConfirmHolder(self) = %+v, %v, %v", h, ok, err)
 	}
 }

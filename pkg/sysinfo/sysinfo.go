@@ -52,8 +52,9 @@ type Host interface {
 	// asked only when a namespace path no longer names its namespace.
 	NetnsHolders() (Holders, error)
 	// ConfirmHolder checks that h still holds namespace id, whose cookie
-	// is cookie (0: not known), and fills in the holder's command.
-	ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool)
+	// is cookie (0: not known), and fills in the holder's command. An
+	// error means it cannot tell (the namespace cannot be entered).
+	ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error)
 }
 
 // Real reads the running kernel. Boot facts are read once per process.

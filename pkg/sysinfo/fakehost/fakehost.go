@@ -29,6 +29,9 @@ type Host struct {
 	// is the cookie of a held namespace (absent: the kernel cannot tell).
 	Holders       sysinfo.Holders
 	HolderCookies map[sysinfo.NetnsID]uint64
+	// HolderErrs makes confirming a holder of that namespace fail: the
+	// namespace cannot be entered.
+	HolderErrs map[sysinfo.NetnsID]error
 	// HolderScans counts NetnsHolders calls.
 	HolderScans int
 }
@@ -79,14 +82,17 @@ func (h *Host) NetnsHolders() (sysinfo.Holders, error) {
 
 // ConfirmHolder confirms a holder listed in Holders whose namespace has the
 // cookie asked for (any, when cookie is 0).
-func (h *Host) ConfirmHolder(holder sysinfo.Holder, id sysinfo.NetnsID, cookie uint64) (sysinfo.Holder, bool) {
+func (h *Host) ConfirmHolder(holder sysinfo.Holder, id sysinfo.NetnsID, cookie uint64) (sysinfo.Holder, bool, error) {
 	for _, listed := range h.Holders[id] {
 		if listed.PID == holder.PID && listed.Mount == holder.Mount {
-			if cookie != 0 && h.HolderCookies[id] != cookie {
-				return holder, false
+			if err := h.HolderErrs[id]; err != nil && cookie != 0 {
+				return holder, false, err
 			}
-			return listed, true
+			if cookie != 0 && h.HolderCookies[id] != cookie {
+				return holder, false, nil
+			}
+			return listed, true, nil
 		}
 	}
-	return holder, false
+	return holder, false, nil
 }
