@@ -43,8 +43,9 @@ test-e2e: build plugins
 
 # Real podman (4.x, CNI backend) containers on networks that adopt the
 # plugin by the one-word edit and installed as `bridge`, each against bare
-# bridge. Needs root, podman, runc and busybox-static (.ci/run installs
-# them); podman's bridge networks also chain tuning, built by `plugins`.
+# bridge, and rootless podman with a throw-away user. Needs root, podman,
+# runc, busybox-static, uidmap and slirp4netns (.ci/run installs them);
+# podman's bridge networks also chain tuning, built by `plugins`.
 test-podman: build plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/podman/
 

@@ -26,6 +26,20 @@ import (
 // address.
 func (e *env) checkServes(t *testing.T, c *container, n *network, ifname string) netip.Addr {
 	t.Helper()
+	return e.checkServesIn(t, c, n, ifname, e.leaseDir(n), e.adoption.plugin())
+}
+
+// checkServesIn is checkServes with the lease in leaseDir, and a record
+// of the plugin's only if recorded: before a network adopts the plugin,
+// plain bridge keeps its leases in host-local's directory.
+//
+// A rootless container's namespace path is a mount in podman's own mount
+// namespace, so its namespace is entered through its process; its
+// address is on a bridge in podman's rootless network namespace, out of
+// the host's reach, so it is only asked through the published port
+// (podman's rootlessport, which connects to that address).
+func (e *env) checkServesIn(t *testing.T, c *container, n *network, ifname, leaseDir string, recorded bool) netip.Addr {
+	t.Helper()
 	ins := e.mustInspect(t, c.id)
 	if ins.State.Status != "running" {
 		t.Fatalf("container %s is %q, want running", c.name, ins.State.Status)
@@ -41,10 +55,20 @@ func (e *env) checkServes(t *testing.T, c *container, n *network, ifname string)
 	if gw, err := netip.ParseAddr(att.Gateway); err != nil || gw != n.gateway {
 		t.Errorf("podman inspect: gateway %q, want %s", att.Gateway, n.gateway)
 	}
-	assertAddrOnIf(t, ins.NetworkSettings.SandboxKey, ifname, netip.PrefixFrom(addr, n.subnet.Bits()))
-	e.assertLease(t, n, addr, c.id, ifname)
-	e.assertRecord(t, n, c.id, ifname, true)
-	assertServes(t, netip.AddrPortFrom(addr, 80).String(), e.token)
+	nsPath := ins.NetworkSettings.SandboxKey
+	if e.user != nil {
+		nsPath = fmt.Sprintf("/proc/%d/ns/net", ins.State.Pid)
+	}
+	assertAddrOnIf(t, nsPath, ifname, netip.PrefixFrom(addr, n.subnet.Bits()))
+	assertLeaseIn(t, leaseDir, addr, c.id, ifname)
+	if recorded {
+		e.assertRecord(t, n, c.id, ifname, true)
+	}
+	if e.user == nil {
+		assertServes(t, netip.AddrPortFrom(addr, 80).String(), e.token)
+	} else if c.hostPort == 0 {
+		t.Fatalf("rootless container %s has no published port to reach it through", c.name)
+	}
 	if c.hostPort != 0 {
 		assertServes(t, "127.0.0.1:"+strconv.Itoa(c.hostPort), e.token)
 	}
@@ -100,7 +124,12 @@ func assertServes(t *testing.T, addr, token string) {
 // ("<container ID>\r\n<ifname>").
 func (e *env) leases(t *testing.T, n *network) map[netip.Addr]string {
 	t.Helper()
-	dir := e.leaseDir(n)
+	return leasesIn(t, e.leaseDir(n))
+}
+
+// leasesIn reads the lease files of host-local's directory dir.
+func leasesIn(t *testing.T, dir string) map[netip.Addr]string {
+	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -125,10 +154,27 @@ func (e *env) leases(t *testing.T, n *network) map[netip.Addr]string {
 
 func (e *env) assertLease(t *testing.T, n *network, addr netip.Addr, id, ifname string) {
 	t.Helper()
-	leases := e.leases(t, n)
+	assertLeaseIn(t, e.leaseDir(n), addr, id, ifname)
+}
+
+func assertLeaseIn(t *testing.T, dir string, addr netip.Addr, id, ifname string) {
+	t.Helper()
+	leases := leasesIn(t, dir)
 	if got, want := leases[addr], id+"\r\n"+ifname; got != want {
-		t.Fatalf("lease of %s in %s is %q, want %q (all: %q)", addr, e.leaseDir(n), got, want, leases)
+		t.Fatalf("lease of %s in %s is %q, want %q (all: %q)", addr, dir, got, want, leases)
 	}
+}
+
+// leasesOf lists the addresses leased in dir to container id.
+func leasesOf(t *testing.T, dir, id string) []netip.Addr {
+	t.Helper()
+	var out []netip.Addr
+	for addr, owner := range leasesIn(t, dir) {
+		if strings.HasPrefix(owner, id+"\r\n") {
+			out = append(out, addr)
+		}
+	}
+	return out
 }
 
 // assertReleased checks that network n holds no lease of container id and,

@@ -89,7 +89,10 @@ func (e *env) podmanContainerIDs() ([]string, error) {
 }
 
 // envProcesses are the processes whose command line names the env's
-// directory: conmon, and podman's cleanup that conmon starts.
+// directory: conmon, and podman's cleanup that conmon starts; for a
+// rootless env, also every process of its throw-away user and of the
+// user's subordinate IDs (podman's pause process, slirp4netns,
+// rootlessport, the containers).
 func (e *env) envProcesses() []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -102,7 +105,7 @@ func (e *env) envProcesses() []int {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmdline), e.base+"/") {
+		if (err == nil && strings.Contains(string(cmdline), e.base+"/")) || (e.user != nil && e.user.runs(pid)) {
 			pids = append(pids, pid)
 		}
 	}

@@ -57,7 +57,10 @@ func (e *env) run(t *testing.T, name string, n *network, opts ...runOpt) *contai
 		args = append(args, opt(c)...)
 	}
 	args = append(args, e.image, "sh", "-c", serveScript)
-	out, err := e.podman(args...)
+	out, stderr, err := e.podmanOutput(args...)
+	if err == nil && strings.TrimSpace(stderr) != "" {
+		t.Logf("podman run %s printed on stderr:\n%s", c.name, stderr)
+	}
 	// A failed run may still have created the container: find it for
 	// cleanup either way.
 	if ins, ierr := e.inspect(c.name); ierr == nil {

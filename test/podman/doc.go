@@ -14,6 +14,18 @@
 //     help (a reboot, a lost namespace, a static address after a reboot)
 //     the control must fail.
 //
+// Two scenarios stand apart. A network podman created as plain bridge is
+// switched to the one word while its containers run (its leases in
+// host-local's default /var/lib/cni/networks/<network>, under a name of the
+// test's own): the plugin adopts their leases, and podman, which tears
+// them down with the configuration it cached at ADD, can still stop,
+// start and remove them. And rootless podman: a throw-away system user
+// with subordinate IDs (removed at the end, the account files checked and
+// their backups put back) runs the one-word network in podman's rootless
+// network namespace, with the plugin's dataDir in its XDG_RUNTIME_DIR (a
+// tmpfs), and the operator commands are checked from the host and from
+// inside that namespace.
+//
 // A reboot is simulated without one: podman's conmon and the container are
 // killed without podman's cleanup (so nothing sends DEL), the namespaces,
 // bridges, NAT rules and mounts of the test go, podman's per-boot state
@@ -29,9 +41,11 @@
 // lease directories, on success and failure alike.
 //
 // The tests need root, podman, runc, busybox-static, ip, iptables and
-// nsenter (.ci/run installs them). Without them they skip, saying why;
-// with CI set in the environment a missing prerequisite is a failure. Run
-// them with
+// nsenter, and the rootless test also useradd, newuidmap (uidmap) and
+// slirp4netns (.ci/run installs them; the rootless test opens /dev/net/tun
+// to other users for its duration where no udev rule did). Without them
+// they skip, saying why; with CI set in the environment a missing
+// prerequisite is a failure. Run them with
 //
 //	make test-podman
 //

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,10 +57,15 @@ type env struct {
 	registriesConf                    string
 	pluginDirs                        []string
 
-	tmpfs   string // one word: the plugin's dataDir, a tmpfs mounted here
+	tmpfs   string // one word: the plugin's dataDir, a tmpfs mounted here (rootless: a directory in xdg)
 	persist string // bare bridge: host-local's ipam.dataDir
 	token   string // what every container's httpd serves
 	image   string
+
+	// user is the throw-away user a rootless env's podman runs as (nil:
+	// root), xdg its XDG_RUNTIME_DIR, a tmpfs it owns.
+	user *testUser
+	xdg  string
 
 	mu         sync.Mutex
 	nets       []*network
@@ -72,13 +78,19 @@ type env struct {
 func newEnv(t *testing.T, a adoption) *env {
 	t.Helper()
 	requireHost(t)
+	return newEnvFor(t, a, fmt.Sprintf("%08x", rand.Uint32()), nil)
+}
+
+// newEnvFor sets up the env of id for adoption a, run by root (u nil) or,
+// rootless, by user u.
+func newEnvFor(t *testing.T, a adoption, id string, u *testUser) *env {
+	t.Helper()
 	bin := binDir(t)
 	requireBinaries(t, bin, append([]string{pluginType}, referencePlugins...)...)
 	if a == asBridge {
 		requireAsBridge(t, bin)
 	}
-	id := fmt.Sprintf("%08x", rand.Uint32())
-	base := shortTempDir(t)
+	base := shortTempDir(t, u != nil)
 	e := &env{
 		adoption:       a,
 		bin:            bin,
@@ -96,19 +108,38 @@ func newEnv(t *testing.T, a adoption) *env {
 		token:          "nomad-bridge-cni podman test " + id,
 		image:          "localhost/nbp-busybox:" + id,
 		pluginDirs:     []string{bin},
+		user:           u,
 	}
-	for _, d := range []string{e.root, e.runroot, e.tmpdir, e.netConfDir, e.tmpfs, e.persist, filepath.Join(base, "imgtmp")} {
+	dirs := []string{e.root, e.runroot, e.tmpdir, e.netConfDir, e.persist, filepath.Join(base, "imgtmp")}
+	if u == nil {
+		dirs = append(dirs, e.tmpfs)
+	} else {
+		// Rootless podman keeps its namespaces, runc's state and its
+		// rootless network namespace's files under XDG_RUNTIME_DIR (a
+		// tmpfs the user owns: /run/user/<uid> on systemd hosts), and the
+		// plugin's dataDir goes there too, made by the plugin.
+		e.xdg = filepath.Join(base, "xdg")
+		e.tmpfs = filepath.Join(e.xdg, "cni")
+		dirs = append(dirs, e.xdg, e.home())
+	}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatalf("mkdir: %v", err)
 		}
 	}
-	if a == asBridge {
+	switch {
+	case u != nil:
+		e.pluginDirs = []string{e.installPlugins(t)}
+	case a == asBridge:
 		e.pluginDirs = []string{e.installAsBridge(t), bin}
 	}
 	// Registered after shortTempDir's: cleanups run last-in first-out, so
 	// everything is unmounted before the directory is removed.
 	t.Cleanup(func() { e.cleanup(t) })
 	e.writeConfig(t)
+	if u != nil {
+		u.chownTree(t, base)
+	}
 	if a == oneWord {
 		e.mountTmpfs(t)
 	}
@@ -123,12 +154,13 @@ const maxRunroot = 50
 
 // shortTempDir makes a temporary directory for the env whose runroot
 // (<dir>/runroot) podman accepts: in $TMPDIR if short enough, else in /tmp
-// (t.TempDir's names, made from the test's name, are too long). It is
-// removed at the end of the test, unless something is still mounted in it.
-func shortTempDir(t *testing.T) string {
+// (t.TempDir's names, made from the test's name, are too long); always in
+// /tmp for a rootless env, whose user must reach it. It is removed at the
+// end of the test, unless something is still mounted in it.
+func shortTempDir(t *testing.T, rootless bool) string {
 	t.Helper()
 	parent := os.TempDir()
-	if len(filepath.Join(parent, "nbp-1234567890", "runroot")) > maxRunroot {
+	if rootless || len(filepath.Join(parent, "nbp-1234567890", "runroot")) > maxRunroot {
 		parent = "/tmp"
 	}
 	dir, err := os.MkdirTemp(parent, "nbp-")
@@ -159,6 +191,23 @@ func (e *env) installAsBridge(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return front
+}
+
+// installPlugins copies the plugin and the reference plugins into a
+// directory of the env's, for a rootless env: its user may not reach
+// NBC_BIN_DIR (a checkout under /root, say).
+func (e *env) installPlugins(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(e.base, "cni-bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range append([]string{pluginType}, referencePlugins...) {
+		if err := hostcmd.Run(cmdTimeout, "install", "-m", "0755", filepath.Join(e.bin, name), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // writeConfig writes the three files podman reads instead of the host's
@@ -218,13 +267,22 @@ func ulimit(resource int, name string, want uint64) string {
 	return fmt.Sprintf("%s=%d:%d", name, want, want)
 }
 
-// mountTmpfs mounts the plugin's dataDir for the one-word adoption.
+// mountTmpfs mounts the plugin's dataDir for the one-word adoption; for a
+// rootless env, its user's XDG_RUNTIME_DIR, which holds the dataDir.
 func (e *env) mountTmpfs(t *testing.T) {
 	t.Helper()
-	if err := hostcmd.Run(cmdTimeout, "mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "nbp-"+e.id, e.tmpfs); err != nil {
+	target, opts := e.tmpfs, "size=16m,mode=0755"
+	if e.user != nil {
+		target, opts = e.xdg, fmt.Sprintf("size=32m,mode=0700,uid=%d,gid=%d", e.user.uid, e.user.gid)
+	}
+	if err := hostcmd.Run(cmdTimeout, "mount", "-t", "tmpfs", "-o", opts, "nbp-"+e.id, target); err != nil {
 		t.Fatalf("mount tmpfs: %v", err)
 	}
 }
+
+// home is a rootless env's HOME (podman keeps caches and configuration
+// there).
+func (e *env) home() string { return filepath.Join(e.base, "home") }
 
 // globalFlags put everything podman keeps under the test's directory; the
 // configuration files say the same, and podman passes these on to the
@@ -245,31 +303,72 @@ func (e *env) globalFlags() []string {
 
 func (e *env) environ() []string {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "CONTAINERS_") })
-	return append(env,
+	env = append(env,
 		"CONTAINERS_CONF="+e.containersConf,
 		"CONTAINERS_STORAGE_CONF="+e.storageConf,
 		"CONTAINERS_REGISTRIES_CONF="+e.registriesConf)
+	if e.user == nil {
+		return env
+	}
+	// The user's session, as a login would set it; nothing of root's.
+	env = slices.DeleteFunc(env, func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains([]string{"HOME", "USER", "LOGNAME", "DBUS_SESSION_BUS_ADDRESS"}, name) || strings.HasPrefix(name, "XDG_")
+	})
+	return append(env,
+		"HOME="+e.home(),
+		"USER="+e.user.name,
+		"LOGNAME="+e.user.name,
+		"XDG_RUNTIME_DIR="+e.xdg,
+		"XDG_CONFIG_HOME="+filepath.Join(e.home(), ".config"),
+		"XDG_DATA_HOME="+filepath.Join(e.home(), ".local", "share"),
+		"XDG_CACHE_HOME="+filepath.Join(e.home(), ".cache"))
 }
 
-// command prepares `podman <global flags> args...`.
+// command prepares `podman <global flags> args...`, as the env's user for
+// a rootless env.
 func (e *env) command(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "podman", append(e.globalFlags(), args...)...)
 	cmd.Env = e.environ()
+	if e.user != nil {
+		cmd.Dir = e.base
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: e.user.credential()}
+	}
 	return cmd
 }
 
 // podman runs podman and returns its stdout; the error carries stderr,
 // where podman prints the plugin's error.
 func (e *env) podman(args ...string) (string, error) {
+	stdout, _, err := e.podmanOutput(args...)
+	return stdout, err
+}
+
+// podmanOutput runs podman and returns its stdout and stderr (podman's
+// warnings and errors: it drops what a plugin that succeeds prints on
+// stderr); the error carries stderr.
+func (e *env) podmanOutput(args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	cmd := e.command(ctx, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("podman %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return stdout.String(), stderr.String(), fmt.Errorf("podman %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
-	return stdout.String(), nil
+	return stdout.String(), stderr.String(), nil
+}
+
+// podmanLogged runs podman, fails the test on error, and logs what it
+// printed.
+func (e *env) podmanLogged(t *testing.T, args ...string) string {
+	t.Helper()
+	stdout, stderr, err := e.podmanOutput(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("podman %s printed:\n%s%s", strings.Join(args, " "), stdout, stderr)
+	return stdout
 }
 
 // mustPodman is podman, failing the test on error.
@@ -323,9 +422,11 @@ func (e *env) mustInspect(t *testing.T, ref string) inspection {
 }
 
 // noteNetns remembers a namespace podman created for a container (under
-// the host's /run/netns), for cleanup.
+// the host's /run/netns), for cleanup. A rootless podman's are bind mounts
+// in its own mount namespace (its pause process's), gone with it: on the
+// host the path is an empty file in the env's directory.
 func (e *env) noteNetns(path string) {
-	if path == "" {
+	if path == "" || e.user != nil {
 		return
 	}
 	e.mu.Lock()

@@ -31,6 +31,17 @@ func TestMain(m *testing.M) {
 // point podman elsewhere and must leave these exactly as they were.
 var hostConfigPaths = []string{"/etc/containers", "/usr/share/containers", "/etc/cni", "/root/.config/containers"}
 
+// hostAccountPaths are what the rootless test changes for its duration:
+// the account files (and their backups) its throw-away user goes into,
+// and the tun device's mode. They must be as they were at the end.
+func hostAccountPaths() []string {
+	var out []string
+	for _, f := range accountFiles {
+		out = append(out, f, f+"-")
+	}
+	return append(out, tunDevice)
+}
+
 // hostStatePaths are podman's default state paths: the tests' podman uses
 // its own, so none of these may appear.
 var hostStatePaths = []string{"/var/lib/containers/storage", "/run/containers", "/run/libpod", "/dev/shm/libpod_lock"}
@@ -65,6 +76,7 @@ type hostSnapshot struct {
 	sysctls map[string]string
 	existed map[string]bool // snapshotDirs and hostStatePaths
 	config  map[string]string
+	account map[string]string
 }
 
 func snapshotHost() *hostSnapshot {
@@ -87,6 +99,7 @@ func snapshotHost() *hostSnapshot {
 		s.existed[p] = err == nil
 	}
 	s.config = fingerprint(hostConfigPaths)
+	s.account = fingerprint(hostAccountPaths())
 	return s
 }
 
@@ -155,6 +168,9 @@ func (s *hostSnapshot) restore() error {
 	}
 	if after := fingerprint(hostConfigPaths); !maps.Equal(after, s.config) {
 		errs = append(errs, fmt.Errorf("the host's podman configuration changed: %s", configDiff(s.config, after)))
+	}
+	if after := fingerprint(hostAccountPaths()); !maps.Equal(after, s.account) {
+		errs = append(errs, fmt.Errorf("the host's accounts or %s changed: %s", tunDevice, configDiff(s.account, after)))
 	}
 	return errors.Join(errs...)
 }

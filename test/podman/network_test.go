@@ -95,6 +95,46 @@ func (e *env) recordDir(n *network) string {
 // env's networks apart.
 func (e *env) addNetwork(t *testing.T, suffix string) *network {
 	t.Helper()
+	n := e.createNetwork(t, suffix)
+	e.adopt(t, n)
+	return n
+}
+
+// addBridgeNetwork creates a network that does not use the plugin yet:
+// podman's conflist as written, but for its bridge device (see adopt).
+// host-local keeps its leases in its default directory (legacyDir).
+func (e *env) addBridgeNetwork(t *testing.T, suffix string) *network {
+	t.Helper()
+	n := e.createNetwork(t, suffix)
+	e.editFirstPlugin(t, n, func(first, _ map[string]any) { first["bridge"] = n.bridge })
+	return n
+}
+
+// legacyDir is host-local's default lease directory of network n, where
+// plain bridge on a conflist without ipam.dataDir keeps its leases (the
+// name is the env's own; the test removes it).
+func (e *env) legacyDir(n *network) string {
+	return filepath.Join(hostLocalDefaultDir, n.name)
+}
+
+// adoptOneWord switches a network of addBridgeNetwork to the plugin, as an
+// operator would while its containers run: "type": "nomad-bridge-cni" and
+// the plugin's dataDir, every other key unchanged.
+func (e *env) adoptOneWord(t *testing.T, n *network) {
+	t.Helper()
+	if e.adoption != oneWord {
+		t.Fatalf("adoptOneWord in a %s env", e.adoption)
+	}
+	e.editFirstPlugin(t, n, func(first, _ map[string]any) {
+		first["type"] = pluginType
+		first["dataDir"] = e.tmpfs
+	})
+}
+
+// createNetwork runs `podman network create` for a network of unique
+// name, bridge and subnet.
+func (e *env) createNetwork(t *testing.T, suffix string) *network {
+	t.Helper()
 	n := &network{
 		// Unique: as `bridge`, the plugin keeps its leases under the
 		// host's /var/run/cni/<name>.
@@ -107,7 +147,6 @@ func (e *env) addNetwork(t *testing.T, suffix string) *network {
 	e.nets = append(e.nets, n)
 	e.mu.Unlock()
 	e.mustPodman(t, "network", "create", "--disable-dns", "--subnet", n.subnet.String(), n.name)
-	e.adopt(t, n)
 	return n
 }
 
@@ -118,6 +157,22 @@ func (e *env) addNetwork(t *testing.T, suffix string) *network {
 // dataDir; as `bridge` changes nothing else; the control puts host-local's
 // leases into the test's directory instead of /var/lib/cni/networks.
 func (e *env) adopt(t *testing.T, n *network) {
+	t.Helper()
+	e.editFirstPlugin(t, n, func(first, ipam map[string]any) {
+		first["bridge"] = n.bridge
+		switch e.adoption {
+		case oneWord:
+			first["type"] = pluginType
+			first["dataDir"] = e.tmpfs
+		case bareBridge:
+			ipam["dataDir"] = e.persist
+		}
+	})
+}
+
+// editFirstPlugin rewrites the network's conflist with edit applied to its
+// first plugin (which podman writes as bridge with ipam) and its ipam.
+func (e *env) editFirstPlugin(t *testing.T, n *network, edit func(first, ipam map[string]any)) {
 	t.Helper()
 	path := e.conflistPath(n)
 	raw, err := os.ReadFile(path)
@@ -137,14 +192,7 @@ func (e *env) adopt(t *testing.T, n *network) {
 	if first["type"] != "bridge" || ipam == nil {
 		t.Fatalf("%s: first plugin is not bridge with ipam:\n%s", path, raw)
 	}
-	first["bridge"] = n.bridge
-	switch e.adoption {
-	case oneWord:
-		first["type"] = pluginType
-		first["dataDir"] = e.tmpfs
-	case bareBridge:
-		ipam["dataDir"] = e.persist
-	}
+	edit(first, ipam)
 	out, err := json.MarshalIndent(conflist, "", "   ")
 	if err != nil {
 		t.Fatal(err)
