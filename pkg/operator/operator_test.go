@@ -48,7 +48,7 @@ func fixture(t *testing.T) (string, *reclaim.Sweeper, *fakenat.Table) {
 			t.Fatal(err)
 		}
 	}
-	record := func(network, cid, netns string, ino uint64, bootID string, state records.State, pid int, created time.Time) {
+	record := func(network, cid, netns string, ino uint64, bootID string, state records.Phase, pid int, created time.Time) {
 		r := &records.Record{Version: records.FormatVersion, Network: network, ContainerID: cid, IfName: "eth0", Netns: netns,
 			NetnsID: sysinfo.NetnsID{Dev: 4, Ino: ino}, BootID: bootID, Created: created, State: state, PID: pid}
 		if pid != 0 {
@@ -74,7 +74,7 @@ func fixture(t *testing.T) (string, *reclaim.Sweeper, *fakenat.Table) {
 
 	host.Namespaces["/var/run/netns/starting"] = sysinfo.NetnsID{Dev: 4, Ino: 104}
 	lease("nomad", "172.26.64.4", "starting\r\neth0", boot.Add(3*time.Hour+24*time.Minute))
-	record("nomad", "starting", "/var/run/netns/starting", 104, "boot-1", records.Pending, 9999, boot.Add(3*time.Hour+24*time.Minute))
+	record("nomad", "starting", "/var/run/netns/starting", 104, "boot-1", records.Started, 9999, boot.Add(3*time.Hour+24*time.Minute))
 
 	// Nomad re-created the path after a failed CHECK; the task still runs
 	// in the recorded namespace.

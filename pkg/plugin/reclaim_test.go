@@ -33,7 +33,7 @@ func TestAddWritesPendingRecordBeforeDelegatingAndCompletesIt(t *testing.T) {
 	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatal(err)
 	}
-	if seenDuringDelegate == nil || seenDuringDelegate.State != records.Pending || seenDuringDelegate.PID != os.Getpid() {
+	if seenDuringDelegate == nil || seenDuringDelegate.State != records.Started || seenDuringDelegate.PID != os.Getpid() {
 		t.Errorf("record while the delegate ran = %+v, want pending with our pid", seenDuringDelegate)
 	}
 	r := h.record()
@@ -187,7 +187,7 @@ func TestFailedRollbackKeepsThePendingRecord(t *testing.T) {
 	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err == nil {
 		t.Fatal("ADD succeeded")
 	}
-	if r := h.record(); r == nil || r.State != records.Pending {
+	if r := h.record(); r == nil || r.State != records.Started {
 		t.Errorf("record = %+v, want the pending record kept for a sweep", r)
 	}
 }

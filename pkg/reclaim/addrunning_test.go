@@ -41,7 +41,7 @@ func TestSweepKeepsAnADDWhoseDelegateStillRuns(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
 			w.host.Namespaces["/run/netns/alive"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
-			held := w.lockedRecord(&records.Record{ContainerID: "killed", IfName: "eth0", Netns: tc.netns, NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
+			held := w.lockedRecord(&records.Record{ContainerID: "killed", IfName: "eth0", Netns: tc.netns, NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
 			if tc.lease {
 				w.lease("10.0.0.2", "killed\r\neth0", bootTime.Add(time.Minute))
 				w.nat.AddContainer(net1, "killed", "10.0.0.2", 0)
@@ -75,7 +75,7 @@ func TestBeginAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
 	w := newWorld(t)
 	w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
 	key := records.Key{ContainerID: "c1", IfName: "eth0"}
-	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
+	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
 
 	_, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
 	if !errors.Is(err, ErrAddInProgress) || !strings.Contains(err.Error(), "delegate still runs") {

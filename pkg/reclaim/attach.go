@@ -61,7 +61,7 @@ func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*Pe
 	rec := &records.Record{
 		Version: records.FormatVersion, Network: d.Network, ContainerID: key.ContainerID, IfName: key.IfName,
 		Netns: netnsPath, NetnsID: nsID, NetnsCookie: cookie, BootID: bootID, Created: s.Host.Now().UTC(),
-		State: records.Pending, PID: pid, PIDStart: start,
+		State: records.Started, PID: pid, PIDStart: start,
 	}
 	lock, err := recStore.WriteLocked(rec)
 	if err != nil {

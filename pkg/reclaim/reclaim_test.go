@@ -203,11 +203,11 @@ func TestSweepKeepsADDInFlight(t *testing.T) {
 	// A pending record by a running process whose namespace check would
 	// fail: the ADD is still in flight and must be left alone.
 	w.host.Processes[777] = 55
-	w.record(&records.Record{ContainerID: "inflight", IfName: "eth0", Netns: "/run/netns/missing", BootID: w.host.ID, State: records.Pending, PID: 777, PIDStart: 55})
+	w.record(&records.Record{ContainerID: "inflight", IfName: "eth0", Netns: "/run/netns/missing", BootID: w.host.ID, State: records.Started, PID: 777, PIDStart: 55})
 	w.lease("10.0.0.2", "inflight\r\neth0", bootTime.Add(time.Minute))
 	// The same, but the pid was reused by another process: the ADD died.
 	w.host.Processes[778] = 99
-	w.record(&records.Record{ContainerID: "crashed", IfName: "eth0", Netns: "/run/netns/missing2", BootID: w.host.ID, State: records.Pending, PID: 778, PIDStart: 56})
+	w.record(&records.Record{ContainerID: "crashed", IfName: "eth0", Netns: "/run/netns/missing2", BootID: w.host.ID, State: records.Started, PID: 778, PIDStart: 56})
 	w.lease("10.0.0.3", "crashed\r\neth0", bootTime.Add(time.Minute))
 
 	rep := w.sweep(Request{})
@@ -350,7 +350,7 @@ func TestBeginAddReleasesStaleEarlierAttachment(t *testing.T) {
 	if len(w.leases()) != 0 || w.nat.Owns(net1, "c1") {
 		t.Errorf("stale attachment not released: leases %v", w.leases())
 	}
-	if att.Record.State != records.Pending || att.Record.NetnsID.Ino != 5555 || att.Record.BootID != "boot-1" || att.Record.PID != os.Getpid() {
+	if att.Record.State != records.Started || att.Record.NetnsID.Ino != 5555 || att.Record.BootID != "boot-1" || att.Record.PID != os.Getpid() {
 		t.Errorf("pending record = %+v", att.Record)
 	}
 	if err := att.Complete([]string{"10.0.0.7/24"}); err != nil {
@@ -375,7 +375,7 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
 
 	w.host.Processes[777] = 1
-	w.record(&records.Record{ContainerID: "c2", IfName: "eth0", Netns: "/run/netns/c1", BootID: "boot-1", State: records.Pending, PID: 777, PIDStart: 1})
+	w.record(&records.Record{ContainerID: "c2", IfName: "eth0", Netns: "/run/netns/c1", BootID: "boot-1", State: records.Started, PID: 777, PIDStart: 1})
 	_, err = w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c1")
 	if !errors.Is(err, ErrAddInProgress) {
 		t.Errorf("BeginAdd during another ADD = %v, want ErrAddInProgress", err)
@@ -459,9 +459,9 @@ func TestPendingRecordOfDeadADDWithoutLeaseGoes(t *testing.T) {
 	w := newWorld(t)
 	w.host.Namespaces["/run/netns/alive"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
 	// Killed after writing its record, before host-local allocated.
-	w.record(&records.Record{ContainerID: "died", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31337, PIDStart: 1})
+	w.record(&records.Record{ContainerID: "died", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
 	// Killed after host-local allocated: the namespace is alive, keep it.
-	w.record(&records.Record{ContainerID: "allocated", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Pending, PID: 31338, PIDStart: 1})
+	w.record(&records.Record{ContainerID: "allocated", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31338, PIDStart: 1})
 	w.lease("10.0.0.2", "allocated\r\neth0", bootTime.Add(time.Minute))
 
 	rep := w.sweep(Request{})

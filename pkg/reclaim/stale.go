@@ -143,7 +143,7 @@ func (j *judge) liveClaims(recs []*records.Record) map[string]records.Key {
 }
 
 func (j *judge) verdict(a *Attachment) Verdict {
-	if r := a.Record; r != nil && r.State == records.Pending && r.BootID == j.bootID {
+	if r := a.Record; r != nil && r.State == records.Started && r.BootID == j.bootID {
 		if v, running := j.addRunning(r); running {
 			return v
 		}
@@ -160,7 +160,7 @@ func (j *judge) verdict(a *Attachment) Verdict {
 			v = j.recordVerdict(a.Record)
 			j.seen[a.Record] = v
 		}
-		if v.State == Live && a.Record.State == records.Pending && len(a.Leases) == 0 {
+		if v.State == Live && a.Record.State == records.Started && len(a.Leases) == 0 {
 			// Its processes are gone (checked above) and nothing was
 			// allocated: the record protects nothing.
 			return Verdict{State: Stale, Reason: "its ADD died before an address was allocated"}
@@ -201,7 +201,7 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 	if gone != "" {
 		return j.unlessHeld(r, gone)
 	}
-	if r.State == records.Pending {
+	if r.State == records.Started {
 		return Verdict{State: Live, Reason: "ADD did not finish, namespace still there"}
 	}
 	return Verdict{State: Live}

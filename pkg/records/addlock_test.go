@@ -11,7 +11,7 @@ import (
 
 func pendingSample() *Record {
 	r := sample()
-	r.State, r.IPs, r.PID, r.PIDStart = Pending, nil, 31337, 1
+	r.State, r.IPs, r.PID, r.PIDStart = Started, nil, 31337, 1
 	return r
 }
 

@@ -24,18 +24,21 @@ import (
 // is reported and left alone.
 const FormatVersion = 1
 
-// State tells an ADD in progress from a finished one.
-type State string
+// Phase is where a record is in its attachment's life: written before
+// the ADD was delegated, completed after, or migrated from the legacy
+// lease directory.
+type Phase string
 
 const (
-	Pending  State = "pending"
-	Complete State = "complete"
+	// Started: written before the ADD was delegated ("pending" on disk).
+	Started  Phase = "pending"
+	Complete Phase = "complete"
 	// Migrated: a lease copied from the legacy lease directory at
 	// adoption. Its runtime may DEL it through the configuration it cached
 	// at ADD (plain bridge, legacy directory), which only releases the
 	// legacy copy: so that copy stays, as the sign that the attachment is
 	// alive (see LegacyLeases).
-	Migrated State = "migrated"
+	Migrated Phase = "migrated"
 )
 
 // Record is one attachment as the wrapper saw it at ADD.
@@ -51,7 +54,7 @@ type Record struct {
 	NetnsCookie uint64    `json:"netnsCookie,omitempty"`
 	BootID      string    `json:"bootID"`
 	Created     time.Time `json:"created"`
-	State       State     `json:"state"`
+	State       Phase     `json:"state"`
 	// PID and PIDStart name the ADD process while the record is pending.
 	PID      int      `json:"pid,omitempty"`
 	PIDStart uint64   `json:"pidStart,omitempty"`
@@ -257,14 +260,14 @@ func (s *Store) decode(name string, b []byte) (*Record, error) {
 		problem = fmt.Sprintf("belongs to network %q", r.Network)
 	case r.ContainerID == "" || r.IfName == "" || !isFileNameOf(name, r.Key()):
 		problem = fmt.Sprintf("names attachment %s", r.Key())
-	case r.State != Pending && r.State != Complete && r.State != Migrated:
+	case r.State != Started && r.State != Complete && r.State != Migrated:
 		problem = fmt.Sprintf("unknown state %q", r.State)
 	default:
 		// Share the strings every record of the store holds alike.
 		r.Network = s.network
 		switch r.State {
-		case Pending:
-			r.State = Pending
+		case Started:
+			r.State = Started
 		case Complete:
 			r.State = Complete
 		}

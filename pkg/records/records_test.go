@@ -183,7 +183,7 @@ func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
 func TestDecodeFastTakesWhatWriteWrites(t *testing.T) {
 	r := &Record{Version: FormatVersion, Network: "nomad", ContainerID: "c1", IfName: "eth0",
 		Netns: "/var/run/netns/ä", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 1 << 40}, NetnsCookie: 1<<64 - 1,
-		BootID: "b", Created: time.Date(2026, 12, 1, 1, 2, 3, 4, time.UTC), State: Pending,
+		BootID: "b", Created: time.Date(2026, 12, 1, 1, 2, 3, 4, time.UTC), State: Started,
 		PID: 1 << 31, PIDStart: 7, IPs: []string{"10.0.0.2/24"}}
 	b, err := json.Marshal(r)
 	if err != nil {
