@@ -113,6 +113,9 @@ func TestConcurrentReclaim(t *testing.T) {
 	// 81 addresses for 17 live containers and the abandoned ones awaiting
 	// a sweep: addresses are reused many times over.
 	setRange(t, conf, e.hostAddr(10), e.hostAddr(90))
+	// Every CHECK sweeps: the point is sweeps racing ADDs, DELs and each
+	// other, not the default's sharing of one sweep between CHECKs.
+	entryOfType(t, conf, pluginType)["checkSweepInterval"] = "0s"
 	e.writeConflist(t, conf)
 
 	long := e.addNetns(t, "long")
