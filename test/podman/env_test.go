@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 const (
@@ -85,8 +86,8 @@ func newEnv(t *testing.T, a adoption) *env {
 // rootless, by user u.
 func newEnvFor(t *testing.T, a adoption, id string, u *testUser) *env {
 	t.Helper()
-	bin := binDir(t)
-	requireBinaries(t, bin, append([]string{pluginType}, referencePlugins...)...)
+	bin := testhost.BinDir(t)
+	testhost.RequireBinaries(t, bin, append([]string{pluginType}, referencePlugins...)...)
 	if a == asBridge {
 		requireAsBridge(t, bin)
 	}

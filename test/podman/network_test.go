@@ -6,11 +6,12 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // adoption is how a podman network gets the plugin, or, for the control,
@@ -216,7 +217,7 @@ var subnetsTaken struct {
 // route, only exists once a container runs.
 func pickSubnet(t *testing.T) netip.Prefix {
 	t.Helper()
-	used, err := hostPrefixes()
+	used, err := testhost.RoutedPrefixes()
 	if err != nil {
 		t.Fatalf("list host routes: %v", err)
 	}
@@ -232,29 +233,6 @@ func pickSubnet(t *testing.T) netip.Prefix {
 	}
 	t.Fatalf("no free subnet found (host routes: %v)", used)
 	return netip.Prefix{}
-}
-
-// hostPrefixes lists every IPv4 destination in every routing table.
-func hostPrefixes() ([]netip.Prefix, error) {
-	raw, err := exec.Command("ip", "-j", "-4", "route", "show", "table", "all").Output()
-	if err != nil {
-		return nil, fmt.Errorf("ip -4 route: %w", err)
-	}
-	var routes []struct {
-		Dst string `json:"dst"`
-	}
-	if err := json.Unmarshal(raw, &routes); err != nil {
-		return nil, fmt.Errorf("parse ip -4 route: %w", err)
-	}
-	var out []netip.Prefix
-	for _, r := range routes {
-		if p, err := netip.ParsePrefix(r.Dst); err == nil {
-			out = append(out, p.Masked())
-		} else if a, err := netip.ParseAddr(r.Dst); err == nil {
-			out = append(out, netip.PrefixFrom(a, 32))
-		}
-	}
-	return out, nil
 }
 
 // nthAddr is the n-th address of p (p's own address is the 0th).

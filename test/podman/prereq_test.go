@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 const pluginType = "nomad-bridge-cni"
@@ -37,28 +38,12 @@ func requireHost(t *testing.T) {
 	t.Helper()
 	hostPrereqs.once.Do(func() { hostPrereqs.missing = missingHostPrereqs() })
 	if len(hostPrereqs.missing) > 0 {
-		skipOrFail(t, "podman test prerequisites missing: "+strings.Join(hostPrereqs.missing, "; ")+" (.ci/run installs podman, runc and busybox-static with apt-get)")
+		testhost.SkipOrFail(t, "podman test prerequisites missing: "+strings.Join(hostPrereqs.missing, "; ")+" (.ci/run installs podman, runc and busybox-static with apt-get)")
 	}
-}
-
-func skipOrFail(t *testing.T, msg string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg + " (CI is set, so this is a failure, not a skip)")
-	}
-	t.Skip(msg)
 }
 
 func missingHostPrereqs() []string {
-	var missing []string
-	if uid := os.Geteuid(); uid != 0 {
-		missing = append(missing, fmt.Sprintf("root (running as uid %d)", uid))
-	}
-	for _, tool := range hostTools {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool+" in PATH")
-		}
-	}
+	missing := testhost.MissingTools(hostTools...)
 	if err := checkStaticBusybox(); err != nil {
 		missing = append(missing, err.Error())
 	}
@@ -93,46 +78,6 @@ func checkStaticBusybox() error {
 	return nil
 }
 
-// repoDir is the repository root; `go test` runs in test/podman.
-func repoDir(t *testing.T) string {
-	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatalf("getwd: %v", err)
-	}
-	return filepath.Clean(filepath.Join(wd, "..", ".."))
-}
-
-// binDir is NBC_BIN_DIR (set by the Makefile) or the repository's bin/.
-func binDir(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("NBC_BIN_DIR")
-	if dir == "" {
-		dir = filepath.Join(repoDir(t), "bin")
-	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		t.Fatalf("bin dir %q: %v", dir, err)
-	}
-	return abs
-}
-
-// requireBinaries fails (never skips): missing build output is a broken
-// build, not a host without prerequisites.
-func requireBinaries(t *testing.T, dir string, names ...string) {
-	t.Helper()
-	for _, name := range names {
-		p := filepath.Join(dir, name)
-		fi, err := os.Stat(p)
-		if err != nil {
-			t.Fatalf("%s is missing (%v): run `make build plugins` or set NBC_BIN_DIR", p, err)
-		}
-		if fi.Mode()&0o111 == 0 {
-			t.Fatalf("%s is not executable", p)
-		}
-	}
-}
-
 // requireAsBridge skips (fails in CI) unless the plugin, installed as
 // `bridge` in front of the reference plugins, answers as itself and hands
 // a verb to the real bridge behind it. Both are asked of a copy in a
@@ -143,7 +88,7 @@ func requireBinaries(t *testing.T, dir string, names ...string) {
 func requireAsBridge(t *testing.T, bin string) {
 	t.Helper()
 	if reason := asBridgeUnsupported(t, bin); reason != "" {
-		skipOrFail(t, "the plugin installed as `bridge` does not delegate to the next bridge in CNI_PATH: "+reason)
+		testhost.SkipOrFail(t, "the plugin installed as `bridge` does not delegate to the next bridge in CNI_PATH: "+reason)
 	}
 }
 

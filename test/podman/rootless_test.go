@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // Rootless podman (CNI backend) runs the plugins in its rootless network
@@ -131,7 +132,7 @@ const tunDevice = "/dev/net/tun"
 func requireRootless(t *testing.T) {
 	t.Helper()
 	if missing := missingRootlessPrereqs(); len(missing) > 0 {
-		skipOrFail(t, "rootless podman prerequisites missing: "+strings.Join(missing, "; ")+" (.ci/run installs uidmap and slirp4netns with apt-get)")
+		testhost.SkipOrFail(t, "rootless podman prerequisites missing: "+strings.Join(missing, "; ")+" (.ci/run installs uidmap and slirp4netns with apt-get)")
 	}
 	ensureTunUsable(t)
 }
