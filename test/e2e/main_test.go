@@ -4,16 +4,15 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // Environment of the listener helper: the test binary re-executes itself
@@ -95,20 +94,11 @@ func (e *testEnv) startListener(t *testing.T, ns netns, port int, token string) 
 // ---------------------------------------------------------------------------
 // Host state shared by all tests
 
-// hostSnapshot is what the host looked like before the package ran, so that
-// shared things this package created (portmap's and firewall's shared
-// chains, cache directories, forwarding sysctls) can be removed afterwards,
-// while anything that existed before is left alone.
+// hostSnapshot is what the host looked like before the package ran (see
+// testhost.Snapshot); inactive when the tests cannot run here and so
+// create nothing.
 type hostSnapshot struct {
-	active  bool
-	chains  map[string]map[string]bool // "fam/table" -> chains
-	sysctls map[string]string
-	dirs    map[string]bool
-}
-
-var snapshotSysctls = []string{
-	"/proc/sys/net/ipv4/ip_forward",
-	"/proc/sys/net/ipv6/conf/all/forwarding",
+	*testhost.Snapshot
 }
 
 // Directories that the plugins or cnitool create on first use.
@@ -121,58 +111,22 @@ var snapshotDirs = []string{
 }
 
 func snapshotHost() *hostSnapshot {
-	s := &hostSnapshot{chains: map[string]map[string]bool{}, sysctls: map[string]string{}, dirs: map[string]bool{}}
 	if len(missingHostPrereqs()) > 0 {
-		return s // the tests skip or fail; they create nothing
+		return &hostSnapshot{} // the tests skip or fail; they create nothing
 	}
-	s.active = true
-	iptstate.EachTable(func(fam, table string, tb ipTable) []error {
-		s.chains[fam+"/"+table] = tb.Chains
-		return nil
-	})
-	for _, p := range snapshotSysctls {
-		if raw, err := os.ReadFile(p); err == nil {
-			s.sysctls[p] = strings.TrimSpace(string(raw))
-		}
-	}
-	for _, d := range snapshotDirs {
-		_, err := os.Stat(d)
-		s.dirs[d] = err == nil
-	}
-	return s
+	return &hostSnapshot{testhost.TakeSnapshot(snapshotDirs)}
 }
 
 // restore removes what the package created and nobody else uses anymore.
 func (s *hostSnapshot) restore() error {
-	if !s.active {
+	if s.Snapshot == nil {
 		return nil
 	}
 	var errs []error
 	for _, fam := range ipFamilies {
 		errs = append(errs, s.restoreSharedChains(fam)...)
 	}
-	for p, v := range s.sysctls {
-		raw, err := os.ReadFile(p)
-		if err == nil && strings.TrimSpace(string(raw)) != v {
-			if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
-				errs = append(errs, fmt.Errorf("restore %s: %w", p, err))
-			}
-		}
-	}
-	for _, d := range snapshotDirs {
-		if s.dirs[d] {
-			continue
-		}
-		// Remove only if empty: anything inside is somebody's state.
-		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) && !isNotEmpty(err) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func isNotEmpty(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "directory not empty")
+	return errors.Join(append(errs, s.RestoreSysctlsAndDirs()...)...)
 }
 
 // restoreSharedChains deletes the shared portmap/firewall chains that did
@@ -183,7 +137,7 @@ func isNotEmpty(err error) bool {
 // left.
 func (s *hostSnapshot) restoreSharedChains(fam string) []error {
 	return iptstate.RemoveIdleSharedChains(fam, func(table, chain string) bool {
-		return s.chains[fam+"/"+table][chain]
+		return s.ChainExisted(fam, table, chain)
 	}, func(table, chain string, rules []ipRule) {
 		fmt.Fprintf(os.Stderr, "e2e: leaving %s -t %s %s, it is in use:\n%s", fam, table, chain, rulesString(rules))
 	})

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 func TestMain(m *testing.M) {
@@ -64,43 +65,23 @@ var snapshotDirs = []string{
 
 const blobInfoCache = "/var/lib/containers/cache/blob-info-cache-v1.boltdb"
 
-var snapshotSysctls = []string{
-	"/proc/sys/net/ipv4/ip_forward",
-	"/proc/sys/net/ipv6/conf/all/forwarding",
-}
-
-// hostSnapshot is what the host looked like before the package ran.
+// hostSnapshot is what the host looked like before the package ran (see
+// testhost.Snapshot), with the host's podman configuration and accounts.
 type hostSnapshot struct {
-	active  bool
-	chains  map[string]map[string]bool // "fam/table" -> chains
-	sysctls map[string]string
-	existed map[string]bool // snapshotDirs and hostStatePaths
+	*testhost.Snapshot
 	config  map[string]string
 	account map[string]string
 }
 
 func snapshotHost() *hostSnapshot {
-	s := &hostSnapshot{chains: map[string]map[string]bool{}, sysctls: map[string]string{}, existed: map[string]bool{}}
 	if len(missingHostPrereqs()) > 0 {
-		return s // the tests skip or fail; they create nothing
+		return &hostSnapshot{} // the tests skip or fail; they create nothing
 	}
-	s.active = true
-	iptstate.EachTable(func(fam, table string, tb iptstate.Table) []error {
-		s.chains[fam+"/"+table] = tb.Chains
-		return nil
-	})
-	for _, p := range snapshotSysctls {
-		if raw, err := os.ReadFile(p); err == nil {
-			s.sysctls[p] = strings.TrimSpace(string(raw))
-		}
+	return &hostSnapshot{
+		Snapshot: testhost.TakeSnapshot(snapshotDirs, hostStatePaths...),
+		config:   fingerprint(hostConfigPaths),
+		account:  fingerprint(hostAccountPaths()),
 	}
-	for _, p := range slices.Concat(snapshotDirs, hostStatePaths) {
-		_, err := os.Lstat(p)
-		s.existed[p] = err == nil
-	}
-	s.config = fingerprint(hostConfigPaths)
-	s.account = fingerprint(hostAccountPaths())
-	return s
 }
 
 // fingerprint maps every file, directory and link under paths to its mode
@@ -136,33 +117,16 @@ func fingerprint(paths []string) map[string]string {
 // restore removes what the package created that nobody else uses, and
 // reports a change to the host's podman configuration or state.
 func (s *hostSnapshot) restore() error {
-	if !s.active {
+	if s.Snapshot == nil {
 		return nil
 	}
 	var errs []error
 	for _, fam := range iptstate.Families {
 		errs = append(errs, s.restoreSharedChains(fam)...)
 	}
-	for p, v := range s.sysctls {
-		raw, err := os.ReadFile(p)
-		if err == nil && strings.TrimSpace(string(raw)) != v {
-			if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
-				errs = append(errs, fmt.Errorf("restore %s: %w", p, err))
-			}
-		}
-	}
-	for _, d := range snapshotDirs {
-		if s.existed[d] {
-			continue
-		}
-		// The blob cache is only a cache; directories go only if empty:
-		// anything inside is somebody's state.
-		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) && !strings.Contains(err.Error(), "directory not empty") {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, s.RestoreSysctlsAndDirs()...)
 	for _, p := range hostStatePaths {
-		if _, err := os.Lstat(p); err == nil && !s.existed[p] {
+		if _, err := os.Lstat(p); err == nil && !s.Existed(p) {
 			errs = append(errs, fmt.Errorf("podman's default state %s appeared: a podman command ran without the test's configuration", p))
 		}
 	}
@@ -197,7 +161,7 @@ func configDiff(before, after map[string]string) string {
 // admin chain first, which CNI-FORWARD jumps to (see
 // iptstate.RemoveIdleSharedChains).
 func (s *hostSnapshot) restoreSharedChains(fam string) []error {
-	existed := func(table, chain string) bool { return s.chains[fam+"/"+table][chain] }
+	existed := func(table, chain string) bool { return s.ChainExisted(fam, table, chain) }
 	var errs []error
 	if !existed("filter", firewallAdminChain) {
 		errs = append(errs, removeIdleAdminChain(fam)...)
