@@ -25,8 +25,6 @@ const (
 	firewallChain     = iptstate.FirewallChain
 )
 
-var sharedChains = iptstate.SharedChains
-
 // The rule and table readers are shared with the benchmark harness.
 type (
 	ipRule  = iptstate.Rule
