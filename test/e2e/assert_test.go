@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -261,4 +262,31 @@ func (e *testEnv) assertDefaultDirsUntouched(t *testing.T) {
 			t.Errorf("%s exists (stat: %v): leases must only go to the test's dataDir %s", p, err, e.dataDir)
 		}
 	}
+}
+
+// writeLease forges a host-local lease file and sets its mtime with
+// `touch -d`, as an operator (or a reboot) would leave it.
+func writeLease(t *testing.T, dir string, addr netip.Addr, content string, mtime time.Time) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("mkdir %s: %v", dir, err)
+	}
+	p := filepath.Join(dir, addr.String())
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatalf("write lease: %v", err)
+	}
+	if err := run("touch", "-d", fmt.Sprintf("@%d", mtime.Unix()), p); err != nil {
+		t.Fatalf("touch lease: %v", err)
+	}
+	return p
+}
+
+// leaseMtime is the mtime of dir/addr.
+func leaseMtime(t *testing.T, dir string, addr netip.Addr) time.Time {
+	t.Helper()
+	fi, err := os.Stat(filepath.Join(dir, addr.String()))
+	if err != nil {
+		t.Fatalf("stat lease: %v", err)
+	}
+	return fi.ModTime()
 }

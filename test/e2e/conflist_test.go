@@ -171,3 +171,60 @@ func (e *testEnv) writeConflist(t *testing.T, conf map[string]any) string {
 	}
 	return p
 }
+
+// reclaimConf is confFor with the plugin entry's ipam.dataDir pointing at
+// the test's own persistent directory: the plugin treats it as the legacy
+// lease directory to migrate from, so no test ever reads or writes the real
+// /var/lib/cni/networks.
+func (e *testEnv) reclaimConf(t *testing.T, file string) map[string]any {
+	t.Helper()
+	conf := e.confFor(t, file)
+	entryOfType(t, conf, pluginType)["ipam"].(map[string]any)["dataDir"] = e.persistDir
+	return conf
+}
+
+// setRange limits the IPv4 range of the conflist's bridge entry (ours or
+// bare bridge) to start..end.
+func setRange(t *testing.T, conf map[string]any, start, end netip.Addr) {
+	t.Helper()
+	for _, p := range pluginEntries(t, conf) {
+		if p["type"] != pluginType && p["type"] != "bridge" {
+			continue
+		}
+		ipam := p["ipam"].(map[string]any)
+		if _, ok := ipam["subnet"]; ok {
+			ipam["rangeStart"], ipam["rangeEnd"] = start.String(), end.String()
+			return
+		}
+		for _, set := range ipam["ranges"].([]any) {
+			for _, r := range set.([]any) {
+				rm := r.(map[string]any)
+				if p, err := netip.ParsePrefix(rm["subnet"].(string)); err == nil && p.Addr().Is4() {
+					rm["rangeStart"], rm["rangeEnd"] = start.String(), end.String()
+					return
+				}
+			}
+		}
+	}
+	t.Fatal("conflist has no IPv4 range to limit")
+}
+
+// hostAddr is the n-th address of the test's IPv4 subnet.
+func (e *testEnv) hostAddr(n int) netip.Addr {
+	a := e.subnet4.Addr().As4()
+	a[3] += byte(n)
+	return netip.AddrFrom4(a)
+}
+
+// entryConfig is the plugin entry of conf as a runtime hands it to the
+// plugin: a single config carrying name and cniVersion.
+func entryConfig(t *testing.T, conf map[string]any, typ string) []byte {
+	t.Helper()
+	entry := map[string]any{}
+	for k, v := range entryOfType(t, conf, typ) {
+		entry[k] = v
+	}
+	entry["name"] = conf["name"]
+	entry["cniVersion"] = conf["cniVersion"]
+	return mustJSON(t, entry)
+}

@@ -285,3 +285,57 @@ func rulesString(rules []ipRule) string {
 	}
 	return b.String()
 }
+
+// masqJumps are the POSTROUTING jumps bridge commented for cid.
+func (e *testEnv) masqJumps(t *testing.T, fam, cid string) []ipRule {
+	t.Helper()
+	var out []ipRule
+	for _, r := range mustReadTable(t, fam, "nat").RulesIn("POSTROUTING") {
+		if r.Comment() == e.masqComment(cid) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// dnatJumps are portmap's CNI-HOSTPORT-DNAT jumps for cid.
+func (e *testEnv) dnatJumps(t *testing.T, fam, cid string) []ipRule {
+	t.Helper()
+	var out []ipRule
+	for _, r := range mustReadTable(t, fam, "nat").RulesIn(hostportDNATChain) {
+		if r.Comment() == e.dnatComment(cid) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// assertNoNAT checks that none of cid's bridge or portmap NAT state is
+// left, in either family.
+func (e *testEnv) assertNoNAT(t *testing.T, cid string) {
+	t.Helper()
+	ns := netns{cid: cid}
+	e.assertNoMasq(t, ns)
+	e.assertNoDNAT(t, ns)
+}
+
+// assertNetworkNATEmpty checks that the nat tables hold no rule commented
+// with the test's network and no per-container chain of any container the
+// test ever created.
+func (e *testEnv) assertNetworkNATEmpty(t *testing.T) {
+	t.Helper()
+	owned := e.ownedChains()
+	for _, fam := range ipFamilies {
+		nat := mustReadTable(t, fam, "nat")
+		for _, r := range nat.Rules {
+			if strings.Contains(r.Comment(), fmt.Sprintf("name: %q", e.netName)) || slices.Contains(owned, r.Target()) {
+				t.Errorf("%s: rule of the network left: %s", fam, r)
+			}
+		}
+		for _, c := range owned {
+			if nat.Chains[c] {
+				t.Errorf("%s: chain %s left", fam, c)
+			}
+		}
+	}
+}

@@ -4,13 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
 )
 
 // A runtime that gives up on an ADD kills the plugin, not its delegates:
@@ -125,4 +131,99 @@ func childPIDs() []int {
 		}
 	}
 	return pids
+}
+
+// processesWithEnv lists the pids of processes whose environment holds
+// kv exactly: every process a plugin run started (delegates, their
+// children) inherits CNI_CONTAINERID, which is unique to a test.
+func processesWithEnv(kv string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		if slices.Contains(strings.Split(string(raw), "\x00"), kv) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// killProcessesWithEnv kills, by pid, what processesWithEnv finds, and
+// waits until they are gone. It is the cleanup for delegates that hang.
+func killProcessesWithEnv(t *testing.T, kv string) {
+	t.Helper()
+	for _, pid := range processesWithEnv(kv) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if left := waitProcessesGone(kv, 10*time.Second); len(left) > 0 {
+		t.Errorf("processes with %s still running after SIGKILL: %v", kv, left)
+	}
+}
+
+// waitProcessesGone waits until no live process carries kv in its
+// environment, at most timeout, and returns those still running then. It
+// waits for their exit (procwait), then looks again for any started
+// meanwhile.
+func waitProcessesGone(kv string, timeout time.Duration) []int {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := liveProcesses(processesWithEnv(kv))
+		if len(left) == 0 || !time.Now().Before(deadline) {
+			return left
+		}
+		if _, err := procwait.Exit(left, deadline); err != nil {
+			return left
+		}
+	}
+}
+
+// liveProcesses drops zombies (exited, waiting for their parent to reap
+// them) from pids.
+func liveProcesses(pids []int) []int {
+	var out []int
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The state follows the parenthesised command name.
+		s := string(raw)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && s[i+2] == 'Z' {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+// processLine describes pids for an error message.
+func processLine(pids []int) string {
+	var parts []string
+	for _, pid := range pids {
+		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		parts = append(parts, fmt.Sprintf("%d: %s", pid, strings.ReplaceAll(strings.TrimRight(string(raw), "\x00"), "\x00", " ")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// deadPID returns the pid of a process that ran and was reaped: no
+// process has it (pids are reused only after wrapping around pid_max).
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("run true: %v", err)
+	}
+	pid := cmd.Process.Pid
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+		t.Fatalf("pid %d of an exited process is in use again", pid)
+	}
+	return pid
 }
