@@ -42,7 +42,7 @@ func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRul
 		if rep == nil {
 			continue
 		}
-		for _, rel := range rep.Released {
+		for _, rel := range rep.Releases {
 			out.Released = append(out.Released, GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
 		}
 		for _, p := range rep.Problems {

@@ -52,7 +52,7 @@ func Leases(s *reclaim.Sweeper, dataDir string, networks []string) (*LeasesOutpu
 		for _, a := range rep.Attachments {
 			out.Leases = append(out.Leases, rowsOf(network, a, now)...)
 		}
-		for _, rel := range rep.Released {
+		for _, rel := range rep.Releases {
 			if rel.Orphan {
 				out.Leases = append(out.Leases, Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
 			}

@@ -177,8 +177,8 @@ func TestSweepReleasesOnlyProvedStaleAttachments(t *testing.T) {
 	if !w.hasRecord("live") || !w.nat.Owns(net1, "live") || !w.nat.Owns(net1, "norecord-new") {
 		t.Error("a live or unknown attachment lost its record or rules")
 	}
-	if len(rep.Released) != 5 {
-		t.Errorf("released %d: %v", len(rep.Released), rep.Released)
+	if len(rep.Releases) != 5 {
+		t.Errorf("released %d: %v", len(rep.Releases), rep.Releases)
 	}
 	for _, reason := range []string{"namespace /run/netns/gone is gone", "was replaced", "no longer a network namespace", "earlier boot", "before this boot"} {
 		if !strings.Contains(w.log.String(), reason) {
@@ -193,8 +193,8 @@ func TestSweepReleasesOnlyProvedStaleAttachments(t *testing.T) {
 	w.log.Reset()
 	w.nat.Calls = nil
 	rep = w.sweep(Request{})
-	if len(rep.Released) != 0 || w.log.Len() != 0 || len(w.nat.Calls) != 0 {
-		t.Errorf("second sweep: released %v, log %q, nat calls %v", rep.Released, w.log, w.nat.Calls)
+	if len(rep.Releases) != 0 || w.log.Len() != 0 || len(w.nat.Calls) != 0 {
+		t.Errorf("second sweep: released %v, log %q, nat calls %v", rep.Releases, w.log, w.nat.Calls)
 	}
 }
 
@@ -267,10 +267,10 @@ func TestDryRunChangesNothing(t *testing.T) {
 	if len(w.nat.Chains) != natBefore || !w.nat.Owns(net1, "gone") {
 		t.Error("dry run changed the nat table")
 	}
-	if len(rep.Released) != 2 {
-		t.Fatalf("dry run reports %v, want gone and orphan", rep.Released)
+	if len(rep.Releases) != 2 {
+		t.Fatalf("dry run reports %v, want gone and orphan", rep.Releases)
 	}
-	what := strings.Join(rep.Released[0].What, ",")
+	what := strings.Join(rep.Releases[0].What, ",")
 	for _, want := range []string{"lease 10.0.0.3", "jump in POSTROUTING", "chain CNI-", "record"} {
 		if !strings.Contains(what, want) {
 			t.Errorf("dry run for gone says %q, missing %q", what, want)
@@ -313,8 +313,8 @@ func TestReleaseLeasesRemovesEachStaleLease(t *testing.T) {
 		w.lease("10.0.0."+string(rune('2'+i)), cid+"\r\neth0", bootTime.Add(-time.Hour))
 	}
 	rep := w.sweep(Request{})
-	if len(rep.Released) != 3 || len(w.leases()) != 0 {
-		t.Fatalf("released %v, left %v", rep.Released, w.leases())
+	if len(rep.Releases) != 3 || len(w.leases()) != 0 {
+		t.Fatalf("released %v, left %v", rep.Releases, w.leases())
 	}
 
 }
@@ -521,8 +521,8 @@ func TestSweepWithNothingStaleReadsNoClaimedLease(t *testing.T) {
 	w.container("gone", "10.0.0.3")
 	delete(w.host.Namespaces, "/run/netns/gone")
 	rep = w.sweep(Request{})
-	if len(rep.Problems) != 1 || len(rep.Released) != 1 {
-		t.Errorf("problems %v, released %v; want the big file read and reported, gone released", rep.Problems, rep.Released)
+	if len(rep.Problems) != 1 || len(rep.Releases) != 1 {
+		t.Errorf("problems %v, released %v; want the big file read and reported, gone released", rep.Problems, rep.Releases)
 	}
 	equal(t, "left", w.leases(), []string{"10.0.0.2"})
 }

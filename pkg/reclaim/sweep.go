@@ -40,7 +40,8 @@ type Request struct {
 	DryRun bool
 }
 
-// Release is one stale attachment (or orphan rule set) released.
+// Release is one stale attachment (or orphan rule set) released, or that
+// a dry run would release.
 type Release struct {
 	Key    records.Key
 	IPs    []string
@@ -67,8 +68,9 @@ type Report struct {
 	// OrphanRules lists container IDs with NAT rules but no lease or record
 	// (filled when Request.Orphans is set).
 	OrphanRules []string
-	Released    []Release
-	Problems    []error
+	// Releases is what the sweep released, or, in a dry run, would release.
+	Releases []Release
+	Problems []error
 }
 
 // Sweep judges every attachment of one network and releases the stale
@@ -110,12 +112,12 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	natErr := s.releaseNAT(p, report, releases, &order)
 	if req.DryRun {
 		p.listRecords(releases)
-		report.Released = collect(releases, order)
+		report.Releases = collect(releases, order)
 		return report, natErr
 	}
 	err = errors.Join(natErr, s.apply(p, releases))
-	report.Released = collect(releases, order)
-	for _, rel := range report.Released {
+	report.Releases = collect(releases, order)
+	for _, rel := range report.Releases {
 		s.logf("%s: released %s", req.Dir.Network, rel)
 	}
 	return report, err
