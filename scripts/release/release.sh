@@ -3,9 +3,12 @@
 # runs). Users install them without Go.
 #
 #   dist/nomad-bridge-cni-linux-amd64-<version>.tgz   ./nomad-bridge-cni, ./README.md,
-#   dist/nomad-bridge-cni-linux-arm64-<version>.tgz   ./SECURITY.md (./LICENSE when the
-#                                                      tree has one), laid out like the
-#                                                      reference cni-plugins tarballs
+#   dist/nomad-bridge-cni-linux-arm64-<version>.tgz   ./SECURITY.md, ./LICENSE (when the
+#                                                      tree has one), ./THIRD_PARTY_LICENSES
+#                                                      (the Go standard library's and every
+#                                                      linked module's, from the module
+#                                                      cache), laid out like the reference
+#                                                      cni-plugins tarballs
 #   dist/nomad-bridge-cni_<debversion>_amd64.deb      /opt/cni/bin/nomad-bridge-cni and
 #   dist/nomad-bridge-cni_<debversion>_arm64.deb      /usr/share/doc/nomad-bridge-cni/;
 #                                                      no maintainer scripts
@@ -200,6 +203,38 @@ for arch in "${ARCHES[@]}"; do checks+=("$arch=$WORK/bin/$arch/$NAME"); done
 env -u GOOS -u GOARCH GOFLAGS=-mod=readonly \
 	"$GO" run "$ROOT/scripts/release/elfcheck.go" -module "$MODULE" -version "$V" "${checks[@]}"
 
+# Modules linked into the binary (both arches link the same set), for the
+# copyright file and the third-party licenses.
+mapfile -t LINKED_MODULES < <(env GOOS=linux GOARCH=amd64 GOFLAGS=-mod=readonly \
+	"$GO" list -deps -f '{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}}{{end}}{{end}}' ./cmd/nomad-bridge-cni | sort -u)
+
+# write_third_party_licenses writes the license files of the Go standard
+# library and of every linked module, from the module cache: what a binary
+# that links them must ship. A module without one stops the release.
+write_third_party_licenses() { # $1: destination
+	{
+		printf 'Licenses of the code statically linked into %s %s:\n' "$NAME" "$V"
+		printf 'the Go standard library and the Go modules below, each under its own license.\n'
+		license_files "Go standard library $("$GO" env GOVERSION)" "$("$GO" env GOROOT)"
+		local m
+		for m in "${LINKED_MODULES[@]}"; do
+			license_files "$m" "$(GOFLAGS=-mod=readonly "$GO" list -m -f '{{.Dir}}' "${m% *}")"
+		done
+	} >"$1"
+}
+
+license_files() { # $1: what, $2: its source directory
+	local files f
+	mapfile -t files < <(find "$2" -maxdepth 1 -type f \( -iname 'LICEN[CS]E*' -o -iname 'COPYING*' -o -iname 'NOTICE*' \) -printf '%f\n' | sort)
+	[[ ${#files[@]} -gt 0 ]] || die "no license file in $2 ($1)"
+	for f in "${files[@]}"; do
+		printf '\n==== %s: %s ====\n\n' "$1" "$f"
+		cat "$2/$f"
+	done
+}
+
+write_third_party_licenses "$WORK/THIRD_PARTY_LICENSES"
+
 # --------------------------------------------------------------- tarballs ---
 for arch in "${ARCHES[@]}"; do
 	tgz=$NAME-linux-$arch-$V.tgz
@@ -208,6 +243,7 @@ for arch in "${ARCHES[@]}"; do
 	mkdir -m 0755 "$st"
 	install -m 0755 "$WORK/bin/$arch/$NAME" "$st/$NAME"
 	for f in "${DOCS[@]}"; do install -m 0644 "$ROOT/$f" "$st/$f"; done
+	install -m 0644 "$WORK/THIRD_PARTY_LICENSES" "$st/THIRD_PARTY_LICENSES"
 	tar --format=gnu --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" \
 		-C "$st" -cf - . | gzip -9n >"$WORK/out/$tgz"
 	tar -tvzf "$WORK/out/$tgz" | sed 's/^/    /'
@@ -231,10 +267,6 @@ write_copyright() { # $1: destination
 	} >"$1"
 }
 
-# Modules linked into the binary (both arches link the same set), for copyright.
-mapfile -t LINKED_MODULES < <(env GOOS=linux GOARCH=amd64 GOFLAGS=-mod=readonly \
-	"$GO" list -deps -f '{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}}{{end}}{{end}}' ./cmd/nomad-bridge-cni | sort -u)
-
 for arch in "${ARCHES[@]}"; do
 	deb=${NAME}_${DEBV}_$arch.deb
 	step "$deb"
@@ -242,7 +274,7 @@ for arch in "${ARCHES[@]}"; do
 	doc=$st/usr/share/doc/$NAME
 	install -d -m 0755 "$st/DEBIAN" "$st/opt/cni/bin" "$doc"
 	install -m 0755 "$WORK/bin/$arch/$NAME" "$st/opt/cni/bin/$NAME"
-	install -m 0644 "$ROOT/README.md" "$ROOT/SECURITY.md" "$doc/"
+	install -m 0644 "$ROOT/README.md" "$ROOT/SECURITY.md" "$WORK/THIRD_PARTY_LICENSES" "$doc/"
 	write_copyright "$doc/copyright"
 	chmod 0644 "$doc/copyright"
 	(cd "$st" && find opt usr -type f | sort | xargs md5sum) >"$st/DEBIAN/md5sums"

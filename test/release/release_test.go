@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"crypto/md5"
 	"crypto/sha256"
+	"debug/buildinfo"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -268,10 +269,11 @@ func TestRelease(t *testing.T) {
 			"opt": fs.ModeDir | 0o755, "opt/cni": fs.ModeDir | 0o755, "opt/cni/bin": fs.ModeDir | 0o755,
 			"opt/cni/bin/" + name: 0o755,
 			"usr":                 fs.ModeDir | 0o755, "usr/share": fs.ModeDir | 0o755, "usr/share/doc": fs.ModeDir | 0o755,
-			"usr/share/doc/" + name:                  fs.ModeDir | 0o755,
-			"usr/share/doc/" + name + "/README.md":   0o644,
-			"usr/share/doc/" + name + "/SECURITY.md": 0o644,
-			"usr/share/doc/" + name + "/copyright":   0o644,
+			"usr/share/doc/" + name:                           fs.ModeDir | 0o755,
+			"usr/share/doc/" + name + "/README.md":            0o644,
+			"usr/share/doc/" + name + "/SECURITY.md":          0o644,
+			"usr/share/doc/" + name + "/copyright":            0o644,
+			"usr/share/doc/" + name + "/THIRD_PARTY_LICENSES": 0o644,
 		})
 		checkRuns(t, filepath.Join(dir, "opt", "cni", "bin", name), version)
 	})
@@ -440,14 +442,45 @@ func checkTarball(t *testing.T, root, path string, docs []string, commitTime str
 		t.Errorf("gzip header records name %q, time %v (want gzip -n)", zr.Name, zr.ModTime)
 	}
 	wants := map[string]want{
-		"./":        {mode: 0o755, dir: true},
-		"./" + name: {mode: 0o755},
+		"./":                     {mode: 0o755, dir: true},
+		"./" + name:              {mode: 0o755},
+		"./THIRD_PARTY_LICENSES": {mode: 0o644},
 	}
 	for _, d := range docs {
 		wants["./"+d] = want{mode: 0o644, data: readRepo(t, root, d)}
 	}
 	got := checkEntries(t, filepath.Base(path), readTar(t, zr), wants, "", commitTime)
+	checkThirdPartyLicenses(t, got["./"+name], got["./THIRD_PARTY_LICENSES"])
 	return got["./"+name]
+}
+
+// checkThirdPartyLicenses checks that the shipped licenses cover what the
+// binary links, as its build information lists it: the Go standard library
+// and every module, each with the text of a license file.
+func checkThirdPartyLicenses(t *testing.T, bin, licenses []byte) {
+	t.Helper()
+	info, err := buildinfo.Read(bytes.NewReader(bin))
+	if err != nil {
+		t.Fatalf("build info of the shipped binary: %v", err)
+	}
+	text := string(licenses)
+	want := []string{"==== Go standard library " + info.GoVersion + ": LICENSE ===="}
+	for _, dep := range info.Deps {
+		want = append(want, "==== "+dep.Path+" "+dep.Version+": ")
+	}
+	for _, w := range want {
+		i := strings.Index(text, w)
+		if i < 0 {
+			t.Errorf("THIRD_PARTY_LICENSES has no section %q", w)
+			continue
+		}
+		if body := text[i+len(w):]; !strings.Contains(body[:min(len(body), 4096)], "ermission") && !strings.Contains(body[:min(len(body), 4096)], "icense") {
+			t.Errorf("THIRD_PARTY_LICENSES section %q holds no license text", w)
+		}
+	}
+	if len(info.Deps) == 0 {
+		t.Error("the binary's build information lists no module")
+	}
 }
 
 // checkDeb checks a .deb with dpkg-deb and by reading its members.
@@ -492,10 +525,12 @@ func checkDeb(t *testing.T, root, path, arch, debVersion string, bin []byte, com
 			"./opt/cni/bin/": {mode: 0o755, dir: true}, "./opt/cni/bin/" + name: {mode: 0o755, data: bin},
 			"./usr/": {mode: 0o755, dir: true}, "./usr/share/": {mode: 0o755, dir: true},
 			"./usr/share/doc/": {mode: 0o755, dir: true}, doc: {mode: 0o755, dir: true},
-			doc + "README.md":   {mode: 0o644, data: readRepo(t, root, "README.md")},
-			doc + "SECURITY.md": {mode: 0o644, data: readRepo(t, root, "SECURITY.md")},
-			doc + "copyright":   {mode: 0o644},
+			doc + "README.md":            {mode: 0o644, data: readRepo(t, root, "README.md")},
+			doc + "SECURITY.md":          {mode: 0o644, data: readRepo(t, root, "SECURITY.md")},
+			doc + "copyright":            {mode: 0o644},
+			doc + "THIRD_PARTY_LICENSES": {mode: 0o644},
 		}, "root", commitTime)
+	checkThirdPartyLicenses(t, bin, data[doc+"THIRD_PARTY_LICENSES"])
 
 	// md5sums covers every file, with the right sums.
 	sums := map[string]string{}
