@@ -27,6 +27,7 @@ Usage:
   nomad-bridge-cni --version        print the version line and exit
   nomad-bridge-cni leases [flags]   who holds which address, and which holders are dead
   nomad-bridge-cni gc [flags]       release dead holders now (what CHECK does)
+  nomad-bridge-cni doctor [flags]   check this host's install, config and state
   nomad-bridge-cni <command> -h     help for a command
 
 Flags:
@@ -86,6 +87,8 @@ func (c *cli) run(args []string) int {
 			return c.leases(args[1:])
 		case "gc":
 			return c.gc(args[1:])
+		case "doctor":
+			return c.doctor(args[1:])
 		}
 	}
 	flags := c.flagSet("", usage)

@@ -1,0 +1,213 @@
+package doctor
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
+)
+
+var semver = regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`)
+
+// firstVersion is what Nomad's fingerprint records: the first token of a
+// plugin's output that is a version.
+func firstVersion(out string) (string, [3]int, bool) {
+	for _, tok := range strings.Fields(out) {
+		if m := semver.FindStringSubmatch(tok); m != nil && strings.TrimRight(tok, ",") == tok {
+			var v [3]int
+			fmt.Sscan(m[1], &v[0])
+			fmt.Sscan(m[2], &v[1])
+			fmt.Sscan(m[3], &v[2])
+			return tok, v, true
+		}
+	}
+	return "", [3]int{}, false
+}
+
+// checkPlugins finds every plugin the plugin's chains need in the CNI bin
+// dirs, and reads its version as Nomad does.
+func checkPlugins(o Options, ours []*network) []Finding {
+	var need []string
+	for _, n := range ours {
+		for _, t := range append(slices.Clone(n.plugins), n.conf.Delegate, ipamdir.HostLocal) {
+			if t != "" && t != "flannel" && !slices.Contains(need, t) {
+				need = append(need, t)
+			}
+		}
+	}
+	var fs []Finding
+	where := strings.Join(o.CNIPath, ":")
+	for _, name := range need {
+		find := plugin.FindDelegate // past the plugin itself, as it delegates
+		if name == pluginName {
+			find = invoke.FindInPath
+		}
+		path, err := find(name, o.CNIPath)
+		if err != nil {
+			fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s: %v", where, err), Fix: "install the reference CNI plugins there (make plugins builds them, stamped)"})
+			continue
+		}
+		out, err := o.Version(path)
+		tok, v, ok := firstVersion(out)
+		switch {
+		case err != nil:
+			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("does not run with no arguments: %v", err), Fix: "reinstall it"})
+		case strings.Contains(out, "version unknown"):
+			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("version unknown (Nomad records %q, the first version in its output)", tok) + consequence(name), Fix: "install plugins stamped with their version: make plugins"})
+		case !ok:
+			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "prints no version" + consequence(name), Fix: "install plugins stamped with their version: make plugins"})
+		case name == "bridge" && (v[0] < 1 || (v[0] == 1 && v[1] < 3)):
+			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("version %s: Nomad sends CHECK only when bridge is 1.3.0 or later, so no CHECK-time sweep", tok), Fix: "install the reference plugins of go.mod (make plugins)"})
+		default:
+			fs = append(fs, Finding{Level: OK, Check: "plugin", Subject: path, Message: "version " + tok})
+		}
+	}
+	return fs
+}
+
+func consequence(name string) string {
+	if name == "bridge" {
+		return ": Nomad then reads bridge as 1.1.0 and never sends CHECK (no CHECK-time sweep)"
+	}
+	return ""
+}
+
+// checkDataDirs: each dataDir exists, is safe, lives in memory, has room.
+func checkDataDirs(o Options, ours []*network) []Finding {
+	var fs []Finding
+	seen := map[string]bool{}
+	for _, n := range ours {
+		d := n.conf.DataDir
+		if err := netdir.New(d, n.name).Check(); err != nil {
+			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: fmt.Sprintf("unsafe for network %q: %v", n.name, err), Fix: "remove what was planted, or chown it to root: every verb refuses it"})
+		}
+		if seen[d] {
+			continue
+		}
+		seen[d] = true
+		if _, err := os.Stat(d); err != nil {
+			fs = append(fs, Finding{Level: Warn, Check: "dataDir", Subject: d, Message: "does not exist yet (the first ADD creates it)"})
+			continue
+		}
+		switch mem, err := o.OnTmpfs(d); {
+		case err != nil:
+			fs = append(fs, Finding{Level: Warn, Check: "dataDir", Subject: d, Message: fmt.Sprintf("cannot tell whether it is a tmpfs: %v", err)})
+		case !mem:
+			fs = append(fs, Finding{Level: Warn, Check: "dataDir", Subject: d, Message: "not a tmpfs: leases survive a reboot (the boot rule still reclaims them, later)", Fix: "mount a tmpfs there, or point \"dataDir\" at one (/run/cni)"})
+		default:
+			fs = append(fs, Finding{Level: OK, Check: "dataDir", Subject: d, Message: "a tmpfs: leases die with the boot"})
+		}
+		if free, err := o.FreeBytes(d); err == nil && free < 1<<20 {
+			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: fmt.Sprintf("%d bytes free: records and leases cannot be written", free), Fix: "make room on that filesystem"})
+		}
+	}
+	return fs
+}
+
+// nomadBuiltin is the network Nomad's client builds in code for
+// `mode = "bridge"`.
+var nomadBuiltin = network{file: "Nomad's built-in bridge network", name: "nomad", bridge: "nomad",
+	subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, leaseDir: "/var/run/cni/nomad"}
+
+// checkClashes: two networks with one name or one bridge, or overlapping
+// subnets kept in different lease directories (two host-local stores
+// handing out one range: duplicate addresses).
+func checkClashes(o Options, nets []*network) []Finding {
+	all := slices.Clone(nets)
+	if o.Nomad {
+		b := nomadBuiltin
+		all = append(all, &b)
+	}
+	var fs []Finding
+	for i, a := range all {
+		for _, b := range all[i+1:] {
+			if a.file == b.file && a.name == b.name {
+				continue
+			}
+			pair := fmt.Sprintf("%q (%s) and %q (%s)", a.name, a.file, b.name, b.file)
+			switch {
+			case a.name == b.name:
+				fs = append(fs, Finding{Level: Error, Check: "clash", Subject: a.name, Message: "two networks named " + pair, Fix: "rename one: runtimes pick one of them, and they share a lease directory"})
+			case a.bridge == b.bridge:
+				fs = append(fs, Finding{Level: Error, Check: "clash", Subject: a.bridge, Message: "one bridge for " + pair, Fix: "give each network its own \"bridge\""})
+			}
+			if a.leaseDir == b.leaseDir {
+				continue
+			}
+			for _, p := range a.subnets {
+				for _, q := range b.subnets {
+					if p.Overlaps(q) {
+						fs = append(fs, Finding{Level: Error, Check: "clash", Subject: p.String(), Message: fmt.Sprintf("%s overlaps %s of %s, kept in %s and %s: one address can be handed out twice", p, q, pair, a.leaseDir, b.leaseDir), Fix: "give one of them another subnet"})
+					}
+				}
+			}
+		}
+	}
+	return fs
+}
+
+// checkState summarizes, per network of the plugin, what `leases` judges:
+// legacy leases still waiting for the migration, and attachments that are
+// stale, detached or unknown, and NAT rules nobody holds.
+func checkState(o Options, ours []*network) []Finding {
+	var fs []Finding
+	done := map[string]bool{}
+	for _, n := range ours {
+		if done[n.conf.NetworkDir()] {
+			continue
+		}
+		done[n.conf.NetworkDir()] = true
+		if k := countLeases(filepath.Join(n.conf.LegacyDataDir, n.name)); k > 0 && n.conf.LegacyDataDir != n.conf.DataDir {
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, filepath.Join(n.conf.LegacyDataDir, n.name)), Fix: "the network's next ADD or CHECK migrates them"})
+		}
+		if o.Sweeper == nil {
+			continue
+		}
+		if _, err := os.Stat(n.conf.DataDir); err != nil {
+			continue
+		}
+		out, err := operator.Leases(o.Sweeper, n.conf.DataDir, []string{n.name})
+		if err != nil {
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("cannot read: %v", err)})
+			continue
+		}
+		count := map[string]int{}
+		for _, r := range out.Leases {
+			count[r.State]++
+		}
+		msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
+		switch {
+		case count["stale"] > 0 || count["orphan-rules"] > 0:
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --network %s --orphan-rules (see `leases`)", n.name)})
+		case count["detached"] > 0 || count["unknown"] > 0:
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"})
+		default:
+			fs = append(fs, Finding{Level: OK, Check: "state", Subject: n.name, Message: msg})
+		}
+	}
+	return fs
+}
+
+func countLeases(dir string) int {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	k := 0
+	for _, e := range entries {
+		if e.Type().IsRegular() && e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip.") {
+			k++
+		}
+	}
+	return k
+}

@@ -1,0 +1,107 @@
+// Package doctor checks a host for what keeps the plugin from working, or
+// from working well, before users find it: the conflists that use it, the
+// plugins their chains need, the data directories, networks that would
+// hand out one range twice, and what is waiting to be reclaimed. It only
+// reads.
+package doctor
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+)
+
+// Level is how bad a finding is.
+type Level string
+
+const (
+	OK    Level = "ok"
+	Warn  Level = "warn"
+	Error Level = "error"
+)
+
+// Finding is one line of the report: what was checked, about what, what
+// was found, and what to do.
+type Finding struct {
+	Level   Level  `json:"level"`
+	Check   string `json:"check"`
+	Subject string `json:"subject"`
+	Message string `json:"message"`
+	Fix     string `json:"fix,omitempty"`
+}
+
+// Report is every finding, in the order of the checks.
+type Report struct {
+	Findings []Finding `json:"findings"`
+	// OK is false when a finding is an error.
+	OK bool `json:"ok"`
+}
+
+// Options are the host's edges.
+type Options struct {
+	ConfDirs []string
+	CNIPath  []string
+	// Nomad is set when a Nomad agent may run here: its built-in bridge
+	// network then counts in the clash check.
+	Nomad bool
+	// Version runs a plugin with no arguments and returns what it printed.
+	Version func(path string) (string, error)
+	// OnTmpfs tells whether a directory lives in memory.
+	OnTmpfs func(dir string) (bool, error)
+	// FreeBytes is the space left for a directory.
+	FreeBytes func(dir string) (uint64, error)
+	Sweeper   *reclaim.Sweeper
+}
+
+// Run checks the host.
+func Run(o Options) *Report {
+	nets, fs := readConflists(o.ConfDirs)
+	var ours []*network
+	for _, n := range nets {
+		if n.ours && n.conf != nil {
+			ours = append(ours, n)
+		}
+	}
+	if len(ours) == 0 && !slices.ContainsFunc(fs, func(f Finding) bool { return f.Level == Error }) {
+		fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: strings.Join(o.ConfDirs, ", "), Message: "no conflist uses " + pluginName, Fix: "change \"type\": \"bridge\" to \"type\": \"" + pluginName + "\" in one, or pass --conf-dir"})
+	}
+	fs = append(fs, checkPlugins(o, ours)...)
+	fs = append(fs, checkDataDirs(o, ours)...)
+	fs = append(fs, checkClashes(o, nets)...)
+	fs = append(fs, checkState(o, ours)...)
+	r := &Report{Findings: fs, OK: true}
+	for _, f := range fs {
+		if f.Level == Error {
+			r.OK = false
+		}
+	}
+	return r
+}
+
+var marks = map[Level]string{OK: "✓", Warn: "!", Error: "✗"}
+
+// WriteText prints one line per finding, its fix indented below.
+func WriteText(w io.Writer, r *Report) error {
+	for _, f := range r.Findings {
+		if _, err := fmt.Fprintf(w, "%s %s: %s: %s\n", marks[f.Level], f.Check, f.Subject, f.Message); err != nil {
+			return err
+		}
+		if f.Fix != "" {
+			if _, err := fmt.Fprintf(w, "    fix: %s\n", f.Fix); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// WriteJSON prints the report as indented JSON.
+func WriteJSON(w io.Writer, r *Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}

@@ -1,0 +1,174 @@
+package doctor
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+var boot = time.Unix(1764576000, 0)
+
+// host is a fake host: configuration and bin directories, a data
+// directory, the versions plugins print, and a sweeper on a fixed boot.
+type host struct {
+	t                     *testing.T
+	root, conf, bin, data string
+	versions              map[string]string
+	tmpfs                 bool
+	nomad                 bool
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	root := t.TempDir()
+	h := &host{t: t, root: root, conf: filepath.Join(root, "net.d"), bin: filepath.Join(root, "bin"), data: filepath.Join(root, "run-cni"), tmpfs: true,
+		versions: map[string]string{}}
+	for _, d := range []string{h.conf, h.bin, h.data} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{"loopback", "bridge", "host-local", "firewall", "portmap", pluginName} {
+		h.plugin(p, "CNI "+p+" plugin v1.10.0\nCNI protocol versions supported: 0.1.0, 0.2.0, 1.1.0\n")
+	}
+	return h
+}
+
+func (h *host) plugin(name, prints string) {
+	h.t.Helper()
+	if err := os.WriteFile(filepath.Join(h.bin, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	h.versions[name] = prints
+}
+
+func (h *host) conflist(file, body string) {
+	h.t.Helper()
+	body = strings.ReplaceAll(body, "DATA", h.data)
+	if err := os.WriteFile(filepath.Join(h.conf, file), []byte(body), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+const chain = `{"cniVersion": "0.4.0", "name": "NAME", "plugins": [
+  {"type": "loopback"},
+  {"type": "TYPE", "bridge": "BRIDGE", "dataDir": "DATA", "ipMasq": true, "isGateway": true,
+   "ipam": {"type": "IPAM", "ranges": [[{"subnet": "SUBNET"}]]}},
+  {"type": "firewall", "backend": "iptables"},
+  {"type": "portmap", "capabilities": {"portMappings": true}, "snat": true}]}`
+
+func conf(name, typ, bridge, subnet, ipam string) string {
+	return strings.NewReplacer("NAME", name, "TYPE", typ, "BRIDGE", bridge, "SUBNET", subnet, "IPAM", ipam).Replace(chain)
+}
+
+func (h *host) run() *Report {
+	sw := &reclaim.Sweeper{Host: fakehost.New(boot)}
+	return Run(Options{
+		ConfDirs: []string{h.conf, filepath.Join(h.root, "absent")},
+		CNIPath:  []string{h.bin},
+		Nomad:    h.nomad,
+		Version: func(path string) (string, error) {
+			return h.versions[filepath.Base(path)], nil
+		},
+		OnTmpfs:   func(string) (bool, error) { return h.tmpfs, nil },
+		FreeBytes: func(string) (uint64, error) { return 1 << 30, nil },
+		Sweeper:   sw,
+	})
+}
+
+func (h *host) golden(name string, r *Report) {
+	h.t.Helper()
+	var text, js bytes.Buffer
+	if err := WriteText(&text, r); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := WriteJSON(&js, r); err != nil {
+		h.t.Fatal(err)
+	}
+	for file, got := range map[string][]byte{name + ".txt": text.Bytes(), name + ".json": js.Bytes()} {
+		got = bytes.ReplaceAll(got, []byte(h.root), []byte("ROOT"))
+		path := filepath.Join("testdata", file)
+		if *update {
+			if err := os.WriteFile(path, got, 0o644); err != nil {
+				h.t.Fatal(err)
+			}
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			h.t.Fatalf("%v (run go test ./pkg/doctor -update)", err)
+		}
+		if !bytes.Equal(got, want) {
+			h.t.Errorf("%s differs from the golden file:\n--- got\n%s\n--- want\n%s", file, got, want)
+		}
+	}
+}
+
+func TestCleanHost(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	h.conflist("20-db.conflist", conf("db", "bridge", "db0", "10.77.0.0/24", "host-local"))
+	h.nomad = true
+	r := h.run()
+	if !r.OK {
+		t.Errorf("a clean host is not OK: %+v", r.Findings)
+	}
+	for _, f := range r.Findings {
+		if f.Level != OK {
+			t.Errorf("finding on a clean host: %+v", f)
+		}
+	}
+	h.golden("clean", r)
+}
+
+// Each problem the doctor looks for, on one host.
+func TestHostWithProblems(t *testing.T) {
+	h := newHost(t)
+	// A broken entry, a bridge and a subnet shared with another network,
+	// Nomad's built-in range reused, an unstamped bridge, a missing
+	// portmap, a dataDir not on tmpfs, a stale attachment and legacy
+	// leases waiting.
+	legacy := filepath.Join(h.root, "legacy")
+	h.conflist("10-web.conflist", strings.Replace(conf("web", pluginName, "shared0", "172.26.64.0/20", "host-local"), `"type": "host-local",`, `"type": "host-local", "dataDir": "`+legacy+`",`, 1))
+	h.conflist("20-other.conflist", conf("other", "bridge", "shared0", "172.26.70.0/24", "host-local"))
+	h.conflist("30-broken.conflist", conf("broken", pluginName, "b0", "10.9.0.0/24", "dhcp"))
+	h.conflist("40-garbage.conflist", "{not json")
+	h.nomad = true
+	h.tmpfs = false
+	h.plugin("bridge", "CNI bridge plugin version unknown\nCNI protocol versions supported: 0.1.0, 0.2.0, 1.1.0\n")
+	if err := os.Remove(filepath.Join(h.bin, "portmap")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(legacy, "web"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, "web", "172.26.64.9"), []byte("old\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := netdir.New(h.data, "web")
+	if err := os.MkdirAll(d.Leases(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.Leases(), "172.26.64.2"), []byte("gone\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := records.NewStore(d).Write(&records.Record{Version: records.FormatVersion, Network: "web", ContainerID: "gone", IfName: "eth0", Netns: "/run/netns/gone", BootID: "boot-0", Created: boot.Add(-time.Hour), State: records.Complete}); err != nil {
+		t.Fatal(err)
+	}
+
+	r := h.run()
+	if r.OK {
+		t.Error("a host with problems is OK")
+	}
+	h.golden("problems", r)
+}

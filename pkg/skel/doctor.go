@@ -1,0 +1,106 @@
+package skel
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+)
+
+const doctorUsage = `Usage: nomad-bridge-cni doctor [--json] [--conf-dir DIR]... [--cni-path DIRS]
+
+Checks this host, reading only: the conflists that use the plugin (in
+/etc/cni/net.d, /opt/cni/config, Apptainer's and k3s's directories, and each
+--conf-dir), each entry validated as ADD would; every plugin their chains need
+in the CNI bin dirs, with the version Nomad would read; each dataDir (exists,
+safe, tmpfs, free space); networks that clash (one name, one bridge, or
+overlapping subnets in different lease directories, Nomad's built-in bridge
+network included when Nomad is installed); legacy leases waiting, and stale,
+detached or unknown attachments and orphan NAT rules per network.
+One line per finding: ✓ fine, ! worth a look, ✗ broken, with the fix.
+Exit status 0 when nothing is broken, 1 otherwise, 2 on bad usage.
+
+Flags:
+`
+
+func (c *cli) doctor(args []string) int {
+	flags := c.flagSet("doctor", doctorUsage)
+	jsonOut := flags.Bool("json", false, "print JSON instead of text")
+	confDirs := flags.StringArray("conf-dir", nil, "also look for conflists here (repeatable)")
+	cniPath := flags.String("cni-path", envOr("CNI_PATH", "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order")
+	if code, done := c.parse(flags, args); done {
+		return code
+	}
+	if flags.NArg() > 0 {
+		return c.fail(2, fmt.Errorf("doctor takes no arguments, got %q", flags.Args()), "doctor")
+	}
+	r := doctor.Run(doctor.Options{
+		ConfDirs:  append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...),
+		CNIPath:   filepath.SplitList(*cniPath),
+		Nomad:     nomadInstalled(),
+		Version:   pluginVersion,
+		OnTmpfs:   onTmpfs,
+		FreeBytes: freeBytes,
+		Sweeper:   c.sweeper(),
+	})
+	var err error
+	if *jsonOut {
+		err = doctor.WriteJSON(c.stdout, r)
+	} else {
+		err = doctor.WriteText(c.stdout, r)
+	}
+	if err != nil {
+		return c.fail(1, err, "")
+	}
+	if !r.OK {
+		return 1
+	}
+	return 0
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// nomadInstalled: a Nomad binary in PATH or its configuration directory.
+func nomadInstalled() bool {
+	if _, err := exec.LookPath("nomad"); err == nil {
+		return true
+	}
+	_, err := os.Stat("/etc/nomad.d")
+	return err == nil
+}
+
+// pluginVersion runs a plugin as Nomad's fingerprint does: no arguments,
+// stdout and stderr together, a few seconds at most.
+func pluginVersion(path string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func onTmpfs(dir string) (bool, error) {
+	mem, _, err := (&ipamdir.Config{DataDir: dir}).OnTmpfs()
+	return mem, err
+}
+
+func freeBytes(dir string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}
