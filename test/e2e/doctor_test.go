@@ -49,7 +49,9 @@ func TestDoctor(t *testing.T) {
 	e.mustCNI(t, "add", ns, "")
 
 	doc, _ := e.doctor(t)
-	mine := func(f string) bool { return strings.Contains(f, e.netName) || strings.Contains(f, e.bridge) || strings.Contains(f, e.dataDir) }
+	mine := func(f string) bool {
+		return strings.Contains(f, e.netName) || strings.Contains(f, e.bridge) || strings.Contains(f, e.dataDir)
+	}
 	seen := map[string]bool{}
 	for _, f := range doc.Findings {
 		if !mine(f.Subject+" "+f.Message) && !strings.HasPrefix(f.Subject, e.bin) {
