@@ -3,6 +3,7 @@ package doctor
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -192,4 +193,28 @@ func (n *network) addSubnet(s string) {
 	if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && !slices.Contains(n.subnets, p.Masked()) {
 		n.subnets = append(n.subnets, p.Masked())
 	}
+}
+
+// RangeAddresses is, for every network of the plugin in the conflists of
+// dirs, how many addresses its ranges hold (network and broadcast
+// addresses of IPv4 subnets excluded): what host-local can hand out, its
+// gateway included.
+func RangeAddresses(dirs []string) map[string]float64 {
+	nets, _ := readConflists(dirs)
+	out := map[string]float64{}
+	for _, n := range nets {
+		if !n.ours || n.conf == nil {
+			continue
+		}
+		total := 0.0
+		for _, p := range n.subnets {
+			size := math.Pow(2, float64(p.Addr().BitLen()-p.Bits()))
+			if p.Addr().Is4() && size > 2 {
+				size -= 2
+			}
+			total += size
+		}
+		out[n.name] = total
+	}
+	return out
 }

@@ -85,17 +85,26 @@ func (s *Sweeper) SweepDue(d netdir.Dir, interval time.Duration) bool {
 	if interval <= 0 {
 		return true
 	}
+	ended, ok := s.LastSweep(d)
+	if !ok {
+		return true
+	}
+	since := s.Host.Now().Sub(ended)
+	return since >= interval || since < 0
+}
+
+// LastSweep is when the last CHECK sweep of d ended, in this boot.
+func (s *Sweeper) LastSweep(d netdir.Dir) (time.Time, bool) {
 	b, err := statefile.ReadFileNoFollow(newBootMarker(d, lastSweepMarker).path)
 	if err != nil {
-		return true
+		return time.Time{}, false
 	}
 	bootID, nanos, _ := strings.Cut(string(b), " ")
 	ended, err := strconv.ParseInt(nanos, 10, 64)
 	if id, idErr := s.Host.BootID(); err != nil || idErr != nil || bootID != id {
-		return true
+		return time.Time{}, false
 	}
-	since := s.Host.Now().Sub(time.Unix(0, ended))
-	return since >= interval || since < 0
+	return time.Unix(0, ended), true
 }
 
 // SweepEnded remembers when a CHECK's sweep of d ended, for SweepDue: the

@@ -28,6 +28,7 @@ Usage:
   nomad-bridge-cni leases [flags]   who holds which address, and which holders are dead
   nomad-bridge-cni gc [flags]       release dead holders now (what CHECK does)
   nomad-bridge-cni doctor [flags]   check this host's install, config and state
+  nomad-bridge-cni metrics [flags]  the networks' state for Prometheus (textfile collector)
   nomad-bridge-cni <command> -h     help for a command
 
 Flags:
@@ -89,6 +90,8 @@ func (c *cli) run(args []string) int {
 			return c.gc(args[1:])
 		case "doctor":
 			return c.doctor(args[1:])
+		case "metrics":
+			return c.metrics(args[1:])
 		}
 	}
 	flags := c.flagSet("", usage)

@@ -1,0 +1,100 @@
+// Package metrics writes the state of every network in the Prometheus text
+// exposition format, for node_exporter's textfile collector. It is written
+// by hand (a few gauges, once per run): the Prometheus client library
+// would register and initialise its collectors in every process of the
+// binary, CNI verbs included, whose start-up is what a runtime waits for.
+// Tests parse the output with the Prometheus project's own parser.
+package metrics
+
+import (
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+)
+
+// States are the attachment states, each always written (0 included) so
+// an alert on one does not depend on its having been seen.
+var States = []reclaim.State{reclaim.Live, reclaim.Pending, reclaim.Stale, reclaim.Detached, reclaim.Unknown}
+
+// Network is what is known of one network.
+type Network struct {
+	Name         string
+	Attachments  map[reclaim.State]int
+	Leases       int
+	OrphanRules  int
+	RangeSize    float64 // 0: unknown (no conflist found)
+	LastSweepAge float64 // seconds; negative: no CHECK sweep this boot
+}
+
+// Collect reads every network under dataDir as `leases` does (a dry-run
+// sweep: it changes nothing).
+func Collect(s *reclaim.Sweeper, dataDir string, networks []string, ranges map[string]float64) ([]Network, error) {
+	var out []Network
+	now := s.Host.Now()
+	for _, name := range networks {
+		d := netdir.New(dataDir, name)
+		rep, err := s.Sweep(reclaim.Request{Dir: d, DryRun: true, Orphans: true})
+		if err != nil {
+			return nil, fmt.Errorf("network %s: %w", name, err)
+		}
+		n := Network{Name: name, Attachments: map[reclaim.State]int{}, RangeSize: ranges[name], LastSweepAge: -1}
+		for _, a := range rep.Attachments {
+			n.Attachments[a.Verdict.State]++
+			n.Leases += len(a.Leases)
+		}
+		n.OrphanRules = len(rep.OrphanRules)
+		if t, ok := s.LastSweep(d); ok {
+			n.LastSweepAge = now.Sub(t).Seconds()
+		}
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Write prints the networks as gauges.
+func Write(w io.Writer, nets []Network) error {
+	ew := &errWriter{w: w}
+	gauge := func(name, help string, each func(n Network)) {
+		ew.printf("# HELP nomad_bridge_cni_%s %s\n# TYPE nomad_bridge_cni_%s gauge\n", name, help, name)
+		for _, n := range nets {
+			each(n)
+		}
+	}
+	gauge("attachments", "Attachments of a network by state, as `leases` judges them.", func(n Network) {
+		for _, st := range States {
+			ew.printf("nomad_bridge_cni_attachments{network=%q,state=%q} %d\n", n.Name, st, n.Attachments[st])
+		}
+	})
+	gauge("leases", "host-local leases held on a network.", func(n Network) {
+		ew.printf("nomad_bridge_cni_leases{network=%q} %d\n", n.Name, n.Leases)
+	})
+	gauge("range_addresses", "Addresses in a network's ranges (from its conflist; absent when none was found).", func(n Network) {
+		if n.RangeSize > 0 {
+			ew.printf("nomad_bridge_cni_range_addresses{network=%q} %g\n", n.Name, n.RangeSize)
+		}
+	})
+	gauge("orphan_nat_rule_sets", "Containers with NAT rules on a network but no lease or record.", func(n Network) {
+		ew.printf("nomad_bridge_cni_orphan_nat_rule_sets{network=%q} %d\n", n.Name, n.OrphanRules)
+	})
+	gauge("last_check_sweep_age_seconds", "Seconds since a CHECK last swept a network in this boot (absent when none did).", func(n Network) {
+		if n.LastSweepAge >= 0 {
+			ew.printf("nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
+		}
+	})
+	return ew.err
+}
+
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) printf(format string, args ...any) {
+	if e.err == nil {
+		_, e.err = fmt.Fprintf(e.w, format, args...)
+	}
+}

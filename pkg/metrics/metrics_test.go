@@ -1,0 +1,112 @@
+package metrics
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+)
+
+// A network with a live attachment, a stale one and a record-less lease
+// from this boot; its last CHECK sweep 90 s ago. The output parses with
+// Prometheus's own text parser and says exactly that.
+func TestMetricsParseAndCount(t *testing.T) {
+	boot := time.Unix(1764576000, 0)
+	host := fakehost.New(boot)
+	dataDir := t.TempDir()
+	d := netdir.New(dataDir, "web")
+	if err := os.MkdirAll(d.Leases(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lease := func(ip, content string) {
+		p := filepath.Join(d.Leases(), ip)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		mt := boot.Add(time.Minute)
+		if err := os.Chtimes(p, mt, mt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := records.NewStore(d)
+	host.Namespaces["/run/netns/live"] = sysinfo.NetnsID{Dev: 4, Ino: 7}
+	for _, r := range []*records.Record{
+		{ContainerID: "live", Netns: "/run/netns/live", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 7}, BootID: host.ID},
+		{ContainerID: "dead", Netns: "/run/netns/dead", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 8}, BootID: "boot-0"},
+	} {
+		r.Version, r.Network, r.IfName, r.State, r.Created = records.FormatVersion, "web", "eth0", records.Complete, boot
+		if err := store.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease("10.0.0.2", "live\r\neth0")
+	lease("10.0.0.3", "dead\r\neth0")
+	lease("10.0.0.4", "someone\r\neth0")
+	s := &reclaim.Sweeper{Host: host}
+	s.SweepEnded(d)
+	host.Clock = host.Clock.Add(90 * time.Second)
+
+	nets, err := Collect(s, dataDir, []string{"web"}, map[string]float64{"web": 254})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := Write(&out, nets); err != nil {
+		t.Fatal(err)
+	}
+	// The strict (legacy) name rules: what every Prometheus accepts.
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(out.Bytes()))
+	if err != nil {
+		t.Fatalf("Prometheus cannot parse it: %v\n%s", err, out.String())
+	}
+	value := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		f, ok := families["nomad_bridge_cni_"+name]
+		if !ok {
+			t.Fatalf("no %s in\n%s", name, out.String())
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue next
+				}
+			}
+			return m.GetGauge().GetValue()
+		}
+		t.Fatalf("no %s%v in\n%s", name, labels, out.String())
+		return 0
+	}
+	for _, c := range []struct {
+		got, want float64
+	}{
+		{value("attachments", map[string]string{"network": "web", "state": "live"}), 1},
+		{value("attachments", map[string]string{"network": "web", "state": "stale"}), 1},
+		{value("attachments", map[string]string{"network": "web", "state": "unknown"}), 1},
+		{value("attachments", map[string]string{"network": "web", "state": "detached"}), 0},
+		{value("leases", map[string]string{"network": "web"}), 3},
+		{value("range_addresses", map[string]string{"network": "web"}), 254},
+		{value("orphan_nat_rule_sets", map[string]string{"network": "web"}), 0},
+		{value("last_check_sweep_age_seconds", map[string]string{"network": "web"}), 90},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %g, want %g\n%s", c.got, c.want, out.String())
+		}
+	}
+	for _, f := range families {
+		if f.GetType().String() != "GAUGE" {
+			t.Errorf("%s is %s, want a gauge", f.GetName(), f.GetType())
+		}
+	}
+}
