@@ -27,6 +27,8 @@ type Network struct {
 	OrphanRules  int
 	RangeSize    float64 // 0: unknown (no conflist found)
 	LastSweepAge float64 // seconds; negative: no CHECK sweep this boot
+	// Releases counts released attachments by cause, across runs.
+	Releases map[string]int
 }
 
 // Collect reads every network under dataDir as `leases` does (a dry-run
@@ -49,6 +51,7 @@ func Collect(s *reclaim.Sweeper, dataDir string, networks []string, ranges map[s
 		if t, ok := s.LastSweep(d); ok {
 			n.LastSweepAge = now.Sub(t).Seconds()
 		}
+		n.Releases = s.Releases(d)
 		out = append(out, n)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -85,6 +88,17 @@ func Write(w io.Writer, nets []Network) error {
 			ew.printf("nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
 		}
 	})
+	ew.printf("# HELP nomad_bridge_cni_releases_total Attachments released on a network (leases, NAT rules, records), by cause, counted by the plugin across runs.\n# TYPE nomad_bridge_cni_releases_total counter\n")
+	for _, n := range nets {
+		causes := make([]string, 0, len(n.Releases))
+		for c := range n.Releases {
+			causes = append(causes, c)
+		}
+		sort.Strings(causes)
+		for _, c := range causes {
+			ew.printf("nomad_bridge_cni_releases_total{network=%q,reason=%q} %d\n", n.Name, c, n.Releases[c])
+		}
+	}
 	return ew.err
 }
 

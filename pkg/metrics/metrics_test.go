@@ -54,6 +54,9 @@ func TestMetricsParseAndCount(t *testing.T) {
 	lease("10.0.0.4", "someone\r\neth0")
 	s := &reclaim.Sweeper{Host: host}
 	s.SweepEnded(d)
+	if err := os.WriteFile(filepath.Join(d.Records(), ".releases"), []byte(`{"earlier-boot":4,"namespace-gone":2}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	host.Clock = host.Clock.Add(90 * time.Second)
 
 	nets, err := Collect(s, dataDir, []string{"web"}, map[string]float64{"web": 254})
@@ -83,6 +86,9 @@ func TestMetricsParseAndCount(t *testing.T) {
 					continue next
 				}
 			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
 			return m.GetGauge().GetValue()
 		}
 		t.Fatalf("no %s%v in\n%s", name, labels, out.String())
@@ -99,14 +105,20 @@ func TestMetricsParseAndCount(t *testing.T) {
 		{value("range_addresses", map[string]string{"network": "web"}), 254},
 		{value("orphan_nat_rule_sets", map[string]string{"network": "web"}), 0},
 		{value("last_check_sweep_age_seconds", map[string]string{"network": "web"}), 90},
+		{value("releases_total", map[string]string{"network": "web", "reason": "earlier-boot"}), 4},
+		{value("releases_total", map[string]string{"network": "web", "reason": "namespace-gone"}), 2},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %g, want %g\n%s", c.got, c.want, out.String())
 		}
 	}
 	for _, f := range families {
-		if f.GetType().String() != "GAUGE" {
-			t.Errorf("%s is %s, want a gauge", f.GetName(), f.GetType())
+		want := "GAUGE"
+		if f.GetName() == "nomad_bridge_cni_releases_total" {
+			want = "COUNTER"
+		}
+		if f.GetType().String() != want {
+			t.Errorf("%s is %s, want %s", f.GetName(), f.GetType(), want)
 		}
 	}
 }

@@ -82,7 +82,7 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 	case Pending:
 		return &AddError{Kind: ErrAddInProgress, Msg: fmt.Sprintf("another ADD of %s on %s is still running (%s)", old.Key(), d.Network, v.Reason)}
 	case Stale:
-		return s.releaseOne(d, old, v.Reason)
+		return s.releaseOne(d, old, v)
 	case Detached:
 		// Nomad's re-ADD after a failed CHECK, with its tasks still
 		// running in the old namespace: they answer on the old address,
@@ -98,7 +98,7 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 	// re-created at the same path (Nomad's restore) can look identical
 	// by inode; its cookie cannot.
 	if old.Netns == netnsPath && old.NetnsID == nsID && old.NetnsCookie != 0 && cookie != 0 && old.NetnsCookie != cookie {
-		return s.releaseOne(d, old, fmt.Sprintf("namespace %s was re-created (same inode %d, new namespace cookie)", netnsPath, nsID.Ino))
+		return s.releaseOne(d, old, Verdict{State: Stale, Reason: fmt.Sprintf("namespace %s was re-created (same inode %d, new namespace cookie)", netnsPath, nsID.Ino), Cause: CauseNamespaceGone})
 	}
 	if old.NetnsID == nsID {
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath)}
@@ -108,7 +108,7 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 
 // releaseOne releases a single stale attachment: its leases under
 // host-local's lock, its NAT rules, its record.
-func (s *Sweeper) releaseOne(d netdir.Dir, old *records.Record, reason string) error {
+func (s *Sweeper) releaseOne(d netdir.Dir, old *records.Record, v Verdict) error {
 	_, unlock, err := d.Lock()
 	if err != nil {
 		return err
@@ -147,7 +147,8 @@ func (s *Sweeper) releaseOne(d netdir.Dir, old *records.Record, reason string) e
 	} else {
 		what = append(what, "record")
 	}
-	rel := Release{Key: old.Key(), IPs: ips, Reason: reason, What: what}
+	rel := Release{Key: old.Key(), IPs: ips, Reason: v.Reason, What: what}
+	s.countReleases(d, map[string]int{v.Cause: 1})
 	s.logf("%s: released %s", d.Network, rel)
 	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package reclaim
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +27,9 @@ const (
 	// lastSweepMarker: "<boot ID> <unix nanoseconds>" of the end of the
 	// network's last sweep.
 	lastSweepMarker = ".last-sweep"
+	// releasesMarker: how many attachments the network's sweeps and
+	// re-ADDs released, by cause, as JSON; it lives as long as the records.
+	releasesMarker = ".releases"
 )
 
 // bootMarker is one marker file of one network.
@@ -46,11 +50,14 @@ func (m bootMarker) current(bootID string) bool {
 }
 
 // set records bootID in the marker, atomically.
-func (m bootMarker) set(bootID string) error {
+func (m bootMarker) set(bootID string) error { return m.write([]byte(bootID)) }
+
+// write replaces the marker's content, atomically.
+func (m bootMarker) write(b []byte) error {
 	if err := os.MkdirAll(m.recDir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", m.recDir, err)
 	}
-	if err := statefile.WriteFileAtomic(m.path, []byte(bootID)); err != nil {
+	if err := statefile.WriteFileAtomic(m.path, b); err != nil {
 		return fmt.Errorf("write %s: %w", m.path, err)
 	}
 	return nil
@@ -118,5 +125,41 @@ func (s *Sweeper) SweepEnded(d netdir.Dir) {
 	}
 	if err != nil {
 		s.logf("%s: %v", d.Network, err)
+	}
+}
+
+// Releases is how many attachments of d were released, by cause, across
+// runs (for `metrics`).
+func (s *Sweeper) Releases(d netdir.Dir) map[string]int {
+	counts := map[string]int{}
+	if b, err := statefile.ReadFileNoFollow(newBootMarker(d, releasesMarker).path); err == nil {
+		_ = json.Unmarshal(b, &counts) // damaged: counted again from zero
+	}
+	return counts
+}
+
+// countReleases adds released attachments to d's counts, with the caller
+// holding host-local's lock (every release does). Failing to is logged:
+// only the metric is off.
+func (s *Sweeper) countReleases(d netdir.Dir, add map[string]int) {
+	n := 0
+	for _, k := range add {
+		n += k
+	}
+	if n == 0 {
+		return
+	}
+	counts := s.Releases(d)
+	for cause, k := range add {
+		if k > 0 {
+			counts[cause] += k
+		}
+	}
+	b, err := json.Marshal(counts)
+	if err == nil {
+		err = newBootMarker(d, releasesMarker).write(b)
+	}
+	if err != nil {
+		s.logf("%s: count releases: %v", d.Network, err)
 	}
 }

@@ -2,6 +2,7 @@ package reclaim
 
 import (
 	"errors"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,5 +190,28 @@ func TestAHolderThatCannotBeConfirmedKeepsTheAttachment(t *testing.T) {
 	equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
 	if !w.hasRecord("c1") || !w.nat.Owns(net1, "c1") {
 		t.Error("an attachment that could not be judged lost its record or NAT rules")
+	}
+}
+
+// Every release is counted by its cause, across runs; a dry run and a
+// sweep with nothing to release count nothing.
+func TestReleasesAreCountedByCause(t *testing.T) {
+	w := newWorld(t)
+	w.container("gone", "10.0.0.2")
+	w.detach("gone", "gone")
+	w.container("old", "10.0.0.3")
+	w.record(&records.Record{ContainerID: "old", IfName: "eth0", Netns: "/run/netns/old", NetnsID: w.host.Namespaces["/run/netns/old"], BootID: "boot-0", State: records.Complete})
+	w.sweep(Request{DryRun: true})
+	if got := w.sweeper.Releases(w.dir()); len(got) != 0 {
+		t.Fatalf("a dry run counted %v", got)
+	}
+	w.sweep(Request{})
+	w.sweep(Request{})
+	w.container("again", "10.0.0.4")
+	w.detach("again", "replaced")
+	w.sweep(Request{})
+	want := map[string]int{CauseNamespaceGone: 2, CauseEarlierBoot: 1}
+	if got := w.sweeper.Releases(w.dir()); !maps.Equal(got, want) {
+		t.Errorf("release counts = %v, want %v", got, want)
 	}
 }

@@ -41,7 +41,21 @@ type Verdict struct {
 	Reason string
 	// Holder is what keeps a detached attachment's namespace alive.
 	Holder *sysinfo.Holder
+	// Cause names a stale verdict's rule, for counting releases by it (one
+	// of the Cause* constants).
+	Cause string
 }
+
+// The causes of a release, as counted across runs (see countReleases).
+const (
+	CauseEarlierBoot   = "earlier-boot"
+	CauseLeaseOld      = "lease-before-boot"
+	CauseNamespaceGone = "namespace-gone"
+	CauseNotListed     = "not-in-gc-list"
+	CauseAddDied       = "add-died"
+	CauseMigratedDel   = "migrated-released"
+	CauseOrphanRules   = "orphan-rules"
+)
 
 func (v Verdict) String() string {
 	if v.Reason == "" {
@@ -152,7 +166,7 @@ func (j *judge) verdict(a *Attachment) Verdict {
 		if j.valid.has(a.Key) {
 			return Verdict{State: Live, Reason: "listed by the runtime's GC"}
 		}
-		return Verdict{State: Stale, Reason: "not in the runtime's valid attachments"}
+		return Verdict{State: Stale, Reason: "not in the runtime's valid attachments", Cause: CauseNotListed}
 	}
 	if a.Record != nil {
 		v, ok := j.seen[a.Record]
@@ -163,7 +177,7 @@ func (j *judge) verdict(a *Attachment) Verdict {
 		if v.State == Live && a.Record.State == records.Started && len(a.Leases) == 0 {
 			// Its processes are gone (checked above) and nothing was
 			// allocated: the record protects nothing.
-			return Verdict{State: Stale, Reason: "its ADD died before an address was allocated"}
+			return Verdict{State: Stale, Reason: "its ADD died before an address was allocated", Cause: CauseAddDied}
 		}
 		return v
 	}
@@ -172,12 +186,12 @@ func (j *judge) verdict(a *Attachment) Verdict {
 			return Verdict{State: Unknown, Reason: "no record"}
 		}
 	}
-	return Verdict{State: Stale, Reason: fmt.Sprintf("lease written %s, before this boot at %s", a.Leases[0].ModTime.UTC().Format(time.RFC3339), j.bootTime.UTC().Format(time.RFC3339))}
+	return Verdict{State: Stale, Reason: fmt.Sprintf("lease written %s, before this boot at %s", a.Leases[0].ModTime.UTC().Format(time.RFC3339), j.bootTime.UTC().Format(time.RFC3339)), Cause: CauseLeaseOld}
 }
 
 func (j *judge) recordVerdict(r *records.Record) Verdict {
 	if r.BootID != j.bootID {
-		return Verdict{State: Stale, Reason: "recorded in an earlier boot"}
+		return Verdict{State: Stale, Reason: "recorded in an earlier boot", Cause: CauseEarlierBoot}
 	}
 	if r.State == records.Migrated {
 		return migratedVerdict(r)
@@ -221,7 +235,7 @@ func migratedVerdict(r *records.Record) Verdict {
 			return Verdict{State: Unknown, Reason: fmt.Sprintf("migrated, and cannot read %s: %v", path, err)}
 		}
 	}
-	return Verdict{State: Stale, Reason: fmt.Sprintf("migrated, and its runtime released its legacy lease %s (a DEL through the configuration it was added with)", strings.Join(r.LegacyLeases, ", "))}
+	return Verdict{State: Stale, Reason: fmt.Sprintf("migrated, and its runtime released its legacy lease %s (a DEL through the configuration it was added with)", strings.Join(r.LegacyLeases, ", ")), Cause: CauseMigratedDel}
 }
 
 // unlessHeld is the verdict on a record whose path no longer names its
@@ -250,7 +264,7 @@ func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 		// A path proves nothing, and the holder could not be checked.
 		return Verdict{State: Unknown, Reason: fmt.Sprintf("%s, and %v", gone, unsure)}
 	}
-	return Verdict{State: Stale, Reason: gone}
+	return Verdict{State: Stale, Reason: gone, Cause: CauseNamespaceGone}
 }
 
 // addRunning tells whether the ADD that wrote a pending record still runs,

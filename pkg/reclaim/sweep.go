@@ -117,6 +117,14 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	err = errors.Join(natErr, s.apply(p, releases))
 	report.Releases = collect(releases, order)
+	causes := map[string]int{}
+	for _, a := range p.attachments {
+		if a.Verdict.State == Stale {
+			causes[a.Verdict.Cause]++
+		}
+	}
+	causes[CauseOrphanRules] += len(report.OrphanRules)
+	s.countReleases(req.Dir, causes)
 	for _, rel := range report.Releases {
 		s.logf("%s: released %s", req.Dir.Network, rel)
 	}

@@ -120,9 +120,9 @@ func (e *testEnv) recordNames(t *testing.T) []string {
 }
 
 // recordMarkers are the plugin's per-network marker files next to the
-// records: the legacy migration's, the not-tmpfs warning's and the last
-// CHECK sweep's. They are not records; a temp file is.
-var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep"}
+// records: the legacy migration's, the not-tmpfs warning's, the last CHECK
+// sweep's and the release counts. They are not records; a temp file is.
+var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases"}
 
 // assertRecordsExactly checks that the record directory holds records of
 // exactly cids, besides the markers; a leftover temp file counts.
