@@ -98,6 +98,7 @@ if [ "${NBCB_NO_DOC:-}" != 1 ]; then
 		{ [ -f "$DOC" ] && cat "$DOC" && echo; cat "$BLOCK"; } >"$WORK/doc.md"
 		cat "$WORK/doc.md" >"$DOC"
 	fi
+	"$TOOLS/nbcbench" svg --in "$WORK/results.json" --out-dir "$REPO/docs"
 	cp "$WORK/results.json" "$REPO/test/bench/results.json"
 	echo "bench: refreshed the numbers in $DOC (raw: test/bench/results.json)" >&2
 fi

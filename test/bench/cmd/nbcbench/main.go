@@ -7,6 +7,7 @@
 //	nbcbench run     --bin BIN --repo REPO --work DIR --id ID --out results.json
 //	nbcbench cleanup --work DIR
 //	nbcbench render  --in results.json        (prints the Markdown block)
+//	nbcbench svg     --in results.json --out-dir docs  (the pictures)
 //	nbcbench synth   --data-dir D --network N --leases 4094 --stale 50 --live-netns /var/run/netns/X
 //	                                          (writes one synthetic network, for profiling by hand)
 package main
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: nbcbench run|cleanup|render [flags]")
+		fmt.Fprintln(os.Stderr, "usage: nbcbench run|cleanup|render|svg [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -38,6 +39,8 @@ func main() {
 		err = cmdCleanup(os.Args[2:])
 	case "render":
 		err = cmdRender(os.Args[2:])
+	case "svg":
+		err = cmdSVG(os.Args[2:])
 	case "synth":
 		err = cmdSynth(os.Args[2:])
 	default:

@@ -113,6 +113,10 @@ func renderMarkdown(w io.Writer, r *Results) {
 	m := r.Machine
 	p("Run %s: `%s`, %.0f s in total; load average (1/5/15 min) %s.", r.Started, r.Command, r.Elapsed, r.LoadAvg)
 	p("")
+	p("![verb ratios against bare bridge](docs/bench-verbs.svg)")
+	p("")
+	p("![sweep cost and peak RSS against the lease count](docs/bench-sweep.svg)")
+	p("")
 	p("| machine | |")
 	p("|---|---|")
 	for _, k := range []string{"cpu", "cores", "memory", "kernel", "go", "iptables", "plugin"} {
