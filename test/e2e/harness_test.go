@@ -53,19 +53,14 @@ var referenceBinaries = []string{"cnitool", "bridge", "host-local", "loopback", 
 // ---------------------------------------------------------------------------
 // Prerequisites
 
-var hostPrereqs struct {
-	once    sync.Once
-	missing []string
-}
+// hostPrereqs: not root, tools missing, iptables unusable.
+var hostPrereqs = testhost.Prereqs{What: "e2e prerequisites", Check: missingHostPrereqs}
 
-// requireHost skips the test, saying why, when the host cannot run e2e tests
-// (not root, tools missing, iptables unusable); with CI set it fails.
+// requireHost skips the test, saying why, when the host cannot run e2e
+// tests; with CI set it fails.
 func requireHost(t *testing.T) {
 	t.Helper()
-	hostPrereqs.once.Do(func() { hostPrereqs.missing = missingHostPrereqs() })
-	if len(hostPrereqs.missing) > 0 {
-		testhost.SkipOrFail(t, "e2e prerequisites missing: "+strings.Join(hostPrereqs.missing, "; "))
-	}
+	hostPrereqs.Require(t)
 }
 
 func missingHostPrereqs() []string {

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
@@ -27,19 +26,13 @@ var referencePlugins = []string{"bridge", "host-local", "portmap", "firewall", "
 // and clean up.
 var hostTools = []string{"podman", "runc", "ip", "iptables", "ip6tables", "nsenter", "mount", "umount"}
 
-var hostPrereqs struct {
-	once    sync.Once
-	missing []string
-}
+var hostPrereqs = testhost.Prereqs{What: "podman test prerequisites", Hint: ".ci/run installs podman, runc and busybox-static with apt-get", Check: missingHostPrereqs}
 
 // requireHost skips the test, saying why, when the host cannot run podman
 // tests. With CI set it fails instead: a CI run must never pass by skipping.
 func requireHost(t *testing.T) {
 	t.Helper()
-	hostPrereqs.once.Do(func() { hostPrereqs.missing = missingHostPrereqs() })
-	if len(hostPrereqs.missing) > 0 {
-		testhost.SkipOrFail(t, "podman test prerequisites missing: "+strings.Join(hostPrereqs.missing, "; ")+" (.ci/run installs podman, runc and busybox-static with apt-get)")
-	}
+	hostPrereqs.Require(t)
 }
 
 func missingHostPrereqs() []string {

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -105,4 +107,27 @@ func RoutedPrefixes() ([]netip.Prefix, error) {
 		}
 	}
 	return out, nil
+}
+
+// Prereqs is a suite's prerequisites, checked once per test binary: Check
+// lists what is missing, What names the suite and Hint says how CI
+// installs it.
+type Prereqs struct {
+	What, Hint string
+	Check      func() []string
+	once       sync.Once
+	missing    []string
+}
+
+// Require skips the test (fails it in CI) when a prerequisite is missing.
+func (p *Prereqs) Require(t testing.TB) {
+	t.Helper()
+	p.once.Do(func() { p.missing = p.Check() })
+	if len(p.missing) > 0 {
+		msg := p.What + " missing: " + strings.Join(p.missing, "; ")
+		if p.Hint != "" {
+			msg += " (" + p.Hint + ")"
+		}
+		SkipOrFail(t, msg)
+	}
 }
