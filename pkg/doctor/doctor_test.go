@@ -73,7 +73,7 @@ func conf(name, typ, bridge, subnet, ipam string) string {
 }
 
 func (h *host) run() *Report {
-	sw := &reclaim.Sweeper{Host: fakehost.New(boot)}
+	sw := &reclaim.Sweeper{Env: reclaim.Env{Host: fakehost.New(boot)}}
 	return Run(Options{
 		ConfDirs: []string{h.conf, filepath.Join(h.root, "absent")},
 		CNIPath:  []string{h.bin},

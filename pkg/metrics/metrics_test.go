@@ -52,7 +52,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 	lease("10.0.0.2", "live\r\neth0")
 	lease("10.0.0.3", "dead\r\neth0")
 	lease("10.0.0.4", "someone\r\neth0")
-	s := &reclaim.Sweeper{Host: host}
+	s := &reclaim.Sweeper{Env: reclaim.Env{Host: host}}
 	s.SweepEnded(d)
 	if err := os.WriteFile(filepath.Join(d.Records(), ".releases"), []byte(`{"earlier-boot":4,"namespace-gone":2}`), 0o600); err != nil {
 		t.Fatal(err)

@@ -89,7 +89,7 @@ func fixture(t *testing.T) (string, *reclaim.Sweeper, *fakenat.Table) {
 
 	lease("other", "10.10.0.2", "x\r\neth1", boot.Add(-time.Minute))
 
-	s := &reclaim.Sweeper{Host: host, Netfilter: &netfilter.Cleaner{Tables: []netfilter.Table{nat}}}
+	s := &reclaim.Sweeper{Env: reclaim.Env{Host: host, Netfilter: &netfilter.Cleaner{Tables: []netfilter.Table{nat}}}}
 	return dataDir, s, nat
 }
 

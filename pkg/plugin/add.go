@@ -31,7 +31,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return err
 	}
 	// Nothing is written before this: it checks the namespace first.
-	attach, err := p.Reclaim.BeginAdd(conf.Dir(), attachmentKey(args), args.Netns)
+	attach, err := (&reclaim.Attacher{Env: p.Reclaim}).BeginAdd(conf.Dir(), attachmentKey(args), args.Netns)
 	if err != nil {
 		return beginAddError(err)
 	}

@@ -24,13 +24,14 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	defer cancel()
 	checkErr := invoke.DelegateCheck(ctx, conf.Delegate, delegateConf, p.Exec)
 
+	sweeper := &reclaim.Sweeper{Env: p.Reclaim}
 	if err := p.migrate(conf); err != nil {
 		p.warnf("warning: %v", err)
-	} else if p.Reclaim.SweepDue(conf.Dir(), conf.CheckSweepInterval) {
-		if _, err := p.Reclaim.Sweep(reclaim.Request{Dir: conf.Dir()}); err != nil {
+	} else if sweeper.SweepDue(conf.Dir(), conf.CheckSweepInterval) {
+		if _, err := sweeper.Sweep(reclaim.Request{Dir: conf.Dir()}); err != nil {
 			p.warnf("warning: sweep of %s: %v", conf.Name, err)
 		}
-		p.Reclaim.SweepEnded(conf.Dir())
+		sweeper.SweepEnded(conf.Dir())
 	}
 
 	if checkErr != nil {

@@ -6,6 +6,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
 // Del delegates DEL, then finishes what bridge leaves undone. It is
@@ -16,7 +17,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if args.Netns != "" && !p.Reclaim.NamespaceUsable(args.Netns) {
+	if args.Netns != "" && !(&reclaim.Attacher{Env: p.Reclaim}).NamespaceUsable(args.Netns) {
 		// bridge handles a missing path, but fails on a path that is no
 		// longer a namespace (an unmounted netns file); with no netns it
 		// just releases the lease, which is all that is left to do there.
@@ -29,7 +30,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
 		return delegateError(ctx, conf.Delegate, "del", err)
 	}
-	if err := p.Reclaim.EndDel(conf.Dir(), attachmentKey(args), args.Netns); err != nil {
+	if err := (&reclaim.Attacher{Env: p.Reclaim}).EndDel(conf.Dir(), attachmentKey(args), args.Netns); err != nil {
 		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())
 	}
 	return nil

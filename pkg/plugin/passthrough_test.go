@@ -3,14 +3,16 @@ package plugin
 import (
 	"os"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
 // Installed as bridge, an entry with an IPAM the plugin does not manage
 // reaches bridge byte for byte on every verb, and nothing else happens:
-// the Sweeper is nil, so touching any state would panic.
+// reclaim gets no host, so touching any state would panic.
 func TestEntriesItDoesNotManagePassThrough(t *testing.T) {
 	h := newHarness(t, "bridge")
-	h.plugin.Reclaim = nil
+	h.plugin.Reclaim = reclaim.Env{}
 	h.exec.reply["bridge ADD"] = bridgeResult100
 	stdin := []byte(`{"cniVersion":"1.0.0","name":"podman","type":"bridge","bridge":"cni-podman1","ipam":{"type":"static","addresses":[{"address":"172.26.64.2/20"}]},"dataDir":"` + h.dataDir + `"}`)
 	funcs := h.plugin.Funcs()

@@ -31,8 +31,8 @@ type Plugin struct {
 	Stdout io.Writer
 	// Stderr receives diagnostics for the operator.
 	Stderr io.Writer
-	// Reclaim keeps the attachment records and releases stale attachments.
-	Reclaim *reclaim.Sweeper
+	// Reclaim is what the records and sweeps work through.
+	Reclaim reclaim.Env
 	// onTmpfs tells whether a dataDir lives in memory; nil means statfs
 	// (ipamdir.Config.OnTmpfs). Tests replace it.
 	onTmpfs func(*ipamdir.Config) (bool, int64, error)
@@ -44,7 +44,7 @@ func New() *Plugin {
 		Exec:    &delegateExec{stderr: os.Stderr},
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
-		Reclaim: &reclaim.Sweeper{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: os.Stderr},
+		Reclaim: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: os.Stderr},
 	}
 }
 
@@ -136,7 +136,7 @@ func (p *Plugin) warnf(format string, args ...any) {
 // is an error for ADD: allocating before the move could hand out an
 // address a running container still holds.
 func (p *Plugin) migrate(conf *ipamdir.Config) error {
-	if _, err := p.Reclaim.Migrate(conf.Dir(), conf.LegacyDataDir); err != nil {
+	if _, err := (&reclaim.Migrator{Env: p.Reclaim}).Migrate(conf.Dir(), conf.LegacyDataDir); err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("failed to migrate leases from %s", conf.LegacyDataDir), err.Error())
 	}
 	return nil

@@ -48,7 +48,7 @@ func newHarness(t *testing.T, installed ...string) *harness {
 	h.host = fakehost.New(time.Unix(1764660000, 0))
 	h.host.Namespaces["/var/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 1000}
 	h.plugin = &Plugin{Exec: h.exec, Stdout: h.stdout, Stderr: h.stderr,
-		Reclaim: &reclaim.Sweeper{Host: h.host, Netfilter: &netfilter.Cleaner{}, Log: h.stderr}}
+		Reclaim: reclaim.Env{Host: h.host, Netfilter: &netfilter.Cleaner{}, Log: h.stderr}}
 	return h
 }
 

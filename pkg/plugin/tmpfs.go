@@ -1,6 +1,9 @@
 package plugin
 
-import "github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+import (
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+)
 
 // warnIfPersistent tells the operator that the dataDir will survive a
 // reboot, which is the failure this plugin exists to prevent. It is a
@@ -18,7 +21,7 @@ func (p *Plugin) warnIfPersistent(conf *ipamdir.Config) {
 	case err != nil:
 		p.warnf("warning: cannot tell whether dataDir %s is on tmpfs: %v", conf.DataDir, err)
 	case !inMemory:
-		due, merr := p.Reclaim.ClaimNotTmpfsWarning(conf.Dir())
+		due, merr := (&reclaim.Attacher{Env: p.Reclaim}).ClaimNotTmpfsWarning(conf.Dir())
 		if merr != nil {
 			p.warnf("warning: %v", merr)
 		}

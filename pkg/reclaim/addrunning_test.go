@@ -77,13 +77,13 @@ func TestBeginAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
 	key := records.Key{ContainerID: "c1", IfName: "eth0"}
 	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
 
-	_, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
+	_, err := w.attach.BeginAdd(w.dir(), key, "/run/netns/c1")
 	if !errors.Is(err, ErrAddInProgress) || !strings.Contains(err.Error(), "delegate still runs") {
 		t.Fatalf("BeginAdd while the earlier delegate runs = %v, want ErrAddInProgress", err)
 	}
 
 	held.Close()
-	att, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
+	att, err := w.attach.BeginAdd(w.dir(), key, "/run/netns/c1")
 	if err != nil {
 		t.Fatalf("BeginAdd once the earlier ADD is gone: %v", err)
 	}
@@ -102,7 +102,7 @@ func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {
 			w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
 			key := records.Key{ContainerID: "c1", IfName: "eth0"}
 			store := records.NewStore(w.dir())
-			att, err := w.sweeper.BeginAdd(w.dir(), key, "/run/netns/c1")
+			att, err := w.attach.BeginAdd(w.dir(), key, "/run/netns/c1")
 			if err != nil {
 				t.Fatal(err)
 			}

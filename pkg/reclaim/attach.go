@@ -15,6 +15,11 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
+// Attacher keeps an attachment's record around the delegate's ADD and DEL:
+// it releases an earlier, stale attachment of the same key before an ADD,
+// refuses a live one, and makes sure a DEL leaves no NAT rule behind.
+type Attacher struct{ Env }
+
 // PendingAdd is an ADD under way: where its record lives, what it says,
 // and the lock that marks it running.
 type PendingAdd struct {
@@ -33,7 +38,7 @@ type PendingAdd struct {
 // allocate again; a live one is a real duplicate and an error. Then the
 // pending record is written, before anything is delegated, so a crash at
 // any later point leaves a trace a sweep can follow.
-func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*PendingAdd, error) {
+func (s *Attacher) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*PendingAdd, error) {
 	recStore := records.NewStore(d)
 	nsID, err := s.Host.Netns(netnsPath)
 	if err != nil {
@@ -72,7 +77,7 @@ func (s *Sweeper) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*Pe
 
 // replaceEarlier decides what an existing record for the same attachment
 // means for a new ADD.
-func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
+func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
 	j, err := newJudge(s.Host, records.NewStore(d), nil, false)
 	if err != nil {
 		return err
@@ -89,7 +94,11 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 		// so it must not be handed out again, and a new address in the
 		// new namespace would reach nobody. Refused, Nomad stops the
 		// tasks, DELs and reschedules; nothing is changed here.
-		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), d.Network, old.NetnsID.Ino, holderText(v.Holder), netnsPath, old.Key()), Detail: v.Reason}
+		held := "another process"
+		if v.Holder != nil {
+			held = v.Holder.String()
+		}
+		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now: stop that container, then DEL %s before adding it again", old.Key(), d.Network, old.NetnsID.Ino, held, netnsPath, old.Key()), Detail: v.Reason}
 	}
 	if old.State == records.Migrated {
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s through the configuration it was added with (its lease %s was migrated and is still held there): DEL it with that configuration, or stop its container, before adding it again", old.Key(), d.Network, strings.Join(old.LegacyLeases, ", ")), Detail: v.Reason}
@@ -108,7 +117,7 @@ func (s *Sweeper) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath st
 
 // releaseOne releases a single stale attachment: its leases under
 // host-local's lock, its NAT rules, its record.
-func (s *Sweeper) releaseOne(d netdir.Dir, old *records.Record, v Verdict) error {
+func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) error {
 	_, unlock, err := d.Lock()
 	if err != nil {
 		return err
@@ -193,7 +202,7 @@ func (a *PendingAdd) Close() {
 // re-created at the same path, it skips them, and they would stay for good
 // once the record is gone. In those cases the rules are released here,
 // found by their comments. Then the record goes.
-func (s *Sweeper) EndDel(d netdir.Dir, key records.Key, netnsPath string) error {
+func (s *Attacher) EndDel(d netdir.Dir, key records.Key, netnsPath string) error {
 	store := records.NewStore(d)
 	rec, err := store.Read(key)
 	if err != nil {
@@ -217,10 +226,10 @@ func (s *Sweeper) EndDel(d netdir.Dir, key records.Key, netnsPath string) error 
 
 // releaseLegacy removes the legacy leases of a migrated attachment that is
 // DELeted through the plugin: they were kept only as the sign that it was
-// alive (Sweeper.recordMigrated). Each is removed under the legacy
+// alive (Migrator.recordMigrated). Each is removed under the legacy
 // directory's host-local lock, and only while it still names the
 // attachment.
-func (s *Sweeper) releaseLegacy(d netdir.Dir, rec *records.Record) error {
+func (s *Attacher) releaseLegacy(d netdir.Dir, rec *records.Record) error {
 	want := rec.ContainerID + disk.LineBreak + rec.IfName
 	var errs []error
 	for _, path := range rec.LegacyLeases {
@@ -244,7 +253,7 @@ func (s *Sweeper) releaseLegacy(d netdir.Dir, rec *records.Record) error {
 
 // bridgeTornDown reports whether bridge's DEL ran in the namespace the
 // attachment was made in, and so removed its ipMasq rules itself.
-func (s *Sweeper) bridgeTornDown(rec *records.Record, netnsPath string) bool {
+func (s *Attacher) bridgeTornDown(rec *records.Record, netnsPath string) bool {
 	if !s.NamespaceUsable(netnsPath) {
 		return false
 	}
@@ -265,22 +274,10 @@ func (s *Sweeper) bridgeTornDown(rec *records.Record, netnsPath string) bool {
 
 // NamespaceUsable reports whether bridge could enter the namespace (and so
 // ran its own teardown).
-func (s *Sweeper) NamespaceUsable(netnsPath string) bool {
+func (s *Attacher) NamespaceUsable(netnsPath string) bool {
 	if netnsPath == "" {
 		return false
 	}
 	_, err := s.Host.Netns(netnsPath)
 	return err == nil || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, sysinfo.ErrNotNetns))
-}
-
-// holderText names a holder in an error: "pid 20420 (python3)" or
-// "mount /run/x".
-func holderText(h *sysinfo.Holder) string {
-	if h == nil {
-		return "another process"
-	}
-	if h.PID > 0 {
-		return fmt.Sprintf("pid %d (%s)", h.PID, h.Command)
-	}
-	return "mount " + h.Mount
 }

@@ -68,7 +68,7 @@ func (m bootMarker) write(b []byte) error {
 // being given, so that a runtime's log gets it once per boot and network
 // rather than on every ADD. When the marker cannot be read or written it
 // says the warning is due (better repeated than lost) and returns why.
-func (s *Sweeper) ClaimNotTmpfsWarning(d netdir.Dir) (bool, error) {
+func (s *Attacher) ClaimNotTmpfsWarning(d netdir.Dir) (bool, error) {
 	bootID, err := s.Host.BootID()
 	if err != nil {
 		return true, err
@@ -130,7 +130,7 @@ func (s *Sweeper) SweepEnded(d netdir.Dir) {
 
 // Releases is how many attachments of d were released, by cause, across
 // runs (for `metrics`).
-func (s *Sweeper) Releases(d netdir.Dir) map[string]int {
+func (s *Env) Releases(d netdir.Dir) map[string]int {
 	counts := map[string]int{}
 	if b, err := statefile.ReadFileNoFollow(newBootMarker(d, releasesMarker).path); err == nil {
 		_ = json.Unmarshal(b, &counts) // damaged: counted again from zero
@@ -141,7 +141,7 @@ func (s *Sweeper) Releases(d netdir.Dir) map[string]int {
 // countReleases adds released attachments to d's counts, with the caller
 // holding host-local's lock (every release does). Failing to is logged:
 // only the metric is off.
-func (s *Sweeper) countReleases(d netdir.Dir, add map[string]int) {
+func (s *Env) countReleases(d netdir.Dir, add map[string]int) {
 	n := 0
 	for _, k := range add {
 		n += k

@@ -58,7 +58,7 @@ func TestSweepKeepsAnAttachmentWhoseNamespaceIsStillHeld(t *testing.T) {
 			if held == nil || held.Verdict.State != Detached {
 				t.Fatalf("verdicts = %v, want held detached", verdicts(rep))
 			}
-			want := "namespace net:[" + itoa(heldID.Ino) + "] still held by pid 20420 python3"
+			want := "namespace net:[" + itoa(heldID.Ino) + "] still held by pid 20420 (python3)"
 			if held.Verdict.Reason != want || held.Verdict.Holder == nil || held.Verdict.Holder.PID != 20420 {
 				t.Errorf("verdict = %+v, want reason %q", held.Verdict, want)
 			}
@@ -128,7 +128,7 @@ func TestReAddIsRefusedWhileTheOldNamespaceIsHeld(t *testing.T) {
 	id := w.detach("c1", "replaced", task)
 	before := snapshotDir(t, w.dataDir)
 
-	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	_, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
 
 	if !errors.Is(err, ErrStillAttached) {
 		t.Fatalf("re-ADD with the old namespace held = %v, want ErrStillAttached", err)
@@ -147,7 +147,7 @@ func TestReAddIsRefusedWhileTheOldNamespaceIsHeld(t *testing.T) {
 
 	// The task stopped: nothing holds the old namespace, re-ADD recovers.
 	w.host.Holders[id] = nil
-	if _, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
+	if _, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
 		t.Fatalf("re-ADD once nothing holds the old namespace: %v", err)
 	}
 	if len(w.leases()) != 0 || w.nat.Owns(net1, "c1") {

@@ -13,6 +13,10 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
+// Migrator moves the leases host-local kept outside the plugin's dataDir
+// into it, once per boot and network.
+type Migrator struct{ Env }
+
 // Migration is what one legacy migration did.
 type Migration struct {
 	Moved, Dropped int
@@ -31,7 +35,7 @@ type Migration struct {
 // are held throughout, ours first. A crash at any point loses nothing: a
 // copy is only removed once its target exists, and without the marker the
 // next run starts again.
-func (s *Sweeper) Migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
+func (s *Migrator) Migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	bootID, err := s.Host.BootID()
 	if err != nil {
 		return nil, err
@@ -53,7 +57,7 @@ func (s *Sweeper) Migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	return m, nil
 }
 
-func (s *Sweeper) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
+func (s *Migrator) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	bootTime, err := s.Host.BootTime()
 	if err != nil {
 		return nil, err
@@ -136,7 +140,7 @@ func (s *Sweeper) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 // judge.migratedVerdict). Leases written before host-local recorded
 // ifnames, and attachments that already have a record, are moved as
 // before.
-func (s *Sweeper) recordMigrated(store *records.Store, k records.Key, leases []Lease) error {
+func (s *Migrator) recordMigrated(store *records.Store, k records.Key, leases []Lease) error {
 	if k.IfName == "" {
 		return errors.New("lease names no ifname")
 	}

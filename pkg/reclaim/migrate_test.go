@@ -41,7 +41,7 @@ func TestMigrateMovesThisBootsLeasesAndDropsOlderOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m, err := w.sweeper.Migrate(w.dir(), legacy)
+	m, err := w.migrate.Migrate(w.dir(), legacy)
 	if err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
@@ -77,13 +77,13 @@ func TestMigrateMovesThisBootsLeasesAndDropsOlderOnes(t *testing.T) {
 
 	// Once per boot: a new legacy lease is not picked up again this boot.
 	w.legacyLease(legacy, "10.0.0.5", "late\r\neth0", running)
-	if m, err := w.sweeper.Migrate(w.dir(), legacy); err != nil || m.Moved != 0 {
+	if m, err := w.migrate.Migrate(w.dir(), legacy); err != nil || m.Moved != 0 {
 		t.Errorf("second Migrate this boot = %+v, %v", m, err)
 	}
 	// Next boot, it is (and 10.0.0.2 again, which already has a record:
 	// its legacy copy is removed this time).
 	w.host.ID = "boot-2"
-	if m, err := w.sweeper.Migrate(w.dir(), legacy); err != nil || m.Moved != 2 {
+	if m, err := w.migrate.Migrate(w.dir(), legacy); err != nil || m.Moved != 2 {
 		t.Errorf("Migrate in the next boot = %+v, %v", m, err)
 	}
 }
@@ -97,7 +97,7 @@ func TestMigrateResumesAfterACrashBetweenCopyAndRemove(t *testing.T) {
 	// and there is no marker.
 	w.lease("10.0.0.2", "c1\r\neth0", running)
 
-	m, err := w.sweeper.Migrate(w.dir(), legacy)
+	m, err := w.migrate.Migrate(w.dir(), legacy)
 	if err != nil || m.Moved != 1 || len(m.Conflicts) != 0 {
 		t.Fatalf("Migrate = %+v, %v", m, err)
 	}
@@ -120,7 +120,7 @@ func TestMigratedAttachmentLivesWhileItsLegacyLeaseDoes(t *testing.T) {
 	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", running)
 	b := w.legacyLease(legacy, "10.0.0.3", "b\r\neth0", running)
 	w.nat.AddContainer(net1, "a", "10.0.0.2", 0)
-	if _, err := w.sweeper.Migrate(w.dir(), legacy); err != nil {
+	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 
@@ -138,7 +138,7 @@ func TestMigratedAttachmentLivesWhileItsLegacyLeaseDoes(t *testing.T) {
 	}
 	// b's container starts again: its ADD releases the old attachment first.
 	w.host.Namespaces["/run/netns/b-new"] = sysinfo.NetnsID{Dev: 4, Ino: 7777}
-	att, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "b", IfName: "eth0"}, "/run/netns/b-new")
+	att, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "b", IfName: "eth0"}, "/run/netns/b-new")
 	if err != nil {
 		t.Fatalf("ADD of b after its DEL through the old configuration: %v", err)
 	}
@@ -164,11 +164,11 @@ func TestReAddOfALiveMigratedAttachmentIsRefused(t *testing.T) {
 	w := newWorld(t)
 	legacy := t.TempDir()
 	w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
-	if _, err := w.sweeper.Migrate(w.dir(), legacy); err != nil {
+	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 	w.host.Namespaces["/run/netns/a"] = sysinfo.NetnsID{Dev: 4, Ino: 7777}
-	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}, "/run/netns/a")
+	_, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}, "/run/netns/a")
 	if err == nil || !strings.Contains(err.Error(), "through the configuration it was added with") {
 		t.Fatalf("re-ADD of a live migrated attachment = %v", err)
 	}
@@ -178,7 +178,7 @@ func TestReAddOfALiveMigratedAttachmentIsRefused(t *testing.T) {
 func TestMigrateWithoutLegacyDirectoryOnlyMarks(t *testing.T) {
 	w := newWorld(t)
 	legacy := filepath.Join(t.TempDir(), "absent")
-	if _, err := w.sweeper.Migrate(w.dir(), legacy); err != nil {
+	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(legacy); !os.IsNotExist(err) {
@@ -233,10 +233,10 @@ func TestDelOfAMigratedAttachmentRemovesItsLegacyLease(t *testing.T) {
 	legacy := t.TempDir()
 	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
 	other := w.legacyLease(legacy, "10.0.0.3", "someone\r\neth0", bootTime.Add(time.Minute))
-	if _, err := w.sweeper.Migrate(w.dir(), legacy); err != nil {
+	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.sweeper.EndDel(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}, ""); err != nil {
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(a); !os.IsNotExist(err) {

@@ -34,14 +34,18 @@ type world struct {
 	host    *fakehost.Host
 	nat     *fakenat.Table
 	log     *bytes.Buffer
+	env     Env
 	sweeper *Sweeper
+	attach  *Attacher
+	migrate *Migrator
 	nextIno uint64
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	w := &world{t: t, dataDir: t.TempDir(), host: fakehost.New(bootTime), nat: fakenat.New(), log: &bytes.Buffer{}, nextIno: 1000}
-	w.sweeper = &Sweeper{Host: w.host, Netfilter: &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}}, Log: w.log}
+	w.env = Env{Host: w.host, Netfilter: &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}}, Log: w.log}
+	w.sweeper, w.attach, w.migrate = &Sweeper{w.env}, &Attacher{w.env}, &Migrator{w.env}
 	if err := os.MkdirAll(filepath.Join(w.dataDir, net1), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +347,7 @@ func TestBeginAddReleasesStaleEarlierAttachment(t *testing.T) {
 	// Nomad re-creates the netns at the same path: new inode.
 	w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 5555}
 
-	att, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	att, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
 	if err != nil {
 		t.Fatalf("BeginAdd: %v", err)
 	}
@@ -368,7 +372,7 @@ func TestBeginAddReleasesStaleEarlierAttachment(t *testing.T) {
 func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 	w := newWorld(t)
 	w.container("c1", "10.0.0.2")
-	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	_, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
 	if !errors.Is(err, ErrStillAttached) || !strings.Contains(err.Error(), "already attached") {
 		t.Fatalf("BeginAdd of a live attachment = %v", err)
 	}
@@ -376,7 +380,7 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 
 	w.host.Processes[777] = 1
 	w.record(&records.Record{ContainerID: "c2", IfName: "eth0", Netns: "/run/netns/c1", BootID: "boot-1", State: records.Started, PID: 777, PIDStart: 1})
-	_, err = w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c1")
+	_, err = w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c1")
 	if !errors.Is(err, ErrAddInProgress) {
 		t.Errorf("BeginAdd during another ADD = %v, want ErrAddInProgress", err)
 	}
@@ -384,7 +388,7 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 
 func TestBeginAddNeedsANamespace(t *testing.T) {
 	w := newWorld(t)
-	_, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/none")
+	_, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/none")
 	if !errors.Is(err, ErrNoNamespace) {
 		t.Errorf("BeginAdd without netns = %v", err)
 	}
@@ -398,7 +402,7 @@ func TestEndDelTearsDownNATWhenNamespaceIsGone(t *testing.T) {
 	w.container("c1", "10.0.0.2")
 	w.container("c2", "10.0.0.3")
 	delete(w.host.Namespaces, "/run/netns/c1")
-	if err := w.sweeper.EndDel(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
 		t.Fatal(err)
 	}
 	if w.nat.Owns(net1, "c1") || w.hasRecord("c1") {
@@ -406,7 +410,7 @@ func TestEndDelTearsDownNATWhenNamespaceIsGone(t *testing.T) {
 	}
 	// With the namespace there, bridge tore its rules down: no NAT work.
 	w.nat.Calls = nil
-	if err := w.sweeper.EndDel(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c2"); err != nil {
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c2"); err != nil {
 		t.Fatal(err)
 	}
 	if len(w.nat.Calls) != 0 || w.hasRecord("c2") {
@@ -428,7 +432,7 @@ func TestBeginAddTellsReusedInodeByCookie(t *testing.T) {
 	ns := "/run/netns/c1"
 	w.host.Namespaces[ns] = sysinfo.NetnsID{Dev: 4, Ino: 4026532178}
 	w.host.Cookies[ns] = 6108
-	att, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns)
+	att, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,13 +445,13 @@ func TestBeginAddTellsReusedInodeByCookie(t *testing.T) {
 	w.lease("10.0.0.2", "c1\r\neth0", bootTime.Add(time.Minute))
 
 	// Same namespace, same cookie: a real duplicate.
-	if _, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err == nil || !strings.Contains(err.Error(), "already attached") {
+	if _, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err == nil || !strings.Contains(err.Error(), "already attached") {
 		t.Fatalf("ADD into the same namespace = %v", err)
 	}
 	// Deleted and re-created: the kernel gave the new namespace the old
 	// inode number, but not the old cookie.
 	w.host.Cookies[ns] = 6113
-	if _, err := w.sweeper.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err != nil {
+	if _, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, ns); err != nil {
 		t.Fatalf("ADD into a re-created namespace with a reused inode: %v", err)
 	}
 	if len(w.leases()) != 0 || !strings.Contains(w.log.String(), "re-created (same inode") {

@@ -222,7 +222,7 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 }
 
 // migratedVerdict judges an attachment migrated from the legacy lease
-// directory by its legacy lease (see Sweeper.recordMigrated): alive while
+// directory by its legacy lease (see Migrator.recordMigrated): alive while
 // that still names it, released by its runtime once it is gone.
 func migratedVerdict(r *records.Record) Verdict {
 	want := r.ContainerID + disk.LineBreak + r.IfName

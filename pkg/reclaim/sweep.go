@@ -4,27 +4,19 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"os"
 	"sort"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
-// Sweeper carries the edges a sweep talks through.
-type Sweeper struct {
-	Host      sysinfo.Host
-	Netfilter *netfilter.Cleaner
-	// Log gets one line per release and per problem; nil discards.
-	Log io.Writer
-}
+// Sweeper judges every attachment of a network and releases the stale
+// ones (Sweep), and keeps the sweep's bookkeeping next to the records (when
+// the last CHECK sweep ended, releases counted by cause).
+type Sweeper struct{ Env }
 
 // Request says which network to sweep and by which rules.
 type Request struct {
@@ -376,17 +368,6 @@ func collect(m map[records.Key]*Release, order []records.Key) []Release {
 		out = append(out, *m[k])
 	}
 	return out
-}
-
-func exists(path string) bool {
-	_, err := os.Lstat(path)
-	return !errors.Is(err, fs.ErrNotExist)
-}
-
-func (s *Sweeper) logf(format string, args ...any) {
-	if s.Log != nil {
-		fmt.Fprintf(s.Log, "nomad-bridge-cni: "+format+"\n", args...)
-	}
 }
 
 // OrphanReason is the reason given for NAT rules no lease or record holds.

@@ -72,7 +72,7 @@ type cli struct {
 }
 
 func realSweeper() *reclaim.Sweeper {
-	return &reclaim.Sweeper{Host: &sysinfo.Real{}, Netfilter: netfilter.New()}
+	return &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New()}}
 }
 
 // runCLI is the operator's entry point: flags and subcommands, never the

@@ -36,7 +36,7 @@ type Holder struct {
 
 func (h Holder) String() string {
 	if h.PID > 0 {
-		return fmt.Sprintf("pid %d %s", h.PID, h.Command)
+		return fmt.Sprintf("pid %d (%s)", h.PID, h.Command)
 	}
 	return "mount " + h.Mount
 }

@@ -105,7 +105,7 @@ func TestNetnsHoldersFindsProcessesAndMounts(t *testing.T) {
 	}
 
 	h, ok, err := r.ConfirmHolder(Holder{PID: 20420}, old, 0)
-	if !ok || err != nil || h.Command != "python3" || h.String() != "pid 20420 python3" {
+	if !ok || err != nil || h.Command != "python3" || h.String() != "pid 20420 (python3)" {
 		t.Errorf("ConfirmHolder(20420) = %+v, %v, %v", h, ok, err)
 	}
 	// Moved to another namespace, or exited, since the scan.

@@ -201,7 +201,7 @@ func (e *testEnv) assertLeasesSaysDetached(t *testing.T, cid string, pid int) {
 		if l.ContainerID != cid {
 			continue
 		}
-		want := fmt.Sprintf("still held by pid %d sleep", pid)
+		want := fmt.Sprintf("still held by pid %d (sleep)", pid)
 		if l.State != "detached" || !strings.Contains(l.Reason, want) || l.HeldBy == nil || l.HeldBy.PID != pid || l.HeldBy.Command != "sleep" {
 			t.Errorf("leases: %s is %s (%s), heldBy %+v; want detached, %q", cid, l.State, l.Reason, l.HeldBy, want)
 		}

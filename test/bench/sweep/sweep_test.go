@@ -95,7 +95,7 @@ func benchSweep(b *testing.B, n, pct int) {
 			b.StartTimer()
 		}
 		// A fresh sweeper per sweep, as each CHECK process has.
-		s := &reclaim.Sweeper{Host: &sysinfo.Real{}, Netfilter: netfilter.New()}
+		s := &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New()}}
 		if os.Getenv("NBC_BENCH_NONAT") != "" {
 			s.Netfilter = nil // what the NAT lookup costs: compare with and without
 		}
@@ -171,7 +171,7 @@ func BenchmarkRestoreCheckSweeps(b *testing.B) {
 					}
 					for range n {
 						// A fresh sweeper per CHECK, as each CHECK process has.
-						s := &reclaim.Sweeper{Host: &sysinfo.Real{}}
+						s := &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}}}
 						if !s.SweepDue(d, interval) {
 							continue
 						}

@@ -82,7 +82,7 @@ func (e *Env) sweepInProc(s *synthNet) (wall, cpu float64, err error) {
 		return 0, 0, err
 	}
 	runtime.GC()
-	sw := &reclaim.Sweeper{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: io.Discard}
+	sw := &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: io.Discard}}
 	c0, t0 := cpuNow(), time.Now()
 	rep, err := sw.Sweep(reclaim.Request{Dir: netdir.New(s.spec.DataDir, s.spec.Network)})
 	d, c := time.Since(t0), cpuNow()-c0

@@ -1,0 +1,35 @@
+package reclaim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// Env is what reclaim works through: the host (namespaces, processes, boot
+// ID, clock), the NAT tables, and the log. Each job has its own type over
+// it: Sweeper (sweeps), Attacher (the records around ADD and DEL) and
+// Migrator (legacy leases).
+type Env struct {
+	Host sysinfo.Host
+	// Netfilter releases NAT rules; nil leaves them alone.
+	Netfilter *netfilter.Cleaner
+	// Log gets one line per release and per problem; nil discards.
+	Log io.Writer
+}
+
+func (e *Env) logf(format string, args ...any) {
+	if e.Log != nil {
+		fmt.Fprintf(e.Log, "nomad-bridge-cni: "+format+"\n", args...)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, fs.ErrNotExist)
+}
