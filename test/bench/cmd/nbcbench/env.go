@@ -26,12 +26,13 @@ const (
 )
 
 type options struct {
-	bin, repo, work, id, out string
-	command                  string
-	pairs, rounds, parallel  int
-	coldPairs, releaseReps   int
-	sizes, reps, only        string
-	budget                   time.Duration
+	bin, repo, work, id, out  string
+	command                   string
+	pairs, rounds, parallel   int
+	coldPairs, releaseReps    int
+	sizes, reps, only         string
+	restoreSizes, restoreReps string
+	budget                    time.Duration
 }
 
 // variant is one side of a comparison: A (the plugin) or B (bare bridge).

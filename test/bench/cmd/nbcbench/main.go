@@ -68,8 +68,10 @@ func cmdRun(args []string) error {
 	fs.IntVar(&o.releaseReps, "release-reps", 5, "reps of the 254-stale-leases release comparison")
 	fs.StringVar(&o.sizes, "sizes", "254,4094,65534", "lease counts of the sweep benchmark")
 	fs.StringVar(&o.reps, "sweep-reps", "7,5,3", "reps per lease count of the sweep benchmark")
+	fs.StringVar(&o.restoreSizes, "restore-sizes", "50,250", "containers restored (one CHECK each) in the restore benchmark; at most 253")
+	fs.StringVar(&o.restoreReps, "restore-reps", "2,1", "reps per restore size")
 	fs.DurationVar(&o.budget, "budget", 8*time.Minute, "after this much time, the sweep benchmark stops adding rounds (it always runs one)")
-	fs.StringVar(&o.only, "only", "", "comma-separated subset of latency,sweep,release,concurrent,cold")
+	fs.StringVar(&o.only, "only", "", "comma-separated subset of latency,restore,sweep,release,concurrent,cold")
 	fs.Parse(args)
 	if o.bin == "" || o.work == "" || len(o.id) != 8 {
 		return fmt.Errorf("run needs --bin, --work and an 8-hex-digit --id")

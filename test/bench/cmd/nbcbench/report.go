@@ -25,12 +25,24 @@ func (r *Results) cell(leases, stale int) *SweepCell {
 
 func (r *Results) targets() []Target {
 	var out []Target
+	// What the plugin does on top of bridge's chain: CHECK may sweep.
+	latencyGoal := map[string]float64{"ADD": 1.03, "CHECK": 1.05, "DEL": 1.03, "ADD+CHECK+DEL": 1.03}
 	for _, p := range r.Latency {
-		if p.Name == "ADD+CHECK+DEL" {
-			continue
-		}
-		t := Target{What: p.Name + " latency ratio ≤ 1.05 of bare bridge", Measured: fmt.Sprintf("%.3f (CPU %.3f)", p.Ratio, p.cpu().Ratio), Met: p.Ratio <= 1.05}
+		goal := latencyGoal[p.Name]
+		t := Target{What: fmt.Sprintf("%s latency ratio ≤ %.2f of bare bridge", p.Name, goal), Measured: fmt.Sprintf("%.3f (CPU %.3f)", p.Ratio, p.cpu().Ratio), Met: p.Ratio <= goal}
 		t.Margin = fmt.Sprintf("%+.1f%% vs bridge", (p.Ratio-1)*100)
+		out = append(out, t)
+	}
+	for _, c := range r.Restore {
+		t := Target{What: fmt.Sprintf("restore of %d allocations (%d CHECKs in a row) ≤ 1.05 of bare bridge", c.N, c.N), Measured: fmt.Sprintf("%.3f (CPU %.3f)", c.Pair.Ratio, c.Pair.cpu().Ratio), Met: c.Pair.Ratio <= 1.05}
+		t.Margin = fmt.Sprintf("%+.1f%% vs bridge", (c.Pair.Ratio-1)*100)
+		out = append(out, t)
+	}
+	if n := len(r.Restore); n > 1 && r.Restore[0].Pair.A.Median > 0 {
+		lo, hi := r.Restore[0], r.Restore[n-1]
+		g := (hi.Pair.A.Median / float64(hi.N)) / (lo.Pair.A.Median / float64(lo.N))
+		t := Target{What: fmt.Sprintf("restore linear in N: per-CHECK cost at N=%d within 1.5× of N=%d", hi.N, lo.N), Measured: fmt.Sprintf("%.1f → %.1f ms per CHECK (×%.2f)", lo.Pair.A.Median/float64(lo.N), hi.Pair.A.Median/float64(hi.N), g), Met: g <= 1.5}
+		t.Margin = fmt.Sprintf("×%.2f", g)
 		out = append(out, t)
 	}
 	if c := r.cell(4094, 0); c != nil {
@@ -136,6 +148,17 @@ func renderMarkdown(w io.Writer, r *Results) {
 		}
 		p("")
 		p("CPU = median user + system time of every process the verb ran (plugins and their iptables), from RUSAGE_CHILDREN.")
+		p("")
+	}
+	if len(r.Restore) > 0 {
+		p("**1b. Restore** — N containers added, then one CHECK each, back to back, as a Nomad client restart sends them (A = `nomad-bridge-cni` with its default checkSweepInterval, B = bare `bridge`); total ms of the N CHECKs, reps interleaved A B A B.")
+		p("")
+		p("| N | reps | A total | B total | A/B | A ms per CHECK | B ms per CHECK | CPU A/B |")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|")
+		for _, c := range r.Restore {
+			x, n := c.Pair, float64(c.N)
+			p("| %d | %d | %.0f | %.0f | %.3f | %.1f | %.1f | %.3f |", c.N, x.A.N, x.A.Median, x.B.Median, x.Ratio, x.A.Median/n, x.B.Median/n, x.cpu().Ratio)
+		}
 		p("")
 	}
 	if len(r.Sweep) > 0 {

@@ -110,10 +110,12 @@ type Results struct {
 	Parallel    int         `json:"parallel,omitempty"`
 	// Throughput holds containers/s per round (A = plugin, B = bridge);
 	// its Ratio is A/B throughput.
-	Throughput *Pair    `json:"throughput,omitempty"`
-	ColdStart  *Pair    `json:"coldStart,omitempty"`
-	LoadAvg    string   `json:"loadAvg"`
-	Warnings   []string `json:"warnings,omitempty"`
+	Throughput *Pair `json:"throughput,omitempty"`
+	ColdStart  *Pair `json:"coldStart,omitempty"`
+	// Restore is N CHECKs back to back, as a Nomad client restart sends.
+	Restore  []RestoreCell `json:"restore,omitempty"`
+	LoadAvg  string        `json:"loadAvg"`
+	Warnings []string      `json:"warnings,omitempty"`
 }
 
 func writeJSON(path string, r *Results) error {

@@ -30,6 +30,7 @@ func (e *Env) runAll() (*Results, error) {
 		fn   func(*Results) error
 	}{
 		{"latency", e.benchLatency},
+		{"restore", e.benchRestore},
 		{"concurrent", e.benchConcurrent},
 		{"cold", e.benchCold},
 		{"release", e.benchRelease},

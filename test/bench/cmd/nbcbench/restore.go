@@ -1,0 +1,136 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+// RestoreCell is one restore size: N allocations restored, one CHECK each,
+// one after another, total wall and CPU time of the N CHECKs, A against B.
+type RestoreCell struct {
+	N    int  `json:"n"`
+	Pair Pair `json:"pair"`
+}
+
+// benchRestore measures what a Nomad client restart costs: it sends one
+// CHECK per restored allocation, one after another, and every CHECK of the
+// plugin may sweep the whole network. For each size N, in interleaved reps
+// A B A B: N containers are added (untimed, a few at a time), the N CHECKs
+// are timed back to back, and everything is deleted again (untimed).
+func (e *Env) benchRestore(res *Results) error {
+	sizes, reps, err := restorePlan(e.o.restoreSizes, e.o.restoreReps)
+	if err != nil {
+		return err
+	}
+	cfg := e.cni()
+	for i, n := range sizes {
+		var a, b, ca, cb []float64
+		for r := range reps[i] {
+			for _, v := range []*variant{e.a, e.b} {
+				if err := e.canceled(); err != nil {
+					return err
+				}
+				wall, cpu, err := e.restoreOnce(cfg, v, n, fmt.Sprintf("rs%d-%d", n, r))
+				if err != nil {
+					return err
+				}
+				if v == e.a {
+					a, ca = append(a, wall), append(ca, cpu)
+				} else {
+					b, cb = append(b, wall), append(cb, cpu)
+				}
+			}
+		}
+		res.Restore = append(res.Restore, RestoreCell{N: n, Pair: makePair(fmt.Sprintf("restore N=%d", n), a, b).withCPU(ca, cb)})
+	}
+	return nil
+}
+
+// restoreOnce adds n containers of v, times n CHECKs in a row, and deletes
+// them; it returns the CHECKs' total wall and CPU time in ms.
+func (e *Env) restoreOnce(cfg *libcni.CNIConfig, v *variant, n int, tag string) (float64, float64, error) {
+	list, err := v.list()
+	if err != nil {
+		return 0, 0, err
+	}
+	atts := make([]*attachment, n)
+	for i := range atts {
+		if atts[i], err = e.newAttachment(v, fmt.Sprintf("%s-%03d", tag, i)); err != nil {
+			return 0, 0, err
+		}
+	}
+	ctx, cancel := cniContext()
+	defer cancel()
+	defer func() {
+		eachParallel(atts, func(at *attachment) error { return cfg.DelNetworkList(ctx, list, at.rt) })
+		for _, at := range atts {
+			delNetns(at.nsName)
+		}
+	}()
+	if err := eachParallel(atts, func(at *attachment) error { _, err := cfg.AddNetworkList(ctx, list, at.rt); return err }); err != nil {
+		return 0, 0, fmt.Errorf("%s restore ADD: %w", v.label, err)
+	}
+	c0, t0 := childrenCPU(), time.Now()
+	for _, at := range atts {
+		if err := cfg.CheckNetworkList(ctx, list, at.rt); err != nil {
+			return 0, 0, fmt.Errorf("%s restore CHECK %s: %w", v.label, at.rt.ContainerID, err)
+		}
+	}
+	return ms(time.Since(t0)), ms(childrenCPU() - c0), nil
+}
+
+// eachParallel runs fn over atts, four at a time (setup and teardown, not
+// timed), and returns the first error.
+func eachParallel(atts []*attachment, fn func(*attachment) error) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	sem := make(chan struct{}, 4)
+	for _, at := range atts {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := fn(at); err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// restorePlan parses --restore-sizes and --restore-reps ("50,250" and
+// "3,1"): a /24 holds at most 253 containers.
+func restorePlan(sizes, reps string) ([]int, []int, error) {
+	var ns, rs []int
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 253 {
+			return nil, nil, fmt.Errorf("--restore-sizes: %q is not a count of 1-253 containers", s)
+		}
+		ns = append(ns, n)
+	}
+	for _, s := range strings.Split(reps, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || r < 1 {
+			return nil, nil, fmt.Errorf("--restore-reps: %q is not a positive count", s)
+		}
+		rs = append(rs, r)
+	}
+	if len(rs) != len(ns) {
+		return nil, nil, fmt.Errorf("--restore-reps needs one count per size (%d sizes)", len(ns))
+	}
+	return ns, rs, nil
+}
