@@ -3,12 +3,9 @@ package podman
 import (
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
@@ -206,33 +203,17 @@ func (e *env) editFirstPlugin(t *testing.T, n *network, edit func(first, ipam ma
 // ---------------------------------------------------------------------------
 // Subnets
 
-var subnetsTaken struct {
-	sync.Mutex
-	list []netip.Prefix
-}
+// subnets are this package's: 10.200.0.0-10.249.255.0 (the e2e tests use
+// 10.100-10.199).
+var subnets = &testhost.Subnets{Second10: [2]int{200, 250}}
 
-// pickSubnet chooses a random IPv4 /24 in 10.200.0.0-10.249.255.0 (the
-// e2e tests use 10.100-10.199) that overlaps nothing routed on the host
-// and no subnet this package chose before: a network's bridge, and so its
-// route, only exists once a container runs.
 func pickSubnet(t *testing.T) netip.Prefix {
 	t.Helper()
-	used, err := testhost.RoutedPrefixes()
+	p, err := subnets.IPv4()
 	if err != nil {
-		t.Fatalf("list host routes: %v", err)
+		t.Fatal(err)
 	}
-	subnetsTaken.Lock()
-	defer subnetsTaken.Unlock()
-	used = append(used, subnetsTaken.list...)
-	for range 1000 {
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + rand.IntN(50)), byte(rand.IntN(256)), 0}), 24)
-		if !slices.ContainsFunc(used, p.Overlaps) {
-			subnetsTaken.list = append(subnetsTaken.list, p)
-			return p
-		}
-	}
-	t.Fatalf("no free subnet found (host routes: %v)", used)
-	return netip.Prefix{}
+	return p
 }
 
 // nthAddr is the n-th address of p (p's own address is the 0th).

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -181,21 +179,13 @@ func (e *Env) conflist(v *variant) ([]byte, error) {
 // pickSubnets chooses two /24s in 10.200.0.0-10.249.255.0 (clear of the
 // e2e suite's 10.100-10.199) that overlap nothing routed on the host.
 func pickSubnets() (netip.Prefix, netip.Prefix, error) {
-	used, err := testhost.RoutedPrefixes()
+	pool := &testhost.Subnets{Second10: [2]int{200, 250}}
+	a, err := pool.IPv4()
 	if err != nil {
 		return netip.Prefix{}, netip.Prefix{}, err
 	}
-	var got []netip.Prefix
-	for range 2000 {
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + rand.IntN(50)), byte(rand.IntN(256)), 0}), 24)
-		if !slices.ContainsFunc(used, p.Overlaps) && !slices.Contains(got, p) {
-			got = append(got, p)
-			if len(got) == 2 {
-				return got[0], got[1], nil
-			}
-		}
-	}
-	return netip.Prefix{}, netip.Prefix{}, errors.New("no free /24 found")
+	b, err := pool.IPv4()
+	return a, b, err
 }
 
 // addNetns creates a fresh named namespace and returns its path.
