@@ -1,7 +1,9 @@
 package doctor
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
 var semver = regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`)
@@ -176,14 +179,10 @@ func checkState(o Options, ours []*network) []Finding {
 		if _, err := os.Stat(n.conf.DataDir); err != nil {
 			continue
 		}
-		out, err := operator.Leases(o.Sweeper, n.conf.DataDir, []string{n.name})
+		count, err := stateCounts(o.Sweeper, n.conf.Dir())
 		if err != nil {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("cannot read: %v", err)})
 			continue
-		}
-		count := map[string]int{}
-		for _, r := range out.Leases {
-			count[r.State]++
 		}
 		msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
 		switch {
@@ -196,6 +195,41 @@ func checkState(o Options, ours []*network) []Finding {
 		}
 	}
 	return fs
+}
+
+// stateCounts counts a network's attachments by the state `leases` gives
+// them. A network none of whose directories exists holds no attachment, and
+// is not swept: a sweep takes host-local's lock, whose store creates the
+// network's directory, and the doctor only reads. Every NAT rule set of
+// such a network is an orphan.
+func stateCounts(s *reclaim.Sweeper, d netdir.Dir) (map[string]int, error) {
+	count := map[string]int{}
+	if !exists(d.Leases()) && !exists(d.Records()) {
+		if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
+			return count, nil
+		}
+		snap, err := s.Netfilter.Snapshot(d.Network)
+		if err != nil {
+			return nil, fmt.Errorf("read NAT rules of %s: %w", d.Network, err)
+		}
+		count["orphan-rules"] = len(snap.Containers())
+		return count, nil
+	}
+	out, err := operator.Leases(s, d.DataDir, []string{d.Network})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range out.Leases {
+		count[r.State]++
+	}
+	return count, nil
+}
+
+// exists is the sweep's test: what cannot be inspected counts as there,
+// and the sweep reports why.
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, fs.ErrNotExist)
 }
 
 func countLeases(dir string) int {

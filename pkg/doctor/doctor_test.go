@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,4 +172,24 @@ func TestHostWithProblems(t *testing.T) {
 		t.Error("a host with problems is OK")
 	}
 	h.golden("problems", r)
+}
+
+// A network no container has used yet has no directory under its dataDir:
+// the doctor, which only reads, must not create one (a sweep would, to
+// take host-local's lock), and the network is fine.
+func TestUnusedNetworkWritesNothing(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	r := h.run()
+	entries, err := os.ReadDir(h.data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("doctor wrote into the dataDir of a network never used: %v", entries)
+	}
+	want := Finding{Level: OK, Check: "state", Subject: "web", Message: "0 live, 0 pending, 0 stale, 0 detached, 0 unknown, 0 orphan NAT rule set(s)"}
+	if !slices.Contains(r.Findings, want) {
+		t.Errorf("no %+v in %+v", want, r.Findings)
+	}
 }
