@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -233,6 +234,17 @@ func assertLease(t *testing.T, dir string, addr netip.Addr, cid string) {
 	}
 	if want := cid + "\r\n" + ifName; got != want {
 		t.Fatalf("lease %s/%s holds %q, want %q", dir, addr, got, want)
+	}
+}
+
+// assertNoLeaseOf checks that cid holds no lease in the test's lease
+// directory.
+func (e *testEnv) assertNoLeaseOf(t *testing.T, cid string) {
+	t.Helper()
+	for addr, content := range readLeases(t, e.leaseDir()) {
+		if strings.Contains(content, cid) {
+			t.Errorf("lease %s of %s left: %q", addr, cid, content)
+		}
 	}
 }
 

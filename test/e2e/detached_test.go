@@ -53,6 +53,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			capArgs := portMappings(port)
 
 			p1, gw := parseResult(t, e.mustCNI(t, "add", alloc, capArgs)).addrIn(t, e.subnet4)
+			e.assertNAT(t, alloc.cid, natWant{Masq: []netip.Addr{p1.Addr()}, DNAT: []portMap{{port, p1.Addr()}}})
 			_, oldIno := netnsIdentity(t, alloc.path)
 			var task *container
 			if tc.task {
@@ -60,6 +61,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			}
 
 			e.failCheck(t, alloc, capArgs, tc.breakIt)
+			nat := e.readNAT(t, alloc.cid)
 			// Nomad's recovery: unmount the path, a new namespace there.
 			if err := run("ip", "netns", "delete", alloc.name); err != nil {
 				t.Fatal(err)
@@ -104,7 +106,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 						t.Errorf("re-ADD error does not say %q: %v", want, err)
 					}
 				}
-				e.assertDetachedKept(t, alloc, oldIno, p1.Addr())
+				e.assertDetachedKept(t, alloc, oldIno, p1.Addr(), nat)
 				_, stderr, err = e.cnitool("add", alloc, capArgs)
 				if len(e.releaseLines(stderr)) != 0 {
 					t.Errorf("refused re-ADD released something: %s", stderr)
@@ -125,7 +127,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			if _, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--network", e.netName); err != nil {
 				t.Fatalf("gc: %v\n%s", err, stderr)
 			}
-			e.assertDetachedKept(t, alloc, oldIno, p1.Addr())
+			e.assertDetachedKept(t, alloc, oldIno, p1.Addr(), nat)
 			e.assertLeasesSaysDetached(t, alloc.cid, task.pid)
 
 			// Nomad gives up: it kills the tasks, DELs on the new path.
@@ -160,18 +162,17 @@ func (e *testEnv) failCheck(t *testing.T, ns netns, capArgs, how string) {
 }
 
 // assertDetachedKept checks that everything the attachment held in its old
-// namespace (inode oldIno) is still there: its lease, its record, bridge's
-// ipMasq rule and portmap's jump.
-func (e *testEnv) assertDetachedKept(t *testing.T, ns netns, oldIno uint64, addr netip.Addr) {
+// namespace (inode oldIno) is still there: its lease, its record, and its
+// NAT state as it was once CHECK failed (nat).
+func (e *testEnv) assertDetachedKept(t *testing.T, ns netns, oldIno uint64, addr netip.Addr, nat natState) {
 	t.Helper()
 	assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr: leaseContent(ns.cid)})
 	r, raw := e.readRecord(t, ns.cid)
 	if r.State != "complete" || r.NetnsID.Ino != oldIno {
 		t.Errorf("record of the detached attachment changed (want complete, inode %d): %s", oldIno, raw)
 	}
-	e.assertMasq(t, ns, addr)
-	if j := e.dnatJumps(t, "iptables", ns.cid); len(j) != 1 {
-		t.Errorf("want portmap's %s jump for %s kept, got:\n%s", hostportDNATChain, ns.cid, rulesString(j))
+	if now := e.readNAT(t, ns.cid); now.String() != nat.String() {
+		t.Errorf("NAT state of the detached attachment changed:\nwas:\n%snow:\n%s", nat, now)
 	}
 }
 

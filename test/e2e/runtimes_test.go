@@ -231,9 +231,7 @@ func TestContainerdConflist(t *testing.T) {
 		ping(t, ns, gw4)
 		waitAddrSettled(t, gw6)
 		ping(t, ns, gw6)
-		e.assertMasq(t, ns, addr4.Addr())
-		e.assertMasq(t, ns, addr6.Addr())
-		e.assertDNAT(t, ns, addr4.Addr(), hostPort, 80)
+		e.assertNAT(t, cid, natWant{Masq: []netip.Addr{addr4.Addr(), addr6.Addr()}, DNAT: []portMap{{hostPort, addr4.Addr()}, {hostPort, addr6.Addr()}}})
 		e.assertPortForward(t, ns, gw4, hostPort)
 		if _, err := os.Stat(e.cachedResult(cnitoolCacheDir, cid)); err != nil {
 			t.Errorf("libcni cached no result for the sandbox: %v", err)
@@ -247,8 +245,7 @@ func TestContainerdConflist(t *testing.T) {
 			t.Fatalf("Remove: %v", err)
 		}
 		assertLeases(t, e.leaseDir(), nil)
-		e.assertNoMasq(t, ns)
-		e.assertNoDNAT(t, ns)
+		e.assertNAT(t, cid, natWant{})
 		e.assertNoRecord(t, cid)
 		if linkExistsIn(ns, ifName) {
 			t.Errorf("%s still exists in %s after Remove", ifName, ns.name)
@@ -273,17 +270,14 @@ func TestContainerdConflist(t *testing.T) {
 		cid, ns, netPlugin, hostPort, opts, ctx, r := sb.cid, sb.ns, sb.netPlugin, sb.hostPort, sb.opts, sb.ctx, sb.result
 		addr4, _ := r.addrIn(t, e.subnet4)
 		addr6, _ := r.addrIn(t, e.subnet6)
-		e.assertMasq(t, ns, addr4.Addr())
-		e.assertMasq(t, ns, addr6.Addr())
-		e.assertDNAT(t, ns, addr4.Addr(), hostPort, 80)
+		e.assertNAT(t, cid, natWant{Masq: []netip.Addr{addr4.Addr(), addr6.Addr()}, DNAT: []portMap{{hostPort, addr4.Addr()}, {hostPort, addr6.Addr()}}})
 
 		e.mustKillNetns(t, ns)
 		if err := netPlugin.Remove(ctx, cid, "", opts...); err != nil {
 			t.Fatalf("Remove with an empty netns path: %v", err)
 		}
 		assertLeases(t, e.leaseDir(), nil)
-		e.assertNoMasq(t, ns)
-		e.assertNoDNAT(t, ns)
+		e.assertNAT(t, cid, natWant{})
 		e.assertNoRecord(t, cid)
 		e.assertNetworkNATEmpty(t)
 	})
@@ -333,7 +327,7 @@ func TestCRIOConflist(t *testing.T) {
 		e.assertRecord(t, ns, addr.Addr())
 		assertAddrOnIf(t, ns, addr)
 		ping(t, ns, gw)
-		e.assertMasq(t, ns, addr.Addr())
+		e.assertNAT(t, ns.cid, natWant{Masq: []netip.Addr{addr.Addr()}})
 		e.assertHairpin(t, true)
 
 		if err := cfg.CheckNetworkList(ctx, list, rt); err != nil {
@@ -343,7 +337,7 @@ func TestCRIOConflist(t *testing.T) {
 			t.Fatalf("DEL: %v", err)
 		}
 		assertLeases(t, e.leaseDir(), nil)
-		e.assertNoMasq(t, ns)
+		e.assertNAT(t, ns.cid, natWant{})
 		e.assertNoRecord(t, ns.cid)
 	})
 
@@ -388,7 +382,7 @@ func TestCRIOConflist(t *testing.T) {
 				}
 				a, _ := libcniResult(t, r).addrIn(t, e.subnet4)
 				pods[name], addrs[name] = ns, a.Addr()
-				e.assertMasq(t, ns, a.Addr())
+				e.assertNAT(t, ns.cid, natWant{Masq: []netip.Addr{a.Addr()}})
 			}
 			for _, name := range names[1:] {
 				e.mustKillNetns(t, pods[name])
@@ -412,7 +406,7 @@ func TestCRIOConflist(t *testing.T) {
 			}
 			if tc.bare {
 				assertLeases(t, leaseDir, map[netip.Addr]string{addrs["kept"]: leaseContent(kept.cid)})
-				if j := e.masqJumps(t, "iptables", pods["gone1"].cid); len(j) == 0 {
+				if len(e.readNAT(t, pods["gone1"].cid)["iptables"].masqJumps) == 0 {
 					t.Fatalf("control: bare bridge removed the ipMasq rules of a DEL replayed with a dead netns path; the test no longer shows the gap")
 				}
 				t.Logf("control: bare bridge's replayed DELs left the ipMasq rules of gone1 and gone2, as upstream does")
@@ -421,12 +415,12 @@ func TestCRIOConflist(t *testing.T) {
 
 			assertLeases(t, leaseDir, map[netip.Addr]string{addrs["kept"]: leaseContent(kept.cid)})
 			for _, name := range names[1:] {
-				e.assertNoMasq(t, pods[name])
+				e.assertNAT(t, pods[name].cid, natWant{})
 				e.assertNoRecord(t, pods[name].cid)
 			}
 			e.assertRecordsExactly(t, kept.cid)
 			e.assertRecord(t, kept, addrs["kept"])
-			e.assertMasq(t, kept, addrs["kept"])
+			e.assertNAT(t, kept.cid, natWant{Masq: []netip.Addr{addrs["kept"]}})
 			if _, err := os.Stat(e.cachedResult(e.cacheDir, kept.cid)); err != nil {
 				t.Errorf("the valid pod lost its cache entry: %v", err)
 			}
@@ -516,9 +510,8 @@ func TestApptainerConflist(t *testing.T) {
 			e.assertRecord(t, c.ns, addr.Addr())
 			assertAddrOnIf(t, c.ns, addr)
 			ping(t, c.ns, gw)
-			e.assertMasq(t, c.ns, addr.Addr())
+			e.assertNAT(t, cid, natWant{Masq: []netip.Addr{addr.Addr()}, DNAT: []portMap{{hostPort, addr.Addr()}}})
 			e.assertFirewall(t, addr.Addr())
-			e.assertDNAT(t, c.ns, addr.Addr(), hostPort, 80)
 			e.assertPortForward(t, c.ns, gw, hostPort)
 
 			if err := cfg.CheckNetworkList(ctx, list, rt); err != nil {
@@ -528,11 +521,8 @@ func TestApptainerConflist(t *testing.T) {
 				t.Fatalf("DEL: %v", err)
 			}
 			assertLeases(t, e.leaseDir(), nil)
-			e.assertNoMasq(t, c.ns)
-			e.assertNoDNAT(t, c.ns)
-			if rules := firewallRules(t, addr.Addr()); len(rules) != 0 {
-				t.Errorf("firewall rules for %s left after DEL:\n%s", addr.Addr(), rulesString(rules))
-			}
+			e.assertNAT(t, cid, natWant{})
+			assertNoFirewall(t, addr.Addr())
 			e.assertNoRecord(t, cid)
 			c.stop()
 		})
@@ -600,14 +590,7 @@ func TestApptainerConflist(t *testing.T) {
 			assertLeases(t, leaseDir, map[netip.Addr]string{addr2.Addr(): leaseContent(cid)})
 			e.assertRecord(t, c2.ns, addr2.Addr())
 			ping(t, c2.ns, gw2)
-			if j := e.masqJumps(t, "iptables", cid); len(j) != 1 {
-				t.Errorf("want one ipMasq jump for %s after the re-ADD, got:\n%s", cid, rulesString(j))
-			}
-			e.assertMasq(t, c2.ns, addr2.Addr())
-			if j := e.dnatJumps(t, "iptables", cid); len(j) != 1 {
-				t.Errorf("want one portmap jump for %s after the re-ADD, got:\n%s", cid, rulesString(j))
-			}
-			e.assertDNAT(t, c2.ns, addr2.Addr(), hostPort, 80)
+			e.assertNAT(t, cid, natWant{Masq: []netip.Addr{addr2.Addr()}, DNAT: []portMap{{hostPort, addr2.Addr()}}})
 			e.assertFirewall(t, addr2.Addr())
 			if addr1 != addr2 {
 				if rules := firewallRules(t, addr1.Addr()); len(rules) != 0 {
@@ -684,9 +667,7 @@ func TestNerdctlDelBeforeAdd(t *testing.T) {
 			a4, _ := r1.addrIn(t, e.subnet4)
 			a6, _ := r1.addrIn(t, e.subnet6)
 			assertLeases(t, leaseDir, map[netip.Addr]string{a4.Addr(): leaseContent(fullID), a6.Addr(): leaseContent(fullID)})
-			e.assertMasq(t, c1.ns, a4.Addr())
-			e.assertMasq(t, c1.ns, a6.Addr())
-			e.assertDNAT(t, c1.ns, a4.Addr(), hostPort, 80)
+			e.assertNAT(t, fullID, natWant{Masq: []netip.Addr{a4.Addr(), a6.Addr()}, DNAT: []portMap{{hostPort, a4.Addr()}, {hostPort, a6.Addr()}}})
 
 			// containerd bounced: no postStop, the namespace is gone.
 			e.crash(t, c1)
@@ -700,8 +681,7 @@ func TestNerdctlDelBeforeAdd(t *testing.T) {
 				}
 				assertLeases(t, leaseDir, nil)
 				if !tc.bare {
-					e.assertNoMasq(t, c1.ns)
-					e.assertNoDNAT(t, c1.ns)
+					e.assertNAT(t, fullID, natWant{})
 					e.assertNoRecord(t, fullID)
 				}
 			}
@@ -721,23 +701,13 @@ func TestNerdctlDelBeforeAdd(t *testing.T) {
 			b6, _ := r2.addrIn(t, e.subnet6)
 			assertLeases(t, leaseDir, map[netip.Addr]string{b4.Addr(): leaseContent(fullID), b6.Addr(): leaseContent(fullID)})
 			if tc.bare {
-				if j := e.masqJumps(t, "iptables", fullID); len(j) < 2 {
+				if j := e.readNAT(t, fullID)["iptables"].masqJumps; len(j) < 2 {
 					t.Fatalf("control: bare bridge left no duplicate ipMasq jump (%d jumps); the test no longer shows the gap:\n%s", len(j), rulesString(j))
 				}
 				t.Logf("control: bare bridge duplicated the ipMasq jumps of %s, as upstream does", fullID)
 				return
 			}
-			for _, fam := range ipFamilies {
-				if j := e.masqJumps(t, fam, fullID); len(j) != 1 {
-					t.Errorf("%s: want one ipMasq jump for %s after the restart, got:\n%s", fam, fullID, rulesString(j))
-				}
-			}
-			e.assertMasq(t, c2.ns, b4.Addr())
-			e.assertMasq(t, c2.ns, b6.Addr())
-			if j := e.dnatJumps(t, "iptables", fullID); len(j) != 1 {
-				t.Errorf("want one portmap jump for %s after the restart, got:\n%s", fullID, rulesString(j))
-			}
-			e.assertDNAT(t, c2.ns, b4.Addr(), hostPort, 80)
+			e.assertNAT(t, fullID, natWant{Masq: []netip.Addr{b4.Addr(), b6.Addr()}, DNAT: []portMap{{hostPort, b4.Addr()}, {hostPort, b6.Addr()}}})
 			e.assertRecord(t, c2.ns, b4.Addr())
 			ping(t, c2.ns, gw4)
 
@@ -897,11 +867,7 @@ func TestK3sFlannelDelegate(t *testing.T) {
 		e.assertHairpin(t, true)
 		// FLANNEL_IPMASQ=true: flannel masquerades, so the delegate gets
 		// ipMasq false and bridge writes no rule.
-		for _, fam := range ipFamilies {
-			if j := e.masqJumps(t, fam, cid); len(j) != 0 {
-				t.Errorf("%s: ipMasq is false, yet there are masquerade jumps:\n%s", fam, rulesString(j))
-			}
-		}
+		e.assertNAT(t, cid, natWant{})
 
 		if _, _, err := e.execPlugin(plugin, "DEL", cid, ns.path, args, stdin); err != nil {
 			t.Fatalf("DEL: %v", err)

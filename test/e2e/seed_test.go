@@ -44,7 +44,7 @@ func TestRebootRestore(t *testing.T) {
 		e.assertDefaultDirsUntouched(t)
 		assertAddrOnIf(t, ns, addr2)
 		ping(t, ns, gw2)
-		e.assertMasq(t, ns, addr2.Addr())
+		e.assertNAT(t, ns.cid, natWant{Masq: []netip.Addr{addr2.Addr()}})
 		e.assertFirewall(t, addr2.Addr())
 
 		e.mustCNI(t, "check", ns, "")
