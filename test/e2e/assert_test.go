@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -187,6 +189,39 @@ func ping(t *testing.T, ns netns, addr netip.Addr) {
 	if err := run(enter[0], append(enter[1:], "ping", "-c1", "-W2", addr.String())...); err != nil {
 		t.Fatalf("ping %s from %s: %v", addr, ns.name, err)
 	}
+}
+
+// assertReaches connects from the host to dial and must reach a listener
+// on port mappedPort inside ns: directly on the container's address, or
+// through portmap's DNAT of a host port.
+func (e *testEnv) assertReaches(t *testing.T, ns netns, dial netip.AddrPort) {
+	t.Helper()
+	token := fmt.Sprintf("nbc-e2e-%s-%s", e.id, dial)
+	listener := e.startListener(t, ns, mappedPort, token)
+	conn, err := net.DialTimeout("tcp", dial.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", dial, err)
+	}
+	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatalf("set deadline: %v", err)
+	}
+	got, err := io.ReadAll(conn)
+	conn.Close()
+	if err != nil || string(got) != token {
+		t.Fatalf("%s answered %q (%v), want %q from the container", dial, got, err, token)
+	}
+	if err := listener.Wait(); err != nil {
+		t.Fatalf("listener: %v", err)
+	}
+}
+
+// assertNetworkEmpty checks that nothing of the test network is left: no
+// lease in leaseDir, no record, no NAT rule or chain.
+func (e *testEnv) assertNetworkEmpty(t *testing.T, leaseDir string) {
+	t.Helper()
+	assertLeases(t, leaseDir, nil)
+	e.assertRecordsExactly(t)
+	e.assertNetworkNATEmpty(t)
 }
 
 // ---------------------------------------------------------------------------

@@ -3,12 +3,9 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 )
 
 // How a test makes Nomad's CHECK fail on a running allocation.
@@ -73,10 +70,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			out, stderr, err := e.cnitool("add", alloc, capArgs)
 			switch {
 			case tc.bare:
-				if err == nil || !strings.Contains(err.Error(), "duplicate allocation") {
-					t.Fatalf("control: bare bridge re-ADD = %v, want a duplicate allocation error", err)
-				}
-				t.Logf("control: bare bridge refuses the re-ADD: %v", err)
+				assertControlFails(t, err, duplicateAllocation)
 				return
 			case !tc.task:
 				if err != nil {
@@ -115,7 +109,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			if tc.breakIt == flushPortmap {
 				// The task still answers on its address.
 				assertAddrOnIf(t, task.ns, netip.PrefixFrom(p1.Addr(), p1.Bits()))
-				e.assertServes(t, task.ns, p1.Addr())
+				e.assertReaches(t, task.ns, netip.AddrPortFrom(p1.Addr(), mappedPort))
 				ping(t, task.ns, gw)
 			}
 
@@ -209,27 +203,4 @@ func (e *testEnv) assertLeasesSaysDetached(t *testing.T, cid string, pid int) {
 		return
 	}
 	t.Errorf("leases does not list %s:\n%s", cid, stdout)
-}
-
-// assertServes connects from the host to addr:80, where a listener in ns
-// answers with a token: the container is reachable at that address.
-func (e *testEnv) assertServes(t *testing.T, ns netns, addr netip.Addr) {
-	t.Helper()
-	token := fmt.Sprintf("nbc-e2e-%s-%s", e.id, addr)
-	listener := e.startListener(t, ns, 80, token)
-	conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, 80).String(), 5*time.Second)
-	if err != nil {
-		t.Fatalf("dial %s:80: %v", addr, err)
-	}
-	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
-		t.Fatalf("set deadline: %v", err)
-	}
-	got, err := io.ReadAll(conn)
-	conn.Close()
-	if err != nil || string(got) != token {
-		t.Fatalf("%s:80 answered %q (%v), want %q", addr, got, err, token)
-	}
-	if err := listener.Wait(); err != nil {
-		t.Fatalf("listener: %v", err)
-	}
 }

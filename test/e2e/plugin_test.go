@@ -102,7 +102,7 @@ func TestNomadChainPortMappings(t *testing.T) {
 	// Real traffic through the mapping: connect to the host port on the
 	// bridge's address (the test's own) and reach a listener on port 80
 	// inside the namespace.
-	e.assertPortForward(t, ns, gw, hostPort)
+	e.assertReaches(t, ns, netip.AddrPortFrom(gw, uint16(hostPort)))
 
 	e.mustCNI(t, "check", ns, capArgs)
 
