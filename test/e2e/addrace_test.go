@@ -117,7 +117,7 @@ func TestSweepWaitsForTheDelegateOfAKilledAdd(t *testing.T) {
 	}
 	// The point of the test: bridge finished the ADD after its caller died.
 	addr := e.leaseOf(t, ns.cid)
-	if len(e.masqJumps(t, "iptables", ns.cid)) == 0 {
+	if len(e.readNAT(t, ns.cid)["iptables"].masqJumps) == 0 {
 		t.Fatalf("bridge left no masquerade rule for %s: the test proves nothing", ns.cid)
 	}
 	e.mustKillNetns(t, ns)
@@ -128,7 +128,7 @@ func TestSweepWaitsForTheDelegateOfAKilledAdd(t *testing.T) {
 	}
 	assertLeases(t, e.leaseDir(), nil)
 	e.assertRecordsExactly(t)
-	e.assertNoNAT(t, ns.cid)
+	e.assertNAT(t, ns.cid, natWant{})
 }
 
 // leaseOf is the one address host-local leased to cid.
@@ -239,20 +239,17 @@ func TestKilledAddsUnderConcurrentGC(t *testing.T) {
 	}
 	t.Logf("the last sweep: %s", e.operatorSweep(t))
 	for _, ns := range killed {
-		e.assertNoRecord(t, ns.cid)
-		e.assertNoLeaseOrNAT(t, ns.cid)
+		e.assertNoTrace(t, ns.cid)
 	}
 	assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(live.cid)})
 	e.assertRecordsExactly(t, live.cid)
-	e.assertMasq(t, live, pl.Addr())
+	e.assertNAT(t, live.cid, natWant{Masq: []netip.Addr{pl.Addr()}})
 	ping(t, live, gw)
 
 	if _, _, err := e.cnitoolEnv("del", live, viaSlowBridge); err != nil {
 		t.Fatalf("DEL of the live container: %v", err)
 	}
-	assertLeases(t, e.leaseDir(), nil)
-	e.assertRecordsExactly(t)
-	e.assertNetworkNATEmpty(t)
+	e.assertNetworkEmpty(t, e.leaseDir())
 }
 
 // killedAdd starts `cnitool add` for ns in a process group of its own,

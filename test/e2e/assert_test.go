@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,6 +191,39 @@ func ping(t *testing.T, ns netns, addr netip.Addr) {
 	}
 }
 
+// assertReaches connects from the host to dial and must reach a listener
+// on port mappedPort inside ns: directly on the container's address, or
+// through portmap's DNAT of a host port.
+func (e *testEnv) assertReaches(t *testing.T, ns netns, dial netip.AddrPort) {
+	t.Helper()
+	token := fmt.Sprintf("nbc-e2e-%s-%s", e.id, dial)
+	listener := e.startListener(t, ns, mappedPort, token)
+	conn, err := net.DialTimeout("tcp", dial.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", dial, err)
+	}
+	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatalf("set deadline: %v", err)
+	}
+	got, err := io.ReadAll(conn)
+	conn.Close()
+	if err != nil || string(got) != token {
+		t.Fatalf("%s answered %q (%v), want %q from the container", dial, got, err, token)
+	}
+	if err := listener.Wait(); err != nil {
+		t.Fatalf("listener: %v", err)
+	}
+}
+
+// assertNetworkEmpty checks that nothing of the test network is left: no
+// lease in leaseDir, no record, no NAT rule or chain.
+func (e *testEnv) assertNetworkEmpty(t *testing.T, leaseDir string) {
+	t.Helper()
+	assertLeases(t, leaseDir, nil)
+	e.assertRecordsExactly(t)
+	e.assertNetworkNATEmpty(t)
+}
+
 // ---------------------------------------------------------------------------
 // Leases
 
@@ -233,6 +269,17 @@ func assertLease(t *testing.T, dir string, addr netip.Addr, cid string) {
 	}
 	if want := cid + "\r\n" + ifName; got != want {
 		t.Fatalf("lease %s/%s holds %q, want %q", dir, addr, got, want)
+	}
+}
+
+// assertNoLeaseOf checks that cid holds no lease in the test's lease
+// directory.
+func (e *testEnv) assertNoLeaseOf(t *testing.T, cid string) {
+	t.Helper()
+	for addr, content := range readLeases(t, e.leaseDir()) {
+		if strings.Contains(content, cid) {
+			t.Errorf("lease %s of %s left: %q", addr, cid, content)
+		}
 	}
 }
 

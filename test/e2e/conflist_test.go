@@ -228,3 +228,62 @@ func entryConfig(t *testing.T, conf map[string]any, typ string) []byte {
 	entry["cniVersion"] = conf["cniVersion"]
 	return mustJSON(t, entry)
 }
+
+// The runtime conflists: each runtime's shipped default with the
+// plugin in bridge's place, driven the way that runtime drives it (same
+// cniVersion, capabilities, CNI_ARGS, container IDs and namespace paths).
+//
+// Upstream files reproduced, verbatim, in testdata/upstream/ under our
+// conflist's file name:
+//   - containerd script/setup/install-cni, 10-containerd-net.conflist
+//     (containerd v1.7 / v2.x, cniVersion 1.0.0);
+//   - CRI-O contrib/cni/11-crio-ipv4-bridge.conflist (CRI-O >= 1.27,
+//     cniVersion 1.0.0; 1.26 and older ship the same file at 0.3.1);
+//   - Apptainer etc/network/00_bridge.conflist (Apptainer 1.x, cniVersion
+//     1.0.0; Singularity 3.x shipped it at 0.4.0);
+//   - k3s pkg/agent/flannel/setup_linux.go cniConf, written to
+//     10-flannel.conflist (k3s v1.2x, cniVersion 1.0.0), and what flannel's
+//     CNI plugin (flannel-io/cni-plugin v1.x) hands its delegate.
+
+// TestRuntimeConflistsAreOneWordChanges: each runtime conflist in conflist/
+// is the runtime's file with "type": "bridge" replaced by
+// "type": "nomad-bridge-cni" and nothing else; for k3s, whose file names no
+// type (flannel defaults its delegate to bridge), the only change is
+// "type": "nomad-bridge-cni" added to flannel's delegate.
+func TestRuntimeConflistsAreOneWordChanges(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "upstream", "*"))
+	if err != nil || len(files) != 4 {
+		t.Fatalf("testdata/upstream: %v, %v; want the four runtimes' files", files, err)
+	}
+	for _, path := range files {
+		file := filepath.Base(path)
+		upstream, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(file, func(t *testing.T) {
+			ours := loadConflist(t, file)
+			var want map[string]any
+			if err := json.Unmarshal(upstream, &want); err != nil {
+				t.Fatalf("upstream %s: %v", file, err)
+			}
+			changed := 0
+			for _, p := range pluginEntries(t, ours) {
+				if p["type"] == pluginType {
+					p["type"] = "bridge"
+					changed++
+				}
+				if d, ok := p["delegate"].(map[string]any); ok && d["type"] == pluginType {
+					delete(d, "type")
+					changed++
+				}
+			}
+			if changed != 1 {
+				t.Fatalf("%s names %s %d times, want once", file, pluginType, changed)
+			}
+			if !jsonEqual(t, ours, want) {
+				t.Fatalf("%s is not the upstream file with one word changed:\nours (reverted): %s\nupstream: %s", file, mustJSON(t, ours), mustJSON(t, want))
+			}
+		})
+	}
+}

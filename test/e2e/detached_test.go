@@ -3,12 +3,9 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
-	"time"
 )
 
 // How a test makes Nomad's CHECK fail on a running allocation.
@@ -53,6 +50,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			capArgs := portMappings(port)
 
 			p1, gw := parseResult(t, e.mustCNI(t, "add", alloc, capArgs)).addrIn(t, e.subnet4)
+			e.assertNAT(t, alloc.cid, natWant{Masq: []netip.Addr{p1.Addr()}, DNAT: []portMap{{port, p1.Addr()}}})
 			_, oldIno := netnsIdentity(t, alloc.path)
 			var task *container
 			if tc.task {
@@ -60,6 +58,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			}
 
 			e.failCheck(t, alloc, capArgs, tc.breakIt)
+			nat := e.readNAT(t, alloc.cid)
 			// Nomad's recovery: unmount the path, a new namespace there.
 			if err := run("ip", "netns", "delete", alloc.name); err != nil {
 				t.Fatal(err)
@@ -71,10 +70,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			out, stderr, err := e.cnitool("add", alloc, capArgs)
 			switch {
 			case tc.bare:
-				if err == nil || !strings.Contains(err.Error(), "duplicate allocation") {
-					t.Fatalf("control: bare bridge re-ADD = %v, want a duplicate allocation error", err)
-				}
-				t.Logf("control: bare bridge refuses the re-ADD: %v", err)
+				assertControlFails(t, err, duplicateAllocation)
 				return
 			case !tc.task:
 				if err != nil {
@@ -87,9 +83,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 				assertAddrOnIf(t, alloc, p2)
 				ping(t, alloc, gw)
 				e.mustCNI(t, "del", alloc, capArgs)
-				assertLeases(t, leaseDir, nil)
-				e.assertRecordsExactly(t)
-				e.assertNetworkNATEmpty(t)
+				e.assertNetworkEmpty(t, leaseDir)
 				return
 			}
 
@@ -104,7 +98,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 						t.Errorf("re-ADD error does not say %q: %v", want, err)
 					}
 				}
-				e.assertDetachedKept(t, alloc, oldIno, p1.Addr())
+				e.assertDetachedKept(t, alloc, oldIno, p1.Addr(), nat)
 				_, stderr, err = e.cnitool("add", alloc, capArgs)
 				if len(e.releaseLines(stderr)) != 0 {
 					t.Errorf("refused re-ADD released something: %s", stderr)
@@ -113,7 +107,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			if tc.breakIt == flushPortmap {
 				// The task still answers on its address.
 				assertAddrOnIf(t, task.ns, netip.PrefixFrom(p1.Addr(), p1.Bits()))
-				e.assertServes(t, task.ns, p1.Addr())
+				e.assertReaches(t, task.ns, netip.AddrPortFrom(p1.Addr(), mappedPort))
 				ping(t, task.ns, gw)
 			}
 
@@ -125,15 +119,13 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			if _, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--network", e.netName); err != nil {
 				t.Fatalf("gc: %v\n%s", err, stderr)
 			}
-			e.assertDetachedKept(t, alloc, oldIno, p1.Addr())
+			e.assertDetachedKept(t, alloc, oldIno, p1.Addr(), nat)
 			e.assertLeasesSaysDetached(t, alloc.cid, task.pid)
 
 			// Nomad gives up: it kills the tasks, DELs on the new path.
 			task.stop()
 			e.mustCNI(t, "del", alloc, capArgs)
-			assertLeases(t, leaseDir, nil)
-			e.assertRecordsExactly(t)
-			e.assertNetworkNATEmpty(t)
+			e.assertNetworkEmpty(t, leaseDir)
 		})
 	}
 }
@@ -160,18 +152,17 @@ func (e *testEnv) failCheck(t *testing.T, ns netns, capArgs, how string) {
 }
 
 // assertDetachedKept checks that everything the attachment held in its old
-// namespace (inode oldIno) is still there: its lease, its record, bridge's
-// ipMasq rule and portmap's jump.
-func (e *testEnv) assertDetachedKept(t *testing.T, ns netns, oldIno uint64, addr netip.Addr) {
+// namespace (inode oldIno) is still there: its lease, its record, and its
+// NAT state as it was once CHECK failed (nat).
+func (e *testEnv) assertDetachedKept(t *testing.T, ns netns, oldIno uint64, addr netip.Addr, nat natState) {
 	t.Helper()
 	assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr: leaseContent(ns.cid)})
 	r, raw := e.readRecord(t, ns.cid)
 	if r.State != "complete" || r.NetnsID.Ino != oldIno {
 		t.Errorf("record of the detached attachment changed (want complete, inode %d): %s", oldIno, raw)
 	}
-	e.assertMasq(t, ns, addr)
-	if j := e.dnatJumps(t, "iptables", ns.cid); len(j) != 1 {
-		t.Errorf("want portmap's %s jump for %s kept, got:\n%s", hostportDNATChain, ns.cid, rulesString(j))
+	if now := e.readNAT(t, ns.cid); now.String() != nat.String() {
+		t.Errorf("NAT state of the detached attachment changed:\nwas:\n%snow:\n%s", nat, now)
 	}
 }
 
@@ -208,27 +199,4 @@ func (e *testEnv) assertLeasesSaysDetached(t *testing.T, cid string, pid int) {
 		return
 	}
 	t.Errorf("leases does not list %s:\n%s", cid, stdout)
-}
-
-// assertServes connects from the host to addr:80, where a listener in ns
-// answers with a token: the container is reachable at that address.
-func (e *testEnv) assertServes(t *testing.T, ns netns, addr netip.Addr) {
-	t.Helper()
-	token := fmt.Sprintf("nbc-e2e-%s-%s", e.id, addr)
-	listener := e.startListener(t, ns, 80, token)
-	conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, 80).String(), 5*time.Second)
-	if err != nil {
-		t.Fatalf("dial %s:80: %v", addr, err)
-	}
-	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
-		t.Fatalf("set deadline: %v", err)
-	}
-	got, err := io.ReadAll(conn)
-	conn.Close()
-	if err != nil || string(got) != token {
-		t.Fatalf("%s:80 answered %q (%v), want %q", addr, got, err, token)
-	}
-	if err := listener.Wait(); err != nil {
-		t.Fatalf("listener: %v", err)
-	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -304,12 +305,12 @@ func TestDamagedStateSkipped(t *testing.T) {
 		t.Errorf("the dead container's lease %s is still there (lstat: %v)", pd.Addr(), err)
 	}
 	e.assertNoRecord(t, dead.cid)
-	e.assertNoNAT(t, dead.cid)
+	e.assertNAT(t, dead.cid, natWant{})
 	if _, err := os.Lstat(deadTemp); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("temp file of dead writer %d not removed by the sweep (lstat: %v)", gonePID, err)
 	}
 	assertSame("CHECK")
-	e.assertMasq(t, live, pl.Addr())
+	e.assertNAT(t, live.cid, natWant{Masq: []netip.Addr{pl.Addr()}})
 	ping(t, live, gw)
 
 	// Every damaged entry is reported, except the valid lease of ghost1,

@@ -71,7 +71,7 @@ func fillTmpfs(t *testing.T, dir string, leave int) string {
 }
 
 // assertNoTrace checks that cid left no record, no temp file in the
-// record directory, no lease and no NAT rule.
+// record directory, no lease and no NAT state.
 func (e *testEnv) assertNoTrace(t *testing.T, cid string) {
 	t.Helper()
 	e.assertNoRecord(t, cid)
@@ -80,21 +80,11 @@ func (e *testEnv) assertNoTrace(t *testing.T, cid string) {
 			t.Errorf("temp file %s left in %s", n, e.recordDir())
 		}
 	}
-	e.assertNoLeaseOrNAT(t, cid)
+	e.assertNoLeaseOf(t, cid)
+	e.assertNAT(t, cid, natWant{})
 }
 
-// assertNoLeaseOrNAT checks that cid holds no lease and no NAT rule.
-func (e *testEnv) assertNoLeaseOrNAT(t *testing.T, cid string) {
-	t.Helper()
-	for addr, content := range readLeases(t, e.leaseDir()) {
-		if strings.Contains(content, cid) {
-			t.Errorf("lease %s of %s left: %q", addr, cid, content)
-		}
-	}
-	e.assertNoNAT(t, cid)
-}
-
-// sweep runs the operator's gc on the test's dataDir, the sweep a CHECK
+// operatorSweep runs the operator's gc on the test's dataDir, the sweep a CHECK
 // would run, and fails the test if it fails.
 func (e *testEnv) operatorSweep(t *testing.T) string {
 	t.Helper()
@@ -272,7 +262,8 @@ func TestDelegateCrash(t *testing.T) {
 			if tc.delWorks {
 				e.assertNoTrace(t, ns.cid)
 			} else {
-				e.assertNoLeaseOrNAT(t, ns.cid)
+				e.assertNoLeaseOf(t, ns.cid)
+				e.assertNAT(t, ns.cid, natWant{})
 				t.Logf("records before the sweep: %q", e.recordNames(t))
 			}
 			if linkExistsIn(ns, ifName) {
@@ -330,7 +321,8 @@ func TestDelegateHang(t *testing.T) {
 			if !strings.Contains(ce.Msg, "did not answer") {
 				t.Errorf("the error does not say the delegate did not answer in time: %q", ce.Msg)
 			}
-			e.assertNoLeaseOrNAT(t, ns.cid)
+			e.assertNoLeaseOf(t, ns.cid)
+			e.assertNAT(t, ns.cid, natWant{})
 			t.Logf("records before the sweep: %q", e.recordNames(t))
 			if left := waitProcessesGone(marker, 5*time.Second); len(left) > 0 {
 				t.Errorf("processes of the ADD still running after it returned: %s", processLine(left))
@@ -377,7 +369,7 @@ func TestDelWhenGone(t *testing.T) {
 			ns := e.addNetns(t, "a")
 			p, _ := parseResult(t, e.mustCNI(t, "add", ns, "")).addrIn(t, e.subnet4)
 			e.assertRecord(t, ns, p.Addr())
-			e.assertMasq(t, ns, p.Addr())
+			e.assertNAT(t, ns.cid, natWant{Masq: []netip.Addr{p.Addr()}})
 
 			tc.remove(t, e, ns, p.Addr())
 			for i, what := range []string{"DEL", "second DEL"} {
@@ -389,33 +381,13 @@ func TestDelWhenGone(t *testing.T) {
 				if i == 0 {
 					t.Logf("DEL stderr: %s", strings.TrimSpace(r.stderr))
 				}
-				assertLeases(t, e.leaseDir(), nil)
-				e.assertRecordsExactly(t)
-				e.assertNetworkNATEmpty(t)
+				e.assertNetworkEmpty(t, e.leaseDir())
 				if _, err := os.Stat(ns.path); err == nil && linkExistsIn(ns, ifName) {
 					t.Errorf("%s still in %s after DEL", ifName, ns.name)
 				}
 			}
 		})
 	}
-}
-
-// dropMasq deletes bridge's ipMasq jump and chain of cid, both families.
-func (e *testEnv) dropMasq(t *testing.T, cid string) {
-	t.Helper()
-	for _, fam := range ipFamilies {
-		for _, r := range e.masqJumps(t, fam, cid) {
-			if err := deleteRule(fam, "nat", r); err != nil {
-				t.Fatalf("%v", err)
-			}
-		}
-		if mustReadTable(t, fam, "nat").Chains[e.masqChain(cid)] {
-			if err := dropChain(fam, "nat", e.masqChain(cid)); err != nil {
-				t.Fatalf("%v", err)
-			}
-		}
-	}
-	e.assertNoMasq(t, netns{cid: cid})
 }
 
 func removeOrFail(t *testing.T, p string) {

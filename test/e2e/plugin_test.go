@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -43,7 +42,7 @@ func TestAddCheckDel(t *testing.T) {
 			// The container really is on the network.
 			assertAddrOnIf(t, ns, addr)
 			ping(t, ns, gw)
-			e.assertMasq(t, ns, addr.Addr())
+			e.assertNAT(t, ns.cid, natWant{Masq: []netip.Addr{addr.Addr()}})
 			if tc.nomad {
 				assertLinkUp(t, ns, "lo") // loopback ran
 				e.assertFirewall(t, addr.Addr())
@@ -53,11 +52,9 @@ func TestAddCheckDel(t *testing.T) {
 
 			e.mustCNI(t, "del", ns, "")
 			assertLeases(t, e.leaseDir(), nil)
-			e.assertNoMasq(t, ns)
+			e.assertNAT(t, ns.cid, natWant{})
 			if tc.nomad {
-				if rules := firewallRules(t, addr.Addr()); len(rules) != 0 {
-					t.Errorf("firewall rules for %s left after DEL:\n%s", addr.Addr(), rulesString(rules))
-				}
+				assertNoFirewall(t, addr.Addr())
 			}
 			if linkExistsIn(ns, ifName) {
 				t.Errorf("%s still exists in %s after DEL", ifName, ns.name)
@@ -89,7 +86,7 @@ func TestNomadChainPortMappings(t *testing.T) {
 	ns := e.addNetns(t, "a")
 
 	hostPort := randomHostPort()
-	capArgs := fmt.Sprintf(`{"portMappings":[{"hostPort":%d,"containerPort":80,"protocol":"tcp"}]}`, hostPort)
+	capArgs := portMappings(hostPort)
 
 	res := parseResult(t, e.mustCNI(t, "add", ns, capArgs))
 	if res.CNIVersion != "0.4.0" {
@@ -99,24 +96,20 @@ func TestNomadChainPortMappings(t *testing.T) {
 	assertLeases(t, e.leaseDir(), map[netip.Addr]string{addr.Addr(): leaseContent(ns.cid)})
 	e.assertDefaultDirsUntouched(t)
 	ping(t, ns, gw)
-	e.assertMasq(t, ns, addr.Addr())
+	e.assertNAT(t, ns.cid, natWant{Masq: []netip.Addr{addr.Addr()}, DNAT: []portMap{{hostPort, addr.Addr()}}})
 	e.assertFirewall(t, addr.Addr())
-	e.assertDNAT(t, ns, addr.Addr(), hostPort, 80)
 
 	// Real traffic through the mapping: connect to the host port on the
 	// bridge's address (the test's own) and reach a listener on port 80
 	// inside the namespace.
-	e.assertPortForward(t, ns, gw, hostPort)
+	e.assertReaches(t, ns, netip.AddrPortFrom(gw, uint16(hostPort)))
 
 	e.mustCNI(t, "check", ns, capArgs)
 
 	e.mustCNI(t, "del", ns, capArgs)
-	e.assertNoDNAT(t, ns)
-	e.assertNoMasq(t, ns)
+	e.assertNAT(t, ns.cid, natWant{})
 	assertLeases(t, e.leaseDir(), nil)
-	if rules := firewallRules(t, addr.Addr()); len(rules) != 0 {
-		t.Errorf("firewall rules for %s left after DEL:\n%s", addr.Addr(), rulesString(rules))
-	}
+	assertNoFirewall(t, addr.Addr())
 }
 
 // TestCNIVersions runs ADD, CHECK and DEL at every supported cniVersion with
@@ -162,7 +155,7 @@ func TestCNIVersions(t *testing.T) {
 
 			e.mustCNI(t, "del", ns, "")
 			assertLeases(t, e.leaseDir(), nil)
-			e.assertNoMasq(t, ns)
+			e.assertNAT(t, ns.cid, natWant{})
 		})
 	}
 }
@@ -191,14 +184,13 @@ func TestDualStack(t *testing.T) {
 	ping(t, ns, gw4)
 	waitAddrSettled(t, gw6)
 	ping(t, ns, gw6)
-	e.assertMasq(t, ns, addr4.Addr())
-	e.assertMasq(t, ns, addr6.Addr())
+	e.assertNAT(t, ns.cid, natWant{Masq: []netip.Addr{addr4.Addr(), addr6.Addr()}})
 
 	e.mustCNI(t, "check", ns, "")
 
 	e.mustCNI(t, "del", ns, "")
 	assertLeases(t, e.leaseDir(), nil)
-	e.assertNoMasq(t, ns)
+	e.assertNAT(t, ns.cid, natWant{})
 }
 
 // TestNonTmpfsWarning: with dataDir on a filesystem that survives a reboot
