@@ -8,7 +8,9 @@
 // utils.FormatChainName(network, containerID); portmap's per-container chain
 // is utils.MustFormatChainNameWithPrefix(network, containerID, "DN-"),
 // jumped to from CNI-HOSTPORT-DNAT with the comment
-// `dnat name: "<network>" id: "<containerID>"`.
+// `dnat name: "<network>" id: "<containerID>"` (utils is plugins/pkg/utils;
+// names.go builds the same names). bridge's nftables ipMasq rules are found
+// by their comment too (ipmasq_nftables.go).
 package netfilter
 
 import (
@@ -23,10 +25,7 @@ import (
 	"sync"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/pkg/ip"
-	"github.com/containernetworking/plugins/pkg/utils"
 	"github.com/coreos/go-iptables/iptables"
-	"github.com/google/nftables"
 	"github.com/mattn/go-shellwords"
 )
 
@@ -139,50 +138,6 @@ func (c *Cleaner) Families() []Table {
 	return c.Tables
 }
 
-// ipMasqTable is the nftables table bridge's ipMasq uses
-// (plugins/pkg/ip/ipmasq_nftables_linux.go).
-const ipMasqTable = "cni_plugins_masquerade"
-
-// nftIPMasqTableExists asks the kernel over netlink, without running nft,
-// whether bridge ever made nftables ipMasq rules on this host.
-func nftIPMasqTableExists() bool {
-	conn, err := nftables.New()
-	if err != nil {
-		return false
-	}
-	defer conn.CloseLasting()
-	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return false
-	}
-	for _, t := range tables {
-		if t.Name == ipMasqTable {
-			return true
-		}
-	}
-	return false
-}
-
-// nftablesGC runs bridge's nftables GC where there is something for it:
-// without bridge's table there are no such rules to release, and bridge's
-// GC would run several nft processes to find that out.
-func nftablesGC(network string, keep []types.GCAttachment) error {
-	if !nftIPMasqTableExists() {
-		return nil
-	}
-	return ip.GCIPMasqForNetwork(network, keep)
-}
-
-// nftablesTeardown is bridge's own teardown with no addresses: its
-// iptables half then does nothing (the cleaner handles iptables by
-// comment), its nftables half finds the rules by their comment.
-func nftablesTeardown(network, ifname, containerID string) error {
-	if !nftIPMasqTableExists() {
-		return nil
-	}
-	return ip.TeardownIPMasqForNetworks(nil, network, ifname, containerID)
-}
-
 // rule is one rule to delete: a chain and the rulespec `iptables -S` gave.
 type rule struct {
 	table Table
@@ -280,8 +235,8 @@ func (s *Snapshot) Owned(containerID string) []string {
 // containerChains are the per-container chains bridge and portmap create.
 func containerChains(network, containerID string) []string {
 	return []string{
-		utils.FormatChainName(network, containerID),
-		utils.MustFormatChainNameWithPrefix(network, containerID, portmapDNPrefix),
+		chainName(network, containerID),
+		chainNameWithPrefix(network, containerID, portmapDNPrefix),
 	}
 }
 
@@ -384,7 +339,7 @@ func ParseComment(comment string) (network, containerID string, ok bool) {
 	}
 	// Only what bridge or portmap would have written: a comment that does
 	// not round-trip (raw control characters, say) is someone else's.
-	if formatted := utils.FormatComment(network, containerID); comment != formatted && comment != "dnat "+formatted {
+	if formatted := formatComment(network, containerID); comment != formatted && comment != "dnat "+formatted {
 		return "", "", false
 	}
 	return network, containerID, true

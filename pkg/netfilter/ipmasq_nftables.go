@@ -1,0 +1,137 @@
+package netfilter
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
+)
+
+// bridge's nftables ipMasq backend (plugins/pkg/ip/ipmasq_nftables_linux.go)
+// puts one rule per attachment and address into one chain of one table, and
+// recognises a rule by its comment: a hash of the network, a hash of
+// "<ifname>:<containerID>", then a readable tail.
+//
+// The rules are listed and deleted here over netlink, as `nft` itself does,
+// instead of through bridge's own functions: those run nft through
+// sigs.k8s.io/knftables, whose package init (a dozen regular expressions)
+// was a third of the plugin's start-up work on every verb, including the
+// ones that never reach this code.
+const (
+	ipMasqTable = "cni_plugins_masquerade"
+	ipMasqChain = "masq_checks"
+	// nftCommentMax is nftables' limit on a comment, to which bridge cuts
+	// its comments (knftables.CommentLengthMax).
+	nftCommentMax = 128
+)
+
+// nftNetworkHash is the comment prefix of every rule of network
+// (hashForNetwork upstream).
+func nftNetworkHash(network string) string {
+	return formatHashWithPrefix(16, "", network)
+}
+
+// nftInstanceHash is the comment prefix of one attachment's rules
+// (hashForInstance upstream).
+func nftInstanceHash(network, ifname, containerID string) string {
+	return nftNetworkHash(network) + "-" + formatHashWithPrefix(16, "", ifname+":"+containerID)
+}
+
+// nftComment is the whole comment bridge gives one attachment's rules
+// (commentForInstance upstream).
+func nftComment(network, ifname, containerID string) string {
+	comment := fmt.Sprintf("%s, net: %s, if: %s, id: %s",
+		nftInstanceHash(network, ifname, containerID),
+		strings.ReplaceAll(network, `"`, ``),
+		strings.ReplaceAll(ifname, `"`, ``),
+		strings.ReplaceAll(containerID, `"`, ``),
+	)
+	if len(comment) > nftCommentMax {
+		comment = comment[:nftCommentMax]
+	}
+	return comment
+}
+
+// nftTeardownMatch selects one attachment's rules, as bridge's nftables
+// teardown does (by the comment's hash prefix).
+func nftTeardownMatch(network, ifname, containerID string) func(comment string) bool {
+	prefix := nftInstanceHash(network, ifname, containerID)
+	return func(comment string) bool { return strings.HasPrefix(comment, prefix) }
+}
+
+// nftGCMatch selects the rules of network that belong to no attachment in
+// keep, as bridge's nftables GC does: a rule of the network is kept only if
+// its comment is exactly one a kept attachment would have.
+func nftGCMatch(network string, keep []types.GCAttachment) func(comment string) bool {
+	prefix := nftNetworkHash(network)
+	valid := make(map[string]bool, len(keep))
+	for _, a := range keep {
+		valid[nftComment(network, a.IfName, a.ContainerID)] = true
+	}
+	return func(comment string) bool { return strings.HasPrefix(comment, prefix) && !valid[comment] }
+}
+
+// nftablesGC releases the nftables ipMasq rules of every attachment of
+// network that is not in keep.
+func nftablesGC(network string, keep []types.GCAttachment) error {
+	return deleteIPMasqRules(nftGCMatch(network, keep))
+}
+
+// nftablesTeardown releases the nftables ipMasq rules of one attachment.
+func nftablesTeardown(network, ifname, containerID string) error {
+	return deleteIPMasqRules(nftTeardownMatch(network, ifname, containerID))
+}
+
+// deleteIPMasqRules deletes, in one netlink batch, the rules of bridge's
+// ipMasq chain whose comment match selects. Without bridge's table or
+// chain (or without netlink access to find them) there are no such rules:
+// nothing to do, as bridge's GC finds when its chain does not exist.
+func deleteIPMasqRules(match func(comment string) bool) error {
+	conn, err := nftables.New()
+	if err != nil {
+		return nil
+	}
+	defer conn.CloseLasting()
+	chain := ipMasqChainOf(conn)
+	if chain == nil {
+		return nil
+	}
+	rules, err := conn.GetRules(chain.Table, chain)
+	if err != nil {
+		return fmt.Errorf("list rules of inet %s %s: %w", ipMasqTable, ipMasqChain, err)
+	}
+	n := 0
+	for _, r := range rules {
+		comment, ok := userdata.GetString(r.UserData, userdata.TypeComment)
+		if !ok || !match(comment) {
+			continue
+		}
+		if err := conn.DelRule(&nftables.Rule{Table: chain.Table, Chain: chain, Handle: r.Handle}); err != nil {
+			return fmt.Errorf("delete rule %d of inet %s %s: %w", r.Handle, ipMasqTable, ipMasqChain, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("delete %d rules of inet %s %s: %w", n, ipMasqTable, ipMasqChain, err)
+	}
+	return nil
+}
+
+// ipMasqChainOf finds bridge's ipMasq chain, or nil.
+func ipMasqChainOf(conn *nftables.Conn) *nftables.Chain {
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil
+	}
+	for _, c := range chains {
+		if c.Name == ipMasqChain && c.Table != nil && c.Table.Name == ipMasqTable {
+			return c
+		}
+	}
+	return nil
+}

@@ -1,0 +1,125 @@
+package netfilter
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"sigs.k8s.io/knftables"
+)
+
+// TestNFTablesIPMasqAgainstBridge: rules made by bridge's own nftables
+// ipMasq code (plugins/pkg/ip) in a throw-away namespace are released
+// exactly as bridge's teardown and GC release them; what is left is listed
+// through knftables, as bridge reads it.
+func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("nftables in a namespace needs root, and CI runs as root")
+		}
+		t.Skip("nftables in a namespace needs root")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("bridge's nftables ipMasq needs the nft binary")
+	}
+	netns, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+
+	backend := "nftables"
+	// 64-hex container IDs and a long network name make bridge cut the
+	// comment at nftables' 128 bytes.
+	network := "nomad-network-with-a-rather-long-name"
+	cid := func(i int) string { return fmt.Sprintf("%064x", i) }
+	setup := func(i int, network string) {
+		t.Helper()
+		ipn := &net.IPNet{IP: net.IPv4(10, 9, 0, byte(i)), Mask: net.CIDRMask(24, 32)}
+		ip6 := &net.IPNet{IP: net.ParseIP(fmt.Sprintf("fd00::%d", i)), Mask: net.CIDRMask(64, 128)}
+		if err := ip.SetupIPMasqForNetworks(&backend, []*net.IPNet{ipn, ip6}, network, "eth0", cid(i)); err != nil {
+			t.Fatalf("bridge's ipMasq setup: %v", err)
+		}
+	}
+	left := func() []string {
+		t.Helper()
+		nft, err := knftables.New(knftables.InetFamily, ipMasqTable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rules, err := nft.ListRules(context.Background(), ipMasqChain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range rules {
+			if r.Comment != nil {
+				out = append(out, *r.Comment)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := func(attachments ...[2]any) []string {
+		var out []string
+		for _, a := range attachments {
+			c := nftComment(a[0].(string), "eth0", cid(a[1].(int)))
+			out = append(out, c, c) // one rule per address family
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	err = netns.Do(func(ns.NetNS) error {
+		// Nothing made yet: no table, nothing to do, no error.
+		if err := nftablesTeardown(network, "eth0", cid(1)); err != nil {
+			t.Errorf("teardown without bridge's table: %v", err)
+		}
+		if err := nftablesGC(network, nil); err != nil {
+			t.Errorf("GC without bridge's table: %v", err)
+		}
+		for i := 1; i <= 4; i++ {
+			setup(i, network)
+		}
+		setup(5, "other")
+		for _, c := range left() {
+			if len(c) > nftCommentMax || !strings.HasPrefix(c, nftNetworkHash(network)) && !strings.HasPrefix(c, nftNetworkHash("other")) {
+				t.Fatalf("unexpected comment from bridge: %q", c)
+			}
+		}
+		if got, all := left(), want([2]any{network, 1}, [2]any{network, 2}, [2]any{network, 3}, [2]any{network, 4}, [2]any{"other", 5}); !slices.Equal(got, all) {
+			t.Fatalf("bridge's comments are not the ones computed here:\n got %q\nwant %q", got, all)
+		}
+
+		if err := nftablesTeardown(network, "eth0", cid(1)); err != nil {
+			t.Fatalf("teardown: %v", err)
+		}
+		if got, w := left(), want([2]any{network, 2}, [2]any{network, 3}, [2]any{network, 4}, [2]any{"other", 5}); !slices.Equal(got, w) {
+			t.Fatalf("after teardown of 1:\n got %q\nwant %q", got, w)
+		}
+		if err := nftablesTeardown(network, "eth0", cid(1)); err != nil {
+			t.Errorf("second teardown: %v", err)
+		}
+
+		keep := []types.GCAttachment{{ContainerID: cid(3), IfName: "eth0"}, {ContainerID: cid(5), IfName: "eth0"}}
+		if err := nftablesGC(network, keep); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		if got, w := left(), want([2]any{network, 3}, [2]any{"other", 5}); !slices.Equal(got, w) {
+			t.Fatalf("after GC keeping 3:\n got %q\nwant %q", got, w)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,43 @@
+package netfilter
+
+import (
+	"crypto/sha512"
+	"encoding/hex"
+	"strconv"
+)
+
+// The names and comments bridge and portmap give a container's NAT state,
+// as plugins/pkg/utils builds them. Written out here because importing
+// that package links, and initialises on every verb, its iptables and
+// nftables (knftables) dependencies for three one-line functions.
+
+// chainNameLength is utils.maxChainLength: every per-container chain name
+// is exactly this long.
+const chainNameLength = 28
+
+// chainName is utils.FormatChainName: bridge's per-container ipMasq chain.
+func chainName(network, containerID string) string {
+	return chainNameWithPrefix(network, containerID, "")
+}
+
+// chainNameWithPrefix is utils.MustFormatChainNameWithPrefix, e.g.
+// portmap's "CNI-DN-…" chains.
+func chainNameWithPrefix(network, containerID, prefix string) string {
+	return formatHashWithPrefix(chainNameLength, "CNI-"+prefix, network+containerID)
+}
+
+// formatComment is utils.FormatComment: the comment on bridge's
+// POSTROUTING jump (portmap's DNAT jump adds "dnat " in front).
+func formatComment(network, containerID string) string {
+	return "name: " + strconv.Quote(network) + " id: " + strconv.Quote(containerID)
+}
+
+// formatHashWithPrefix is utils.MustFormatHashWithPrefix: prefix, then the
+// hex SHA-512 of toHash, cut to length.
+func formatHashWithPrefix(length int, prefix, toHash string) string {
+	if len(prefix) >= length || length > 2*sha512.Size {
+		panic("invalid length")
+	}
+	sum := sha512.Sum512([]byte(toHash))
+	return (prefix + hex.EncodeToString(sum[:]))[:length]
+}
