@@ -322,13 +322,16 @@ func parseRule(line, chain string) (spec []string, comment string, ok bool) {
 
 // commentPattern matches both bridge's `name: "<net>" id: "<cid>"` and
 // portmap's `dnat name: "<net>" id: "<cid>"`; the values are Go-quoted
-// (utils.FormatComment uses %q).
-var commentPattern = regexp.MustCompile(`^(?:dnat )?name: ("(?:[^"\\]|\\.)*") id: ("(?:[^"\\]|\\.)*")$`)
+// (utils.FormatComment uses %q). Compiled on first use: every verb links
+// this package, few parse a comment.
+var commentPattern = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^(?:dnat )?name: ("(?:[^"\\]|\\.)*") id: ("(?:[^"\\]|\\.)*")$`)
+})
 
 // ParseComment extracts the network and container ID from a bridge or
 // portmap rule comment.
 func ParseComment(comment string) (network, containerID string, ok bool) {
-	m := commentPattern.FindStringSubmatch(comment)
+	m := commentPattern().FindStringSubmatch(comment)
 	if m == nil {
 		return "", "", false
 	}
