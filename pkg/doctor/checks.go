@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
@@ -20,13 +21,15 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-var semver = regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`)
+// semver is compiled on first use: the doctor is linked into every CNI
+// verb, and package-level work runs at each process start.
+var semver = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`) })
 
 // firstVersion is what Nomad's fingerprint records: the first token of a
 // plugin's output that is a version.
 func firstVersion(out string) (string, [3]int, bool) {
 	for _, tok := range strings.Fields(out) {
-		if m := semver.FindStringSubmatch(tok); m != nil && strings.TrimRight(tok, ",") == tok {
+		if m := semver().FindStringSubmatch(tok); m != nil && strings.TrimRight(tok, ",") == tok {
 			var v [3]int
 			fmt.Sscan(m[1], &v[0])
 			fmt.Sscan(m[2], &v[1])
@@ -119,8 +122,10 @@ func checkDataDirs(o Options, ours []*network) []Finding {
 
 // nomadBuiltin is the network Nomad's client builds in code for
 // `mode = "bridge"`.
-var nomadBuiltin = network{file: "Nomad's built-in bridge network", name: "nomad", bridge: "nomad",
-	subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, leaseDir: "/var/run/cni/nomad"}
+func nomadBuiltin() *network {
+	return &network{file: "Nomad's built-in bridge network", name: "nomad", bridge: "nomad",
+		subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, leaseDir: "/var/run/cni/nomad"}
+}
 
 // checkClashes: two networks with one name or one bridge, or overlapping
 // subnets kept in different lease directories (two host-local stores
@@ -128,8 +133,7 @@ var nomadBuiltin = network{file: "Nomad's built-in bridge network", name: "nomad
 func checkClashes(o Options, nets []*network) []Finding {
 	all := slices.Clone(nets)
 	if o.Nomad {
-		b := nomadBuiltin
-		all = append(all, &b)
+		all = append(all, nomadBuiltin())
 	}
 	var fs []Finding
 	for i, a := range all {

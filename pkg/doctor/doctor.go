@@ -82,12 +82,23 @@ func Run(o Options) *Report {
 	return r
 }
 
-var marks = map[Level]string{OK: "✓", Warn: "!", Error: "✗"}
+// mark is the sign WriteText puts in front of a finding of level l.
+func mark(l Level) string {
+	switch l {
+	case OK:
+		return "✓"
+	case Warn:
+		return "!"
+	case Error:
+		return "✗"
+	}
+	return ""
+}
 
 // WriteText prints one line per finding, its fix indented below.
 func WriteText(w io.Writer, r *Report) error {
 	for _, f := range r.Findings {
-		if _, err := fmt.Fprintf(w, "%s %s: %s: %s\n", marks[f.Level], f.Check, f.Subject, f.Message); err != nil {
+		if _, err := fmt.Fprintf(w, "%s %s: %s: %s\n", mark(f.Level), f.Check, f.Subject, f.Message); err != nil {
 			return err
 		}
 		if f.Fix != "" {
