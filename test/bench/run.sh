@@ -64,12 +64,14 @@ trap 'exit 129' HUP
 
 echo "bench: building the driver" >&2
 (cd "$REPO" && CGO_ENABLED=0 "$GO" build -buildvcs=false -o "$TOOLS/nbcbench" ./test/bench/cmd/nbcbench \
-	&& CGO_ENABLED=0 "$GO" build -buildvcs=false -o "$TOOLS/execrss" ./test/bench/cmd/execrss)
+	&& CGO_ENABLED=0 "$GO" build -buildvcs=false -o "$TOOLS/execrss" ./test/bench/cmd/execrss \
+	&& CGO_ENABLED=0 "$GO" build -buildvcs=false -trimpath -o "$TOOLS/minimal" ./test/bench/cmd/minimal)
 
 echo "bench: run $ID, scratch $WORK" >&2
 # shellcheck disable=SC2086 # NBCB_ARGS is a list of flags
 "$TOOLS/nbcbench" run --bin "$BIN" --repo "$REPO" --work "$WORK/run" --id "$ID" \
 	--out "$WORK/results.json" --budget "${NBCB_BUDGET:-7m}" --command "${NBCB_COMMAND:-make bench}" \
+	--minimal "$TOOLS/minimal" \
 	${NBCB_ARGS:-} >"$WORK/table.md" &
 DRIVER_PID=$!
 set +e

@@ -25,6 +25,7 @@ const (
 
 type options struct {
 	bin, repo, work, id, out  string
+	minimal                   string
 	command                   string
 	pairs, rounds, parallel   int
 	coldPairs, releaseReps    int

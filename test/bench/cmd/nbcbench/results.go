@@ -113,7 +113,12 @@ type Results struct {
 	Throughput *Pair `json:"throughput,omitempty"`
 	ColdStart  *Pair `json:"coldStart,omitempty"`
 	// Restore is N CHECKs back to back, as a Nomad client restart sends.
-	Restore  []RestoreCell `json:"restore,omitempty"`
+	Restore []RestoreCell `json:"restore,omitempty"`
+	// ColdFloor compares the plugin's VERSION (A) with a minimal static Go
+	// binary's (B), from the same interleaved runs as ColdStart.
+	ColdFloor *Pair `json:"coldFloor,omitempty"`
+	// Startup is each cold-start binary's page faults and package init.
+	Startup  []StartupStat `json:"startup,omitempty"`
 	LoadAvg  string        `json:"loadAvg"`
 	Warnings []string      `json:"warnings,omitempty"`
 }

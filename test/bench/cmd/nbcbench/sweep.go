@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/netip"
@@ -261,52 +260,5 @@ func (e *Env) benchRelease(res *Results) error {
 	synth.Remove(theirs.spec.DataDir, theirs.spec.Network)
 	p := makePair("release 254 stale leases", a, b).withCPU(ca, cb)
 	res.Release = &p
-	return nil
-}
-
-// benchCold times the VERSION verb of our binary against bridge's, pairs
-// interleaved: exec to exit, i.e. process start-up and the runtime's init.
-func (e *Env) benchCold(res *Results) error {
-	stdin := []byte(`{"cniVersion":"1.0.0"}`)
-	one := func(name string) (float64, float64, error) {
-		cmd := exec.Command(filepath.Join(e.o.bin, name))
-		cmd.Env = cniEnv("CNI_COMMAND=VERSION")
-		cmd.Stdin = bytes.NewReader(stdin)
-		var out bytes.Buffer
-		cmd.Stdout = &out
-		t0 := time.Now()
-		err := cmd.Run()
-		d := time.Since(t0)
-		if err != nil || !strings.Contains(out.String(), "supportedVersions") {
-			return 0, 0, fmt.Errorf("%s VERSION: %v: %s", name, err, out.String())
-		}
-		return ms(d), ms(procCPU(cmd.ProcessState)), nil
-	}
-	// Warm the page cache with both binaries.
-	for range 3 {
-		if _, _, err := one(pluginType); err != nil {
-			return err
-		}
-		if _, _, err := one("bridge"); err != nil {
-			return err
-		}
-	}
-	var a, b, ca, cb []float64
-	for range e.o.coldPairs {
-		if err := e.canceled(); err != nil {
-			return err
-		}
-		d, c, err := one(pluginType)
-		if err != nil {
-			return err
-		}
-		a, ca = append(a, d), append(ca, c)
-		if d, c, err = one("bridge"); err != nil {
-			return err
-		}
-		b, cb = append(b, d), append(cb, c)
-	}
-	p := makePair("VERSION", a, b).withCPU(ca, cb)
-	res.ColdStart = &p
 	return nil
 }
