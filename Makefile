@@ -15,8 +15,9 @@ PLUGINS_VERSION  = $(shell $(GO) list -m -f '{{.Version}}' github.com/containern
 # The reference plugins and cnitool are go.mod's tool block. Nomad
 # fingerprints plugins by the semver they print; module-proxy builds print
 # "version unknown" unless stamped, so they are stamped the way a release is
-# (cnitool does not link the variable; the linker ignores it there).
-TOOLS           = $(shell $(GO) list tool)
+# (cnitool does not link the variable; the linker ignores it there). The
+# block's other tools (nfpm, for `make release`) are not plugins.
+TOOLS           = $(filter github.com/containernetworking/%,$(shell $(GO) list tool))
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
