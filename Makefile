@@ -80,7 +80,8 @@ install-as-bridge: build
 	install -m 0755 $(BIN)/nomad-bridge-cni $(DESTDIR)$(FRONT_PREFIX)/bridge
 
 # Release artifacts in dist/: static linux/amd64 and linux/arm64 tarballs,
-# .debs, SHA256SUMS. Version from git; `make release VERSION=vX.Y.Z` overrides.
+# .debs and .rpms (written by nfpm, pinned in go.mod's tool block), SHA256SUMS.
+# Version from git; `make release VERSION=vX.Y.Z` overrides.
 release:
 	bash scripts/release/release.sh
 
