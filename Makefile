@@ -51,8 +51,9 @@ test-podman: build plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/podman/
 
 # Builds the release artifacts into a temp dir and checks them, installs the
-# .deb into a throw-away root, and builds again to prove the bytes are the
-# same (`go test -short ./test/release/` skips that second build).
+# .deb (dpkg) and the .rpm (rpm) into throw-away roots, and builds again to
+# prove the bytes are the same (`go test -short ./test/release/` skips that
+# second build).
 test-release:
 	$(GO) test -count=1 -v ./test/release/
 
