@@ -15,8 +15,9 @@ PLUGINS_VERSION  = $(shell $(GO) list -m -f '{{.Version}}' github.com/containern
 # The reference plugins and cnitool are go.mod's tool block. Nomad
 # fingerprints plugins by the semver they print; module-proxy builds print
 # "version unknown" unless stamped, so they are stamped the way a release is
-# (cnitool does not link the variable; the linker ignores it there).
-TOOLS           = $(shell $(GO) list tool)
+# (cnitool does not link the variable; the linker ignores it there). The
+# block's other tools (nfpm, for `make release`) are not plugins.
+TOOLS           = $(filter github.com/containernetworking/%,$(shell $(GO) list tool))
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
@@ -50,8 +51,9 @@ test-podman: build plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/podman/
 
 # Builds the release artifacts into a temp dir and checks them, installs the
-# .deb into a throw-away root, and builds again to prove the bytes are the
-# same (`go test -short ./test/release/` skips that second build).
+# .deb (dpkg) and the .rpm (rpm) into throw-away roots, and builds again to
+# prove the bytes are the same (`go test -short ./test/release/` skips that
+# second build).
 test-release:
 	$(GO) test -count=1 -v ./test/release/
 
@@ -79,7 +81,8 @@ install-as-bridge: build
 	install -m 0755 $(BIN)/nomad-bridge-cni $(DESTDIR)$(FRONT_PREFIX)/bridge
 
 # Release artifacts in dist/: static linux/amd64 and linux/arm64 tarballs,
-# .debs, SHA256SUMS. Version from git; `make release VERSION=vX.Y.Z` overrides.
+# .debs and .rpms (written by nfpm, pinned in go.mod's tool block), SHA256SUMS.
+# Version from git; `make release VERSION=vX.Y.Z` overrides.
 release:
 	bash scripts/release/release.sh
 

@@ -10,24 +10,37 @@
 #                                                      cache), laid out like the reference
 #                                                      cni-plugins tarballs
 #   dist/nomad-bridge-cni_<debversion>_amd64.deb      /opt/cni/bin/nomad-bridge-cni and
-#   dist/nomad-bridge-cni_<debversion>_arm64.deb      /usr/share/doc/nomad-bridge-cni/;
-#                                                      no maintainer scripts
+#   dist/nomad-bridge-cni_<debversion>_arm64.deb      /usr/share/doc/nomad-bridge-cni/ (README.md,
+#                                                      SECURITY.md, THIRD_PARTY_LICENSES,
+#                                                      copyright); no maintainer scripts
+#   dist/nomad-bridge-cni-<debversion>-1.x86_64.rpm   the same binary and docs, LICENSE as
+#   dist/nomad-bridge-cni-<debversion>-1.aarch64.rpm  %license in /usr/share/licenses/
+#                                                      nomad-bridge-cni/; no scriptlets
 #   dist/SHA256SUMS                                    sha256sum format, all of the above
+#
+# The .deb and .rpm packages are written by nfpm (github.com/goreleaser/nfpm/v2,
+# pinned in go.mod's tool block, run with `go tool nfpm`) from one generated
+# config. The tarballs are written with GNU tar: nfpm writes packages only, no
+# plain tarballs.
 #
 # The binaries are static (CGO_ENABLED=0, checked: no PT_INTERP, no PT_DYNAMIC,
 # no DT_NEEDED), built with -trimpath and the version stamped in pkg/skel.Version.
-# Archive and package entries are owned by 0:0, sorted, and dated at the commit
-# time, so two runs on the same commit with the same toolchain give the same bytes.
+# Archive and package entries are owned by 0:0 (root), and dated at the commit
+# time (nfpm's mtime, the rpm's build time); the tarballs' entries are sorted;
+# the rpm names a fixed build host. So two runs on the same commit with the same
+# toolchain give the same bytes.
 #
 # Environment:
 #   VERSION            vX.Y.Z[-pre][+meta]; default: from git (see derive_version)
 #   DIST               output directory (default: <repo>/dist)
 #   SOURCE_DATE_EPOCH  timestamp of every entry (default: the commit time of HEAD)
-#   DEB_MAINTAINER     the .deb's Maintainer field
+#   DEB_MAINTAINER     the packages' maintainer (.deb Maintainer, .rpm Packager)
 #   GO                 the go command (default: go)
 #
-# Needs: bash, go, git (unless VERSION and SOURCE_DATE_EPOCH are set), GNU tar,
-# gzip, sha256sum, md5sum, dpkg-deb. Nothing else; installs nothing.
+# Needs: bash, go (and the module cache or the Go module proxy, for nfpm), git
+# (unless VERSION and SOURCE_DATE_EPOCH are set), GNU tar, gzip, sha256sum.
+# Nothing else; installs nothing. dpkg-deb and rpm, when present, only list
+# what the packages hold.
 #
 #   scripts/release/release.sh                  build everything into $DIST
 #   scripts/release/release.sh --print-version  print "version <v>" and "deb-version <d>"
@@ -91,6 +104,9 @@ tree_dirty() {
 #   v0.1.0-git18.gabc1234  -> 0.1.0~git18.abc1234       (no tag yet: before the first 0.1.0)
 #   ...-dirty              -> ...+dirty, or ....dirty when there is a '+' already
 #   v1.2.3+meta            -> 1.2.3+meta
+# The .rpm's Version is the same string, with Release 1: rpm (>= 4.10) sorts
+# '~' before anything and treats '+' and '.' as separators, so the order is
+# the same there.
 deb_version() {
 	local v=$1 core rest meta='' pre='' post='' out
 	[[ $v =~ ^v([0-9]+\.[0-9]+\.[0-9]+)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$ ]] ||
@@ -151,17 +167,18 @@ case ${1:-} in
 esac
 
 # ----------------------------------------------------------------- tools ---
-for cmd in "$GO" tar gzip sha256sum md5sum dpkg-deb; do
-	command -v "$cmd" >/dev/null 2>&1 || die "'$cmd' not found (needs: go, GNU tar, gzip, coreutils, dpkg-deb)"
+for cmd in "$GO" tar gzip sha256sum; do
+	command -v "$cmd" >/dev/null 2>&1 || die "'$cmd' not found (needs: go, GNU tar, gzip, coreutils)"
 done
 tar --version 2>/dev/null | head -n1 | grep -q 'GNU tar' || die "tar is not GNU tar (needed for --sort=name, --owner, --mtime)"
 
-[[ $DEB_MAINTAINER =~ ^[^[:cntrl:]]+$ ]] || die "DEB_MAINTAINER must be one line of text"
+# nfpm expands $VAR in the maintainer field: a '$' would be replaced.
+[[ $DEB_MAINTAINER =~ ^[^[:cntrl:]$]+$ ]] || die "DEB_MAINTAINER must be one line of text without '$'"
 
 V=$(derive_version)
 DEBV=$(deb_version "$V")
 EPOCH=$(source_date_epoch)
-export SOURCE_DATE_EPOCH=$EPOCH # dpkg-deb: ar member dates, and clamps the data.tar mtimes
+export SOURCE_DATE_EPOCH=$EPOCH # also set as nfpm's mtime in its config
 
 step "$NAME $V (Debian $DEBV), timestamp $EPOCH ($(date -u -d "@$EPOCH" +%Y-%m-%dT%H:%M:%SZ))"
 if command -v git >/dev/null 2>&1 && git_ rev-parse --git-dir >/dev/null 2>&1 && tree_dirty; then
@@ -249,7 +266,8 @@ for arch in "${ARCHES[@]}"; do
 	tar -tvzf "$WORK/out/$tgz" | sed 's/^/    /'
 done
 
-# --------------------------------------------------------------- .deb ---
+# ------------------------------------------------------ .deb and .rpm ---
+# The Debian copyright file: the package's license, and what the binary links.
 write_copyright() { # $1: destination
 	{
 		printf 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n'
@@ -267,57 +285,118 @@ write_copyright() { # $1: destination
 	} >"$1"
 }
 
-for arch in "${ARCHES[@]}"; do
-	deb=${NAME}_${DEBV}_$arch.deb
-	step "$deb"
-	st=$WORK/deb-$arch
-	doc=$st/usr/share/doc/$NAME
-	install -d -m 0755 "$st/DEBIAN" "$st/opt/cni/bin" "$doc"
-	install -m 0755 "$WORK/bin/$arch/$NAME" "$st/opt/cni/bin/$NAME"
-	install -m 0644 "$ROOT/README.md" "$ROOT/SECURITY.md" "$WORK/THIRD_PARTY_LICENSES" "$doc/"
-	write_copyright "$doc/copyright"
-	chmod 0644 "$doc/copyright"
-	(cd "$st" && find opt usr -type f | sort | xargs md5sum) >"$st/DEBIAN/md5sums"
-	# Installed-Size: KiB, files rounded up, 1 per directory (as dpkg-gencontrol).
-	size=$(cd "$st" && find opt usr \( -type f -printf '%s\n' \) -o \( -type d -printf '1024\n' \) |
-		awk '{ s += int(($1 + 1023) / 1024) } END { print s }')
-	cat >"$st/DEBIAN/control" <<EOF
-Package: $NAME
-Version: $DEBV
-Architecture: $arch
-Maintainer: $DEB_MAINTAINER
-Installed-Size: $size
-Recommends: containernetworking-plugins
-Section: net
-Priority: optional
-Homepage: $HOMEPAGE
-Description: CNI plugin: bridge with host-local leases on tmpfs
- nomad-bridge-cni sits in front of the reference CNI "bridge" plugin and keeps
- host-local's IP leases on tmpfs (/var/run/cni by default), so a container
- restored after a reboot gets its address back instead of failing with
- "duplicate allocation". Adopt it by replacing "type": "bridge" with
- "type": "nomad-bridge-cni" in a conflist.
- .
- The plugin is installed to /opt/cni/bin, the CNI bin directory of Nomad,
- containerd, CRI-O and nerdctl. It calls the reference "bridge" and
- "host-local" plugins, looked up in the runtime's CNI_PATH. Debian's
- containernetworking-plugins package installs them to /usr/lib/cni, which
- runtimes do not search by default: add /usr/lib/cni to the runtime's CNI
- plugin path, or put the upstream cni-plugins release in /opt/cni/bin.
- .
- The package has no maintainer scripts: installing, upgrading or removing it
- touches no running container and no network configuration.
-EOF
-	chmod 0644 "$st/DEBIAN/control" "$st/DEBIAN/md5sums"
-	find "$st" -exec touch -h -d "@$EPOCH" {} +
-	# -Zxz: dpkg on Debian < 12 cannot read zstd, Ubuntu's dpkg defaults to it.
-	# --root-owner-group: entries are root:root without fakeroot.
-	if ! dpkg-deb --root-owner-group -Zxz --build "$st" "$WORK/out/$deb" >"$WORK/dpkg-deb.log" 2>&1 ||
-		grep -qi 'warning' "$WORK/dpkg-deb.log"; then
-		cat "$WORK/dpkg-deb.log" >&2
-		die "dpkg-deb failed or warned for $deb"
+# The rpm License tag names the license of LICENSE: checked, not assumed.
+license_id() {
+	if [[ ! -f $ROOT/LICENSE ]]; then
+		printf 'NOASSERTION\n'
+	elif head -n 3 "$ROOT/LICENSE" | tr -s ' ' | grep -q 'Apache License' &&
+		head -n 3 "$ROOT/LICENSE" | grep -q 'Version 2\.0'; then
+		printf 'Apache-2.0\n'
+	else
+		die "LICENSE is not the Apache License 2.0: set the SPDX id in license_id"
 	fi
-	dpkg-deb --contents "$WORK/out/$deb" | sed 's/^/    /'
+}
+
+yaml_quote() { # $1 as a YAML double-quoted scalar (no control characters)
+	local s=${1//\\/\\\\}
+	printf '"%s"' "${s//\"/\\\"}"
+}
+
+# nfpm_content emits one entry of nfpm's contents list.
+nfpm_content() { # $1: source, $2: destination, $3: mode, $4: packager or '', $5: rpm type or ''
+	printf '  - src: %s\n    dst: %s\n    file_info: {mode: 0%s}\n' "$(yaml_quote "$1")" "$(yaml_quote "$2")" "$3"
+	[[ -z $4 ]] || printf '    packager: %s\n' "$4"
+	[[ -z $5 ]] || printf '    type: %s\n' "$5"
+}
+
+# write_nfpm_config writes one nfpm config for both packages of an arch. The
+# .deb keeps Debian's layout (LICENSE in copyright); the .rpm marks its docs
+# %doc and puts the license texts in /usr/share/licenses/<name>/ (%license),
+# as rpmbuild does, and owns those two directories.
+write_nfpm_config() { # $1: arch, $2: destination
+	local arch=$1 doc=/usr/share/doc/$NAME lic=/usr/share/licenses/$NAME f
+	{
+		cat <<EOF
+# Generated by scripts/release/release.sh for linux/$arch.
+name: $NAME
+arch: $arch
+platform: linux
+version: $(yaml_quote "$DEBV")
+version_schema: none
+mtime: "$(date -u -d "@$EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
+maintainer: $(yaml_quote "$DEB_MAINTAINER")
+homepage: $HOMEPAGE
+license: $LICENSE_ID
+section: net
+priority: optional
+recommends:
+  - containernetworking-plugins
+description: |-
+  CNI plugin: bridge with host-local leases on tmpfs
+  nomad-bridge-cni sits in front of the reference CNI "bridge" plugin and keeps
+  host-local's IP leases on tmpfs (/var/run/cni by default), so a container
+  restored after a reboot gets its address back instead of failing with
+  "duplicate allocation". Adopt it by replacing "type": "bridge" with
+  "type": "nomad-bridge-cni" in a conflist.
+
+  The plugin is installed to /opt/cni/bin, the CNI bin directory of Nomad,
+  containerd, CRI-O and nerdctl. It calls the reference "bridge" and
+  "host-local" plugins, looked up in the runtime's CNI_PATH. Debian's
+  containernetworking-plugins package installs them to /usr/lib/cni, which
+  runtimes do not search by default: add /usr/lib/cni to the runtime's CNI
+  plugin path, or put the upstream cni-plugins release in /opt/cni/bin.
+
+  The package has no maintainer scripts: installing, upgrading or removing it
+  touches no running container and no network configuration.
+deb:
+  # xz: dpkg on Debian < 12 cannot read zstd, Ubuntu's dpkg defaults to it.
+  compression: xz
+rpm:
+  summary: "CNI plugin: bridge with host-local leases on tmpfs"
+  compression: xz
+  # The default is this machine's hostname.
+  buildhost: reproducible
+contents:
+EOF
+		nfpm_content "$WORK/bin/$arch/$NAME" "/opt/cni/bin/$NAME" 755 '' ''
+		for f in README.md SECURITY.md; do
+			nfpm_content "$ROOT/$f" "$doc/$f" 644 deb ''
+			nfpm_content "$ROOT/$f" "$doc/$f" 644 rpm doc
+		done
+		nfpm_content "$WORK/THIRD_PARTY_LICENSES" "$doc/THIRD_PARTY_LICENSES" 644 deb ''
+		nfpm_content "$WORK/copyright" "$doc/copyright" 644 deb ''
+		nfpm_content "$WORK/THIRD_PARTY_LICENSES" "$lic/THIRD_PARTY_LICENSES" 644 rpm license
+		[[ ! -f $ROOT/LICENSE ]] || nfpm_content "$ROOT/LICENSE" "$lic/LICENSE" 644 rpm license
+		printf '  - dst: %s\n    type: dir\n    packager: rpm\n    file_info: {mode: 0755}\n' "$doc" "$lic"
+	} >"$2"
+}
+
+# nfpm runs for the build machine (not GOOS/GOARCH), at the version go.mod pins.
+nfpm() { env -u GOOS -u GOARCH GOFLAGS=-mod=readonly "$GO" tool nfpm "$@"; }
+
+LICENSE_ID=$(license_id)
+write_copyright "$WORK/copyright"
+step "nfpm $(GOFLAGS=-mod=readonly "$GO" list -m -f '{{.Version}}' github.com/goreleaser/nfpm/v2)"
+declare -A RPM_ARCH=([amd64]=x86_64 [arm64]=aarch64)
+for arch in "${ARCHES[@]}"; do
+	write_nfpm_config "$arch" "$WORK/nfpm-$arch.yaml"
+	deb=${NAME}_${DEBV}_$arch.deb
+	rpm=$NAME-$DEBV-1.${RPM_ARCH[$arch]}.rpm
+	for pkg in "deb:$deb" "rpm:$rpm"; do
+		step "${pkg#*:}"
+		if ! nfpm package --config "$WORK/nfpm-$arch.yaml" --packager "${pkg%%:*}" \
+			--target "$WORK/out/${pkg#*:}" >"$WORK/nfpm.log" 2>&1; then
+			cat "$WORK/nfpm.log" >&2
+			die "nfpm failed for ${pkg#*:}"
+		fi
+	done
+	# Listed for the log when the tools are at hand; test/release checks them.
+	if command -v dpkg-deb >/dev/null 2>&1; then
+		dpkg-deb --contents "$WORK/out/$deb" | sed 's/^/    /'
+	fi
+	if command -v rpm >/dev/null 2>&1; then
+		rpm -qlvp "$WORK/out/$rpm" 2>/dev/null | sed 's/^/    /'
+	fi
 done
 
 # ----------------------------------------------------------- SHA256SUMS ---
@@ -327,7 +406,7 @@ mapfile -t artifacts < <(cd "$WORK/out" && find . -maxdepth 1 -type f -printf '%
 mv "$WORK/SHA256SUMS" "$WORK/out/SHA256SUMS"
 
 mkdir -p "$DIST"
-rm -f "$DIST/$NAME"-linux-*.tgz "$DIST/${NAME}"_*.deb "$DIST/SHA256SUMS"
+rm -f "$DIST/$NAME"-linux-*.tgz "$DIST/${NAME}"_*.deb "$DIST/$NAME"-*.rpm "$DIST/SHA256SUMS"
 mv "$WORK/out"/* "$DIST/"
 
 step "verify: sha256sum -c (in $DIST)"

@@ -9,12 +9,18 @@
 // expected files; the amd64 .deb, unpacked with `dpkg -x` and installed with
 // `dpkg --root` into a throw-away root, gives a working
 // /opt/cni/bin/nomad-bridge-cni whose VERSION verb answers, and purging it
-// leaves nothing behind; and a second build of the same commit is
-// byte-for-byte identical.
+// leaves nothing behind; each .rpm passes `rpm --checksig`, has the expected
+// name, version, release, arch and license, no scriptlets, no dependency but
+// rpmlib's, and exactly the expected files (modes, owners, dates, %doc and
+// %license flags, digests); the amd64 .rpm, installed with `rpm --root` into a
+// throw-away root, verifies, runs, and erasing it leaves only the parent
+// directories it does not own; rpm sorts the versions in release order, as
+// dpkg does; and a second build of the same commit is byte-for-byte identical.
 //
-// It needs bash, go, git, GNU tar, gzip, sha256sum, md5sum and dpkg (dpkg-deb,
-// dpkg-query); not root. Without them it skips, saying why; with CI set in the
-// environment a missing prerequisite is a failure instead. Run it with
+// It needs bash, go, git, GNU tar, gzip, sha256sum, dpkg (dpkg-deb,
+// dpkg-query) and rpm (Debian's rpm package); root only for the `rpm --root`
+// install. Without them it skips, saying why; with CI set in the environment
+// a missing prerequisite is a failure instead. Run it with
 //
 //	go test -count=1 -v ./test/release/
 package release

@@ -158,6 +158,17 @@ func TestVersionMapping(t *testing.T) {
 		}
 	}
 
+	// The .rpm's Version is the same string: rpm must sort it the same way.
+	t.Run("rpm-order", func(t *testing.T) {
+		need(t, "rpm")
+		for i := 1; i < len(order); i++ {
+			expr := fmt.Sprintf(`%%{lua:print(rpm.vercmp("%s", "%s"))}`, order[i-1], order[i])
+			if out, errOut, err := runErr(t, root, cleanEnv(), nil, "rpm", "--eval", expr); err != nil || strings.TrimSpace(out) != "-1" {
+				t.Errorf("rpm.vercmp(%s, %s) = %q, want -1: %v %s", order[i-1], order[i], out, err, errOut)
+			}
+		}
+	})
+
 	// Without VERSION the version comes from git, in one of the documented forms.
 	need(t, "git")
 	v, d, err := printVersion(t, "")
@@ -174,7 +185,7 @@ func TestVersionMapping(t *testing.T) {
 // The release
 
 func TestRelease(t *testing.T) {
-	need(t, "bash", "go", "git", "tar", "gzip", "sha256sum", "md5sum", "dpkg", "dpkg-deb", "dpkg-query")
+	need(t, "bash", "go", "git", "tar", "gzip", "sha256sum", "dpkg", "dpkg-deb", "dpkg-query")
 	root := repoRoot(t)
 	script := filepath.Join(root, "scripts", "release", "release.sh")
 	head := func() string {
@@ -191,7 +202,7 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("HEAD moved from %s to %s while the release was built (a concurrent commit): run the test again", headBefore, h)
 	}
 
-	// The four artifacts and SHA256SUMS, nothing else.
+	// The six artifacts and SHA256SUMS, nothing else.
 	entries, err := os.ReadDir(distA)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +225,8 @@ func TestRelease(t *testing.T) {
 	}
 	tgz := func(arch string) string { return name + "-linux-" + arch + "-" + version + ".tgz" }
 	deb := func(arch string) string { return name + "_" + debVersion + "_" + arch + ".deb" }
-	artifacts := []string{tgz("amd64"), tgz("arm64"), deb("amd64"), deb("arm64")}
+	rpm := func(arch string) string { return name + "-" + debVersion + "-1." + rpmArch[arch] + ".rpm" }
+	artifacts := []string{tgz("amd64"), tgz("arm64"), deb("amd64"), deb("arm64"), rpm("amd64"), rpm("arm64")}
 	if want := append(slices.Clone(artifacts), "SHA256SUMS"); !sameSet(files, want) {
 		t.Fatalf("dist holds %v, want %v", files, want)
 	}
@@ -279,6 +291,14 @@ func TestRelease(t *testing.T) {
 	})
 	t.Run("deb-amd64-dpkg-root", func(t *testing.T) {
 		checkDpkgRoot(t, filepath.Join(distA, deb("amd64")), debVersion, version)
+	})
+	for _, arch := range []string{"amd64", "arm64"} {
+		t.Run("rpm-"+arch, func(t *testing.T) {
+			checkRpm(t, root, filepath.Join(distA, rpm(arch)), arch, debVersion, bins[arch], docs, commitTime)
+		})
+	}
+	t.Run("rpm-amd64-rpm-root", func(t *testing.T) {
+		checkRpmRoot(t, filepath.Join(distA, rpm("amd64")), debVersion, version)
 	})
 
 	// A second build of the same commit, now with VERSION and SOURCE_DATE_EPOCH
@@ -510,18 +530,19 @@ func checkDeb(t *testing.T, root, path, arch, debVersion string, bin []byte, com
 		t.Errorf("Description does not tell where Debian's containernetworking-plugins are:\n%s", fields["Description"])
 	}
 
-	// Control archive: control and md5sums, no maintainer script of any kind.
+	// Control archive: control and md5sums, no maintainer script of any kind
+	// (nfpm writes no "./" entry here and leaves the owner names empty).
 	ctrl := checkEntries(t, "control.tar of "+filepath.Base(path),
 		readTar(t, pipe(t, "dpkg-deb", "--ctrl-tarfile", path)),
-		map[string]want{"./": {mode: 0o755, dir: true}, "./control": {mode: 0o644}, "./md5sums": {mode: 0o644}},
-		"root", commitTime)
+		map[string]want{"./control": {mode: 0o644}, "./md5sums": {mode: 0o644}},
+		"", commitTime)
 
-	// Data archive: exactly these, root:root.
+	// Data archive: exactly these, root:root (no "./" entry: nfpm writes none).
 	doc := "./usr/share/doc/" + name + "/"
 	data := checkEntries(t, "data.tar of "+filepath.Base(path),
 		readTar(t, pipe(t, "dpkg-deb", "--fsys-tarfile", path)),
 		map[string]want{
-			"./": {mode: 0o755, dir: true}, "./opt/": {mode: 0o755, dir: true}, "./opt/cni/": {mode: 0o755, dir: true},
+			"./opt/": {mode: 0o755, dir: true}, "./opt/cni/": {mode: 0o755, dir: true},
 			"./opt/cni/bin/": {mode: 0o755, dir: true}, "./opt/cni/bin/" + name: {mode: 0o755, data: bin},
 			"./usr/": {mode: 0o755, dir: true}, "./usr/share/": {mode: 0o755, dir: true},
 			"./usr/share/doc/": {mode: 0o755, dir: true}, doc: {mode: 0o755, dir: true},
