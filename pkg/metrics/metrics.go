@@ -38,14 +38,14 @@ func Collect(s *reclaim.Sweeper, dataDir string, networks []string, ranges map[s
 	now := s.Host.Now()
 	for _, name := range networks {
 		d := netdir.New(dataDir, name)
-		rep, err := s.Sweep(reclaim.Request{Dir: d, DryRun: true, Orphans: true})
-		if err != nil {
-			return nil, fmt.Errorf("network %s: %w", name, err)
-		}
 		n := Network{Name: name, Attachments: map[reclaim.State]int{}, RangeSize: ranges[name], LastSweepAge: -1}
-		for _, a := range rep.Attachments {
+		count := func(a *reclaim.Attachment) {
 			n.Attachments[a.Verdict.State]++
 			n.Leases += len(a.Leases)
+		}
+		rep, err := s.Sweep(reclaim.Request{Dir: d, DryRun: true, Orphans: true, Visit: count})
+		if err != nil {
+			return nil, fmt.Errorf("network %s: %w", name, err)
 		}
 		n.OrphanRules = len(rep.OrphanRules)
 		if t, ok := s.LastSweep(d); ok {

@@ -39,21 +39,6 @@ func nftInstanceHash(network, ifname, containerID string) string {
 	return nftNetworkHash(network) + "-" + formatHashWithPrefix(16, "", ifname+":"+containerID)
 }
 
-// nftComment is the whole comment bridge gives one attachment's rules
-// (commentForInstance upstream).
-func nftComment(network, ifname, containerID string) string {
-	comment := fmt.Sprintf("%s, net: %s, if: %s, id: %s",
-		nftInstanceHash(network, ifname, containerID),
-		strings.ReplaceAll(network, `"`, ``),
-		strings.ReplaceAll(ifname, `"`, ``),
-		strings.ReplaceAll(containerID, `"`, ``),
-	)
-	if len(comment) > nftCommentMax {
-		comment = comment[:nftCommentMax]
-	}
-	return comment
-}
-
 // nftTeardownMatch selects one attachment's rules, as bridge's nftables
 // teardown does (by the comment's hash prefix).
 func nftTeardownMatch(network, ifname, containerID string) func(comment string) bool {
@@ -61,22 +46,23 @@ func nftTeardownMatch(network, ifname, containerID string) func(comment string) 
 	return func(comment string) bool { return strings.HasPrefix(comment, prefix) }
 }
 
-// nftGCMatch selects the rules of network that belong to no attachment in
-// keep, as bridge's nftables GC does: a rule of the network is kept only if
-// its comment is exactly one a kept attachment would have.
-func nftGCMatch(network string, keep []types.GCAttachment) func(comment string) bool {
-	prefix := nftNetworkHash(network)
-	valid := make(map[string]bool, len(keep))
-	for _, a := range keep {
-		valid[nftComment(network, a.IfName, a.ContainerID)] = true
+// nftReleaseMatch selects the rules of the attachments in atts, each by
+// its comment's hash prefix, as bridge's teardown selects one attachment's.
+func nftReleaseMatch(network string, atts []types.GCAttachment) func(comment string) bool {
+	doomed := make(map[string]bool, len(atts))
+	for _, a := range atts {
+		doomed[nftInstanceHash(network, a.IfName, a.ContainerID)] = true
 	}
-	return func(comment string) bool { return strings.HasPrefix(comment, prefix) && !valid[comment] }
+	return func(comment string) bool {
+		instance, _, _ := strings.Cut(comment, ",")
+		return doomed[instance]
+	}
 }
 
-// nftablesGC releases the nftables ipMasq rules of every attachment of
-// network that is not in keep.
-func nftablesGC(network string, keep []types.GCAttachment) error {
-	return deleteIPMasqRules(nftGCMatch(network, keep))
+// nftablesRelease releases the nftables ipMasq rules of the attachments
+// in atts (a sweep's stale ones), in one listing and one batch.
+func nftablesRelease(network string, atts []types.GCAttachment) error {
+	return deleteIPMasqRules(nftReleaseMatch(network, atts))
 }
 
 // nftablesTeardown releases the nftables ipMasq rules of one attachment.

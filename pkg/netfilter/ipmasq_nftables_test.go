@@ -84,8 +84,8 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		if err := nftablesTeardown(network, "eth0", cid(1)); err != nil {
 			t.Errorf("teardown without bridge's table: %v", err)
 		}
-		if err := nftablesGC(network, nil); err != nil {
-			t.Errorf("GC without bridge's table: %v", err)
+		if err := nftablesRelease(network, []types.GCAttachment{{ContainerID: cid(1), IfName: "eth0"}}); err != nil {
+			t.Errorf("release without bridge's table: %v", err)
 		}
 		for i := 1; i <= 4; i++ {
 			setup(i, network)
@@ -110,16 +110,33 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 			t.Errorf("second teardown: %v", err)
 		}
 
-		keep := []types.GCAttachment{{ContainerID: cid(3), IfName: "eth0"}, {ContainerID: cid(5), IfName: "eth0"}}
-		if err := nftablesGC(network, keep); err != nil {
-			t.Fatalf("GC: %v", err)
+		// A sweep's batch: 2 and 4 are stale; 5 has the same ID on
+		// another network and stays.
+		stale := []types.GCAttachment{{ContainerID: cid(2), IfName: "eth0"}, {ContainerID: cid(4), IfName: "eth0"}, {ContainerID: cid(5), IfName: "eth0"}}
+		if err := nftablesRelease(network, stale); err != nil {
+			t.Fatalf("release: %v", err)
 		}
 		if got, w := left(), want([2]any{network, 3}, [2]any{"other", 5}); !slices.Equal(got, w) {
-			t.Fatalf("after GC keeping 3:\n got %q\nwant %q", got, w)
+			t.Fatalf("after releasing 2 and 4:\n got %q\nwant %q", got, w)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// nftComment is the whole comment bridge gives one attachment's rules
+// (commentForInstance upstream).
+func nftComment(network, ifname, containerID string) string {
+	comment := fmt.Sprintf("%s, net: %s, if: %s, id: %s",
+		nftInstanceHash(network, ifname, containerID),
+		strings.ReplaceAll(network, `"`, ``),
+		strings.ReplaceAll(ifname, `"`, ``),
+		strings.ReplaceAll(containerID, `"`, ``),
+	)
+	if len(comment) > nftCommentMax {
+		comment = comment[:nftCommentMax]
+	}
+	return comment
 }

@@ -53,9 +53,9 @@ type Cleaner struct {
 	Tables []Table
 	// findTables finds Tables lazily, so the ADD path pays nothing.
 	findTables func() []Table
-	// NFTablesGC releases nftables ipMasq rules of every attachment not in
-	// keep; nil skips nftables.
-	NFTablesGC func(network string, keep []types.GCAttachment) error
+	// NFTablesRelease releases the nftables ipMasq rules of the given
+	// attachments (one listing, one batch); nil skips nftables.
+	NFTablesRelease func(network string, atts []types.GCAttachment) error
 	// NFTablesTeardown releases the nftables ipMasq rules of one
 	// attachment; nil skips nftables.
 	NFTablesTeardown func(network, ifname, containerID string) error
@@ -65,7 +65,7 @@ type Cleaner struct {
 // bridge's own nftables GC. A missing iptables binary is not an error: the
 // host then only has nftables rules, if any.
 func New() *Cleaner {
-	return &Cleaner{NFTablesGC: nftablesGC, NFTablesTeardown: nftablesTeardown, findTables: hostTables}
+	return &Cleaner{NFTablesRelease: nftablesRelease, NFTablesTeardown: nftablesTeardown, findTables: hostTables}
 }
 
 // hostTables finds iptables and ip6tables in PATH without running them.
@@ -270,14 +270,13 @@ func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// ReleaseNFTables removes nftables ipMasq rules of every attachment of the
-// network that is not in keep.
-func (c *Cleaner) ReleaseNFTables(network string, keep []types.GCAttachment) error {
-	if c.NFTablesGC == nil {
+// ReleaseNFTables removes the nftables ipMasq rules of atts.
+func (c *Cleaner) ReleaseNFTables(network string, atts []types.GCAttachment) error {
+	if c.NFTablesRelease == nil || len(atts) == 0 {
 		return nil
 	}
-	if err := c.NFTablesGC(network, keep); err != nil {
-		return fmt.Errorf("nftables ipMasq GC for %s: %w", network, err)
+	if err := c.NFTablesRelease(network, atts); err != nil {
+		return fmt.Errorf("nftables ipMasq release for %s: %w", network, err)
 	}
 	return nil
 }

@@ -101,16 +101,20 @@ func TestSnapshotListsEachChainOncePerFamily(t *testing.T) {
 	}
 }
 
-func TestReleaseNFTablesPassesKeepList(t *testing.T) {
+func TestReleaseNFTablesPassesTheAttachments(t *testing.T) {
 	var gotNet string
-	var gotKeep []types.GCAttachment
-	c := &netfilter.Cleaner{NFTablesGC: func(n string, keep []types.GCAttachment) error { gotNet, gotKeep = n, keep; return nil }}
-	keep := []types.GCAttachment{{ContainerID: "live", IfName: "eth0"}}
-	if err := c.ReleaseNFTables("nomad", keep); err != nil {
+	var got []types.GCAttachment
+	calls := 0
+	c := &netfilter.Cleaner{NFTablesRelease: func(n string, atts []types.GCAttachment) error { gotNet, got = n, atts; calls++; return nil }}
+	doomed := []types.GCAttachment{{ContainerID: "gone", IfName: "eth0"}}
+	if err := c.ReleaseNFTables("nomad", doomed); err != nil {
 		t.Fatal(err)
 	}
-	if gotNet != "nomad" || !reflect.DeepEqual(gotKeep, keep) {
-		t.Errorf("nft GC got %q %v", gotNet, gotKeep)
+	if gotNet != "nomad" || !reflect.DeepEqual(got, doomed) {
+		t.Errorf("nft release got %q %v", gotNet, got)
+	}
+	if err := c.ReleaseNFTables("nomad", nil); err != nil || calls != 1 {
+		t.Errorf("nothing to release: %v, %d calls; want no call", err, calls)
 	}
 }
 

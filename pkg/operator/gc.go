@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +21,8 @@ type GCRelease struct {
 	Removed     []string `json:"removed"`
 }
 
-// GCOutput is the whole `gc --json` document.
+// GCOutput is the whole `gc --json` document. GCJSON writes it as the
+// releases come, without holding them.
 type GCOutput struct {
 	DataDir  string      `json:"dataDir"`
 	DryRun   bool        `json:"dryRun"`
@@ -28,49 +30,125 @@ type GCOutput struct {
 	Problems []string    `json:"problems"`
 }
 
+// GCResult is what gc did besides its releases.
+type GCResult struct {
+	Released int
+	Problems []string
+}
+
+// GCSink takes gc's releases as each sweep makes them, then the rest.
+type GCSink interface {
+	Release(GCRelease)
+	End(*GCResult) error
+}
+
 // GC runs CHECK's sweep over each network (with orphanRules, also the NAT
-// rules that no lease or record holds). Every network is swept even if an
-// earlier one failed.
-func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRules bool) (*GCOutput, error) {
-	out := &GCOutput{DataDir: dataDir, DryRun: dryRun, Released: []GCRelease{}, Problems: []string{}}
+// rules that no lease or record holds), handing each release to sink as it
+// is made: a network of 65534 stale attachments is never held at once.
+// Every network is swept even if an earlier one failed.
+func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRules bool, sink GCSink) error {
+	res := &GCResult{Problems: []string{}}
 	var errs []error
 	for _, network := range networks {
-		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules})
+		emit := func(rel reclaim.Release) {
+			res.Released++
+			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
+		}
+		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, Released: emit})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
 		if rep == nil {
 			continue
 		}
-		for _, rel := range rep.Releases {
-			out.Released = append(out.Released, GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
-		}
 		for _, p := range rep.Problems {
-			out.Problems = append(out.Problems, fmt.Sprintf("%s: %v", network, p))
+			res.Problems = append(res.Problems, fmt.Sprintf("%s: %v", network, p))
 		}
 	}
-	return out, errors.Join(errs...)
+	return errors.Join(append(errs, sink.End(res))...)
 }
 
-// WriteGCText prints one line per release, saying what went (or would go)
-// and why.
-func WriteGCText(w io.Writer, out *GCOutput) {
+// GCText prints one line per release, saying what went (or would go) and
+// why, as it goes.
+type GCText struct {
+	W      io.Writer
+	DryRun bool
+	err    error
+}
+
+func (t *GCText) Release(r GCRelease) {
 	verb, removed := "released", "removed"
-	if out.DryRun {
+	if t.DryRun {
 		verb, removed = "would release", "would remove"
 	}
-	for _, r := range out.Released {
-		ips := strings.Join(r.IPs, ",")
-		if ips == "" {
-			ips = "(no lease)"
-		}
-		fmt.Fprintf(w, "%s %s %s/%s %s: %s; %s %s\n", verb, r.Network, r.ContainerID, dash(r.IfName), ips, r.Reason, removed, strings.Join(r.Removed, ", "))
+	ips := strings.Join(r.IPs, ",")
+	if ips == "" {
+		ips = "(no lease)"
 	}
-	for _, p := range out.Problems {
-		fmt.Fprintf(w, "skipped: %s\n", p)
+	t.printf("%s %s %s/%s %s: %s; %s %s\n", verb, r.Network, r.ContainerID, dash(r.IfName), ips, r.Reason, removed, strings.Join(r.Removed, ", "))
+}
+
+func (t *GCText) End(res *GCResult) error {
+	for _, p := range res.Problems {
+		t.printf("skipped: %s\n", p)
 	}
-	if len(out.Released) == 0 {
-		fmt.Fprintln(w, "nothing to release")
+	if res.Released == 0 {
+		t.printf("nothing to release\n")
+	}
+	return t.err
+}
+
+func (t *GCText) printf(format string, args ...any) {
+	if t.err == nil {
+		_, t.err = fmt.Fprintf(t.W, format, args...)
+	}
+}
+
+// GCJSON writes the `gc --json` document (GCOutput, indented as WriteJSON
+// indents it) one release at a time.
+type GCJSON struct {
+	w   io.Writer
+	n   int
+	err error
+}
+
+// NewGCJSON starts the document.
+func NewGCJSON(w io.Writer, dataDir string, dryRun bool) *GCJSON {
+	j := &GCJSON{w: w}
+	head, err := json.Marshal(dataDir)
+	j.err = err
+	j.write(fmt.Sprintf("{\n  \"dataDir\": %s,\n  \"dryRun\": %t,\n  \"released\": [", head, dryRun))
+	return j
+}
+
+func (j *GCJSON) Release(r GCRelease) {
+	b, err := json.MarshalIndent(r, "    ", "  ")
+	if err != nil && j.err == nil {
+		j.err = err
+	}
+	sep := ",\n    "
+	if j.n == 0 {
+		sep = "\n    "
+	}
+	j.n++
+	j.write(sep + string(b))
+}
+
+func (j *GCJSON) End(res *GCResult) error {
+	if j.n > 0 {
+		j.write("\n  ")
+	}
+	b, err := json.MarshalIndent(nonNil(res.Problems), "  ", "  ")
+	if err != nil && j.err == nil {
+		j.err = err
+	}
+	j.write("],\n  \"problems\": " + string(b) + "\n}\n")
+	return j.err
+}
+
+func (j *GCJSON) write(s string) {
+	if j.err == nil {
+		_, j.err = io.WriteString(j.w, s)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -40,28 +41,55 @@ type LeasesOutput struct {
 }
 
 // Leases builds the rows of every network: a dry-run sweep under CHECK's
-// rules, plus the NAT rules nobody holds. It changes nothing.
+// rules, plus the NAT rules nobody holds. It changes nothing. Rows are
+// kept (the table is aligned over all of them) and sorted as the network's
+// addresses are: an attachment's rows by its first address, those without
+// a lease after them, then the orphan rules.
 func Leases(s *reclaim.Sweeper, dataDir string, networks []string) (*LeasesOutput, error) {
 	out := &LeasesOutput{DataDir: dataDir, Leases: []Row{}, Problems: []string{}}
 	now := s.Host.Now()
 	for _, network := range networks {
-		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true})
+		var rows []sortedRow
+		visit := func(a *reclaim.Attachment) {
+			for _, r := range rowsOf(network, a, now) {
+				rows = append(rows, sortedRow{Row: r, key: sortKey(a)})
+			}
+		}
+		var orphans []Row
+		released := func(rel reclaim.Release) {
+			if rel.Orphan {
+				orphans = append(orphans, Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
+			}
+		}
+		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true, Visit: visit, Released: released})
 		if err != nil {
 			return nil, fmt.Errorf("network %s: %w", network, err)
 		}
-		for _, a := range rep.Attachments {
-			out.Leases = append(out.Leases, rowsOf(network, a, now)...)
+		// Stable: an attachment's rows stay in its leases' order.
+		sort.SliceStable(rows, func(i, j int) bool { return rows[i].key < rows[j].key })
+		for _, r := range rows {
+			out.Leases = append(out.Leases, r.Row)
 		}
-		for _, rel := range rep.Releases {
-			if rel.Orphan {
-				out.Leases = append(out.Leases, Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
-			}
-		}
+		out.Leases = append(out.Leases, orphans...)
 		for _, p := range rep.Problems {
 			out.Problems = append(out.Problems, fmt.Sprintf("%s: %v", network, p))
 		}
 	}
 	return out, nil
+}
+
+type sortedRow struct {
+	Row
+	key string
+}
+
+// sortKey orders attachments by first address (a sweep sorts an
+// attachment's leases), then those without a lease by key.
+func sortKey(a *reclaim.Attachment) string {
+	if len(a.Leases) == 0 {
+		return "\xff" + a.Key.String()
+	}
+	return "\x00" + string(a.Leases[0].IP.To16()) + a.Key.String()
 }
 
 func rowsOf(network string, a *reclaim.Attachment, now time.Time) []Row {

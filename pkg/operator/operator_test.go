@@ -3,6 +3,7 @@ package operator
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,13 +141,11 @@ func TestGCDryRunThenGC(t *testing.T) {
 	networks, _ := Networks(dataDir, "nomad")
 	before := tree(t, dataDir)
 
-	dry, err := GC(s, dataDir, networks, true, false)
+	dry, text, err := runGC(s, dataDir, networks, true, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var text bytes.Buffer
-	WriteGCText(&text, dry)
-	golden(t, "gc-dry-run.txt", text.Bytes(), dataDir)
+	golden(t, "gc-dry-run.txt", text, dataDir)
 	if after := tree(t, dataDir); after != before {
 		t.Errorf("dry run changed files:\n%s\n---\n%s", before, after)
 	}
@@ -154,7 +153,7 @@ func TestGCDryRunThenGC(t *testing.T) {
 		t.Error("dry run changed NAT rules")
 	}
 
-	done, err := GC(s, dataDir, networks, false, false)
+	done, _, err := runGC(s, dataDir, networks, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,13 +171,68 @@ func TestGCDryRunThenGC(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, "nomad", "172.26.64.6")); err != nil {
 		t.Errorf("gc released the lease of an attachment whose namespace a process still holds: %v", err)
 	}
-	again, err := GC(s, dataDir, networks, false, false)
+	again, _, err := runGC(s, dataDir, networks, false, false)
 	if err != nil || len(again.Released) != 0 {
 		t.Errorf("second gc = %+v, %v; want a no-op", again.Released, err)
 	}
-	withOrphans, err := GC(s, dataDir, networks, false, true)
+	withOrphans, _, err := runGC(s, dataDir, networks, false, true)
 	if err != nil || len(withOrphans.Released) != 1 || nat.Owns("nomad", "vanished") {
 		t.Errorf("gc --orphan-rules = %+v, %v", withOrphans.Released, err)
+	}
+}
+
+// collector is a GCSink that keeps the document, and the text GCText
+// writes for it.
+type collector struct {
+	out  GCOutput
+	text GCText
+}
+
+func (c *collector) Release(r GCRelease) {
+	c.out.Released = append(c.out.Released, r)
+	c.text.Release(r)
+}
+
+func (c *collector) End(res *GCResult) error {
+	c.out.Problems = res.Problems
+	return c.text.End(res)
+}
+
+func runGC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphans bool) (*GCOutput, []byte, error) {
+	var text bytes.Buffer
+	c := &collector{out: GCOutput{DataDir: dataDir, DryRun: dryRun, Released: []GCRelease{}}, text: GCText{W: &text, DryRun: dryRun}}
+	err := GC(s, dataDir, networks, dryRun, orphans, c)
+	return &c.out, text.Bytes(), err
+}
+
+// The streamed `gc --json` is byte for byte the document WriteJSON writes
+// for the same releases: its schema and layout stay as documented.
+func TestGCJSONStreamsTheDocument(t *testing.T) {
+	for _, n := range []int{0, 1, 3} {
+		var problems []string
+		if n == 3 {
+			problems = []string{"nomad: lease <x> & \"y\""}
+		}
+		doc := GCOutput{DataDir: "/run/d\"ir", DryRun: n == 1, Released: []GCRelease{}, Problems: nonNil(problems)}
+		var streamed, whole bytes.Buffer
+		j := NewGCJSON(&streamed, doc.DataDir, doc.DryRun)
+		for i := range n {
+			r := GCRelease{Network: "nomad", ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0", IPs: []string{"10.0.0.2"}, Reason: "gone", Removed: []string{"lease 10.0.0.2", "record"}}
+			if i == 1 {
+				r.IPs, r.Removed = []string{}, []string{}
+			}
+			doc.Released = append(doc.Released, r)
+			j.Release(r)
+		}
+		if err := j.End(&GCResult{Released: n, Problems: problems}); err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteJSON(&whole, doc); err != nil {
+			t.Fatal(err)
+		}
+		if streamed.String() != whole.String() {
+			t.Errorf("%d releases: streamed\n%s\nwant\n%s", n, streamed.String(), whole.String())
+		}
 	}
 }
 

@@ -115,8 +115,9 @@ func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath s
 	return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), d.Network, old.Netns, netnsPath)}
 }
 
-// releaseOne releases a single stale attachment: its leases under
-// host-local's lock, its NAT rules, its record.
+// releaseOne releases a single stale attachment the way a sweep releases
+// one (releaseFiles), under host-local's lock: its leases, its NAT rules,
+// its record.
 func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) error {
 	_, unlock, err := d.Lock()
 	if err != nil {
@@ -124,39 +125,39 @@ func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) erro
 	}
 	defer unlock()
 
-	var what, ips []string
-	var errs []error
-	// One read of the directory, as a sweep does: disk.Store.ReleaseByID
-	// would walk into planted subdirectories and follow symlinks.
-	dir, err := readLeases(d.Leases(), nil)
+	leases, err := openLeaseDir(d.Leases())
 	if err != nil {
-		errs = append(errs, err)
-	} else {
-		for _, l := range dir.leases {
-			// A lease written before host-local recorded ifnames names the
-			// container alone, as host-local's own ReleaseByID matches it.
-			if l.Key != old.Key() && l.Key != (records.Key{ContainerID: old.ContainerID}) {
-				continue
-			}
-			if err := removeLeaseFile(l); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			ips = append(ips, l.IP.String())
-			what = append(what, "lease "+l.IP.String())
-		}
+		return err
 	}
+	defer leases.close()
+	a := &Attachment{Key: old.Key(), Record: old, Verdict: v}
+	// One read of the directory, as a sweep does (disk.Store.ReleaseByID
+	// would walk into planted subdirectories and follow symlinks). A lease
+	// written before host-local recorded ifnames names the container
+	// alone, as host-local's own ReleaseByID matches it.
+	legacy := records.Key{ContainerID: old.ContainerID}
+	var errs []error
+	errs = append(errs, leases.each(nil, func(l Lease) {
+		if l.Key == a.Key || l.Key == legacy {
+			a.Leases = append(a.Leases, l)
+		}
+	}, func(error) {}))
+	sortLeases(a.Leases)
+	rel := Release{Key: a.Key, Reason: v.Reason}
+	for _, l := range a.Leases {
+		rel.IPs = append(rel.IPs, l.IP.String())
+		rel.What = append(rel.What, "lease "+l.IP.String())
+	}
+	recordGone, err := releaseFiles(leases, records.NewStore(d), a, false)
+	errs = append(errs, err)
 	if s.Netfilter != nil {
 		removed, err := s.Netfilter.ReleaseContainer(d.Network, old.IfName, old.ContainerID)
-		what = append(what, removed...)
+		rel.What = append(rel.What, removed...)
 		errs = append(errs, err)
 	}
-	if err := records.NewStore(d).Remove(old.Key()); err != nil {
-		errs = append(errs, err)
-	} else {
-		what = append(what, "record")
+	if recordGone {
+		rel.What = append(rel.What, "record")
 	}
-	rel := Release{Key: old.Key(), IPs: ips, Reason: v.Reason, What: what}
 	s.countReleases(d, map[string]int{v.Cause: 1})
 	s.logf("%s: released %s", d.Network, rel)
 	return errors.Join(errs...)

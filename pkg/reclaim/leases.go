@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -36,84 +37,150 @@ type Lease struct {
 	content string
 }
 
-// leaseDir is what one read of a host-local network directory found.
+// leaseDir is a host-local network directory, open once: its reservations
+// are read and removed relative to it (openat, unlinkat), with no walk of
+// the whole path per file, which a sweep over thousands would pay. A nil
+// leaseDir is a directory that does not exist: it holds no lease.
 type leaseDir struct {
-	leases []Lease
-	// damaged holds the trimmed content of reservation files that are not
-	// valid leases; a sweep must leave them where they are.
-	damaged []string
-	// unreadable is set when some reservation file could not be read in
-	// full, so its content is unknown.
-	unreadable bool
-	// skipped counts leases not read because a live record claims them.
-	skipped  int
-	problems []error
+	path string
+	f    *os.File
 }
 
-// readLeases reads every reservation in a host-local network directory,
-// one open per file. Files that are not reservations (lock,
-// last_reserved_ip.N) are skipped silently; damaged ones are skipped and
-// reported as problems.
-//
-// A file named after an address in claimed is not read: a live record says
-// whose it is, and a sweep keeps it either way. That makes the common sweep
-// (nothing stale) read records only. Whoever is about to release must read
-// the directory again in full (claimed nil): GC's keep list needs every
-// file's content.
-func readLeases(dir string, claimed map[string]records.Key) (*leaseDir, error) {
-	d := &leaseDir{}
-	df, err := os.Open(dir)
+func openLeaseDir(path string) (*leaseDir, error) {
+	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return d, nil
+		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
+		return nil, fmt.Errorf("list leases in %s: %w", path, err)
 	}
-	defer df.Close()
-	dirfd := int(df.Fd())
-	err = statefile.EachDirEntry(df, func(e fs.DirEntry) {
+	return &leaseDir{path: path, f: f}, nil
+}
+
+func (d *leaseDir) close() {
+	if d != nil {
+		d.f.Close()
+	}
+}
+
+// read reads the lease named after ip.
+func (d *leaseDir) read(ip net.IP) (Lease, error) {
+	if d == nil {
+		return Lease{}, fs.ErrNotExist
+	}
+	l, _, err := readLease(int(d.f.Fd()), d.path, ip.String())
+	l.IP = ip
+	return l, err
+}
+
+// each calls fn with every reservation of the directory, read one at a
+// time, except those skip (when set) turns down by address, unread.
+// Files that are not reservations (lock, last_reserved_ip.N) are passed
+// over silently; damaged ones are reported to bad and never to fn.
+// host-local treats every other regular file as a reservation, so each one
+// is read, even if its name is not an address.
+func (d *leaseDir) each(skip func(net.IP) bool, fn func(Lease), bad func(error)) error {
+	if d == nil {
+		return nil
+	}
+	dirfd := int(d.f.Fd())
+	err := statefile.EachDirEntry(d.f, func(e fs.DirEntry) {
 		name := e.Name()
 		if name == "lock" || strings.HasPrefix(name, "last_reserved_ip.") {
 			return // host-local's own, never a reservation
 		}
-		path := filepath.Join(dir, name)
-		ip := net.ParseIP(name)
 		if !e.Type().IsRegular() {
 			// disk.Store skips these too; nothing here removes them.
-			d.problems = append(d.problems, fmt.Errorf("%s: not a regular file", path))
+			bad(fmt.Errorf("%s: not a regular file", filepath.Join(d.path, name)))
 			return
 		}
-		if k, ok := claimed[name]; ok && ip != nil {
-			d.leases = append(d.leases, Lease{IP: ip, Path: path, Key: k})
-			d.skipped++
+		ip := net.ParseIP(name)
+		if ip != nil && skip != nil && skip(ip) {
 			return
 		}
-		// host-local treats every other regular file as a reservation, so
-		// each one is read, even if its name is not an address, and a
-		// damaged one is reported.
-		l, content, err := readLease(dirfd, dir, name)
+		l, _, err := readLease(dirfd, d.path, name)
 		switch {
-		case err == nil && ip != nil:
-			l.IP = ip
-			d.leases = append(d.leases, l)
-		case err == nil || content != nil:
-			if content == nil {
-				content = &l.content
-			}
-			d.damaged = append(d.damaged, *content)
-			if err == nil {
-				err = fmt.Errorf("%s: not named after an address", path)
-			}
-			d.problems = append(d.problems, err)
+		case errors.Is(err, fs.ErrNotExist):
+			// Released since the directory was read.
+		case err != nil:
+			bad(err)
+		case ip == nil:
+			bad(fmt.Errorf("%s: not named after an address", l.Path))
 		default:
-			d.unreadable = true
-			d.problems = append(d.problems, err)
+			l.IP = ip
+			fn(l)
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list leases in %s: %w", dir, err)
+		return fmt.Errorf("list leases in %s: %w", d.path, err)
 	}
-	return d, nil
+	return nil
+}
+
+// remove removes lease files of the directory, each only if it still is
+// the file that was read: a regular file (not followed if a symlink) with
+// the same content. The caller holds host-local's lock.
+func (d *leaseDir) remove(leases []Lease) error {
+	if d == nil {
+		return nil
+	}
+	dirfd := int(d.f.Fd())
+	var errs []error
+	for _, l := range leases {
+		name := filepath.Base(l.Path)
+		again, _, err := readLease(dirfd, d.path, name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil || again.content != l.content {
+			errs = append(errs, fmt.Errorf("lease %s changed since it was read; left in place", l.Path))
+			continue
+		}
+		if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
+			errs = append(errs, fmt.Errorf("release lease %s: %w", l.Path, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// leaseList is every reservation of a directory at once, for the
+// migration of a legacy directory (read once per boot).
+type leaseList struct {
+	leases   []Lease
+	problems []error
+}
+
+// readLeases reads every reservation in a host-local network directory.
+func readLeases(path string) (*leaseList, error) {
+	d, err := openLeaseDir(path)
+	if err != nil {
+		return nil, err
+	}
+	defer d.close()
+	list := &leaseList{}
+	err = d.each(nil, func(l Lease) { list.leases = append(list.leases, l) }, func(err error) { list.problems = append(list.problems, err) })
+	return list, err
+}
+
+// releaseLeases removes the listed lease files of the given attachments,
+// each once its content is checked again, with the caller holding
+// host-local's lock.
+func releaseLeases(path string, list *leaseList, doomed map[records.Key]bool) error {
+	var leases []Lease
+	for _, l := range list.leases {
+		if doomed[l.Key] {
+			leases = append(leases, l)
+		}
+	}
+	if len(leases) == 0 {
+		return nil
+	}
+	d, err := openLeaseDir(path)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	return d.remove(leases)
 }
 
 // readLease reads one reservation, name in dir open as dirfd (or, with

@@ -75,7 +75,8 @@ func (s *Migrator) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	}
 	defer unlockLegacy()
 
-	dir, err := readLeases(netdir.New(legacyDir, d.Network).Leases(), nil)
+	legacyLeases := netdir.New(legacyDir, d.Network).Leases()
+	dir, err := readLeases(legacyLeases)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func (s *Migrator) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	for k := range kept {
 		delete(drop, k)
 	}
-	if err := releaseLeases(dir, drop); err != nil {
+	if err := releaseLeases(legacyLeases, dir, drop); err != nil {
 		errs = append(errs, err)
 	}
 	if m.Moved+m.Dropped > 0 {

@@ -2,65 +2,49 @@ package reclaim
 
 import (
 	"errors"
-	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
-// releaseLeases removes the lease files of the stale attachments, each
-// once its content is checked again (removeLeaseFiles), with the caller
-// holding host-local's lock. Damaged or unreadable files are not in
-// dir.leases and stay.
-func releaseLeases(dir *leaseDir, stale map[records.Key]bool) error {
-	var doomed []Lease
-	for _, l := range dir.leases {
-		if stale[l.Key] {
-			doomed = append(doomed, l)
-		}
+// releaseFiles releases a stale attachment's own files, with the caller
+// holding host-local's lock: its leases, each by its own path and only
+// while it still holds what was read, and its record, only if no new ADD
+// replaced it meanwhile. NAT rules belong to the container ID, not to one
+// attachment: they are the caller's. It reports whether the record went (in a dry run,
+// would go); the leases that go are all of a.Leases.
+func releaseFiles(leases *leaseDir, recs *records.Store, a *Attachment, dryRun bool) (recordGone bool, err error) {
+	if dryRun {
+		return a.Record != nil, nil
 	}
-	if len(doomed) == 0 {
-		return nil
+	err = leases.remove(a.Leases)
+	if a.Record == nil {
+		return false, err
 	}
-	return removeLeaseFiles(filepath.Dir(doomed[0].Path), doomed)
+	recordGone, rerr := removeRecordIfUnchanged(recs, a.Record)
+	return recordGone, errors.Join(err, rerr)
 }
 
-// removeLeaseFile removes one lease file (see removeLeaseFiles).
-func removeLeaseFile(l Lease) error { return removeLeaseFiles(filepath.Dir(l.Path), []Lease{l}) }
+// removeRecordIfUnchanged removes a stale record unless it was replaced
+// since it was read: a new ADD for the same attachment may have written
+// its pending record meanwhile.
+func removeRecordIfUnchanged(store *records.Store, seen *records.Record) (bool, error) {
+	now, err := store.Read(seen.Key())
+	if err != nil || now == nil {
+		return false, err
+	}
+	if now.State != seen.State || now.PID != seen.PID || !now.Created.Equal(seen.Created) || now.NetnsID != seen.NetnsID {
+		return false, nil
+	}
+	return true, store.Remove(seen.Key())
+}
 
-// removeLeaseFiles removes lease files of the directory dirPath, each only
-// if it still is the file that was read: a regular file (not followed if a
-// symlink) with the same content. The directory is opened once and every
-// file read and unlinked relative to it: no walk of the whole path per
-// lease, which a sweep releasing thousands would pay.
-func removeLeaseFiles(dirPath string, leases []Lease) error {
-	d, err := os.Open(dirPath)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
+// removeLeaseFile removes one lease file if it still holds what was read.
+func removeLeaseFile(l Lease) error {
+	d, err := openLeaseDir(filepath.Dir(l.Path))
 	if err != nil {
-		return fmt.Errorf("open lease directory %s: %w", dirPath, err)
+		return err
 	}
-	defer d.Close()
-	dirfd := int(d.Fd())
-	var errs []error
-	for _, l := range leases {
-		name := filepath.Base(l.Path)
-		again, _, err := readLease(dirfd, dirPath, name)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil || again.content != l.content {
-			errs = append(errs, fmt.Errorf("lease %s changed since it was read; left in place", l.Path))
-			continue
-		}
-		if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
-			errs = append(errs, fmt.Errorf("release lease %s: %w", l.Path, err))
-		}
-	}
-	return errors.Join(errs...)
+	defer d.close()
+	return d.remove([]Lease{l})
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"strings"
 	"time"
 
@@ -93,9 +92,6 @@ type judge struct {
 	bootTime time.Time
 	// valid is the GC verb's list; nil outside a GC.
 	valid *validSet
-	// seen caches each record's verdict: a sweep asks twice (liveClaims,
-	// then judgeAll) and the namespace check is most of its cost.
-	seen map[*records.Record]Verdict
 	// holders is the host's namespace holders, scanned at most once per
 	// judge, and only when some path fails its check.
 	holders sysinfo.Holders
@@ -110,50 +106,11 @@ func newJudge(h sysinfo.Host, recs *records.Store, valid []types.GCAttachment, i
 	if err != nil {
 		return nil, err
 	}
-	j := &judge{host: h, records: recs, bootID: bootID, bootTime: bootTime, seen: map[*records.Record]Verdict{}}
+	j := &judge{host: h, records: recs, bootID: bootID, bootTime: bootTime}
 	if isGC {
 		j.valid = newValidSet(valid)
 	}
 	return j, nil
-}
-
-// judgeAll sets every attachment's verdict and returns the stale ones.
-func (j *judge) judgeAll(atts []*Attachment) map[records.Key]bool {
-	stale := map[records.Key]bool{}
-	for _, a := range atts {
-		a.Verdict = j.verdict(a)
-		if a.Verdict.State == Stale {
-			stale[a.Key] = true
-		}
-	}
-	return stale
-}
-
-// liveClaims maps each address of a record judged live (or pending) to
-// its attachment: a sweep keeps those leases whatever their files say, so
-// it need not read them (see readLeases). Outside a GC only: the GC verb
-// judges by the runtime's list, not by records.
-func (j *judge) liveClaims(recs []*records.Record) map[string]records.Key {
-	if j.valid != nil {
-		return nil
-	}
-	claims := map[string]records.Key{}
-	for _, r := range recs {
-		if len(r.IPs) == 0 {
-			continue
-		}
-		if v := j.verdict(&Attachment{Key: r.Key(), Record: r}); v.State == Stale || v.State == Unknown {
-			continue
-		}
-		for _, cidr := range r.IPs {
-			ip, _, err := net.ParseCIDR(cidr)
-			if err != nil {
-				continue
-			}
-			claims[ip.String()] = r.Key()
-		}
-	}
-	return claims
 }
 
 func (j *judge) verdict(a *Attachment) Verdict {
@@ -169,11 +126,7 @@ func (j *judge) verdict(a *Attachment) Verdict {
 		return Verdict{State: Stale, Reason: "not in the runtime's valid attachments", Cause: CauseNotListed}
 	}
 	if a.Record != nil {
-		v, ok := j.seen[a.Record]
-		if !ok {
-			v = j.recordVerdict(a.Record)
-			j.seen[a.Record] = v
-		}
+		v := j.recordVerdict(a.Record)
 		if v.State == Live && a.Record.State == records.Started && len(a.Leases) == 0 {
 			// Its processes are gone (checked above) and nothing was
 			// allocated: the record protects nothing.

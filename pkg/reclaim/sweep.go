@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"sort"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -18,7 +20,8 @@ import (
 // the last CHECK sweep ended, releases counted by cause).
 type Sweeper struct{ Env }
 
-// Request says which network to sweep and by which rules.
+// Request says which network to sweep and by which rules, and who wants
+// to see what it finds.
 type Request struct {
 	Dir netdir.Dir
 	// GC is set for the runtime's GC verb: every attachment not in Valid is
@@ -30,6 +33,13 @@ type Request struct {
 	Orphans bool
 	// DryRun decides and reports, and changes nothing.
 	DryRun bool
+	// Visit, when set, sees every attachment of the network once, with all
+	// its leases and its verdict, as the sweep judges it (in directory
+	// order, not sorted). The sweep keeps none of them.
+	Visit func(*Attachment)
+	// Released, when set, sees every release (in a dry run, every release
+	// the sweep would make) once it is done.
+	Released func(Release)
 }
 
 // Release is one stale attachment (or orphan rule set) released, or that
@@ -53,294 +63,327 @@ func (r Release) String() string {
 	return fmt.Sprintf("%s %s: %s; removed %s", r.Key, ips, r.Reason, strings.Join(r.What, ", "))
 }
 
-// Report is what a sweep saw and did.
+// Report is what a sweep did; what it saw went to Request.Visit and
+// Request.Released.
 type Report struct {
-	Network     string
-	Attachments []*Attachment
+	Network string
+	// Released counts the releases (in a dry run, those it would make).
+	Released int
 	// OrphanRules lists container IDs with NAT rules but no lease or record
 	// (filled when Request.Orphans is set).
 	OrphanRules []string
-	// Releases is what the sweep released, or, in a dry run, would release.
-	Releases []Release
-	Problems []error
+	Problems    []error
 }
 
 // Sweep judges every attachment of one network and releases the stale
-// ones. It holds host-local's lock (the flock on <dataDir>/<network>/lock
+// ones, holding host-local's lock (the flock on <dataDir>/<network>/lock
 // that every host-local ADD and DEL takes) from the first read to the last
-// lease released, so it never races an allocation: first a plan (what is
-// stale, and why), then, unless it is a dry run, its application (NAT
-// rules, leases, records). A sweep with nothing to release writes nothing
-// and logs nothing.
+// release, so it never races an allocation. It streams: each attachment
+// is judged, shown to Request.Visit and, if stale, released before the
+// next is read, so that what it holds grows with what it must still
+// decide, not with the network (see sweep). A sweep with nothing to
+// release writes nothing and logs nothing.
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	report := &Report{Network: req.Dir.Network}
 	if !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) && !req.Orphans {
 		return report, nil
 	}
-	store, unlock, err := req.Dir.Lock()
+	_, unlock, err := req.Dir.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 
-	p, err := s.plan(req)
+	j, err := newJudge(s.Host, records.NewStore(req.Dir), req.Valid, req.GC)
 	if err != nil {
 		return nil, err
 	}
-	report.Attachments, report.Problems = p.attachments, p.problems
-	for _, prob := range p.problems {
-		s.logf("%s: skipped: %v", req.Dir.Network, prob)
-	}
-	if req.DryRun {
-		// Nothing will be written: let allocations go on while we report.
-		store.Unlock()
-	} else {
-		s.removeAbandonedTemps(p)
-	}
-	if len(p.stale) == 0 && !req.Orphans {
-		return report, nil
-	}
-	releases, order := p.releases()
-	natErr := s.releaseNAT(p, report, releases, &order)
-	if req.DryRun {
-		p.listRecords(releases)
-		report.Releases = collect(releases, order)
-		return report, natErr
-	}
-	err = errors.Join(natErr, s.apply(p, releases))
-	report.Releases = collect(releases, order)
-	causes := map[string]int{}
-	for _, a := range p.attachments {
-		if a.Verdict.State == Stale {
-			causes[a.Verdict.Cause]++
-		}
-	}
-	causes[CauseOrphanRules] += len(report.OrphanRules)
-	s.countReleases(req.Dir, causes)
-	for _, rel := range report.Releases {
-		s.logf("%s: released %s", req.Dir.Network, rel)
-	}
-	return report, err
-}
-
-// plan is a sweep's decision, taken under host-local's lock: every
-// attachment of the network with its verdict, and what was read to reach
-// it.
-type plan struct {
-	req         Request
-	records     *records.Store
-	listing     *records.Listing
-	leases      *leaseDir
-	attachments []*Attachment
-	stale       map[records.Key]bool
-	problems    []error
-}
-
-func (s *Sweeper) plan(req Request) (*plan, error) {
-	p := &plan{req: req, records: records.NewStore(req.Dir)}
-	var err error
-	if p.listing, err = p.records.List(); err != nil {
-		return nil, err
-	}
-	j, err := newJudge(s.Host, p.records, req.Valid, req.GC)
+	leases, err := openLeaseDir(req.Dir.Leases())
 	if err != nil {
 		return nil, err
 	}
-	var claimed map[string]records.Key
-	if !req.DryRun { // a report shows what the files say
-		claimed = j.liveClaims(p.listing.Records)
-	}
-	if p.leases, err = readLeases(req.Dir.Leases(), claimed); err != nil {
+	defer leases.close()
+	w := &sweep{Sweeper: s, req: req, report: report, records: j.records, leases: leases, judge: j,
+		claimed: map[[16]byte]struct{}{}, later: map[records.Key]*Attachment{}, causes: map[string]int{}}
+	if err := w.run(); err != nil {
 		return nil, err
 	}
-	p.attachments = join(p.leases.leases, p.listing.Records)
-	p.stale = j.judgeAll(p.attachments)
-	if len(p.stale) > 0 && p.leases.skipped > 0 {
-		// Releasing needs every file's content (see readLeases).
-		if p.leases, err = readLeases(req.Dir.Leases(), nil); err != nil {
-			return nil, err
-		}
-		p.attachments = join(p.leases.leases, p.listing.Records)
-		p.stale = j.judgeAll(p.attachments)
+	if !req.DryRun {
+		s.countReleases(req.Dir, w.causes)
 	}
-	p.problems = append(p.leases.problems, p.listing.Problems...)
-	return p, nil
+	return report, errors.Join(w.errs...)
 }
 
-// releases starts the report of every stale attachment, in report order,
-// with its leases; NAT rules and records are added as they go.
-func (p *plan) releases() (map[records.Key]*Release, []records.Key) {
-	releases := map[records.Key]*Release{}
-	var order []records.Key
-	for _, a := range p.attachments {
-		if a.Verdict.State != Stale {
+// sweep is one Sweep under way. It reads the network in two passes, one
+// file at a time:
+//
+//  1. the records: each record with addresses is judged with the leases
+//     at those addresses that name it (read by path), and released at
+//     once if stale; those addresses are remembered (claimed);
+//  2. the leases: a lease at a claimed address was judged in pass 1 and
+//     is not read again; the others (no record, or a record that names no
+//     address: a pending ADD, a migrated lease) are grouped by attachment
+//     (later) and judged once the pass is over, since an attachment is
+//     judged over all its leases (dual-stack, several ranges) and a
+//     record-less one is unknown if any of them is from this boot.
+//
+// NAT rules belong to a container ID, which may have several attachments:
+// a stale one's rules go only once no attachment of that ID is left that
+// is not stale, so its release waits for the end (natWait) when the
+// container owns rules. Container IDs are remembered by hash (idSet).
+type sweep struct {
+	*Sweeper
+	req     Request
+	report  *Report
+	records *records.Store
+	leases  *leaseDir
+	judge   *judge
+	// claimed are the addresses judged in pass 1.
+	claimed map[[16]byte]struct{}
+	// later are the attachments judged after pass 2.
+	later map[records.Key]*Attachment
+	// alive holds the container IDs of attachments that are not stale,
+	// seen those of every attachment (for Request.Orphans).
+	alive, seen idSet
+	// nat is the network's NAT rules, listed at the first stale attachment
+	// (natListed); natWait the releases of containers that own some.
+	nat       *netfilter.Snapshot
+	natListed bool
+	natWait   []Release
+	// nft holds stale attachments whose nftables rules go in the next batch.
+	nft    []types.GCAttachment
+	causes map[string]int
+	errs   []error
+}
+
+// nftBatch bounds the stale attachments whose nftables rules are released
+// at once (one nft listing and one transaction per batch).
+const nftBatch = 1024
+
+func (w *sweep) run() error {
+	listing, err := w.records.Walk(w.record)
+	if err != nil {
+		return err
+	}
+	for _, prob := range listing.Problems {
+		w.problem(prob)
+	}
+	if !w.req.DryRun && len(listing.Temps) > 0 {
+		w.removeAbandonedTemps(listing)
+	}
+	skip := func(ip net.IP) bool { _, ok := w.claimed[ip16(ip)]; return ok }
+	if err := w.leases.each(skip, w.lease, w.problem); err != nil {
+		return err
+	}
+	w.claimed = nil
+	for _, a := range sortedAttachments(w.later) {
+		if a.Record == nil && a.Key.IfName != "" {
+			// A record that could not be read was reported by pass 1;
+			// without it, the leases are judged on their own.
+			a.Record, _ = w.records.Read(a.Key)
+		}
+		w.judged(a)
+	}
+	w.flushNFTables()
+	w.releaseNAT()
+	return nil
+}
+
+// record is pass 1: a record, judged with the leases it names.
+func (w *sweep) record(r *records.Record) {
+	a := &Attachment{Key: r.Key(), Record: r}
+	if len(r.IPs) == 0 {
+		w.later[a.Key] = a
+		return
+	}
+	for _, cidr := range r.IPs {
+		ip, _, err := net.ParseCIDR(cidr)
+		if err != nil {
 			continue
 		}
-		rel := &Release{Key: a.Key, Reason: a.Verdict.Reason}
-		for _, l := range a.Leases {
-			rel.IPs = append(rel.IPs, l.IP.String())
-			rel.What = append(rel.What, "lease "+l.IP.String())
-		}
-		releases[a.Key] = rel
-		order = append(order, a.Key)
-	}
-	return releases, order
-}
-
-// natOwnersAlive are the container IDs with an attachment that is not
-// stale: their NAT rules, per network and container, stay.
-func (p *plan) natOwnersAlive() map[string]bool {
-	alive := map[string]bool{}
-	for _, a := range p.attachments {
-		if a.Verdict.State != Stale {
-			alive[a.Key.ContainerID] = true
-		}
-	}
-	return alive
-}
-
-// listRecords adds to a dry run's releases the records applying it would
-// remove.
-func (p *plan) listRecords(releases map[records.Key]*Release) {
-	for _, rel := range releases {
-		if rel.Key.IfName != "" {
-			if r, _ := p.records.Read(rel.Key); r != nil {
-				rel.What = append(rel.What, "record")
-			}
-		}
-	}
-}
-
-// apply releases what the plan found stale, NAT rules aside
-// (releaseNAT): nftables ipMasq rules, lease files by path, records that
-// no new ADD replaced meanwhile.
-func (s *Sweeper) apply(p *plan, releases map[records.Key]*Release) error {
-	var errs []error
-	if len(p.stale) > 0 && s.Netfilter != nil {
-		if err := s.Netfilter.ReleaseNFTables(p.req.Dir.Network, keepList(p.attachments)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	errs = append(errs, releaseLeases(p.leases, p.stale))
-	for _, a := range p.attachments {
-		if a.Verdict.State != Stale || a.Record == nil {
+		l, err := w.leases.read(ip)
+		if err != nil || l.Key != a.Key {
+			// Gone, damaged (pass 2 reports it) or another attachment's.
 			continue
 		}
-		if removed, err := removeRecordIfUnchanged(p.records, a.Record); err != nil {
-			errs = append(errs, err)
-		} else if removed {
-			releases[a.Key].What = append(releases[a.Key].What, "record")
+		a.Leases = append(a.Leases, l)
+		w.claimed[ip16(ip)] = struct{}{}
+	}
+	sortLeases(a.Leases)
+	w.judged(a)
+}
+
+// lease is pass 2: a lease no record claimed, kept for the end.
+func (w *sweep) lease(l Lease) {
+	a := w.later[l.Key]
+	if a == nil {
+		a = &Attachment{Key: l.Key}
+		w.later[l.Key] = a
+	}
+	a.Leases = append(a.Leases, l)
+}
+
+func (w *sweep) problem(err error) {
+	w.report.Problems = append(w.report.Problems, err)
+	w.logf("%s: skipped: %v", w.req.Dir.Network, err)
+}
+
+// judged judges an attachment, shows it, and releases it if stale.
+func (w *sweep) judged(a *Attachment) {
+	a.Verdict = w.judge.verdict(a)
+	if w.req.Visit != nil {
+		w.req.Visit(a)
+	}
+	cid := a.Key.ContainerID
+	w.seen.add(cid)
+	if a.Verdict.State != Stale {
+		w.alive.add(cid)
+		return
+	}
+	w.causes[a.Verdict.Cause]++
+	rel := Release{Key: a.Key, Reason: a.Verdict.Reason}
+	for _, l := range a.Leases {
+		rel.IPs = append(rel.IPs, l.IP.String())
+		rel.What = append(rel.What, "lease "+l.IP.String())
+	}
+	recordGone, err := releaseFiles(w.leases, w.records, a, w.req.DryRun)
+	if err != nil {
+		w.errs = append(w.errs, err)
+	}
+	if recordGone {
+		// Listed after the NAT rules, which releaseNAT inserts before it.
+		rel.What = append(rel.What, "record")
+	}
+	if !w.req.DryRun && w.Netfilter != nil && w.Netfilter.NFTablesRelease != nil {
+		w.nft = append(w.nft, types.GCAttachment{ContainerID: cid, IfName: a.Key.IfName})
+		if len(w.nft) == nftBatch {
+			w.flushNFTables()
 		}
 	}
-	return errors.Join(errs...)
+	if snap := w.natSnapshot(); snap != nil && len(snap.Owned(cid)) > 0 {
+		w.natWait = append(w.natWait, rel)
+		return
+	}
+	w.released(rel)
+}
+
+func (w *sweep) released(rel Release) {
+	w.report.Released++
+	if !w.req.DryRun {
+		w.logf("%s: released %s", w.req.Dir.Network, rel)
+	}
+	if w.req.Released != nil {
+		w.req.Released(rel)
+	}
+}
+
+// natSnapshot lists the network's NAT rules once, when first needed; nil
+// without iptables (or when listing failed, which is reported).
+func (w *sweep) natSnapshot() *netfilter.Snapshot {
+	if w.natListed {
+		return w.nat
+	}
+	w.natListed = true
+	if w.Netfilter == nil || len(w.Netfilter.Families()) == 0 {
+		return nil
+	}
+	snap, err := w.Netfilter.Snapshot(w.req.Dir.Network)
+	if err != nil {
+		w.errs = append(w.errs, fmt.Errorf("read NAT rules of %s: %w", w.req.Dir.Network, err))
+		return nil
+	}
+	w.nat = snap
+	return snap
+}
+
+// releaseNAT ends the sweep: the NAT rules of stale containers that have
+// no attachment left that is not stale, and, with Request.Orphans, those
+// of containers the network no longer knows. Rules are per network and
+// container ID, not per ifname.
+func (w *sweep) releaseNAT() {
+	var snap *netfilter.Snapshot
+	if len(w.natWait) > 0 || w.req.Orphans {
+		snap = w.natSnapshot()
+	}
+	done := map[string]bool{}
+	for _, rel := range w.natWait {
+		if cid := rel.Key.ContainerID; !w.alive.has(cid) && !done[cid] {
+			done[cid] = true
+			w.insertNAT(&rel, w.releaseRules(snap, cid))
+		}
+		w.released(rel)
+	}
+	w.natWait = nil
+	if snap == nil || !w.req.Orphans {
+		return
+	}
+	for _, cid := range snap.Containers() {
+		if w.seen.has(cid) {
+			continue
+		}
+		w.report.OrphanRules = append(w.report.OrphanRules, cid)
+		w.causes[CauseOrphanRules]++
+		w.released(Release{Key: records.Key{ContainerID: cid}, Reason: OrphanReason, Orphan: true, What: w.releaseRules(snap, cid)})
+	}
+}
+
+func (w *sweep) releaseRules(snap *netfilter.Snapshot, cid string) []string {
+	if w.req.DryRun {
+		return snap.Owned(cid)
+	}
+	removed, err := w.Netfilter.Release(snap, cid)
+	if err != nil {
+		w.errs = append(w.errs, err)
+	}
+	return removed
+}
+
+// insertNAT puts the NAT rules that went before the record in rel.What,
+// where a reader expects them: leases, rules, record.
+func (w *sweep) insertNAT(rel *Release, rules []string) {
+	if n := len(rel.What); n > 0 && rel.What[n-1] == "record" {
+		rel.What = append(append(rel.What[:n-1:n-1], rules...), "record")
+		return
+	}
+	rel.What = append(rel.What, rules...)
+}
+
+// flushNFTables releases the nftables ipMasq rules of the stale
+// attachments found since the last batch.
+func (w *sweep) flushNFTables() {
+	if len(w.nft) == 0 {
+		return
+	}
+	if err := w.Netfilter.ReleaseNFTables(w.req.Dir.Network, w.nft); err != nil {
+		w.errs = append(w.errs, err)
+	}
+	w.nft = w.nft[:0]
 }
 
 // removeAbandonedTemps removes the records' temp files whose writer died.
-func (s *Sweeper) removeAbandonedTemps(p *plan) {
-	if len(p.listing.Temps) == 0 {
-		return
-	}
-	temps, err := p.records.RemoveAbandonedTemps(p.listing, func(pid int) bool { _, ok := s.Host.ProcessStart(pid); return ok })
+func (w *sweep) removeAbandonedTemps(l *records.Listing) {
+	temps, err := w.records.RemoveAbandonedTemps(l, func(pid int) bool { _, ok := w.Host.ProcessStart(pid); return ok })
 	for _, path := range temps {
-		s.logf("%s: removed %s, abandoned by a writer that died", p.req.Dir.Network, path)
+		w.logf("%s: removed %s, abandoned by a writer that died", w.req.Dir.Network, path)
 	}
 	if err != nil {
-		s.logf("%s: %v", p.req.Dir.Network, err)
+		w.logf("%s: %v", w.req.Dir.Network, err)
 	}
 }
 
-// releaseNAT releases (or, in a dry run, lists) the NAT rules of stale
-// containers, and with req.Orphans those of containers the network no
-// longer knows. Rules are per network and container ID, not per ifname, so
-// a container keeps them while any of its attachments is not stale.
-func (s *Sweeper) releaseNAT(p *plan, report *Report, releases map[records.Key]*Release, order *[]records.Key) error {
-	req, alive := p.req, p.natOwnersAlive()
-	if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
-		return nil
+// sortedAttachments orders attachments by first address, then by key for
+// those without a lease (a stable order for what is judged last).
+func sortedAttachments(m map[records.Key]*Attachment) []*Attachment {
+	out := make([]*Attachment, 0, len(m))
+	for _, a := range m {
+		sortLeases(a.Leases)
+		out = append(out, a)
 	}
-	snap, err := s.Netfilter.Snapshot(req.Dir.Network)
-	if err != nil {
-		return fmt.Errorf("read NAT rules of %s: %w", req.Dir.Network, err)
-	}
-	known := map[string]bool{}
-	for _, a := range report.Attachments {
-		known[a.Key.ContainerID] = true
-	}
-	if req.Orphans {
-		for _, cid := range snap.Containers() {
-			if known[cid] {
-				continue
-			}
-			report.OrphanRules = append(report.OrphanRules, cid)
-			k := records.Key{ContainerID: cid}
-			releases[k] = &Release{Key: k, Reason: OrphanReason, Orphan: true}
-			*order = append(*order, k)
-		}
-	}
-	var errs []error
-	done := map[string]bool{}
-	for _, k := range *order {
-		cid := k.ContainerID
-		if alive[cid] || done[cid] {
-			continue
-		}
-		done[cid] = true
-		if req.DryRun {
-			releases[k].What = append(releases[k].What, snap.Owned(cid)...)
-			continue
-		}
-		removed, err := s.Netfilter.Release(snap, cid)
-		releases[k].What = append(releases[k].What, removed...)
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// removeRecordIfUnchanged removes a stale record unless it was replaced
-// since the sweep read it: a new ADD for the same attachment may have
-// written its pending record meanwhile.
-func removeRecordIfUnchanged(store *records.Store, seen *records.Record) (bool, error) {
-	now, err := store.Read(seen.Key())
-	if err != nil || now == nil {
-		return false, err
-	}
-	if now.State != seen.State || now.PID != seen.PID || !now.Created.Equal(seen.Created) || now.NetnsID != seen.NetnsID {
-		return false, nil
-	}
-	return true, store.Remove(seen.Key())
-}
-
-// join groups leases and records by attachment, sorted by first IP, then
-// by key for record-only attachments.
-func join(leases []Lease, recs []*records.Record) []*Attachment {
-	byKey := map[records.Key]*Attachment{}
-	var out []*Attachment
-	get := func(k records.Key) *Attachment {
-		a, ok := byKey[k]
-		if !ok {
-			a = &Attachment{Key: k}
-			byKey[k] = a
-			out = append(out, a)
-		}
-		return a
-	}
-	for _, l := range leases {
-		a := get(l.Key)
-		a.Leases = append(a.Leases, l)
-	}
-	for _, r := range recs {
-		get(r.Key()).Record = r
-	}
-	for _, a := range out {
-		sort.Slice(a.Leases, func(i, j int) bool { return bytes.Compare(ip16(a.Leases[i]), ip16(a.Leases[j])) < 0 })
-	}
-	sort.SliceStable(out, func(i, j int) bool {
+	sort.Slice(out, func(i, j int) bool {
 		li, lj := out[i].Leases, out[j].Leases
 		switch {
 		case len(li) > 0 && len(lj) > 0:
-			return bytes.Compare(ip16(li[0]), ip16(lj[0])) < 0
+			return bytes.Compare(li[0].IP.To16(), lj[0].IP.To16()) < 0
 		case len(li) != len(lj):
 			return len(li) > 0
 		}
@@ -349,26 +392,11 @@ func join(leases []Lease, recs []*records.Record) []*Attachment {
 	return out
 }
 
-func ip16(l Lease) []byte { return l.IP.To16() }
-
-// keepList is every attachment a sweep keeps, for nftables' GC.
-func keepList(atts []*Attachment) []types.GCAttachment {
-	var keep []types.GCAttachment
-	for _, a := range atts {
-		if a.Verdict.State != Stale {
-			keep = append(keep, types.GCAttachment{ContainerID: a.Key.ContainerID, IfName: a.Key.IfName})
-		}
-	}
-	return keep
+func sortLeases(ls []Lease) {
+	sort.Slice(ls, func(i, j int) bool { return bytes.Compare(ls[i].IP.To16(), ls[j].IP.To16()) < 0 })
 }
 
-func collect(m map[records.Key]*Release, order []records.Key) []Release {
-	out := make([]Release, 0, len(order))
-	for _, k := range order {
-		out = append(out, *m[k])
-	}
-	return out
-}
+func ip16(ip net.IP) [16]byte { return [16]byte(ip.To16()) }
 
 // OrphanReason is the reason given for NAT rules no lease or record holds.
 const OrphanReason = "NAT rules without a lease or record"

@@ -171,9 +171,8 @@ func (s *Store) Remove(k Key) error {
 	return nil
 }
 
-// Listing is one read of a record directory.
+// Listing is what one walk of a record directory found besides records.
 type Listing struct {
-	Records []*Record
 	// Problems are files that are not valid records: a damaged record must
 	// never stop a sweep, nor make it release anything.
 	Problems []error
@@ -181,8 +180,9 @@ type Listing struct {
 	Temps map[string]int
 }
 
-// List reads every record of the network.
-func (s *Store) List() (*Listing, error) {
+// Walk reads the records of the network one at a time, calling fn with
+// each, so that a sweep holds one record at a time, not the network.
+func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
 	l := &Listing{}
 	dir, err := os.Open(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -192,7 +192,7 @@ func (s *Store) List() (*Listing, error) {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
 	defer dir.Close()
-	var names []string
+	dirfd := int(dir.Fd())
 	err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
 		name := e.Name()
 		if strings.HasPrefix(name, statefile.TempPrefix) && e.Type().IsRegular() {
@@ -211,34 +211,23 @@ func (s *Store) List() (*Listing, error) {
 			l.Problems = append(l.Problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
 			return
 		}
-		names = append(names, name)
+		b, _, err := statefile.ReadSmallFileAt(dirfd, s.dir, name, statefile.DefaultLimit, false)
+		if errors.Is(err, fs.ErrNotExist) {
+			return // removed since the directory was read: a DEL
+		}
+		if err != nil {
+			l.Problems = append(l.Problems, fmt.Errorf("read record: %w", err))
+			return
+		}
+		r, err := s.decode(name, b)
+		if err != nil {
+			l.Problems = append(l.Problems, err)
+			return
+		}
+		fn(r)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
-	}
-	dirfd := int(dir.Fd())
-	recs, errs := make([]*Record, len(names)), make([]error, len(names))
-	statefile.ForEachParallel(len(names), func(i int) {
-		b, _, err := statefile.ReadSmallFileAt(dirfd, s.dir, names[i], statefile.DefaultLimit, false)
-		if err != nil {
-			errs[i] = fmt.Errorf("read record: %w", err)
-			return
-		}
-		recs[i], errs[i] = s.decode(names[i], b)
-	})
-	var bootID string
-	for i := range names {
-		if errs[i] != nil {
-			l.Problems = append(l.Problems, errs[i])
-			continue
-		}
-		// The records of a network nearly all name one boot: share it.
-		if r := recs[i]; r.BootID == bootID {
-			r.BootID = bootID
-		} else {
-			bootID = r.BootID
-		}
-		l.Records = append(l.Records, recs[i])
 	}
 	return l, nil
 }
@@ -263,14 +252,6 @@ func (s *Store) decode(name string, b []byte) (*Record, error) {
 	case r.State != Started && r.State != Complete && r.State != Migrated:
 		problem = fmt.Sprintf("unknown state %q", r.State)
 	default:
-		// Share the strings every record of the store holds alike.
-		r.Network = s.network
-		switch r.State {
-		case Started:
-			r.State = Started
-		case Complete:
-			r.State = Complete
-		}
 		return &r, nil
 	}
 	return nil, fmt.Errorf("record %s: %s", filepath.Join(s.dir, name), problem)

@@ -82,7 +82,7 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(s.Dir(), ".tmp-123"), []byte("partial"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := s.List()
+	l, err := walkAll(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 }
 
 func TestListOfMissingDirectoryIsEmpty(t *testing.T) {
-	l, err := NewStore(netdir.New(t.TempDir(), "none")).List()
+	l, err := walkAll(NewStore(netdir.New(t.TempDir(), "none")))
 	if err != nil || l.Records != nil || l.Problems != nil || l.Temps != nil {
 		t.Errorf("List = %+v, %v", l, err)
 	}
@@ -137,7 +137,7 @@ func TestReadDoesNotFollowASymlinkedRecord(t *testing.T) {
 	if r, err := s.Read(Key{"c1", "eth0"}); err == nil || r != nil {
 		t.Errorf("Read followed a symlink: %+v, %v", r, err)
 	}
-	l, _ := s.List()
+	l, _ := walkAll(s)
 	if len(l.Records) != 0 || len(l.Problems) != 1 {
 		t.Errorf("List: %d records, problems %v; want the symlink reported", len(l.Records), l.Problems)
 	}
@@ -160,14 +160,14 @@ func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, err := s.List()
+	l, err := walkAll(s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(l.Records) != 1 || len(l.Problems) != 0 || len(l.Temps) != 2 {
 		t.Fatalf("listing = %+v", l)
 	}
-	removed, err := s.RemoveAbandonedTemps(l, func(pid int) bool { return pid == 222 })
+	removed, err := s.RemoveAbandonedTemps(l.Listing, func(pid int) bool { return pid == 222 })
 	if err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], ".tmp-111-1") {
 		t.Errorf("removed %v, %v; want only the dead writer's file", removed, err)
 	}
@@ -223,7 +223,7 @@ func TestListLargeNetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, err := s.List()
+	l, err := walkAll(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,4 +275,19 @@ func TestReadDoesNotBlockOnAFIFO(t *testing.T) {
 		}
 		t.Fatal("Read blocked on a FIFO")
 	}
+}
+
+// listing is what a Walk found, its records collected.
+type listing struct {
+	*Listing
+	Records []*Record
+}
+
+func walkAll(s *Store) (*listing, error) {
+	var recs []*Record
+	l, err := s.Walk(func(r *Record) { recs = append(recs, r) })
+	if err != nil {
+		return nil, err
+	}
+	return &listing{Listing: l, Records: recs}, nil
 }

@@ -166,16 +166,12 @@ func (c *cli) gc(args []string) int {
 	if err != nil {
 		return c.fail(1, err, "")
 	}
-	out, gcErr := operator.GC(c.sweeper(), f.dataDir, networks, *dryRun, *orphans)
+	var sink operator.GCSink = &operator.GCText{W: c.stdout, DryRun: *dryRun}
 	if f.json {
-		if err := operator.WriteJSON(c.stdout, out); err != nil {
-			return c.fail(1, err, "")
-		}
-	} else {
-		operator.WriteGCText(c.stdout, out)
+		sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)
 	}
-	if gcErr != nil {
-		return c.fail(1, gcErr, "")
+	if err := operator.GC(c.sweeper(), f.dataDir, networks, *dryRun, *orphans, sink); err != nil {
+		return c.fail(1, err, "")
 	}
 	return 0
 }

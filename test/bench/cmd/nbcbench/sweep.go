@@ -88,8 +88,8 @@ func (e *Env) sweepInProc(s *synthNet) (wall, cpu float64, err error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("sweep %s: %w", s.spec.Network, err)
 	}
-	if len(rep.Releases) != len(s.stale) {
-		return 0, 0, fmt.Errorf("sweep %s released %d, want %d", s.spec.Network, len(rep.Releases), len(s.stale))
+	if rep.Released != len(s.stale) {
+		return 0, 0, fmt.Errorf("sweep %s released %d, want %d", s.spec.Network, rep.Released, len(s.stale))
 	}
 	return ms(d), ms(c), s.swept()
 }
