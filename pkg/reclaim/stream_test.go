@@ -1,0 +1,153 @@
+package reclaim
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// A dual-stack attachment is judged once over both its leases, and
+// released in one release that names both.
+func TestSweepJudgesADualStackAttachmentOnce(t *testing.T) {
+	w := newWorld(t)
+	w.container("gone", "10.0.0.3")
+	w.lease("fd00::3", "gone\r\neth0", bootTime.Add(time.Minute))
+	r, _ := records.NewStore(w.dir()).Read(records.Key{ContainerID: "gone", IfName: "eth0"})
+	r.IPs = append(r.IPs, "fd00::3/64")
+	w.record(r)
+	delete(w.host.Namespaces, "/run/netns/gone")
+
+	rep := w.sweep(Request{})
+
+	if len(rep.Attachments) != 1 || len(rep.Releases) != 1 || strings.Join(rep.Releases[0].IPs, ",") != "10.0.0.3,fd00::3" {
+		t.Fatalf("attachments %d, releases %v; want gone once, with both addresses", len(rep.Attachments), rep.Releases)
+	}
+	equal(t, "leases left", w.leases(), nil)
+}
+
+// A record-less attachment with several leases is unknown if any of them
+// is from this boot: none goes. With all of them older than the boot, all
+// go, in one release.
+func TestRecordlessAttachmentIsJudgedOverAllItsLeases(t *testing.T) {
+	w := newWorld(t)
+	w.lease("10.0.0.2", "mixed\r\neth0", bootTime.Add(-time.Hour))
+	w.lease("fd00::2", "mixed\r\neth0", bootTime.Add(time.Minute))
+	w.lease("10.0.0.3", "old\r\neth0", bootTime.Add(-time.Hour))
+	w.lease("fd00::3", "old\r\neth0", bootTime.Add(-2*time.Hour))
+
+	rep := w.sweep(Request{})
+
+	if v := verdicts(rep); v["mixed"] != Unknown || v["old"] != Stale {
+		t.Errorf("verdicts = %v", v)
+	}
+	equal(t, "leases left", w.leases(), []string{"10.0.0.2", "fd00::2"})
+	if len(rep.Releases) != 1 || strings.Join(rep.Releases[0].IPs, ",") != "10.0.0.3,fd00::3" {
+		t.Errorf("releases = %v, want old with both addresses", rep.Releases)
+	}
+}
+
+// A pending record names no address: its leases are found by the lease
+// pass. A dead ADD that allocated two addresses in a live namespace is
+// live (not "died before an address was allocated"); once its namespace
+// is gone, both leases go with it.
+func TestPendingRecordIsJudgedWithAllItsLeases(t *testing.T) {
+	w := newWorld(t)
+	w.host.Namespaces["/run/netns/alive"] = sysinfo.NetnsID{Dev: 4, Ino: 5}
+	w.record(&records.Record{ContainerID: "dead", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
+	w.lease("10.0.0.2", "dead\r\neth0", bootTime.Add(time.Minute))
+	w.lease("fd00::2", "dead\r\neth0", bootTime.Add(time.Minute))
+
+	rep := w.sweep(Request{})
+	if len(rep.Attachments) != 1 || rep.Attachments[0].Verdict.State != Live || len(rep.Attachments[0].Leases) != 2 {
+		t.Fatalf("attachments = %+v, want one live attachment with both leases", rep.Attachments)
+	}
+
+	delete(w.host.Namespaces, "/run/netns/alive")
+	rep = w.sweep(Request{})
+	if len(rep.Releases) != 1 || len(rep.Releases[0].IPs) != 2 || len(w.leases()) != 0 || w.hasRecord("dead") {
+		t.Errorf("releases %v, leases left %v, record kept %v", rep.Releases, w.leases(), w.hasRecord("dead"))
+	}
+}
+
+// NAT rules belong to the container ID: a stale attachment of a container
+// whose other attachment is live keeps them, whichever is read first; once
+// both are stale they go once.
+func TestNATRulesStayWhileAnyAttachmentOfTheContainerLives(t *testing.T) {
+	w := newWorld(t)
+	w.host.Namespaces["/run/netns/k"] = sysinfo.NetnsID{Dev: 4, Ino: 77}
+	for i, ifname := range []string{"eth0", "eth1"} {
+		ip := []string{"10.0.0.2", "10.0.0.3"}[i]
+		w.lease(ip, "k\r\n"+ifname, bootTime.Add(time.Minute))
+		w.record(&records.Record{ContainerID: "k", IfName: ifname, Netns: "/run/netns/k", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 77}, BootID: w.host.ID, State: records.Complete, IPs: []string{ip + "/24"}})
+	}
+	// eth0 is from an earlier boot: stale; eth1 lives.
+	r, _ := records.NewStore(w.dir()).Read(records.Key{ContainerID: "k", IfName: "eth0"})
+	r.BootID = "boot-0"
+	w.record(r)
+	w.nat.AddContainer(net1, "k", "10.0.0.2", 8080)
+
+	rep := w.sweep(Request{})
+	equal(t, "leases left", w.leases(), []string{"10.0.0.3"})
+	if !w.nat.Owns(net1, "k") || len(rep.Releases) != 1 || strings.Contains(strings.Join(rep.Releases[0].What, ","), "chain") {
+		t.Fatalf("NAT rules of k released while k/eth1 lives: releases %v", rep.Releases)
+	}
+
+	delete(w.host.Namespaces, "/run/netns/k")
+	rep = w.sweep(Request{})
+	if w.nat.Owns(net1, "k") || len(rep.Releases) != 1 {
+		t.Fatalf("k/eth1 gone: releases %v, rules kept %v", rep.Releases, w.nat.Owns(net1, "k"))
+	}
+	what := strings.Join(rep.Releases[0].What, ",")
+	if !strings.HasPrefix(what, "lease 10.0.0.3,jump in POSTROUTING") || !strings.HasSuffix(what, "record") {
+		t.Errorf("release says %q, want lease, then rules, then record", what)
+	}
+}
+
+// A record whose address now holds another attachment's lease does not
+// claim it: that lease is judged as its own holder's.
+func TestRecordDoesNotClaimAnotherAttachmentsLease(t *testing.T) {
+	w := newWorld(t)
+	w.container("old", "10.0.0.2")
+	delete(w.host.Namespaces, "/run/netns/old")
+	w.lease("10.0.0.2", "new\r\neth0", bootTime.Add(time.Minute)) // no record: unknown
+
+	rep := w.sweep(Request{})
+	if v := verdicts(rep); v["old"] != Stale || v["new"] != Unknown {
+		t.Errorf("verdicts = %v", v)
+	}
+	equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
+	if w.hasRecord("old") || len(rep.Releases) != 1 || len(rep.Releases[0].IPs) != 0 {
+		t.Errorf("releases %v; want old's record released without a lease", rep.Releases)
+	}
+}
+
+// nftables ipMasq rules go per stale attachment, in batches: live ones are
+// never named.
+func TestNFTablesRulesOfStaleAttachmentsOnly(t *testing.T) {
+	w := newWorld(t)
+	var got []types.GCAttachment
+	w.sweeper.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}, NFTablesRelease: func(n string, atts []types.GCAttachment) error {
+		got = append(got, atts...)
+		return nil
+	}}
+	w.container("live", "10.0.0.2")
+	w.container("gone", "10.0.0.3")
+	delete(w.host.Namespaces, "/run/netns/gone")
+	w.lease("10.0.0.4", "old\r\neth0", bootTime.Add(-time.Hour))
+
+	w.sweep(Request{})
+	if len(got) != 2 || got[0].ContainerID == "live" || got[1].ContainerID == "live" {
+		t.Errorf("nftables release named %v, want gone and old", got)
+	}
+	got = nil
+	w.sweep(Request{DryRun: true})
+	if len(got) != 0 {
+		t.Errorf("a dry run released nftables rules: %v", got)
+	}
+}
