@@ -58,7 +58,7 @@ func benchDir(b *testing.B) string {
 }
 
 func BenchmarkSweep(b *testing.B) {
-	for _, n := range []int{254, 4094, 65534} {
+	for _, n := range []int{254, 1000, 4094, 65534} {
 		for _, pct := range []int{0, 50, 100} {
 			b.Run(fmt.Sprintf("leases=%d/stale=%d", n, pct), func(b *testing.B) {
 				benchSweep(b, n, pct)
