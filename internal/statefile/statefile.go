@@ -12,11 +12,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -150,37 +147,4 @@ func EachDirEntry(dir *os.File, fn func(fs.DirEntry)) error {
 			return err
 		}
 	}
-}
-
-// ForEachParallel runs f(0..n-1) on up to GOMAXPROCS goroutines, in chunks
-// of at least minChunk indexes. Reading a network's records is one open,
-// read and close per file, all CPU in the kernel on a tmpfs: on a large
-// network the cores divide it; a small one is read on the caller's
-// goroutine.
-func ForEachParallel(n int, f func(i int)) {
-	const minChunk = 512
-	workers := min(runtime.GOMAXPROCS(0), (n+minChunk-1)/minChunk)
-	if workers <= 1 {
-		for i := range n {
-			f(i)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for {
-				end := int(next.Add(minChunk))
-				start := end - minChunk
-				if start >= n {
-					return
-				}
-				for i := start; i < min(end, n); i++ {
-					f(i)
-				}
-			}
-		})
-	}
-	wg.Wait()
 }
