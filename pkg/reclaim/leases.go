@@ -73,6 +73,17 @@ func (d *leaseDir) read(ip net.IP) (Lease, error) {
 	return l, err
 }
 
+// holds reports whether a regular file is named after ip, without reading
+// it (one fstatat, never following a symlink).
+func (d *leaseDir) holds(ip net.IP) bool {
+	if d == nil {
+		return false
+	}
+	var st unix.Stat_t
+	err := unix.Fstatat(int(d.f.Fd()), ip.String(), &st, unix.AT_SYMLINK_NOFOLLOW)
+	return err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
+}
+
 // each calls fn with every reservation of the directory, read one at a
 // time, except those skip (when set) turns down by address, unread.
 // Files that are not reservations (lock, last_reserved_ip.N) are passed

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -189,24 +190,39 @@ func (w *sweep) run() error {
 	return nil
 }
 
-// record is pass 1: a record, judged with the leases it names.
+// record is pass 1: a record, judged with the leases it names. A record
+// with addresses is judged by itself (leases only matter to a pending one,
+// which is judged after pass 2). Outside a dry run or the GC verb, the leases of a
+// record judged alive are taken as its own whatever their files say: the
+// sweep keeps them either way, so it only checks they are there, and the
+// common sweep (nothing stale) reads records only. A stale record's leases
+// are read: each goes only if it still names the attachment.
 func (w *sweep) record(r *records.Record) {
 	a := &Attachment{Key: r.Key(), Record: r}
-	if len(r.IPs) == 0 {
+	if len(r.IPs) == 0 || r.State == records.Started {
 		w.later[a.Key] = a
 		return
 	}
+	a.Verdict = w.judge.verdict(a)
+	trust := !w.req.DryRun && !w.req.GC && a.Verdict.State != Stale
 	for _, cidr := range r.IPs {
 		ip, _, err := net.ParseCIDR(cidr)
 		if err != nil {
 			continue
 		}
-		l, err := w.leases.read(ip)
-		if err != nil || l.Key != a.Key {
-			// Gone, damaged (pass 2 reports it) or another attachment's.
-			continue
+		if trust {
+			if !w.leases.holds(ip) {
+				continue
+			}
+			a.Leases = append(a.Leases, Lease{IP: ip, Path: filepath.Join(w.leases.path, ip.String()), Key: a.Key})
+		} else {
+			l, err := w.leases.read(ip)
+			if err != nil || l.Key != a.Key {
+				// Gone, damaged (pass 2 reports it) or another attachment's.
+				continue
+			}
+			a.Leases = append(a.Leases, l)
 		}
-		a.Leases = append(a.Leases, l)
 		w.claimed[ip16(ip)] = struct{}{}
 	}
 	sortLeases(a.Leases)
@@ -228,9 +244,12 @@ func (w *sweep) problem(err error) {
 	w.logf("%s: skipped: %v", w.req.Dir.Network, err)
 }
 
-// judged judges an attachment, shows it, and releases it if stale.
+// judged judges an attachment (unless pass 1 did), shows it, and
+// releases it if stale.
 func (w *sweep) judged(a *Attachment) {
-	a.Verdict = w.judge.verdict(a)
+	if a.Verdict.State == "" {
+		a.Verdict = w.judge.verdict(a)
+	}
 	if w.req.Visit != nil {
 		w.req.Visit(a)
 	}
