@@ -158,7 +158,7 @@ type sweep struct {
 }
 
 // nftBatch bounds the stale attachments whose nftables rules are released
-// at once (one nft listing and one transaction per batch).
+// at once (one netlink listing and one batch each).
 const nftBatch = 1024
 
 func (w *sweep) run() error {
