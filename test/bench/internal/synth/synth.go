@@ -54,6 +54,9 @@ type Result struct {
 
 // ContainerID is a 64-hex container ID like containerd's, derived from
 // seed and i.
+// deadNetnsIno is the first inode number of stale records' namespaces.
+const deadNetnsIno = 1 << 40
+
 func ContainerID(seed string, i int) string {
 	s := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", seed, i)))
 	return hex.EncodeToString(s[:])
@@ -120,7 +123,11 @@ func Build(s Spec) (*Result, error) {
 		}
 		if stale {
 			rec.Netns = fmt.Sprintf("%s-%d", s.GonePrefix, i)
-			rec.NetnsID = sysinfo.NetnsID{Dev: liveID.Dev, Ino: liveID.Ino + uint64(i) + 1}
+			// The kernel numbers namespaces below 2^32 (proc_inum), so
+			// no namespace on the host can have this inode: a stale
+			// record must not look held by some other process's new
+			// namespace (then it is detached, and kept).
+			rec.NetnsID = sysinfo.NetnsID{Dev: liveID.Dev, Ino: deadNetnsIno + uint64(i)}
 			res.Stale++
 			res.StaleIDs = append(res.StaleIDs, cid)
 		} else {
