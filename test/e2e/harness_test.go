@@ -156,40 +156,22 @@ func (e *testEnv) requirePlugin(t *testing.T) {
 	testhost.RequireBinaries(t, e.bin, pluginType)
 }
 
-// pickSubnets chooses a random IPv4 /24 in 10.100.0.0-10.199.255.0 and a
-// random IPv6 /64 in fd00::/8 that overlap nothing already routed on the
-// host (including other tests' bridges).
+// subnets are this package's: IPv4 /24s in 10.100.0.0-10.199.255.0 (the
+// podman tests and the benchmarks use 10.200-10.249) and IPv6 /64s in
+// fd00::/8, clear of the host's routes (other tests' bridges included) and
+// of each other.
+var subnets = &testhost.Subnets{Second10: [2]int{100, 200}}
+
+// pickSubnets chooses the test's IPv4 and IPv6 subnets.
 func pickSubnets(t *testing.T) (netip.Prefix, netip.Prefix) {
 	t.Helper()
-	used, err := testhost.RoutedPrefixes()
+	v4, err := subnets.IPv4()
 	if err != nil {
-		t.Fatalf("list host routes: %v", err)
+		t.Fatalf("pick an IPv4 subnet: %v", err)
 	}
-	free := func(p netip.Prefix) bool {
-		return !slices.ContainsFunc(used, p.Overlaps)
-	}
-	var v4, v6 netip.Prefix
-	for range 1000 {
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + rand.IntN(100)), byte(rand.IntN(256)), 0}), 24)
-		if free(p) {
-			v4 = p
-			break
-		}
-	}
-	for range 1000 {
-		var a [16]byte
-		a[0] = 0xfd
-		for i := 2; i < 8; i++ {
-			a[i] = byte(rand.IntN(256))
-		}
-		p := netip.PrefixFrom(netip.AddrFrom16(a), 64)
-		if free(p) {
-			v6 = p
-			break
-		}
-	}
-	if !v4.IsValid() || !v6.IsValid() {
-		t.Fatalf("no free subnet found (host routes: %v)", used)
+	v6, err := subnets.IPv6()
+	if err != nil {
+		t.Fatalf("pick an IPv6 subnet: %v", err)
 	}
 	return v4, v6
 }
