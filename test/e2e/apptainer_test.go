@@ -114,7 +114,7 @@ func TestApptainerConflist(t *testing.T) {
 			rt2 := apptainerRT(cid, c2.proc, hostPort)
 			res, err := cni.add(t, rt2)
 			if bare {
-				assertControlFails(t, err, duplicateAllocation)
+				assertControlFails(t, res, err, duplicateAllocation)
 				return
 			}
 			if err != nil {

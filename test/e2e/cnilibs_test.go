@@ -96,11 +96,15 @@ func (e *testEnv) cachedResult(cacheDir, cid string) string {
 
 // assertControlFails checks that a control on bare bridge failed the way
 // upstream does, with want in its error; otherwise the test no longer
-// reproduces what the plugin fixes.
-func assertControlFails(t *testing.T, err error, want string) {
+// reproduces what the plugin fixes. out is what the control returned
+// (stdout, or a library's result), shown when it succeeded.
+func assertControlFails(t *testing.T, out any, err error, want string) {
 	t.Helper()
 	if err == nil {
-		t.Fatalf("control: succeeded on bare bridge; the test no longer reproduces the bug")
+		if _, ok := out.(string); !ok {
+			out = mustJSON(t, out)
+		}
+		t.Fatalf("control: succeeded on bare bridge; the test no longer reproduces the bug\noutput: %s", out)
 	}
 	if !strings.Contains(err.Error(), want) {
 		t.Fatalf("control: failed, but not with %q: %v", want, err)

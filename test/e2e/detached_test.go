@@ -70,7 +70,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			out, stderr, err := e.cnitool("add", alloc, capArgs)
 			switch {
 			case tc.bare:
-				assertControlFails(t, err, duplicateAllocation)
+				assertControlFails(t, out, err, duplicateAllocation)
 				return
 			case !tc.task:
 				if err != nil {

@@ -157,7 +157,7 @@ func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
 			}
 			res, err = nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
 			if bare {
-				assertControlFails(t, err, duplicateAllocation)
+				assertControlFails(t, res, err, duplicateAllocation)
 				return
 			}
 			if err != nil {

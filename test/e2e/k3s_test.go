@@ -267,7 +267,7 @@ func TestK3sFlannelDelegate(t *testing.T) {
 			}
 			out, err = e.execAsFlannel(t, plugin, "ADD", again, stdin)
 			if tc.bare {
-				assertControlFails(t, err, tc.want)
+				assertControlFails(t, out, err, tc.want)
 				return
 			}
 			if err != nil {

@@ -85,7 +85,7 @@ func TestNerdctlDelBeforeAdd(t *testing.T) {
 			c2 := e.startContainer(t, e.addNetns(t, "c2"))
 			r2, err := createRuntime(c2)
 			if tc.bare && !tc.preRemove {
-				assertControlFails(t, err, duplicateAllocation)
+				assertControlFails(t, r2, err, duplicateAllocation)
 				return
 			}
 			if err != nil {

@@ -67,8 +67,8 @@ func TestRebootRestore(t *testing.T) {
 
 		e.reboot(t, ns, false)
 
-		_, _, err := e.cnitool("add", ns, "")
-		assertControlFails(t, err, duplicateAllocation)
+		out, _, err := e.cnitool("add", ns, "")
+		assertControlFails(t, out, err, duplicateAllocation)
 		// The stale lease is what blocks it.
 		assertLeases(t, leaseDir, map[netip.Addr]string{addr1.Addr(): leaseContent(ns.cid)})
 	})
