@@ -88,22 +88,22 @@ func TestSweepWaitsForTheDelegateOfAKilledAdd(t *testing.T) {
 	becomeSubreaper(t)
 
 	ns := e.addNetns(t, "killed")
-	cmd := e.pluginCmd(context.Background(), pluginType, "ADD", ns.cid, ns.path, entryConfig(t, conf, pluginType))
-	cmd.Env = append(cmd.Env, "CNI_PATH="+bin)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start plugin: %v", err)
-	}
-	if _, err := waitLine(started, cmdTimeout); err != nil {
-		_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
-		_ = cmd.Wait()
+	// Once the delegate has started, the runtime gives up: it kills its own
+	// process group.
+	giveUp, kill := context.WithCancel(context.Background())
+	delegateStarted := make(chan error, 1)
+	go func() {
+		_, err := waitLine(started, cmdTimeout)
+		delegateStarted <- err
+		kill()
+	}()
+	args := e.cniArgs("ADD", ns)
+	args.Path = bin
+	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entryConfig(t, conf, pluginType), ctx: giveUp, group: true})
+	if err := <-delegateStarted; err != nil {
 		t.Fatalf("delegate did not start: %v", err)
 	}
-	// The runtime gives up: it kills its own process group.
-	if err := unix.Kill(-cmd.Process.Pid, unix.SIGKILL); err != nil {
-		t.Fatalf("kill the caller's process group: %v", err)
-	}
-	if err := cmd.Wait(); err == nil {
+	if r.err == nil {
 		t.Fatal("the plugin finished the ADD before it was killed")
 	}
 

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -11,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
@@ -79,38 +79,24 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 			e.requirePlugin(t)
 			ns := e.addNetns(t, "a")
 			cwd := t.TempDir() // a relative dataDir would land here
-			ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, filepath.Join(e.bin, pluginType))
-			cmd.Dir = cwd
-			cmd.Env = cniEnv(
-				"CNI_COMMAND=ADD",
-				"CNI_CONTAINERID="+ns.cid,
-				"CNI_NETNS="+ns.path,
-				"CNI_IFNAME="+ifName,
-				"CNI_PATH="+e.bin,
-			)
-			cmd.Stdin = bytes.NewReader(tc.stdin(t, e))
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
+			r := runPlugin(t, e.binary(pluginType), e.cniArgs("ADD", ns), runOpts{stdin: tc.stdin(t, e), dir: cwd})
 			var exitErr *exec.ExitError
-			if !errors.As(err, &exitErr) {
-				t.Fatalf("want a non-zero exit, got %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+			if !errors.As(r.err, &exitErr) {
+				t.Fatalf("want a non-zero exit, got %v", r)
 			}
 			var cniErr struct {
 				CNIVersion string `json:"cniVersion"`
 				Code       *int   `json:"code"`
 				Msg        string `json:"msg"`
 			}
-			if err := json.Unmarshal(stdout.Bytes(), &cniErr); err != nil {
-				t.Fatalf("stdout is not a CNI error object: %v\nstdout: %q\nstderr: %s", err, stdout.String(), stderr.String())
+			if err := json.Unmarshal([]byte(r.stdout), &cniErr); err != nil {
+				t.Fatalf("stdout is not a CNI error object: %v\nstdout: %q\nstderr: %s", err, r.stdout, r.stderr)
 			}
 			if cniErr.Code == nil || *cniErr.Code == 0 || cniErr.Msg == "" {
-				t.Fatalf("CNI error without code or msg: %s", stdout.String())
+				t.Fatalf("CNI error without code or msg: %s", r.stdout)
 			}
 			if tc.wantCode != 0 && *cniErr.Code != tc.wantCode {
-				t.Errorf("code %d, want %d: %s", *cniErr.Code, tc.wantCode, stdout.String())
+				t.Errorf("code %d, want %d: %s", *cniErr.Code, tc.wantCode, r.stdout)
 			}
 			t.Logf("rejected with code %d: %s", *cniErr.Code, cniErr.Msg)
 
@@ -133,15 +119,11 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 func TestFingerprint(t *testing.T) {
 	bin := testhost.BinDir(t)
 	testhost.RequireBinaries(t, bin, pluginType)
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, pluginType))
-	cmd.Env = cniEnv()
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("run without arguments: %v (stdout %q)", err, out)
+	r := runPlugin(t, filepath.Join(bin, pluginType), invoke.Args{}, runOpts{})
+	if r.err != nil {
+		t.Fatalf("run without arguments: %v", r.err)
 	}
-	first, _, _ := strings.Cut(string(out), "\n")
+	first, _, _ := strings.Cut(r.stdout, "\n")
 	re := regexp.MustCompile(`^CNI nomad-bridge-cni plugin v\d+\.\d+\.\d+\S*$`)
 	if !re.MatchString(first) {
 		t.Fatalf("fingerprint line %q does not match %s", first, re)

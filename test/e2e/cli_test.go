@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/invoke"
 )
 
 // leasesDoc is the documented schema of `leases --json`.
@@ -23,14 +26,12 @@ type leasesDoc struct {
 	} `json:"leases"`
 }
 
+// operator runs the plugin's operator CLI: args, no CNI variables.
 func (e *testEnv) operator(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(e.bin, pluginType), args...)
-	cmd.Env = cniEnv() // no CNI_COMMAND: operator mode
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	return stdout.String(), stderr.String(), err
+	r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: args})
+	// The bare exit error: the callers show stdout and stderr themselves.
+	return r.stdout, r.stderr, errors.Unwrap(r.err)
 }
 
 // TestOperatorLeasesAndGC: after the stale-namespace scenario, `leases`

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
 )
 
 // Hostile state on disk. The plugin must refuse data
@@ -24,16 +26,6 @@ import (
 
 // foreignUID owns the directories the tests plant as "someone else's".
 const foreignUID = 12345
-
-// runVerb runs the plugin binary for one verb with stdin, as a runtime.
-func (e *testEnv) runVerb(t *testing.T, command, cid, netnsPath string, stdin []byte) rawRun {
-	t.Helper()
-	return runBinary(t, []string{filepath.Join(e.bin, pluginType)}, rawOpts{
-		env:   cniEnvFor(command, cid, netnsPath, ifName, e.bin),
-		stdin: stdin,
-		dir:   t.TempDir(),
-	})
-}
 
 // TestUnsafeDirs plants each of the four directories the plugin writes in
 // (dataDir itself, host-local's network directory, the record directory,
@@ -105,7 +97,7 @@ func TestUnsafeDirs(t *testing.T) {
 				scope := e.hostileScope("", e.dataDir, e.persistDir)
 				before := takeHostState(t, scope)
 				for _, verb := range []string{"ADD", "CHECK", "DEL", "GC", "STATUS"} {
-					r := e.runVerb(t, verb, ns.cid, ns.path, stdin)
+					r := runPlugin(t, e.binary(pluginType), e.cniArgs(verb, ns), runOpts{stdin: stdin})
 					if verb == "STATUS" {
 						ce := assertCNIFailure(t, r, 50)
 						if !strings.Contains(ce.Msg+" "+ce.Details, kind.why) {
@@ -498,7 +490,7 @@ func TestModes(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "sh", "-c", `umask 000 && exec "$0" "$@"`, filepath.Join(e.bin, "cnitool"), verb, e.netName, ns.path)
-		cmd.Env = cniEnv("CNI_PATH="+e.bin, "NETCONFPATH="+e.confDir, "CNI_IFNAME="+ifName)
+		cmd.Env = hostcmd.CNIEnv("CNI_PATH="+e.bin, "NETCONFPATH="+e.confDir, "CNI_IFNAME="+ifName)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("cnitool %s with umask 000: %v\n%s", verb, err, out)

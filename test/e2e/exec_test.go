@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -15,28 +17,200 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
-// pluginCmd prepares the binary `plugin` of the bin dir as a runtime runs
-// it: CNI_* environment, the config on stdin.
-func (e *testEnv) pluginCmd(ctx context.Context, plugin, command, cid, netnsPath string, stdin []byte) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, plugin))
-	cmd.Env = cniEnv(
-		"CNI_COMMAND="+command,
-		"CNI_CONTAINERID="+cid,
-		"CNI_NETNS="+netnsPath,
-		"CNI_IFNAME="+ifName,
-		"CNI_PATH="+e.bin,
-	)
-	cmd.Stdin = bytes.NewReader(stdin)
-	return cmd
+// Running a plugin binary as a runtime does: the CNI environment libcni
+// builds, the config on stdin, and what came out.
+
+// cniArgs is what a runtime passes a plugin for ns's eth0: the bin dir as
+// CNI_PATH, no CNI_ARGS.
+func (e *testEnv) cniArgs(command string, ns netns) invoke.Args {
+	return invoke.Args{Command: command, ContainerID: ns.cid, NetNS: ns.path, IfName: ifName, Path: e.bin}
 }
 
-// runPlugin runs a plugin binary directly, without CNI_ARGS (see
-// execPlugin), and returns stdout and stderr.
-func (e *testEnv) runPlugin(plugin, command, cid, netnsPath string, stdin []byte) (string, string, error) {
-	return e.execPlugin(plugin, command, cid, netnsPath, "", stdin)
+// binary is the path of a binary of the bin dir.
+func (e *testEnv) binary(name string) string { return filepath.Join(e.bin, name) }
+
+// runOpts is what differs between runs. The zero value runs the binary
+// without arguments and with nothing on stdin, in a fresh working
+// directory, killed after cmdTimeout.
+type runOpts struct {
+	argv  []string // the operator CLI's, or nsenter's with the plugin last
+	stdin []byte
+	dir   string
+	// env comes after the CNI variables: NAME=VALUE sets NAME, a bare NAME
+	// removes it.
+	env []string
+	// timeout (cmdTimeout when zero) counts from the start; it, or ctx
+	// being cancelled, kills the run.
+	timeout time.Duration
+	ctx     context.Context
+	// group makes the run lead a process group of its own, and a kill take
+	// the whole group (a runtime giving up on everything it started), not
+	// only the plugin.
+	group bool
+	// combined sends stderr to stdout, as Nomad's fingerprint reads them.
+	combined bool
+}
+
+// pluginRun is what one run did.
+type pluginRun struct {
+	what           string // the command, for messages
+	stdout, stderr string
+	// exitCode is the exit status, -1 when a signal ended the run (signal
+	// says which) or it did not start.
+	exitCode int
+	signal   syscall.Signal
+	killed   bool // by the timeout or ctx
+	elapsed  time.Duration
+	// err is nil after exit status 0; else it wraps Wait's *exec.ExitError
+	// (or Start's error) and carries stdout and stderr.
+	err error
+}
+
+// runPlugin runs exe as libcni runs a plugin: args' CNI variables as
+// invoke.Args.AsEnv sets them (none when args.Command is empty: the
+// operator CLI, a fingerprint), on the test's environment without the
+// caller's own CNI variables (hostcmd.CNIEnv; PATH is kept, the plugins
+// run iptables). It fails the test only when exe cannot be started: the
+// callers decide what was expected.
+func runPlugin(t *testing.T, exe string, args invoke.Args, o runOpts) pluginRun {
+	t.Helper()
+	r := pluginRun{what: strings.Join(append([]string{filepath.Base(exe)}, o.argv...), " ")}
+	if args.Command != "" {
+		r.what += " " + args.Command + " " + args.ContainerID
+	}
+	cmd := exec.Command(exe, o.argv...)
+	cmd.Env = pluginEnv(args, o.env)
+	cmd.Dir = o.dir
+	if cmd.Dir == "" {
+		cmd.Dir = t.TempDir()
+	}
+	cmd.Stdin = bytes.NewReader(o.stdin)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: o.group}
+	// Files, not pipes: the run is over when the plugin exits, whatever it
+	// left holding its stdout or stderr (a killed plugin's delegates).
+	stdout, err := outputFile()
+	if err != nil {
+		return r.notStarted(t, err)
+	}
+	defer stdout.Close()
+	stderr, err := outputFile()
+	if err != nil {
+		return r.notStarted(t, err)
+	}
+	defer stderr.Close()
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if o.combined {
+		cmd.Stderr = stdout
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return r.notStarted(t, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	guard := time.NewTimer(cmp.Or(o.timeout, cmdTimeout))
+	defer guard.Stop()
+	var cancelled <-chan struct{} // nil, never ready, without a ctx
+	if o.ctx != nil {
+		cancelled = o.ctx.Done()
+	}
+	select {
+	case err = <-done:
+	case <-guard.C:
+		r.killed = true
+	case <-cancelled:
+		r.killed = true
+	}
+	if r.killed {
+		if o.group {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		} else {
+			_ = cmd.Process.Kill()
+		}
+		err = <-done
+	}
+	r.elapsed = time.Since(start)
+	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	r.exitCode = ws.ExitStatus()
+	if ws.Signaled() {
+		r.signal = ws.Signal()
+	}
+	r.stdout, r.stderr = readOutput(t, stdout), readOutput(t, stderr)
+	if err != nil {
+		r.err = fmt.Errorf("%s: %w\nstdout: %s\nstderr: %s", r.what, err, r.stdout, r.stderr)
+	}
+	return r
+}
+
+func (r pluginRun) String() string {
+	status := fmt.Sprintf("exit %d", r.exitCode)
+	if r.signal != 0 {
+		status = unix.SignalName(r.signal)
+	}
+	return fmt.Sprintf("%s: %s after %v\nstdout: %s\nstderr: %s", r.what, status, r.elapsed.Round(time.Millisecond), r.stdout, r.stderr)
+}
+
+// cniVars are the variables invoke.Args.AsEnv sets.
+var cniVars = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_ARGS", "CNI_IFNAME", "CNI_PATH"}
+
+// pluginEnv is the environment of a run: see runPlugin and runOpts.env.
+func pluginEnv(args invoke.Args, extra []string) []string {
+	var set []string
+	if args.Command != "" {
+		for _, kv := range args.AsEnv() { // os.Environ(), then args'
+			if name, _, _ := strings.Cut(kv, "="); slices.Contains(cniVars, name) {
+				set = append(set, kv)
+			}
+		}
+	}
+	env := hostcmd.CNIEnv(set...)
+	for _, kv := range extra {
+		if strings.Contains(kv, "=") {
+			env = append(env, kv) // exec.Cmd takes the last of duplicates
+			continue
+		}
+		env = slices.DeleteFunc(env, func(s string) bool { return strings.HasPrefix(s, kv+"=") })
+	}
+	return env
+}
+
+// notStarted fails the test without stopping it: the operator CLI also
+// runs in the tests' goroutines.
+func (r pluginRun) notStarted(t *testing.T, err error) pluginRun {
+	t.Helper()
+	t.Errorf("start %s: %v", r.what, err)
+	r.exitCode, r.err = -1, fmt.Errorf("%s: %w", r.what, err)
+	return r
+}
+
+// outputFile is an unnamed file for one stream of a run.
+func outputFile() (*os.File, error) {
+	f, err := os.CreateTemp("", "nbc-e2e-output-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func readOutput(t *testing.T, f *os.File) string {
+	t.Helper()
+	_, err := f.Seek(0, io.SeekStart)
+	raw, err2 := io.ReadAll(f)
+	if err := errors.Join(err, err2); err != nil {
+		t.Errorf("read the output of a run: %v", err)
+	}
+	return string(raw)
 }
 
 // releaseLines are the plugin's "released" lines on stderr for the test's
@@ -82,87 +256,6 @@ func requireTool(t *testing.T, name string) {
 	}
 }
 
-// rawRun is what one run of a binary did.
-type rawRun struct {
-	stdout, stderr string
-	// exitCode is the exit status, -1 when the process was killed by a
-	// signal (then signal says which).
-	exitCode int
-	signal   syscall.Signal
-	elapsed  time.Duration
-	// timedOut is set when the guard timeout killed the process.
-	timedOut bool
-}
-
-// rawOpts is how to run a binary: env is the complete CNI part of the
-// environment (cniEnv drops the caller's CNI_* variables), dir the working
-// directory, timeout the guard (cmdTimeout when zero). With setpgid the
-// process leads its own process group, and the guard kills that group.
-type rawOpts struct {
-	env     []string
-	stdin   []byte
-	dir     string
-	timeout time.Duration
-	setpgid bool
-}
-
-// runBinary runs argv as a runtime would and reports what happened. It never
-// fails the test itself: the callers decide what was expected.
-func runBinary(t *testing.T, argv []string, o rawOpts) rawRun {
-	t.Helper()
-	timeout := o.timeout
-	if timeout == 0 {
-		timeout = cmdTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = cniEnv(o.env...)
-	cmd.Dir = o.dir
-	cmd.Stdin = bytes.NewReader(o.stdin)
-	// A grandchild holding a pipe must not hang the test after the guard
-	// fired.
-	cmd.WaitDelay = 5 * time.Second
-	if o.setpgid {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
-	err := cmd.Run()
-	r := rawRun{stdout: stdout.String(), stderr: stderr.String(), elapsed: time.Since(start), timedOut: ctx.Err() != nil}
-	var exitErr *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exitErr):
-		r.exitCode = exitErr.ExitCode()
-		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			r.signal = ws.Signal()
-		}
-	case errors.Is(err, exec.ErrWaitDelay):
-		r.exitCode = cmd.ProcessState.ExitCode()
-	default:
-		t.Fatalf("run %q: %v\nstdout: %s\nstderr: %s", argv, err, r.stdout, r.stderr)
-	}
-	return r
-}
-
-func (r rawRun) String() string {
-	return fmt.Sprintf("exit %d (signal %v, %v)\nstdout: %s\nstderr: %s", r.exitCode, r.signal, r.elapsed.Round(time.Millisecond), r.stdout, r.stderr)
-}
-
-// cniEnvFor is the CNI environment a runtime passes for one attachment.
-func cniEnvFor(command, cid, netnsPath, ifname, cniPath string) []string {
-	return []string{
-		"CNI_COMMAND=" + command,
-		"CNI_CONTAINERID=" + cid,
-		"CNI_NETNS=" + netnsPath,
-		"CNI_IFNAME=" + ifname,
-		"CNI_PATH=" + cniPath,
-	}
-}
-
 // cniErrorObj is the error object a CNI plugin prints on stdout.
 type cniErrorObj struct {
 	Code    *int   `json:"code"`
@@ -202,10 +295,10 @@ func parseCNIError(stdout string) (cniErrorObj, error) {
 // killed), no panic, and stdout a single CNI error whose code is one of
 // codes. It returns the error (zero when stdout held none); the caller
 // goes on to check the state either way.
-func assertCNIFailure(t *testing.T, r rawRun, codes ...int) cniErrorObj {
+func assertCNIFailure(t *testing.T, r pluginRun, codes ...int) cniErrorObj {
 	t.Helper()
 	assertNoPanic(t, r)
-	if r.timedOut {
+	if r.killed {
 		t.Errorf("the plugin did not return within its guard timeout (%v) and was killed\n%s", r.elapsed.Round(time.Millisecond), r)
 	}
 	if r.exitCode == 0 {
@@ -227,7 +320,7 @@ func assertCNIFailure(t *testing.T, r rawRun, codes ...int) cniErrorObj {
 
 // assertNoPanic fails when the Go runtime printed a panic or a goroutine
 // dump.
-func assertNoPanic(t *testing.T, r rawRun) {
+func assertNoPanic(t *testing.T, r pluginRun) {
 	t.Helper()
 	for _, s := range []string{r.stdout, r.stderr} {
 		if strings.Contains(s, "panic:") || strings.Contains(s, "goroutine ") {
@@ -235,23 +328,6 @@ func assertNoPanic(t *testing.T, r rawRun) {
 			return
 		}
 	}
-}
-
-// execPlugin runs a plugin binary with stdin and the CNI_* variables a
-// runtime sets, including CNI_ARGS.
-func (e *testEnv) execPlugin(plugin, command, cid, nsPath, cniArgs string, stdin []byte) (string, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := e.pluginCmd(ctx, plugin, command, cid, nsPath, stdin)
-	if cniArgs != "" {
-		cmd.Env = append(cmd.Env, "CNI_ARGS="+cniArgs)
-	}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return out.String(), errb.String(), fmt.Errorf("%s %s %s: %w\nstdout: %s\nstderr: %s", plugin, command, cid, err, out.String(), errb.String())
-	}
-	return out.String(), errb.String(), nil
 }
 
 // k8sArgs are the CNI_ARGS containerd's CRI plugin (and CRI-O's ocicni)
@@ -264,12 +340,4 @@ func k8sArgs(t *testing.T, cid string) [][2]string {
 		{"K8S_POD_INFRA_CONTAINER_ID", cid},
 		{"K8S_POD_UID", podUID(t)},
 	}
-}
-
-func joinArgs(args [][2]string) string {
-	var parts []string
-	for _, kv := range args {
-		parts = append(parts, kv[0]+"="+kv[1])
-	}
-	return strings.Join(parts, ";")
 }

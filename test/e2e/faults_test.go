@@ -122,19 +122,22 @@ func TestFullTmpfs(t *testing.T) {
 			conf := e.reclaimConf(t, "minimal.conflist")
 			e.writeConflist(t, conf)
 			stdin := entryConfig(t, conf, pluginType)
+			run := func(verb string, ns netns) pluginRun {
+				return runPlugin(t, e.binary(pluginType), e.cniArgs(verb, ns), runOpts{stdin: stdin})
+			}
 			if tc.warmUp {
 				first := e.addNetns(t, "first")
-				if _, _, err := e.runPlugin(pluginType, "ADD", first.cid, first.path, stdin); err != nil {
-					t.Fatalf("ADD before filling: %v", err)
+				if r := run("ADD", first); r.err != nil {
+					t.Fatalf("ADD before filling: %v", r.err)
 				}
-				if _, _, err := e.runPlugin(pluginType, "DEL", first.cid, first.path, stdin); err != nil {
-					t.Fatalf("DEL before filling: %v", err)
+				if r := run("DEL", first); r.err != nil {
+					t.Fatalf("DEL before filling: %v", r.err)
 				}
 			}
 			filler := fillTmpfs(t, e.dataDir, tc.leave)
 
 			ns := e.addNetns(t, "a")
-			r := e.runVerb(t, "ADD", ns.cid, ns.path, stdin)
+			r := run("ADD", ns)
 			ce := assertCNIFailure(t, r, tc.wantCode...)
 			t.Logf("ADD on a full tmpfs: code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.stderr)
 			if !strings.Contains(ce.Msg+" "+ce.Details, "no space left on device") {
@@ -146,8 +149,8 @@ func TestFullTmpfs(t *testing.T) {
 			// A runtime DELs after a failed ADD (bridge leaves its veth in
 			// the namespace when host-local fails); with the disk still
 			// full, that must work too.
-			if _, _, err := e.runPlugin(pluginType, "DEL", ns.cid, ns.path, stdin); err != nil {
-				t.Fatalf("DEL after the failed ADD, disk still full: %v", err)
+			if r := run("DEL", ns); r.err != nil {
+				t.Fatalf("DEL after the failed ADD, disk still full: %v", r.err)
 			}
 			e.assertNoTrace(t, ns.cid)
 			if linkExistsIn(ns, ifName) {
@@ -158,15 +161,15 @@ func TestFullTmpfs(t *testing.T) {
 			if err := os.Remove(filler); err != nil {
 				t.Fatalf("remove filler: %v", err)
 			}
-			out, _, err := e.runPlugin(pluginType, "ADD", ns.cid, ns.path, stdin)
-			if err != nil {
-				t.Fatalf("ADD after freeing space: %v", err)
+			r = run("ADD", ns)
+			if r.err != nil {
+				t.Fatalf("ADD after freeing space: %v", r.err)
 			}
-			p, _ := parseResult(t, out).addrIn(t, e.subnet4)
+			p, _ := parseResult(t, r.stdout).addrIn(t, e.subnet4)
 			assertLease(t, e.leaseDir(), p.Addr(), ns.cid)
 			e.assertRecord(t, ns, p.Addr())
-			if _, _, err := e.runPlugin(pluginType, "DEL", ns.cid, ns.path, stdin); err != nil {
-				t.Fatalf("DEL after freeing space: %v", err)
+			if r := run("DEL", ns); r.err != nil {
+				t.Fatalf("DEL after freeing space: %v", r.err)
 			}
 			e.assertNoTrace(t, ns.cid)
 		})
@@ -196,17 +199,6 @@ func (e *testEnv) fakeBinDir(t *testing.T, scripts map[string]string) string {
 		}
 	}
 	return dir
-}
-
-// runWithBin runs the plugin from the real bin dir with CNI_PATH=binDir.
-func (e *testEnv) runWithBin(t *testing.T, binDir, command string, ns netns, stdin []byte, o rawOpts) rawRun {
-	t.Helper()
-	o.env = cniEnvFor(command, ns.cid, ns.path, ifName, binDir)
-	o.stdin = stdin
-	if o.dir == "" {
-		o.dir = t.TempDir()
-	}
-	return runBinary(t, []string{filepath.Join(e.bin, pluginType)}, o)
 }
 
 // crashAfterBridge behaves as bridge, except that its ADD dies without a
@@ -253,7 +245,9 @@ func TestDelegateCrash(t *testing.T) {
 			stdin := entryConfig(t, conf, pluginType)
 			ns := e.addNetns(t, "a")
 
-			r := e.runWithBin(t, bin, "ADD", ns, stdin, rawOpts{})
+			args := e.cniArgs("ADD", ns)
+			args.Path = bin
+			r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: stdin})
 			ce := assertCNIFailure(t, r, codeInternal)
 			t.Logf("ADD with a crashing delegate: code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.stderr)
 			if !strings.Contains(ce.Msg, "crashed") {
@@ -273,7 +267,8 @@ func TestDelegateCrash(t *testing.T) {
 			e.assertNoTrace(t, ns.cid)
 
 			// DEL through the same delegate is clean whatever was left.
-			_ = e.runWithBin(t, bin, "DEL", ns, stdin, rawOpts{})
+			args.Command = "DEL"
+			_ = runPlugin(t, e.binary(pluginType), args, runOpts{stdin: stdin})
 		})
 	}
 }
@@ -311,7 +306,9 @@ func TestDelegateHang(t *testing.T) {
 			marker := "CNI_CONTAINERID=" + ns.cid
 			t.Cleanup(func() { killProcessesWithEnv(t, marker) })
 
-			r := e.runWithBin(t, bin, "ADD", ns, stdin, rawOpts{timeout: 20 * time.Second, setpgid: true})
+			args := e.cniArgs("ADD", ns)
+			args.Path = bin
+			r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: stdin, timeout: 20 * time.Second, group: true})
 			t.Logf("ADD with a hanging delegate returned after %v", r.elapsed.Round(time.Millisecond))
 			if r.elapsed > 10*time.Second {
 				t.Errorf("ADD took %v with delegateTimeout 1s", r.elapsed.Round(time.Millisecond))
@@ -373,7 +370,7 @@ func TestDelWhenGone(t *testing.T) {
 
 			tc.remove(t, e, ns, p.Addr())
 			for i, what := range []string{"DEL", "second DEL"} {
-				r := e.runVerb(t, "DEL", ns.cid, ns.path, stdin)
+				r := runPlugin(t, e.binary(pluginType), e.cniArgs("DEL", ns), runOpts{stdin: stdin})
 				assertNoPanic(t, r)
 				if r.exitCode != 0 || r.stdout != "" {
 					t.Fatalf("%s with the %s gone failed:\n%s", what, tc.name, r)

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	gocni "github.com/containerd/go-cni"
+	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
@@ -185,11 +185,10 @@ func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
 // version in it is the reference bridge's.
 func assertFingerprint(t *testing.T, front, cniPath string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(front, "bridge"))
-	cmd.Env = cniEnv("CNI_PATH=" + cniPath)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s/bridge with no arguments: %v\n%s", front, err, out)
+	r := runPlugin(t, filepath.Join(front, "bridge"), invoke.Args{}, runOpts{env: []string{"CNI_PATH=" + cniPath}, combined: true})
+	out := r.stdout
+	if r.err != nil {
+		t.Fatalf("%s/bridge with no arguments: %v", front, r.err)
 	}
 	fields := strings.Fields(string(out))
 	if len(fields) < 4 || strings.Join(fields[:4], " ") != "CNI bridge plugin v1.10.0" || !strings.Contains(string(out), "nomad-bridge-cni") {

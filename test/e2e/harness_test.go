@@ -306,9 +306,6 @@ func linkExists(name string) bool {
 // ---------------------------------------------------------------------------
 // Running cnitool and the plugin
 
-// cniEnv: see hostcmd.CNIEnv.
-var cniEnv = hostcmd.CNIEnv
-
 // cnitool runs `cnitool VERB NETWORK NSPATH` with the test's NETCONFPATH and
 // bin dir. capArgs, when set, is CAP_ARGS (e.g. portMappings).
 func (e *testEnv) cnitool(verb string, ns netns, capArgs string) (stdout, stderr string, err error) {
@@ -323,7 +320,7 @@ func (e *testEnv) cnitool(verb string, ns netns, capArgs string) (stdout, stderr
 // can override them (a CNI_PATH holding a fake delegate).
 func (e *testEnv) cnitoolCmd(ctx context.Context, verb string, ns netns, env ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, "cnitool"), verb, e.netName, ns.path)
-	cmd.Env = cniEnv(append([]string{"CNI_PATH=" + e.bin, "NETCONFPATH=" + e.confDir, "CNI_IFNAME=" + ifName}, env...)...)
+	cmd.Env = hostcmd.CNIEnv(append([]string{"CNI_PATH=" + e.bin, "NETCONFPATH=" + e.confDir, "CNI_IFNAME=" + ifName}, env...)...)
 	return cmd
 }
 

@@ -388,22 +388,14 @@ func runHostileCase(t *testing.T, tc hostileCase) {
 	if command == "" {
 		command = "ADD"
 	}
-	env := map[string]string{
-		"CNI_COMMAND":     command,
-		"CNI_CONTAINERID": ns.cid,
-		"CNI_NETNS":       ns.path,
-		"CNI_IFNAME":      ifName,
-		"CNI_PATH":        e.bin,
-	}
+	var env []string
 	if tc.env != nil {
 		for k, v := range tc.env(e, ns, hostNS) {
-			env[k] = v
-		}
-	}
-	var envList []string
-	for k, v := range env {
-		if v != envUnset {
-			envList = append(envList, k+"="+v)
+			if v == envUnset {
+				env = append(env, k)
+			} else {
+				env = append(env, k+"="+v)
+			}
 		}
 	}
 	var stdin []byte
@@ -418,8 +410,8 @@ func runHostileCase(t *testing.T, tc hostileCase) {
 
 	scope := e.hostileScope(hostNS.path, e.dataDir, e.persistDir, cwd)
 	before := takeHostState(t, scope)
-	argv := []string{"nsenter", "--net=" + hostNS.path, "--", filepath.Join(e.bin, pluginType)}
-	r := runBinary(t, argv, rawOpts{env: envList, stdin: stdin, dir: cwd})
+	nsenter := []string{"--net=" + hostNS.path, "--", e.binary(pluginType)}
+	r := runPlugin(t, "nsenter", e.cniArgs(command, ns), runOpts{argv: nsenter, stdin: stdin, dir: cwd, env: env})
 	ce := assertCNIFailure(t, r, tc.codes...)
 	if tc.msg != "" && !strings.Contains(ce.Msg+" "+ce.Details, tc.msg) {
 		t.Errorf("error does not mention %q: msg %q details %q", tc.msg, ce.Msg, ce.Details)

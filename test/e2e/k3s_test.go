@@ -61,8 +61,10 @@ func (e *testEnv) k3sDelegate(t *testing.T, bits int, bare, keepDefaultGW bool) 
 // the CNI_ARGS containerd gave flannel, stdin the JSON flannel built.
 func (e *testEnv) execAsFlannel(t *testing.T, plugin, verb string, ns netns, stdin []byte) (string, error) {
 	t.Helper()
-	out, _, err := e.execPlugin(plugin, verb, ns.cid, ns.path, joinArgs(k8sArgs(t, ns.cid)), stdin)
-	return out, err
+	args := e.cniArgs(verb, ns)
+	args.PluginArgs = k8sArgs(t, ns.cid)
+	r := runPlugin(t, e.binary(plugin), args, runOpts{stdin: stdin})
+	return r.stdout, r.err
 }
 
 // TestK3sFlannelDelegate runs the plugin as k3s's flannel runs its delegate

@@ -426,9 +426,11 @@ func TestDelWithoutNetns(t *testing.T) {
 			if tc.emptyPath {
 				path = ""
 			}
-			_, stderr, err := e.runPlugin(plugin, "DEL", ns.cid, path, entryConfig(t, conf, plugin))
-			if err != nil {
-				t.Fatalf("DEL with CNI_NETNS=%q: %v", path, err)
+			del := e.cniArgs("DEL", ns)
+			del.NetNS = path
+			r := runPlugin(t, e.binary(plugin), del, runOpts{stdin: entryConfig(t, conf, plugin)})
+			if r.err != nil {
+				t.Fatalf("DEL with CNI_NETNS=%q: %v", path, r.err)
 			}
 			assertLeases(t, leaseDir, nil)
 			if tc.bare {
@@ -441,11 +443,11 @@ func TestDelWithoutNetns(t *testing.T) {
 			e.assertNAT(t, ns.cid, natWant{})
 			e.assertNoRecord(t, ns.cid)
 			e.assertNetworkNATEmpty(t)
-			t.Logf("DEL stderr: %s", strings.TrimSpace(stderr))
+			t.Logf("DEL stderr: %s", strings.TrimSpace(r.stderr))
 
 			// Idempotent: again.
-			if _, _, err := e.runPlugin(plugin, "DEL", ns.cid, path, entryConfig(t, conf, plugin)); err != nil {
-				t.Fatalf("second DEL: %v", err)
+			if r := runPlugin(t, e.binary(plugin), del, runOpts{stdin: entryConfig(t, conf, plugin)}); r.err != nil {
+				t.Fatalf("second DEL: %v", r.err)
 			}
 		})
 	}

@@ -1,18 +1,14 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -267,20 +263,10 @@ func TestCrashDuringAdd(t *testing.T) {
 	for i := range trials {
 		ns := e.addNetns(t, fmt.Sprintf("k%02d", i))
 		dead = append(dead, ns)
-		cmd := e.pluginCmd(context.Background(), pluginType, "ADD", ns.cid, ns.path, stdin)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start plugin: %v", err)
-		}
-		delay := time.Duration(rand.Int64N(int64(window)))
-		time.Sleep(delay) // the fault injection: kill at a random point
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		err := cmd.Wait()
-		var exitErr *exec.ExitError
-		if err == nil {
+		// The fault injection: the plugin alone is killed at a random point.
+		killAfter := 1 + time.Duration(rand.Int64N(int64(window)))
+		if r := runPlugin(t, e.binary(pluginType), e.cniArgs("ADD", ns), runOpts{stdin: stdin, timeout: killAfter}); r.err == nil {
 			completed++
-		} else if !errors.As(err, &exitErr) {
-			t.Fatalf("wait for plugin: %v", err)
 		}
 		// Its delegates finish the ADD (or fail) before the namespace goes.
 		if err := reapChildren(30 * time.Second); err != nil {
