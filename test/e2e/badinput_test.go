@@ -84,21 +84,14 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 			if !errors.As(r.err, &exitErr) {
 				t.Fatalf("want a non-zero exit, got %v", r)
 			}
-			var cniErr struct {
-				CNIVersion string `json:"cniVersion"`
-				Code       *int   `json:"code"`
-				Msg        string `json:"msg"`
+			ce, err := parseCNIError(r.stdout)
+			if err != nil || ce.code() == 0 {
+				t.Fatalf("stdout is not a CNI error object with a code and a msg: %v\n%s", err, r)
 			}
-			if err := json.Unmarshal([]byte(r.stdout), &cniErr); err != nil {
-				t.Fatalf("stdout is not a CNI error object: %v\nstdout: %q\nstderr: %s", err, r.stdout, r.stderr)
+			if tc.wantCode != 0 && ce.code() != tc.wantCode {
+				t.Errorf("code %d, want %d: %s", ce.code(), tc.wantCode, r.stdout)
 			}
-			if cniErr.Code == nil || *cniErr.Code == 0 || cniErr.Msg == "" {
-				t.Fatalf("CNI error without code or msg: %s", r.stdout)
-			}
-			if tc.wantCode != 0 && *cniErr.Code != tc.wantCode {
-				t.Errorf("code %d, want %d: %s", *cniErr.Code, tc.wantCode, r.stdout)
-			}
-			t.Logf("rejected with code %d: %s", *cniErr.Code, cniErr.Msg)
+			t.Logf("rejected with code %d: %s", ce.code(), ce.Msg)
 
 			assertEmptyDir(t, e.dataDir)
 			assertEmptyDir(t, cwd)

@@ -46,8 +46,8 @@ type runOpts struct {
 	// env comes after the CNI variables: NAME=VALUE sets NAME, a bare NAME
 	// removes it.
 	env []string
-	// timeout (cmdTimeout when zero) counts from the start; it, or ctx
-	// being cancelled, kills the run.
+	// timeout (cmdTimeout when zero), or ctx being cancelled, kills the
+	// run.
 	timeout time.Duration
 	ctx     context.Context
 	// group makes the run lead a process group of its own, and a kill take
@@ -109,26 +109,18 @@ func runPlugin(t *testing.T, exe string, args invoke.Args, o runOpts) pluginRun 
 	if o.combined {
 		cmd.Stderr = stdout
 	}
+	ctx, cancel := context.WithTimeout(cmp.Or(o.ctx, context.Background()), cmp.Or(o.timeout, cmdTimeout))
+	defer cancel()
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return r.notStarted(t, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	guard := time.NewTimer(cmp.Or(o.timeout, cmdTimeout))
-	defer guard.Stop()
-	var cancelled <-chan struct{} // nil, never ready, without a ctx
-	if o.ctx != nil {
-		cancelled = o.ctx.Done()
-	}
 	select {
 	case err = <-done:
-	case <-guard.C:
+	case <-ctx.Done():
 		r.killed = true
-	case <-cancelled:
-		r.killed = true
-	}
-	if r.killed {
 		if o.group {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		} else {
