@@ -84,6 +84,43 @@ func (r cniResult) addrIn(t *testing.T, p netip.Prefix) (netip.Prefix, netip.Add
 }
 
 // ---------------------------------------------------------------------------
+// Release lines on the plugin's stderr
+
+// releaseLines are the plugin's "released" lines on stderr for the test's
+// network.
+func (e *testEnv) releaseLines(stderr string) []string {
+	var out []string
+	prefix := "nomad-bridge-cni: " + e.netName + ": released "
+	for line := range strings.SplitSeq(stderr, "\n") {
+		if strings.Contains(line, prefix) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// assertReleased checks that stderr has exactly one release line for
+// cid's eth0 attachment and that it contains every want string.
+func (e *testEnv) assertReleased(t *testing.T, stderr, cid string, want ...string) {
+	t.Helper()
+	var mine []string
+	for _, l := range e.releaseLines(stderr) {
+		if strings.Contains(l, "released "+cid+"/") {
+			mine = append(mine, l)
+		}
+	}
+	if len(mine) != 1 {
+		t.Errorf("want one release line for %s on stderr, got %q\nstderr: %s", cid, mine, stderr)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(mine[0], w) {
+			t.Errorf("release line %q does not mention %q", mine[0], w)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
 // Kernel state inside the namespace
 
 // assertAddrOnIf checks that eth0 in ns (see netns.enter) carries addr.

@@ -21,11 +21,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
-// Running a plugin binary as a runtime does: the CNI environment libcni
-// builds, the config on stdin, and what came out.
+// Running a plugin binary as a runtime does (the CNI environment libcni
+// builds, the config on stdin), what came out, and the CNI error a failed
+// run must print.
 
 // cniArgs is what a runtime passes a plugin for ns's eth0: the bin dir as
 // CNI_PATH, no CNI_ARGS.
@@ -203,49 +203,6 @@ func readOutput(t *testing.T, f *os.File) string {
 		t.Errorf("read the output of a run: %v", err)
 	}
 	return string(raw)
-}
-
-// releaseLines are the plugin's "released" lines on stderr for the test's
-// network.
-func (e *testEnv) releaseLines(stderr string) []string {
-	var out []string
-	prefix := "nomad-bridge-cni: " + e.netName + ": released "
-	for line := range strings.SplitSeq(stderr, "\n") {
-		if strings.Contains(line, prefix) {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
-// assertReleased checks that stderr has exactly one release line for
-// cid's eth0 attachment and that it contains every want string.
-func (e *testEnv) assertReleased(t *testing.T, stderr, cid string, want ...string) {
-	t.Helper()
-	var mine []string
-	for _, l := range e.releaseLines(stderr) {
-		if strings.Contains(l, "released "+cid+"/") {
-			mine = append(mine, l)
-		}
-	}
-	if len(mine) != 1 {
-		t.Errorf("want one release line for %s on stderr, got %q\nstderr: %s", cid, mine, stderr)
-		return
-	}
-	for _, w := range want {
-		if !strings.Contains(mine[0], w) {
-			t.Errorf("release line %q does not mention %q", mine[0], w)
-		}
-	}
-}
-
-// requireTool skips the test when a tool is missing (fails with CI set),
-// like requireHost does for the tools every e2e test needs.
-func requireTool(t *testing.T, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		testhost.SkipOrFail(t, fmt.Sprintf("e2e prerequisite missing: %s in PATH", name))
-	}
 }
 
 // cniErrorObj is the error object a CNI plugin prints on stdout.

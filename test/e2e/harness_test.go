@@ -63,6 +63,15 @@ func requireHost(t *testing.T) {
 	hostPrereqs.Require(t)
 }
 
+// requireTool skips the test when a tool is missing (fails with CI set),
+// like requireHost does for the tools every e2e test needs.
+func requireTool(t *testing.T, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		testhost.SkipOrFail(t, fmt.Sprintf("e2e prerequisite missing: %s in PATH", name))
+	}
+}
+
 func missingHostPrereqs() []string {
 	missing := testhost.MissingTools("ip", "iptables", "ip6tables", "mount", "umount", "ping", "nsenter")
 	if len(missing) > 0 {
@@ -304,7 +313,7 @@ func linkExists(name string) bool {
 }
 
 // ---------------------------------------------------------------------------
-// Running cnitool and the plugin
+// Running cnitool, libcni and host commands (the plugin: exec_test.go)
 
 // cnitool runs `cnitool VERB NETWORK NSPATH` with the test's NETCONFPATH and
 // bin dir. capArgs, when set, is CAP_ARGS (e.g. portMappings).
