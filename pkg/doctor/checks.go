@@ -192,8 +192,10 @@ func checkState(o Options, ours []*network) []Finding {
 		switch {
 		case count["stale"] > 0 || count["orphan-rules"] > 0:
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --network %s --orphan-rules (see `leases`)", n.name)})
-		case count["detached"] > 0 || count["unknown"] > 0:
+		case count["detached"] > 0:
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"})
+		case count["unknown"] > 0:
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"})
 		default:
 			fs = append(fs, Finding{Level: OK, Check: "state", Subject: n.name, Message: msg})
 		}

@@ -239,7 +239,7 @@ func TestDoctor(t *testing.T) {
 			},
 			want: []doctorFinding{{"warn", "state", "NET",
 				"0 live, 0 pending, 0 stale, 0 detached, 1 unknown, 0 orphan NAT rule set(s)",
-				"see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"}},
+				"see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"}},
 		},
 		{
 			// bridge's ipMasq chain and jump of a container the network
