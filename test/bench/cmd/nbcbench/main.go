@@ -61,7 +61,7 @@ func cmdRun(args []string) error {
 	fs.StringVar(&o.id, "id", "", "run ID: 8 hex digits, names everything created")
 	fs.StringVar(&o.out, "out", "", "write the results as JSON here")
 	fs.StringVar(&o.command, "command", "make bench", "the command line to report as having produced the numbers")
-	fs.IntVar(&o.pairs, "pairs", 30, "latency pairs (A and B each)")
+	fs.IntVar(&o.pairs, "pairs", 40, "latency pairs (A and B each)")
 	fs.IntVar(&o.rounds, "rounds", 3, "concurrent-ADD rounds (A and B each)")
 	fs.IntVar(&o.parallel, "parallel", 32, "containers started at once in the throughput benchmark")
 	fs.IntVar(&o.coldPairs, "cold-pairs", 200, "VERSION cold-start rounds (each runs the plugin, bridge and the --minimal binary)")
