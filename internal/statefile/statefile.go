@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -134,9 +135,13 @@ func ReadSmallFileAt(dirfd int, dir, name string, limit int, withStat bool) ([]b
 
 // EachDirEntry calls fn for every entry of dir, read 1024 at a time, so a
 // network of 65534 leases does not hold 65534 DirEntry values at once.
+// Each batch is sorted by name: what is printed from a directory (leases,
+// gc) comes in the same order on every filesystem, fully sorted up to
+// 1024 entries.
 func EachDirEntry(dir *os.File, fn func(fs.DirEntry)) error {
 	for {
 		entries, err := dir.ReadDir(1024)
+		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 		for _, e := range entries {
 			fn(e)
 		}

@@ -221,15 +221,17 @@ func stateCounts(s *reclaim.Sweeper, d netdir.Dir) (map[string]int, error) {
 		count["orphan-rules"] = len(snap.Containers())
 		return count, nil
 	}
-	out, err := operator.Leases(s, d.DataDir, []string{d.Network})
-	if err != nil {
+	if err := operator.Leases(s, d.DataDir, []string{d.Network}, stateCounter(count)); err != nil {
 		return nil, err
-	}
-	for _, r := range out.Leases {
-		count[r.State]++
 	}
 	return count, nil
 }
+
+// stateCounter counts the rows of `leases` by state.
+type stateCounter map[string]int
+
+func (c stateCounter) Row(r operator.Row) { c[r.State]++ }
+func (c stateCounter) End([]string) error { return nil }
 
 // exists is the sweep's test: what cannot be inspected counts as there,
 // and the sweep reports why.

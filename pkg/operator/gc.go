@@ -1,7 +1,6 @@
 package operator
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -106,51 +105,15 @@ func (t *GCText) printf(format string, args ...any) {
 
 // GCJSON writes the `gc --json` document (GCOutput, indented as WriteJSON
 // indents it) one release at a time.
-type GCJSON struct {
-	w   io.Writer
-	n   int
-	err error
-}
+type GCJSON struct{ doc *jsonStream }
 
 // NewGCJSON starts the document.
 func NewGCJSON(w io.Writer, dataDir string, dryRun bool) *GCJSON {
-	j := &GCJSON{w: w}
-	head, err := json.Marshal(dataDir)
-	j.err = err
-	j.write(fmt.Sprintf("{\n  \"dataDir\": %s,\n  \"dryRun\": %t,\n  \"released\": [", head, dryRun))
-	return j
+	return &GCJSON{doc: newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)}
 }
 
-func (j *GCJSON) Release(r GCRelease) {
-	b, err := json.MarshalIndent(r, "    ", "  ")
-	if err != nil && j.err == nil {
-		j.err = err
-	}
-	sep := ",\n    "
-	if j.n == 0 {
-		sep = "\n    "
-	}
-	j.n++
-	j.write(sep + string(b))
-}
-
-func (j *GCJSON) End(res *GCResult) error {
-	if j.n > 0 {
-		j.write("\n  ")
-	}
-	b, err := json.MarshalIndent(nonNil(res.Problems), "  ", "  ")
-	if err != nil && j.err == nil {
-		j.err = err
-	}
-	j.write("],\n  \"problems\": " + string(b) + "\n}\n")
-	return j.err
-}
-
-func (j *GCJSON) write(s string) {
-	if j.err == nil {
-		_, j.err = io.WriteString(j.w, s)
-	}
-}
+func (j *GCJSON) Release(r GCRelease)     { j.doc.item(r) }
+func (j *GCJSON) End(res *GCResult) error { return j.doc.end(res.Problems) }
 
 func nonNil(s []string) []string {
 	if s == nil {

@@ -2,9 +2,9 @@ package operator
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -33,63 +33,65 @@ type Row struct {
 	Rules []string `json:"rules,omitempty"`
 }
 
-// LeasesOutput is the whole `leases --json` document.
+// LeasesOutput is the whole `leases --json` document. As a LeasesSink it
+// collects the rows (tests, doctor); LeasesJSON writes the same document
+// one row at a time.
 type LeasesOutput struct {
 	DataDir  string   `json:"dataDir"`
 	Leases   []Row    `json:"leases"`
 	Problems []string `json:"problems"`
 }
 
-// Leases builds the rows of every network: a dry-run sweep under CHECK's
-// rules, plus the NAT rules nobody holds. It changes nothing. Rows are
-// kept (the table is aligned over all of them) and sorted as the network's
-// addresses are: an attachment's rows by its first address, those without
-// a lease after them, then the orphan rules.
-func Leases(s *reclaim.Sweeper, dataDir string, networks []string) (*LeasesOutput, error) {
-	out := &LeasesOutput{DataDir: dataDir, Leases: []Row{}, Problems: []string{}}
+func (o *LeasesOutput) Row(r Row) { o.Leases = append(o.Leases, r) }
+
+func (o *LeasesOutput) End(problems []string) error {
+	if o.Leases == nil {
+		o.Leases = []Row{}
+	}
+	o.Problems = problems
+	return nil
+}
+
+// LeasesSink takes the rows of `leases` as the sweeps meet them, then the
+// problems they skipped.
+type LeasesSink interface {
+	Row(Row)
+	End(problems []string) error
+}
+
+// Leases runs a dry-run sweep of every network under CHECK's rules, with
+// the NAT rules nobody holds, and hands each row to sink as the sweep meets
+// it: nothing but the attachment at hand is held, whatever the size of the
+// network. Rows come in the sweep's order: attachments whose record lists
+// their addresses (by record name, within each 1024 read at once), then
+// the others by address, then orphan NAT rules; an attachment's rows by
+// address. It changes nothing. Every network is listed even if an
+// earlier one failed.
+func Leases(s *reclaim.Sweeper, dataDir string, networks []string, sink LeasesSink) error {
 	now := s.Host.Now()
+	problems := []string{}
+	var errs []error
 	for _, network := range networks {
-		var rows []sortedRow
 		visit := func(a *reclaim.Attachment) {
 			for _, r := range rowsOf(network, a, now) {
-				rows = append(rows, sortedRow{Row: r, key: sortKey(a)})
+				sink.Row(r)
 			}
 		}
-		var orphans []Row
 		released := func(rel reclaim.Release) {
 			if rel.Orphan {
-				orphans = append(orphans, Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
+				sink.Row(Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
 			}
 		}
 		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true, Visit: visit, Released: released})
 		if err != nil {
-			return nil, fmt.Errorf("network %s: %w", network, err)
+			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
+			continue
 		}
-		// Stable: an attachment's rows stay in its leases' order.
-		sort.SliceStable(rows, func(i, j int) bool { return rows[i].key < rows[j].key })
-		for _, r := range rows {
-			out.Leases = append(out.Leases, r.Row)
-		}
-		out.Leases = append(out.Leases, orphans...)
 		for _, p := range rep.Problems {
-			out.Problems = append(out.Problems, fmt.Sprintf("%s: %v", network, p))
+			problems = append(problems, fmt.Sprintf("%s: %v", network, p))
 		}
 	}
-	return out, nil
-}
-
-type sortedRow struct {
-	Row
-	key string
-}
-
-// sortKey orders attachments by first address (a sweep sorts an
-// attachment's leases), then those without a lease by key.
-func sortKey(a *reclaim.Attachment) string {
-	if len(a.Leases) == 0 {
-		return "\xff" + a.Key.String()
-	}
-	return "\x00" + string(a.Leases[0].IP.To16()) + a.Key.String()
+	return errors.Join(append(errs, sink.End(problems))...)
 }
 
 func rowsOf(network string, a *reclaim.Attachment, now time.Time) []Row {
@@ -126,30 +128,70 @@ func age(now, t time.Time) int64 {
 	return int64(now.Sub(t) / time.Second)
 }
 
-// WriteLeasesTable prints the human table.
-func WriteLeasesTable(w io.Writer, out *LeasesOutput) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NETWORK\tIP\tCONTAINER\tIFNAME\tNETNS\tAGE\tSTATE")
-	for _, r := range out.Leases {
-		state := r.State
-		if r.Reason != "" {
-			state = fmt.Sprintf("%s (%s)", r.State, r.Reason)
-		}
-		ageText := formatAge(r.AgeSeconds)
-		if r.State == "orphan-rules" {
-			state = fmt.Sprintf("orphan-rules: %s", strings.Join(r.Rules, ", "))
-			ageText = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Network, r.IP, r.ContainerID, dash(r.IfName), dash(r.Netns), ageText, state)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	for _, p := range out.Problems {
-		fmt.Fprintf(w, "skipped: %s\n", p)
-	}
-	return nil
+// LeasesTable prints the human table. Its columns are aligned over blocks
+// of tableBlock rows (a tabwriter holds the text of what it aligns): one
+// block up to that many rows, bounded memory beyond.
+type LeasesTable struct {
+	w   io.Writer
+	tw  *tabwriter.Writer
+	n   int
+	err error
 }
+
+const tableBlock = 4096
+
+// NewLeasesTable starts the table with its header.
+func NewLeasesTable(w io.Writer) *LeasesTable {
+	t := &LeasesTable{w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
+	t.printf("NETWORK\tIP\tCONTAINER\tIFNAME\tNETNS\tAGE\tSTATE\n")
+	return t
+}
+
+func (t *LeasesTable) Row(r Row) {
+	state := r.State
+	if r.Reason != "" {
+		state = fmt.Sprintf("%s (%s)", r.State, r.Reason)
+	}
+	ageText := formatAge(r.AgeSeconds)
+	if r.State == "orphan-rules" {
+		state = fmt.Sprintf("orphan-rules: %s", strings.Join(r.Rules, ", "))
+		ageText = "-"
+	}
+	t.printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Network, r.IP, r.ContainerID, dash(r.IfName), dash(r.Netns), ageText, state)
+	if t.n++; t.n%tableBlock == 0 && t.err == nil {
+		t.err = t.tw.Flush()
+	}
+}
+
+func (t *LeasesTable) End(problems []string) error {
+	if err := t.tw.Flush(); err != nil && t.err == nil {
+		t.err = err
+	}
+	for _, p := range problems {
+		if t.err == nil {
+			_, t.err = fmt.Fprintf(t.w, "skipped: %s\n", p)
+		}
+	}
+	return t.err
+}
+
+func (t *LeasesTable) printf(format string, args ...any) {
+	if t.err == nil {
+		_, t.err = fmt.Fprintf(t.tw, format, args...)
+	}
+}
+
+// LeasesJSON writes the `leases --json` document (LeasesOutput, indented
+// as WriteJSON indents it) one row at a time.
+type LeasesJSON struct{ doc *jsonStream }
+
+// NewLeasesJSON starts the document.
+func NewLeasesJSON(w io.Writer, dataDir string) *LeasesJSON {
+	return &LeasesJSON{doc: newJSONStream(w, "leases", "dataDir", dataDir)}
+}
+
+func (j *LeasesJSON) Row(r Row)                   { j.doc.item(r) }
+func (j *LeasesJSON) End(problems []string) error { return j.doc.end(problems) }
 
 // WriteJSON prints v as indented JSON.
 func WriteJSON(w io.Writer, v any) error {

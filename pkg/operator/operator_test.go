@@ -121,19 +121,26 @@ func TestLeasesTableAndJSON(t *testing.T) {
 	if strings.Join(networks, ",") != "nomad,other" {
 		t.Fatalf("networks = %v", networks)
 	}
-	out, err := Leases(s, dataDir, networks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table, js bytes.Buffer
-	if err := WriteLeasesTable(&table, out); err != nil {
+	var table, js, whole bytes.Buffer
+	if err := Leases(s, dataDir, networks, NewLeasesTable(&table)); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "leases.txt", table.Bytes(), dataDir)
-	if err := WriteJSON(&js, out); err != nil {
+	if err := Leases(s, dataDir, networks, NewLeasesJSON(&js, dataDir)); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "leases.json", js.Bytes(), dataDir)
+	// The streamed document is the one WriteJSON writes of the rows held.
+	out := &LeasesOutput{DataDir: dataDir}
+	if err := Leases(s, dataDir, networks, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSON(&whole, out); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(js.Bytes(), whole.Bytes()) {
+		t.Errorf("streamed leases --json differs from the document:\n%s\n---\n%s", js.Bytes(), whole.Bytes())
+	}
 }
 
 func TestGCDryRunThenGC(t *testing.T) {

@@ -136,16 +136,11 @@ func (c *cli) leases(args []string) int {
 	if err != nil {
 		return c.fail(1, err, "")
 	}
-	out, err := operator.Leases(c.sweeper(), f.dataDir, networks)
-	if err != nil {
-		return c.fail(1, err, "")
-	}
+	var sink operator.LeasesSink = operator.NewLeasesTable(c.stdout)
 	if f.json {
-		err = operator.WriteJSON(c.stdout, out)
-	} else {
-		err = operator.WriteLeasesTable(c.stdout, out)
+		sink = operator.NewLeasesJSON(c.stdout, f.dataDir)
 	}
-	if err != nil {
+	if err := operator.Leases(c.sweeper(), f.dataDir, networks, sink); err != nil {
 		return c.fail(1, err, "")
 	}
 	return 0
