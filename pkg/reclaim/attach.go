@@ -143,20 +143,16 @@ func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) erro
 		}
 	}, func(error) {}))
 	sortLeases(a.Leases)
-	rel := Release{Key: a.Key, Reason: v.Reason}
-	for _, l := range a.Leases {
-		rel.IPs = append(rel.IPs, l.IP.String())
-		rel.What = append(rel.What, "lease "+l.IP.String())
-	}
+	rel := releaseOf(a)
 	recordGone, err := releaseFiles(leases, records.NewStore(d), a, false)
 	errs = append(errs, err)
-	if s.Netfilter != nil {
-		removed, err := s.Netfilter.ReleaseContainer(d.Network, old.IfName, old.ContainerID)
-		rel.What = append(rel.What, removed...)
-		errs = append(errs, err)
-	}
 	if recordGone {
 		rel.What = append(rel.What, "record")
+	}
+	if s.Netfilter != nil {
+		removed, err := s.Netfilter.ReleaseContainer(d.Network, old.IfName, old.ContainerID)
+		addNAT(&rel, removed)
+		errs = append(errs, err)
 	}
 	s.countReleases(d, map[string]int{v.Cause: 1})
 	s.logf("%s: released %s", d.Network, rel)

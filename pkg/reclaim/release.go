@@ -25,6 +25,27 @@ func releaseFiles(leases *leaseDir, recs *records.Store, a *Attachment, dryRun b
 	return recordGone, errors.Join(err, rerr)
 }
 
+// releaseOf starts the report of a stale attachment's release: its
+// addresses and leases; NAT rules (addNAT) and the record follow.
+func releaseOf(a *Attachment) Release {
+	rel := Release{Key: a.Key, Reason: a.Verdict.Reason}
+	for _, l := range a.Leases {
+		rel.IPs = append(rel.IPs, l.IP.String())
+		rel.What = append(rel.What, "lease "+l.IP.String())
+	}
+	return rel
+}
+
+// addNAT puts the NAT rules that went before the record in rel.What,
+// where a reader expects them: leases, rules, record.
+func addNAT(rel *Release, rules []string) {
+	if n := len(rel.What); n > 0 && rel.What[n-1] == "record" {
+		rel.What = append(append(rel.What[:n-1:n-1], rules...), "record")
+		return
+	}
+	rel.What = append(rel.What, rules...)
+}
+
 // removeRecordIfUnchanged removes a stale record unless it was replaced
 // since it was read: a new ADD for the same attachment may have written
 // its pending record meanwhile.

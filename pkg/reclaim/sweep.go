@@ -260,11 +260,7 @@ func (w *sweep) judged(a *Attachment) {
 		return
 	}
 	w.causes[a.Verdict.Cause]++
-	rel := Release{Key: a.Key, Reason: a.Verdict.Reason}
-	for _, l := range a.Leases {
-		rel.IPs = append(rel.IPs, l.IP.String())
-		rel.What = append(rel.What, "lease "+l.IP.String())
-	}
+	rel := releaseOf(a)
 	recordGone, err := releaseFiles(w.leases, w.records, a, w.req.DryRun)
 	if err != nil {
 		w.errs = append(w.errs, err)
@@ -328,7 +324,7 @@ func (w *sweep) releaseNAT() {
 	for _, rel := range w.natWait {
 		if cid := rel.Key.ContainerID; !w.alive.has(cid) && !done[cid] {
 			done[cid] = true
-			w.insertNAT(&rel, w.releaseRules(snap, cid))
+			addNAT(&rel, w.releaseRules(snap, cid))
 		}
 		w.released(rel)
 	}
@@ -355,16 +351,6 @@ func (w *sweep) releaseRules(snap *netfilter.Snapshot, cid string) []string {
 		w.errs = append(w.errs, err)
 	}
 	return removed
-}
-
-// insertNAT puts the NAT rules that went before the record in rel.What,
-// where a reader expects them: leases, rules, record.
-func (w *sweep) insertNAT(rel *Release, rules []string) {
-	if n := len(rel.What); n > 0 && rel.What[n-1] == "record" {
-		rel.What = append(append(rel.What[:n-1:n-1], rules...), "record")
-		return
-	}
-	rel.What = append(rel.What, rules...)
 }
 
 // flushNFTables releases the nftables ipMasq rules of the stale
