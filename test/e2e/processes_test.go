@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // A runtime that gives up on an ADD kills the plugin, not its delegates:
@@ -111,48 +111,22 @@ func killAll(pids []int) {
 
 // childPIDs lists the test process's children, zombies included.
 func childPIDs() []int {
-	entries, _ := os.ReadDir("/proc")
 	self := strconv.Itoa(os.Getpid())
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
+	return testhost.Processes(func(_ int, read func(string) []byte) bool {
 		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-		s := string(raw)
+		s := string(read("stat"))
 		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(fields) > 1 && fields[1] == self {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+		return len(fields) > 1 && fields[1] == self
+	})
 }
 
 // processesWithEnv lists the pids of processes whose environment holds
 // kv exactly: every process a plugin run started (delegates, their
 // children) inherits CNI_CONTAINERID, which is unique to a test.
 func processesWithEnv(kv string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		if slices.Contains(strings.Split(string(raw), "\x00"), kv) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return testhost.Processes(func(_ int, read func(string) []byte) bool {
+		return slices.Contains(strings.Split(string(read("environ")), "\x00"), kv)
+	})
 }
 
 // killProcessesWithEnv kills, by pid, what processesWithEnv finds, and

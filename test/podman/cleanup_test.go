@@ -9,12 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
 
 // cleanup removes everything the env created, in whatever state the test
@@ -94,22 +94,9 @@ func (e *env) podmanContainerIDs() ([]string, error) {
 // user's subordinate IDs (podman's pause process, slirp4netns,
 // rootlessport, the containers).
 func (e *env) envProcesses() []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, ent := range entries {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if (err == nil && strings.Contains(string(cmdline), e.base+"/")) || (e.user != nil && e.user.runs(pid)) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return testhost.Processes(func(pid int, read func(string) []byte) bool {
+		return strings.Contains(string(read("cmdline")), e.base+"/") || (e.user != nil && e.user.runs(pid))
+	})
 }
 
 func (e *env) killLeftovers() []error {

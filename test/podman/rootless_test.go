@@ -440,15 +440,8 @@ func restoreFile(path string, was fileState) error {
 // userProcesses lists the processes that run as the user or its
 // subordinate IDs.
 func userProcesses(u *testUser) []int {
-	entries, err := os.ReadDir("/proc")
-	if u == nil || err != nil {
+	if u == nil {
 		return nil
 	}
-	var pids []int
-	for _, ent := range entries {
-		if pid, err := strconv.Atoi(ent.Name()); err == nil && u.runs(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return testhost.Processes(func(pid int, _ func(string) []byte) bool { return u.runs(pid) })
 }
