@@ -21,12 +21,17 @@ TOOLS           = $(filter github.com/containernetworking/%,$(shell $(GO) list t
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
-.PHONY: all build plugins test test-unit test-e2e test-podman test-release test-reboot bench install install-as-bridge demo release clean
+.PHONY: all build build-crashpoints plugins test test-unit test-e2e test-podman test-release test-reboot bench install install-as-bridge demo release clean
 
 all: build plugins
 
 build:
 	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/nomad-bridge-cni ./cmd/nomad-bridge-cni
+
+# The plugin with its crash points armed (internal/crashpoint), for the
+# crash-point tests only: never installed.
+build-crashpoints:
+	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -tags crashpoints -ldflags '$(LDFLAGS)' -o $(BIN)/crashpoints/nomad-bridge-cni ./cmd/nomad-bridge-cni
 
 plugins:
 	@mkdir -p $(BIN)
@@ -39,7 +44,7 @@ test-unit:
 	$(GO) test -count=1 ./pkg/... ./cmd/... ./internal/...
 
 # The e2e tests need root, iptables and the binaries in $(BIN).
-test-e2e: build plugins
+test-e2e: build build-crashpoints plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/e2e/
 
 # Real podman (4.x, CNI backend) containers on networks that adopt the

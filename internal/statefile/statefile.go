@@ -17,6 +17,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
 
 // TempPrefix starts the temp files of WriteAtomic, followed by the writer's
@@ -44,6 +46,7 @@ func WriteFileAtomic(path string, data []byte) error { return WriteAtomic(path, 
 // temp file's path once it holds data: the last moment nobody else can
 // see the file.
 func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) error {
+	crashpoint.Step("create temp for " + path)
 	tmp, err := os.CreateTemp(filepath.Dir(path), TempPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return err
@@ -59,6 +62,7 @@ func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) 
 			return err
 		}
 	}
+	crashpoint.Step("rename " + path)
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		os.Remove(tmp.Name())
 		return err

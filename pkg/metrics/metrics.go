@@ -11,6 +11,7 @@ import (
 	"io"
 	"sort"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
@@ -43,7 +44,7 @@ func Collect(s *reclaim.Sweeper, dataDir string, networks []string, ranges map[s
 			n.Attachments[a.Verdict.State]++
 			n.Leases += len(a.Leases)
 		}
-		rep, err := s.Sweep(reclaim.Request{Dir: d, DryRun: true, Orphans: true, Visit: count})
+		rep, err := s.Sweep(reclaim.Request{Dir: d, DryRun: true, Orphans: true, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Visit: count})
 		if err != nil {
 			return nil, fmt.Errorf("network %s: %w", name, err)
 		}

@@ -7,6 +7,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
 
 // bridge's nftables ipMasq backend (plugins/pkg/ip/ipmasq_nftables_linux.go)
@@ -102,6 +104,7 @@ func deleteIPMasqRules(match func(comment string) bool) error {
 	if n == 0 {
 		return nil
 	}
+	crashpoint.Step("nftables delete rules")
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("delete %d rules of inet %s %s: %w", n, ipMasqTable, ipMasqChain, err)
 	}

@@ -27,6 +27,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/mattn/go-shellwords"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
 
 const (
@@ -115,6 +117,7 @@ func (t *natTable) handle() (*iptables.IPTables, error) {
 }
 
 func (t *natTable) Delete(table, chain string, rulespec ...string) error {
+	crashpoint.Step("iptables delete rule in " + chain)
 	ipt, err := t.handle()
 	if err != nil {
 		return err
@@ -123,6 +126,7 @@ func (t *natTable) Delete(table, chain string, rulespec ...string) error {
 }
 
 func (t *natTable) ClearAndDeleteChain(table, chain string) error {
+	crashpoint.Step("iptables delete chain " + chain)
 	ipt, err := t.handle()
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
@@ -53,7 +54,7 @@ func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRul
 			res.Released++
 			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
 		}
-		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, Released: emit})
+		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Released: emit})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}

@@ -11,7 +11,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -57,7 +56,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 			// bridge crashed or was killed part-way: undo what it may have
 			// done (lease, veth, rules) before dropping the record. If
 			// that fails too, the pending record stays for a sweep.
-			if derr := p.rollback(conf, delegateConf); derr != nil {
+			if derr := p.delegateDel(conf, delegateConf); derr != nil {
 				p.warnf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
 				return addErr
 			}
@@ -132,13 +131,6 @@ func (p *Plugin) execHolding(f *os.File) invoke.Exec {
 		return e.Inheriting(f)
 	}
 	return p.Exec
-}
-
-// rollback sends DEL for an ADD whose delegate gave no answer.
-func (p *Plugin) rollback(conf *ipamdir.Config, delegateConf []byte) error {
-	ctx, cancel := delegateCtx(conf)
-	defer cancel()
-	return invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec)
 }
 
 func resultIPs(result types.Result) []string {

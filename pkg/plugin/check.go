@@ -28,7 +28,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err := p.migrate(conf); err != nil {
 		p.warnf("warning: %v", err)
 	} else if sweeper.SweepDue(conf.Dir(), conf.CheckSweepInterval) {
-		if _, err := sweeper.Sweep(reclaim.Request{Dir: conf.Dir()}); err != nil {
+		if _, err := sweeper.Sweep(reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir}); err != nil {
 			p.warnf("warning: sweep of %s: %v", conf.Name, err)
 		}
 		sweeper.SweepEnded(conf.Dir())

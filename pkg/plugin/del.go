@@ -2,10 +2,13 @@ package plugin
 
 import (
 	"os"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -25,13 +28,31 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			return types.NewError(types.ErrInternal, "failed to clear CNI_NETNS for the delegate", err.Error())
 		}
 	}
+	attacher := &reclaim.Attacher{Env: p.Reclaim}
+	if err := p.delegateDel(conf, delegateConf); err != nil {
+		// bridge's teardown fails on what an earlier attachment of the
+		// same container ID left: a second jump to the chain it deletes
+		// (iptables -X: Device or resource busy). DEL must succeed once
+		// the container's state is gone: release it all, then ask again
+		// (bridge's DEL is idempotent).
+		removed, rerr := attacher.ReleaseNAT(conf.Dir(), attachmentKey(args))
+		if rerr != nil || len(removed) == 0 || p.delegateDel(conf, delegateConf) != nil {
+			return err
+		}
+		p.warnf("DEL %s: %s failed on NAT rules an earlier attachment left (%s); removed them, then it succeeded", attachmentKey(args), conf.Delegate, strings.Join(removed, ", "))
+	}
+	if err := attacher.EndDel(conf.Dir(), attachmentKey(args)); err != nil {
+		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())
+	}
+	return nil
+}
+
+// delegateDel runs the delegate's DEL within delegateTimeout.
+func (p *Plugin) delegateDel(conf *ipamdir.Config, delegateConf []byte) error {
 	ctx, cancel := delegateCtx(conf)
 	defer cancel()
 	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
 		return delegateError(ctx, conf.Delegate, "del", err)
-	}
-	if err := (&reclaim.Attacher{Env: p.Reclaim}).EndDel(conf.Dir(), attachmentKey(args), args.Netns); err != nil {
-		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())
 	}
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
 
 // waitDelay is how long a delegate's output pipes may stay open after its
@@ -55,6 +57,7 @@ func (e *delegateExec) Inheriting(f *os.File) invoke.Exec {
 }
 
 func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	crashpoint.Step("exec " + pluginPath)
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, pluginPath)
 	cmd.Env = environ

@@ -23,8 +23,10 @@ type Attacher struct{ Env }
 // PendingAdd is an ADD under way: where its record lives, what it says,
 // and the lock that marks it running.
 type PendingAdd struct {
-	store  *records.Store
-	Record *records.Record
+	attacher *Attacher
+	dir      netdir.Dir
+	store    *records.Store
+	Record   *records.Record
 	// lock holds the pending record's flock (records.Store.WriteLocked)
 	// until Complete or Abort: a sweep counts the ADD as running while
 	// any process holds it.
@@ -62,6 +64,11 @@ func (s *Attacher) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*P
 	if err != nil {
 		return nil, fmt.Errorf("read boot id: %w", err)
 	}
+	// Before anything of the ADD exists: the network's NAT rules are the
+	// plugin's to release (orphans) only once this marker is there.
+	if err := markOwned(d); err != nil {
+		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to mark the network as the plugin's", Detail: err.Error()}
+	}
 	pid, start := sysinfo.Self(s.Host)
 	rec := &records.Record{
 		Version: records.FormatVersion, Network: d.Network, ContainerID: key.ContainerID, IfName: key.IfName,
@@ -72,7 +79,7 @@ func (s *Attacher) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*P
 	if err != nil {
 		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to write the attachment record", Detail: err.Error()}
 	}
-	return &PendingAdd{store: recStore, Record: rec, lock: lock}, nil
+	return &PendingAdd{attacher: s, dir: d, store: recStore, Record: rec, lock: lock}, nil
 }
 
 // replaceEarlier decides what an existing record for the same attachment
@@ -116,8 +123,9 @@ func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath s
 }
 
 // releaseOne releases a single stale attachment the way a sweep releases
-// one (releaseFiles), under host-local's lock: its leases, its NAT rules,
-// its record.
+// one, under host-local's lock and in the same order: its NAT rules, then
+// its leases, then its record, which lets a later run find the rest if
+// this one is killed part-way. Rules that could not go keep the files.
 func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) error {
 	_, unlock, err := d.Lock()
 	if err != nil {
@@ -144,19 +152,38 @@ func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) erro
 	}, func(error) {}))
 	sortLeases(a.Leases)
 	rel := releaseOf(a)
+	removed, err := s.ReleaseNAT(d, old.Key())
+	rel.What = append(rel.What, removed...)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
 	recordGone, err := releaseFiles(leases, records.NewStore(d), a, false)
 	errs = append(errs, err)
 	if recordGone {
 		rel.What = append(rel.What, "record")
 	}
-	if s.Netfilter != nil {
-		removed, err := s.Netfilter.ReleaseContainer(d.Network, old.IfName, old.ContainerID)
-		addNAT(&rel, removed)
-		errs = append(errs, err)
-	}
 	s.countReleases(d, map[string]int{v.Cause: 1})
 	s.logf("%s: released %s", d.Network, rel)
 	return errors.Join(errs...)
+}
+
+// ReleaseNAT releases the NAT rules of key's container on the network
+// (iptables, and nftables of key), unless another attachment of the same
+// container ID has a record there: bridge and portmap name their rules by
+// network and container ID alone, so they are that one's too.
+func (s *Attacher) ReleaseNAT(d netdir.Dir, key records.Key) ([]string, error) {
+	others, _, err := records.NewStore(d).Names(key)
+	if err != nil {
+		return nil, err
+	}
+	return s.releaseNATUnlessShared(d, key, others)
+}
+
+func (s *Attacher) releaseNATUnlessShared(d netdir.Dir, key records.Key, others []records.Key) ([]string, error) {
+	if s.Netfilter == nil || len(others) > 0 {
+		return nil, nil
+	}
+	return s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
 }
 
 // LockFile is the open pending record whose flock marks the ADD as
@@ -173,11 +200,47 @@ func (a *PendingAdd) Complete(ips []string) error {
 	return a.store.Write(a.Record)
 }
 
-// Abort removes the pending record of an ADD that failed: the delegate
-// cleaned up after itself (bridge releases its IPAM allocation on error).
+// Abort undoes an ADD that failed, in a sweep's order: the NAT rules and
+// the leases of the attachment, then its pending record. bridge rolls back
+// its own allocation when it fails cleanly, but not always all of it:
+// host-local keeps a reservation it could not finish (a full tmpfs fails
+// the write of last_reserved_ip after the lease). If something cannot go,
+// the pending record stays, and a sweep finishes once the ADD's processes
+// are gone.
 func (a *PendingAdd) Abort() error {
 	defer a.Close()
+	if _, err := a.attacher.ReleaseNAT(a.dir, a.Record.Key()); err != nil {
+		return fmt.Errorf("release the NAT rules of the failed ADD of %s: %w", a.Record.Key(), err)
+	}
+	if err := a.attacher.releaseLeasesOf(a.dir, a.Record.Key()); err != nil {
+		return fmt.Errorf("release the leases of the failed ADD of %s: %w", a.Record.Key(), err)
+	}
 	return a.store.Remove(a.Record.Key())
+}
+
+// releaseLeasesOf removes, under host-local's lock, every lease that
+// names key.
+func (s *Attacher) releaseLeasesOf(d netdir.Dir, key records.Key) error {
+	if !exists(d.Leases()) {
+		return nil
+	}
+	_, unlock, err := d.Lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	leases, err := openLeaseDir(d.Leases())
+	if err != nil {
+		return err
+	}
+	defer leases.close()
+	var mine []Lease
+	err = leases.each(nil, func(l Lease) {
+		if l.Key == key {
+			mine = append(mine, l)
+		}
+	}, func(error) {})
+	return errors.Join(err, leases.remove(mine))
 }
 
 // Close drops the plugin's hold on the pending record's lock; it may be
@@ -195,30 +258,43 @@ func (a *PendingAdd) Close() {
 // EndDel finishes a DEL the delegate accepted. bridge tears its ipMasq
 // rules down only when it finds the container's interface in CNI_NETNS;
 // with an empty CNI_NETNS (nerdctl's DEL before re-adding), a namespace
-// that is already gone (CRI-O replaying cached DELs at start-up) or one
-// re-created at the same path, it skips them, and they would stay for good
-// once the record is gone. In those cases the rules are released here,
-// found by their comments. Then the record goes.
-func (s *Attacher) EndDel(d netdir.Dir, key records.Key, netnsPath string) error {
+// that is already gone (CRI-O replaying cached DELs at start-up), one
+// re-created at the same path, or an interface deleted from inside the
+// namespace, it skips them, and it never removes a jump an earlier
+// attachment of the same ID left with another address. So whatever NAT
+// state of the container is left is released here, found by names and
+// comments, with the temp files of record writers that died; then the legacy leases of a migrated attachment; then the
+// record, last, so that a DEL killed or failing part-way is finished by
+// the next DEL or sweep.
+func (s *Attacher) EndDel(d netdir.Dir, key records.Key) error {
 	store := records.NewStore(d)
 	rec, err := store.Read(key)
 	if err != nil {
 		s.logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
 		rec = nil
 	}
-	var errs []error
-	if s.Netfilter != nil && !s.bridgeTornDown(rec, netnsPath) {
-		removed, err := s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
-		if len(removed) > 0 {
-			s.logf("%s: DEL %s outside its namespace: removed %s", d.Network, key, strings.Join(removed, ", "))
-		}
-		errs = append(errs, err)
+	others, temps, err := store.Names(key)
+	if err != nil {
+		return err
+	}
+	removed, err := s.releaseNATUnlessShared(d, key, others)
+	if len(removed) > 0 {
+		s.logf("%s: DEL %s: removed what bridge left: %s", d.Network, key, strings.Join(removed, ", "))
+	}
+	if err != nil {
+		return err
+	}
+	// A record write killed before its rename (an ADD of this attachment
+	// killed mid-write, say) left its temp file.
+	if _, err := store.RemoveAbandonedTemps(temps, func(pid int) bool { _, ok := s.Host.ProcessStart(pid); return ok }); err != nil {
+		s.logf("%s: %v", d.Network, err)
 	}
 	if rec != nil && rec.State == records.Migrated {
-		errs = append(errs, s.releaseLegacy(d, rec))
+		if err := s.releaseLegacy(d, rec); err != nil {
+			return err
+		}
 	}
-	errs = append(errs, store.Remove(key))
-	return errors.Join(errs...)
+	return store.Remove(key)
 }
 
 // releaseLegacy removes the legacy leases of a migrated attachment that is
@@ -248,29 +324,7 @@ func (s *Attacher) releaseLegacy(d netdir.Dir, rec *records.Record) error {
 	return errors.Join(errs...)
 }
 
-// bridgeTornDown reports whether bridge's DEL ran in the namespace the
-// attachment was made in, and so removed its ipMasq rules itself.
-func (s *Attacher) bridgeTornDown(rec *records.Record, netnsPath string) bool {
-	if !s.NamespaceUsable(netnsPath) {
-		return false
-	}
-	if rec == nil || rec.Netns != netnsPath {
-		return true // nothing to compare with: bridge did what it could
-	}
-	id, err := s.Host.Netns(netnsPath)
-	if err != nil || id != rec.NetnsID {
-		return false
-	}
-	if rec.NetnsCookie != 0 {
-		if cookie, err := s.Host.NetnsCookie(netnsPath); err == nil && cookie != rec.NetnsCookie {
-			return false
-		}
-	}
-	return true
-}
-
-// NamespaceUsable reports whether bridge could enter the namespace (and so
-// ran its own teardown).
+// NamespaceUsable reports whether bridge could enter the namespace.
 func (s *Attacher) NamespaceUsable(netnsPath string) bool {
 	if netnsPath == "" {
 		return false

@@ -30,6 +30,12 @@ const (
 	// releasesMarker: how many attachments the network's sweeps and
 	// re-ADDs released, by cause, as JSON; it lives as long as the records.
 	releasesMarker = ".releases"
+	// ownedMarker: an ADD through the plugin was made on the network in
+	// this data dir, before any NAT rule of it existed. It proves the
+	// network's NAT rules are the plugin's to release: a sweep of a
+	// wrong, new or empty data dir releases no rule. Its content does not
+	// matter, and it is kept across boots.
+	ownedMarker = ".owned"
 )
 
 // bootMarker is one marker file of one network.
@@ -61,6 +67,22 @@ func (m bootMarker) write(b []byte) error {
 		return fmt.Errorf("write %s: %w", m.path, err)
 	}
 	return nil
+}
+
+// owns reports whether the network in d is proved the plugin's
+// (ownedMarker is a regular file, not followed).
+func owns(d netdir.Dir) bool {
+	st, err := os.Lstat(newBootMarker(d, ownedMarker).path)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// markOwned writes ownedMarker unless it is there: the first step of an
+// ADD, before the delegate can make NAT rules.
+func markOwned(d netdir.Dir) error {
+	if owns(d) {
+		return nil
+	}
+	return newBootMarker(d, ownedMarker).write([]byte(d.Network + "\n"))
 }
 
 // ClaimNotTmpfsWarning reports whether the warning that dataDir is not on

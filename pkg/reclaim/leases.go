@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
@@ -147,6 +148,7 @@ func (d *leaseDir) remove(leases []Lease) error {
 			errs = append(errs, fmt.Errorf("lease %s changed since it was read; left in place", l.Path))
 			continue
 		}
+		crashpoint.Step("unlink lease " + l.Path)
 		if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
 			errs = append(errs, fmt.Errorf("release lease %s: %w", l.Path, err))
 		}

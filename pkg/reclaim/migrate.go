@@ -7,7 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -164,20 +166,28 @@ func (s *Migrator) recordMigrated(store *records.Store, k records.Key, leases []
 // 0600, same content) and keeps its mtime, which the boot rule reads. It
 // reports false, without error, when target already holds another
 // attachment; a target identical to l (an earlier run died after copying)
-// counts as moved.
+// counts as moved, and an empty one (an earlier run died between creating
+// and writing it: an empty reservation names nobody, and no DEL could
+// ever release it) is written again.
 func copyLease(l Lease, target string) (bool, error) {
 	content := []byte(l.content)
+	crashpoint.Step("create lease " + target)
 	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o600)
 	if errors.Is(err, fs.ErrExist) {
 		existing, rerr := statefile.ReadFileNoFollow(target)
 		if rerr != nil {
 			return false, fmt.Errorf("read %s: %w", target, rerr)
 		}
-		return bytes.Equal(bytes.TrimSpace(existing), content), nil
+		if st, serr := os.Lstat(target); len(existing) > 0 || serr != nil || !st.Mode().IsRegular() {
+			return bytes.Equal(bytes.TrimSpace(existing), content), nil
+		}
+		crashpoint.Step("rewrite empty lease " + target)
+		f, err = os.OpenFile(target, os.O_WRONLY|os.O_TRUNC|noFollow|syscall.O_NONBLOCK, 0o600)
 	}
 	if err != nil {
 		return false, fmt.Errorf("create %s: %w", target, err)
 	}
+	crashpoint.Step("write lease " + target)
 	_, werr := f.Write(content)
 	if err := errors.Join(werr, f.Close()); err != nil {
 		os.Remove(target)

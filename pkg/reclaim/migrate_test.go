@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -236,7 +237,7 @@ func TestDelOfAMigratedAttachmentRemovesItsLegacyLease(t *testing.T) {
 	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}, ""); err != nil {
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(a); !os.IsNotExist(err) {
@@ -247,5 +248,31 @@ func TestDelOfAMigratedAttachmentRemovesItsLegacyLease(t *testing.T) {
 	}
 	if w.hasRecord("a") {
 		t.Error("record of a kept")
+	}
+}
+
+// A migration killed between creating a copy and writing it leaves an
+// empty reservation, which names nobody and no DEL would ever release: the
+// next run writes it. A FIFO planted there is left alone, unopened for
+// writing (that would block).
+func TestMigrateRewritesACopyKilledBeforeItsWrite(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	running := bootTime.Add(10 * time.Minute)
+	w.legacyLease(legacy, "10.0.0.2", "running\r\neth0", running)
+	w.legacyLease(legacy, "10.0.0.3", "other\r\neth0", running)
+	w.lease("10.0.0.2", "", running)
+	if err := syscall.Mkfifo(filepath.Join(w.dataDir, net1, "10.0.0.3"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := w.migrate.Migrate(w.dir(), legacy)
+	if err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if m.Moved != 1 || len(m.Conflicts) != 1 {
+		t.Errorf("migration = %+v, want one moved, the FIFO a conflict", m)
+	}
+	if b, err := os.ReadFile(filepath.Join(w.dataDir, net1, "10.0.0.2")); err != nil || string(b) != "running\r\neth0" {
+		t.Errorf("copy = %q, %v", b, err)
 	}
 }

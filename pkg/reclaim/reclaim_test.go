@@ -424,21 +424,41 @@ func TestBeginAddNeedsANamespace(t *testing.T) {
 func TestEndDelTearsDownNATWhenNamespaceIsGone(t *testing.T) {
 	w := newWorld(t)
 	w.container("c1", "10.0.0.2")
-	w.container("c2", "10.0.0.3")
 	delete(w.host.Namespaces, "/run/netns/c1")
-	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1"); err != nil {
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}); err != nil {
 		t.Fatal(err)
 	}
 	if w.nat.Owns(net1, "c1") || w.hasRecord("c1") {
 		t.Error("DEL without namespace left NAT rules or record")
 	}
-	// With the namespace there, bridge tore its rules down: no NAT work.
-	w.nat.Calls = nil
-	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}, "/run/netns/c2"); err != nil {
+}
+
+// bridge skips its teardown when the interface is gone from a namespace
+// that is still there (deleted from inside it), and never removes a jump
+// an earlier attachment of the same ID left with another address.
+func TestEndDelReleasesWhatBridgeLeftInALiveNamespace(t *testing.T) {
+	w := newWorld(t)
+	w.container("c2", "10.0.0.3")
+	w.nat.AddContainer(net1, "c2", "10.0.0.9", 0) // an earlier attachment's jump
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c2", IfName: "eth0"}); err != nil {
 		t.Fatal(err)
 	}
-	if len(w.nat.Calls) != 0 || w.hasRecord("c2") {
-		t.Errorf("DEL with namespace: nat calls %v, record kept %v", w.nat.Calls, w.hasRecord("c2"))
+	if w.nat.Owns(net1, "c2") || w.hasRecord("c2") {
+		t.Errorf("DEL with namespace left NAT rules %v or the record (%v)", w.nat.Chains, w.hasRecord("c2"))
+	}
+}
+
+// A container attached twice to one network shares bridge's rules between
+// its attachments: DEL of one keeps them for the other.
+func TestEndDelKeepsNATOfAnotherAttachment(t *testing.T) {
+	w := newWorld(t)
+	w.container("c3", "10.0.0.4")
+	w.record(&records.Record{ContainerID: "c3", IfName: "eth1", Netns: "/run/netns/c3", NetnsID: w.host.Namespaces["/run/netns/c3"], BootID: w.host.ID, State: records.Complete, IPs: []string{"10.0.0.5/24"}})
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c3", IfName: "eth1"}); err != nil {
+		t.Fatal(err)
+	}
+	if !w.nat.Owns(net1, "c3") {
+		t.Error("DEL of eth1 removed the NAT rules eth0 still uses")
 	}
 }
 

@@ -8,10 +8,10 @@ import (
 )
 
 // releaseFiles releases a stale attachment's own files, with the caller
-// holding host-local's lock: its leases, each by its own path and only
-// while it still holds what was read, and its record, only if no new ADD
-// replaced it meanwhile. NAT rules belong to the container ID, not to one
-// attachment: they are the caller's. It reports whether the record went (in a dry run,
+// holding host-local's lock and its NAT rules already gone: its leases,
+// each by its own path and only while it still holds what was read, then
+// its record, only if no new ADD replaced it meanwhile. The record goes
+// last: it is what lets a later sweep find whatever a kill left. It reports whether the record went (in a dry run,
 // would go); the leases that go are all of a.Leases.
 func releaseFiles(leases *leaseDir, recs *records.Store, a *Attachment, dryRun bool) (recordGone bool, err error) {
 	if dryRun {
@@ -26,7 +26,8 @@ func releaseFiles(leases *leaseDir, recs *records.Store, a *Attachment, dryRun b
 }
 
 // releaseOf starts the report of a stale attachment's release: its
-// addresses and leases; NAT rules (addNAT) and the record follow.
+// addresses and leases; the NAT rules and the record that go are added
+// to What as they go, in that order.
 func releaseOf(a *Attachment) Release {
 	rel := Release{Key: a.Key, Reason: a.Verdict.Reason}
 	for _, l := range a.Leases {
@@ -34,16 +35,6 @@ func releaseOf(a *Attachment) Release {
 		rel.What = append(rel.What, "lease "+l.IP.String())
 	}
 	return rel
-}
-
-// addNAT puts the NAT rules that went before the record in rel.What,
-// where a reader expects them: leases, rules, record.
-func addNAT(rel *Release, rules []string) {
-	if n := len(rel.What); n > 0 && rel.What[n-1] == "record" {
-		rel.What = append(append(rel.What[:n-1:n-1], rules...), "record")
-		return
-	}
-	rel.What = append(rel.What, rules...)
 }
 
 // removeRecordIfUnchanged removes a stale record unless it was replaced

@@ -29,9 +29,15 @@ type Request struct {
 	// stale (a nil Valid means none is valid, as host-local reads it).
 	GC    bool
 	Valid []types.GCAttachment
-	// Orphans also releases NAT rules of containers that hold neither a
-	// lease nor a record on the network.
+	// Orphans treats the network as the plugin's even without the marker
+	// its ADDs leave (ownedMarker): NAT rules of containers that hold
+	// neither a lease nor a record on it are then orphans too. Without
+	// it, only a network proved the plugin's has orphans.
 	Orphans bool
+	// LegacyDataDir is the legacy lease directory's parent (host-local's
+	// default /var/lib/cni/networks, or the entry's own ipam.dataDir): a
+	// container with a lease there is not an orphan. Empty: none.
+	LegacyDataDir string
 	// DryRun decides and reports, and changes nothing.
 	DryRun bool
 	// Visit, when set, sees every attachment of the network once, with all
@@ -52,7 +58,7 @@ type Release struct {
 	// What lists what went: "lease 10.0.0.2", "chain CNI-...", "record".
 	What []string
 	// Orphan marks NAT rules of a container the network holds no lease or
-	// record of (Request.Orphans).
+	// record of.
 	Orphan bool
 }
 
@@ -71,7 +77,7 @@ type Report struct {
 	// Released counts the releases (in a dry run, those it would make).
 	Released int
 	// OrphanRules lists container IDs with NAT rules but no lease or record
-	// (filled when Request.Orphans is set).
+	// (on a network proved the plugin's, or with Request.Orphans).
 	OrphanRules []string
 	Problems    []error
 }
@@ -81,12 +87,20 @@ type Report struct {
 // that every host-local ADD and DEL takes) from the first read to the last
 // release, so it never races an allocation. It streams: each attachment
 // is judged, shown to Request.Visit and, if stale, released before the
-// next is read, so that what it holds grows with what it must still
+// next is read (or, when NAT rules must go first, at the end of a batch or
+// of the sweep), so that what it holds grows with what it must still
 // decide, not with the network (see sweep). A sweep with nothing to
 // release writes nothing and logs nothing.
+//
+// A release is ordered so that a kill at any step leaves what the next
+// sweep finds: NAT rules first, then the leases, then the record, which
+// names the rest. NAT rules whose container has neither record nor lease
+// (left by an earlier version, or by a runtime that ran bare bridge) are
+// orphans, released when the network is proved the plugin's.
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	report := &Report{Network: req.Dir.Network}
-	if !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) && !req.Orphans {
+	owned := req.Orphans || owns(req.Dir)
+	if !owned && !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) {
 		return report, nil
 	}
 	_, unlock, err := req.Dir.Lock()
@@ -104,7 +118,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		return nil, err
 	}
 	defer leases.close()
-	w := &sweep{Sweeper: s, req: req, report: report, records: j.records, leases: leases, judge: j,
+	w := &sweep{Sweeper: s, req: req, owned: owned, report: report, records: j.records, leases: leases, judge: j,
 		claimed: map[[16]byte]struct{}{}, later: map[records.Key]*Attachment{}, causes: map[string]int{}}
 	if err := w.run(); err != nil {
 		return nil, err
@@ -128,13 +142,18 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 //     judged over all its leases (dual-stack, several ranges) and a
 //     record-less one is unknown if any of them is from this boot.
 //
-// NAT rules belong to a container ID, which may have several attachments:
-// a stale one's rules go only once no attachment of that ID is left that
-// is not stale, so its release waits for the end (natWait) when the
-// container owns rules. Container IDs are remembered by hash (idSet).
+// A stale attachment's files go only after its NAT rules: its nftables
+// rules go per batch of stale attachments (batch), and its iptables rules
+// belong to its container ID, which may have several attachments, so a
+// stale one whose container owns rules waits for the end (natWait), when
+// it is known whether any attachment of that ID is left that is not stale.
+// Container IDs are remembered by hash (idSet).
 type sweep struct {
 	*Sweeper
-	req     Request
+	req Request
+	// owned: the network is proved the plugin's, so NAT rules of
+	// containers it holds nothing of are orphans.
+	owned   bool
 	report  *Report
 	records *records.Store
 	leases  *leaseDir
@@ -144,17 +163,33 @@ type sweep struct {
 	// later are the attachments judged after pass 2.
 	later map[records.Key]*Attachment
 	// alive holds the container IDs of attachments that are not stale,
-	// seen those of every attachment (for Request.Orphans).
+	// seen those of every attachment and of every damaged record (for
+	// the orphans).
 	alive, seen idSet
 	// nat is the network's NAT rules, listed at the first stale attachment
-	// (natListed); natWait the releases of containers that own some.
+	// (natListed); natWait the stale attachments of containers that own
+	// some, released at the end.
 	nat       *netfilter.Snapshot
 	natListed bool
-	natWait   []Release
-	// nft holds stale attachments whose nftables rules go in the next batch.
-	nft    []types.GCAttachment
+	// natUnknown: listing the NAT rules failed, so no stale attachment's
+	// files may go (they are what finds its rules next time).
+	natUnknown bool
+	natWait    []pendingRelease
+	// legacy holds the container IDs with a lease in the legacy lease
+	// directory, read when the first orphan is found (legacyRead).
+	legacy                       idSet
+	legacyRead, legacyUnreadable bool
+	// batch holds stale attachments whose files go once their nftables
+	// rules went (flushBatch).
+	batch  []pendingRelease
 	causes map[string]int
 	errs   []error
+}
+
+// pendingRelease is a stale attachment judged and not yet released.
+type pendingRelease struct {
+	a   *Attachment
+	rel Release
 }
 
 // nftBatch bounds the stale attachments whose nftables rules are released
@@ -168,6 +203,10 @@ func (w *sweep) run() error {
 	}
 	for _, prob := range listing.Problems {
 		w.problem(prob)
+	}
+	for _, k := range listing.Damaged {
+		// A record that cannot be read may be a live container's.
+		w.seen.add(k.ContainerID)
 	}
 	if !w.req.DryRun && len(listing.Temps) > 0 {
 		w.removeAbandonedTemps(listing)
@@ -185,7 +224,7 @@ func (w *sweep) run() error {
 		}
 		w.judged(a)
 	}
-	w.flushNFTables()
+	w.flushBatch()
 	w.releaseNAT()
 	return nil
 }
@@ -259,27 +298,69 @@ func (w *sweep) judged(a *Attachment) {
 		w.alive.add(cid)
 		return
 	}
+	snap := w.natSnapshot()
+	if w.natUnknown {
+		return // kept whole for the next sweep; the listing's error is reported
+	}
 	w.causes[a.Verdict.Cause]++
-	rel := releaseOf(a)
-	recordGone, err := releaseFiles(w.leases, w.records, a, w.req.DryRun)
+	p := pendingRelease{a: a, rel: releaseOf(a)}
+	if snap != nil && len(snap.Owned(cid)) > 0 {
+		w.natWait = append(w.natWait, p)
+		return
+	}
+	w.batch = append(w.batch, p)
+	if len(w.batch) == nftBatch || !w.nftables() {
+		w.flushBatch()
+	}
+}
+
+// nftables reports whether the sweep releases nftables ipMasq rules.
+func (w *sweep) nftables() bool {
+	return !w.req.DryRun && w.Netfilter != nil && w.Netfilter.NFTablesRelease != nil
+}
+
+// flushBatch releases the batch: the nftables rules of its attachments in
+// one netlink batch, then their files. If the rules could not go, the
+// files stay for the next sweep, which finds the rules through them.
+func (w *sweep) flushBatch() {
+	if len(w.batch) == 0 {
+		return
+	}
+	if err := w.releaseNFTables(w.batch); err != nil {
+		w.errs = append(w.errs, err)
+		w.batch = w.batch[:0]
+		return
+	}
+	for _, p := range w.batch {
+		w.releaseFiles(p)
+	}
+	w.batch = w.batch[:0]
+}
+
+// releaseNFTables releases the nftables ipMasq rules of stale attachments
+// in one listing and one batch.
+func (w *sweep) releaseNFTables(ps []pendingRelease) error {
+	if !w.nftables() || len(ps) == 0 {
+		return nil
+	}
+	atts := make([]types.GCAttachment, 0, len(ps))
+	for _, p := range ps {
+		atts = append(atts, types.GCAttachment{ContainerID: p.a.Key.ContainerID, IfName: p.a.Key.IfName})
+	}
+	return w.Netfilter.ReleaseNFTables(w.req.Dir.Network, atts)
+}
+
+// releaseFiles ends a release, its NAT rules gone: the leases, then the
+// record.
+func (w *sweep) releaseFiles(p pendingRelease) {
+	recordGone, err := releaseFiles(w.leases, w.records, p.a, w.req.DryRun)
 	if err != nil {
 		w.errs = append(w.errs, err)
 	}
 	if recordGone {
-		// Listed after the NAT rules, which releaseNAT inserts before it.
-		rel.What = append(rel.What, "record")
+		p.rel.What = append(p.rel.What, "record")
 	}
-	if !w.req.DryRun && w.Netfilter != nil && w.Netfilter.NFTablesRelease != nil {
-		w.nft = append(w.nft, types.GCAttachment{ContainerID: cid, IfName: a.Key.IfName})
-		if len(w.nft) == nftBatch {
-			w.flushNFTables()
-		}
-	}
-	if snap := w.natSnapshot(); snap != nil && len(snap.Owned(cid)) > 0 {
-		w.natWait = append(w.natWait, rel)
-		return
-	}
-	w.released(rel)
+	w.released(p.rel)
 }
 
 func (w *sweep) released(rel Release) {
@@ -305,64 +386,97 @@ func (w *sweep) natSnapshot() *netfilter.Snapshot {
 	snap, err := w.Netfilter.Snapshot(w.req.Dir.Network)
 	if err != nil {
 		w.errs = append(w.errs, fmt.Errorf("read NAT rules of %s: %w", w.req.Dir.Network, err))
+		w.natUnknown = true
 		return nil
 	}
 	w.nat = snap
 	return snap
 }
 
-// releaseNAT ends the sweep: the NAT rules of stale containers that have
-// no attachment left that is not stale, and, with Request.Orphans, those
-// of containers the network no longer knows. Rules are per network and
-// container ID, not per ifname.
+// releaseNAT ends the sweep: the stale attachments of containers that own
+// NAT rules, each container's rules first (once no attachment of it is
+// left that is not stale; rules are per network and container ID, not per
+// ifname), then its attachments' files; then the orphans' rules. An
+// attachment whose rules could not go keeps its files for the next sweep.
 func (w *sweep) releaseNAT() {
 	var snap *netfilter.Snapshot
-	if len(w.natWait) > 0 || w.req.Orphans {
+	if len(w.natWait) > 0 || w.owned {
 		snap = w.natSnapshot()
 	}
+	failed := map[string]bool{}
 	done := map[string]bool{}
-	for _, rel := range w.natWait {
-		if cid := rel.Key.ContainerID; !w.alive.has(cid) && !done[cid] {
-			done[cid] = true
-			addNAT(&rel, w.releaseRules(snap, cid))
+	for i := range w.natWait {
+		p := &w.natWait[i]
+		cid := p.rel.Key.ContainerID
+		if w.alive.has(cid) || done[cid] {
+			continue
 		}
-		w.released(rel)
+		done[cid] = true
+		removed, err := w.releaseRules(snap, cid)
+		p.rel.What = append(p.rel.What, removed...)
+		failed[cid] = err != nil
+	}
+	// Their nftables rules too, before their files.
+	if err := w.releaseNFTables(w.natWait); err != nil {
+		w.errs = append(w.errs, err)
+		w.natWait = nil
+	}
+	for _, p := range w.natWait {
+		if !failed[p.rel.Key.ContainerID] {
+			w.releaseFiles(p)
+		}
 	}
 	w.natWait = nil
-	if snap == nil || !w.req.Orphans {
+	if snap == nil || !w.owned {
 		return
 	}
 	for _, cid := range snap.Containers() {
-		if w.seen.has(cid) {
+		if w.seen.has(cid) || w.legacyHolds(cid) {
 			continue
 		}
 		w.report.OrphanRules = append(w.report.OrphanRules, cid)
 		w.causes[CauseOrphanRules]++
-		w.released(Release{Key: records.Key{ContainerID: cid}, Reason: OrphanReason, Orphan: true, What: w.releaseRules(snap, cid)})
+		removed, _ := w.releaseRules(snap, cid)
+		w.released(Release{Key: records.Key{ContainerID: cid}, Reason: OrphanReason, Orphan: true, What: removed})
 	}
 }
 
-func (w *sweep) releaseRules(snap *netfilter.Snapshot, cid string) []string {
+// legacyHolds reports whether cid holds a lease in the network's legacy
+// lease directory: a runtime that still adds it through bare bridge made
+// its NAT rules. A directory that cannot be read proves nothing, so every
+// container then counts as holding one.
+func (w *sweep) legacyHolds(cid string) bool {
+	if w.req.LegacyDataDir == "" {
+		return false
+	}
+	if !w.legacyRead {
+		w.legacyRead = true
+		dir := netdir.New(w.req.LegacyDataDir, w.req.Dir.Network).Leases()
+		list, err := readLeases(dir)
+		if err != nil {
+			w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
+			w.legacyUnreadable = true
+		} else {
+			for _, l := range list.leases {
+				w.legacy.add(l.Key.ContainerID)
+			}
+		}
+	}
+	return w.legacyUnreadable || w.legacy.has(cid)
+}
+
+func (w *sweep) releaseRules(snap *netfilter.Snapshot, cid string) ([]string, error) {
+	if snap == nil {
+		return nil, nil
+	}
 	if w.req.DryRun {
-		return snap.Owned(cid)
+		return snap.Owned(cid), nil
 	}
 	removed, err := w.Netfilter.Release(snap, cid)
 	if err != nil {
 		w.errs = append(w.errs, err)
 	}
-	return removed
-}
-
-// flushNFTables releases the nftables ipMasq rules of the stale
-// attachments found since the last batch.
-func (w *sweep) flushNFTables() {
-	if len(w.nft) == 0 {
-		return
-	}
-	if err := w.Netfilter.ReleaseNFTables(w.req.Dir.Network, w.nft); err != nil {
-		w.errs = append(w.errs, err)
-	}
-	w.nft = w.nft[:0]
+	return removed, err
 }
 
 // removeAbandonedTemps removes the records' temp files whose writer died.

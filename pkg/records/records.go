@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -141,6 +142,7 @@ func (s *Store) RemoveAbandonedTemps(l *Listing, running func(pid int) bool) ([]
 			continue
 		}
 		path := filepath.Join(s.dir, name)
+		crashpoint.Step("remove " + path)
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 			continue
@@ -164,6 +166,7 @@ func (s *Store) Read(k Key) (*Record, error) {
 
 // Remove deletes the record of k; a missing record is not an error.
 func (s *Store) Remove(k Key) error {
+	crashpoint.Step("remove record " + k.String())
 	err := os.Remove(filepath.Join(s.dir, fileName(k)))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove record %s: %w", k, err)
@@ -171,11 +174,45 @@ func (s *Store) Remove(k Key) error {
 	return nil
 }
 
+// Names reads the record directory's names once, reading no record: the
+// records of k's container ID other than k itself (a container attached
+// twice to one network, e.g. eth0 and eth1), and the temp files of
+// statefile.WriteAtomic, by writer pid (see RemoveAbandonedTemps).
+func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
+	temps = &Listing{}
+	dir, err := os.Open(s.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, temps, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("list records in %s: %w", s.dir, err)
+	}
+	defer dir.Close()
+	err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
+		name := e.Name()
+		if pid, ok := statefile.TempWriter(name); ok && e.Type().IsRegular() {
+			temps.addTemp(name, pid)
+			return
+		}
+		cid, ifname, ok := strings.Cut(name, "@")
+		if ok && cid == k.ContainerID && ifname != k.IfName {
+			others = append(others, Key{ContainerID: cid, IfName: ifname})
+		}
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list records in %s: %w", s.dir, err)
+	}
+	return others, temps, nil
+}
+
 // Listing is what one walk of a record directory found besides records.
 type Listing struct {
 	// Problems are files that are not valid records: a damaged record must
 	// never stop a sweep, nor make it release anything.
 	Problems []error
+	// Damaged are the attachments, as named by their files, of the
+	// records among Problems: one may be a live container's.
+	Damaged []Key
 	// Temps are statefile.WriteAtomic's temp files, by writer pid.
 	Temps map[string]int
 }
@@ -197,10 +234,7 @@ func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
 		name := e.Name()
 		if strings.HasPrefix(name, statefile.TempPrefix) && e.Type().IsRegular() {
 			if pid, ok := statefile.TempWriter(name); ok {
-				if l.Temps == nil {
-					l.Temps = map[string]int{}
-				}
-				l.Temps[name] = pid
+				l.addTemp(name, pid)
 			}
 			return
 		}
@@ -208,7 +242,7 @@ func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
 			return // a boot marker (.migrated, ...), a temp file of unknown origin
 		}
 		if !e.Type().IsRegular() {
-			l.Problems = append(l.Problems, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
+			l.damaged(name, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
 			return
 		}
 		b, _, err := statefile.ReadSmallFileAt(dirfd, s.dir, name, statefile.DefaultLimit, false)
@@ -216,12 +250,12 @@ func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
 			return // removed since the directory was read: a DEL
 		}
 		if err != nil {
-			l.Problems = append(l.Problems, fmt.Errorf("read record: %w", err))
+			l.damaged(name, fmt.Errorf("read record: %w", err))
 			return
 		}
 		r, err := s.decode(name, b)
 		if err != nil {
-			l.Problems = append(l.Problems, err)
+			l.damaged(name, err)
 			return
 		}
 		fn(r)
@@ -230,6 +264,22 @@ func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
 	return l, nil
+}
+
+func (l *Listing) addTemp(name string, pid int) {
+	if l.Temps == nil {
+		l.Temps = map[string]int{}
+	}
+	l.Temps[name] = pid
+}
+
+// damaged reports a file that is not a valid record, and the attachment
+// its name gives.
+func (l *Listing) damaged(name string, err error) {
+	l.Problems = append(l.Problems, err)
+	if cid, ifname, ok := strings.Cut(name, "@"); ok && cid != "" {
+		l.Damaged = append(l.Damaged, Key{ContainerID: cid, IfName: ifname})
+	}
 }
 
 // decode parses a record and checks it belongs where it was found.

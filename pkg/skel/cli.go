@@ -55,7 +55,12 @@ const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D] [--network N] [--dry-
 Runs exactly the sweep a CNI CHECK runs, under host-local's lock, and prints
 each release and why: leases, bridge's ipMasq rules, portmap's chain and the
 record of every attachment proved stale (earlier boot, namespace gone or
-replaced). Exit status 0 on success, 1 when a network could not be swept.
+replaced), and the NAT rules of containers that hold neither a lease nor a
+record on a network an ADD through the plugin marked as its own.
+--orphan-rules releases those on an unmarked network too (a data dir the
+plugin used before it marked networks): only where you know the network's
+rules are the plugin's. Exit status 0 on success, 1 when a network could not
+be swept.
 
 Examples:
   nomad-bridge-cni gc --dry-run
@@ -150,7 +155,7 @@ func (c *cli) gc(args []string) int {
 	flags := c.flagSet("gc", gcUsage)
 	f := c.common(flags)
 	dryRun := flags.Bool("dry-run", false, "change nothing; print what would be released")
-	orphans := flags.Bool("orphan-rules", false, "also release NAT rules that no lease or record holds")
+	orphans := flags.Bool("orphan-rules", false, "release NAT rules that no lease or record holds even on a network no ADD through the plugin marked as its own")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}

@@ -122,7 +122,7 @@ func (e *testEnv) recordNames(t *testing.T) []string {
 // recordMarkers are the plugin's per-network marker files next to the
 // records: the legacy migration's, the not-tmpfs warning's, the last CHECK
 // sweep's and the release counts. They are not records; a temp file is.
-var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases"}
+var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned"}
 
 // assertRecordsExactly checks that the record directory holds records of
 // exactly cids, besides the markers; a leftover temp file counts.

@@ -1,0 +1,144 @@
+package reclaim
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/utils"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// failingTable is a nat table whose deletions fail, as when iptables is
+// killed or refuses: what a release must survive; with listing, its
+// listing fails too.
+type failingTable struct {
+	netfilter.Table
+	listing bool
+}
+
+func (f failingTable) ListNAT() ([]string, error) {
+	if f.listing {
+		return nil, errors.New("iptables -S killed")
+	}
+	return f.Table.ListNAT()
+}
+
+func (failingTable) Delete(string, string, ...string) error   { return errors.New("iptables killed") }
+func (failingTable) ClearAndDeleteChain(string, string) error { return errors.New("iptables killed") }
+
+// markOwned makes the world's network the plugin's, as its first
+// ADD does.
+func (w *world) markOwned() {
+	w.t.Helper()
+	if err := markOwned(w.dir()); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// The record goes last: when the NAT rules cannot go, or cannot even be
+// listed, the lease and the record stay, so the next sweep finds the rules
+// through them.
+func TestSweepKeepsFilesWhenNATRulesCannotGo(t *testing.T) {
+	for _, listing := range []bool{false, true} {
+		t.Run(map[bool]string{false: "delete-fails", true: "listing-fails"}[listing], func(t *testing.T) {
+			w := newWorld(t)
+			w.container("gone", "10.0.0.3")
+			delete(w.host.Namespaces, "/run/netns/gone")
+			w.env.Netfilter.Tables = []netfilter.Table{failingTable{Table: w.nat, listing: listing}}
+			w.sweeper.Env = w.env
+
+			if _, err := w.sweeper.Sweep(Request{Dir: w.dir()}); err == nil {
+				t.Error("a sweep whose NAT release failed reports no error")
+			}
+			if !w.hasRecord("gone") || len(w.leases()) != 1 {
+				t.Fatalf("NAT release failed, but record (%v) or lease (%v) went", w.hasRecord("gone"), w.leases())
+			}
+
+			w.env.Netfilter.Tables = []netfilter.Table{w.nat}
+			w.sweeper.Env = w.env
+			rep := w.sweep(Request{})
+			if w.hasRecord("gone") || len(w.leases()) != 0 || w.nat.Owns(net1, "gone") {
+				t.Errorf("second sweep left record %v, leases %v, NAT %v", w.hasRecord("gone"), w.leases(), w.nat.Chains)
+			}
+			if len(rep.Releases) != 1 {
+				t.Fatalf("releases %v, want one", rep.Releases)
+			}
+			equal(t, "what went, in order", rep.Releases[0].What, []string{"lease 10.0.0.3", "jump in POSTROUTING", "chain " + utils.FormatChainName(net1, "gone"), "record"})
+		})
+	}
+}
+
+// NAT rules whose container has neither record nor lease (a sweep killed
+// between them by an earlier version, a bare bridge run) go with every
+// sweep of a network proved the plugin's, and with no sweep of one that
+// is not (a wrong, new or empty data dir).
+func TestOrphanRulesGoOnlyFromAnOwnedNetwork(t *testing.T) {
+	w := newWorld(t)
+	w.container("live", "10.0.0.2")
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 8080)
+
+	rep := w.sweep(Request{})
+	if !w.nat.Owns(net1, "orphan") || len(rep.OrphanRules) != 0 {
+		t.Fatalf("a network not proved the plugin's lost orphan rules: %v", rep.OrphanRules)
+	}
+
+	w.markOwned()
+	rep = w.sweep(Request{})
+	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
+	if w.nat.Owns(net1, "orphan") || !w.nat.Owns(net1, "live") {
+		t.Errorf("after the sweep of an owned network: %v", w.nat.Chains)
+	}
+}
+
+// A container with a lease in the legacy directory (still added through
+// bare bridge) or with a record that cannot be read is no orphan.
+func TestOrphanRulesKeptForLegacyLeasesAndDamagedRecords(t *testing.T) {
+	w := newWorld(t)
+	w.markOwned()
+	legacy := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(legacy, net1), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, net1, "10.0.0.7"), []byte("bare\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.nat.AddContainer(net1, "bare", "10.0.0.7", 0)
+	w.nat.AddContainer(net1, "damaged", "10.0.0.8", 0)
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 0)
+	if err := os.WriteFile(filepath.Join(w.dir().Records(), "damaged@eth0"), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := w.sweep(Request{LegacyDataDir: legacy})
+	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
+	if !w.nat.Owns(net1, "bare") || !w.nat.Owns(net1, "damaged") || w.nat.Owns(net1, "orphan") {
+		t.Errorf("NAT after the sweep: %v", w.nat.Chains)
+	}
+}
+
+// A failed ADD leaves nothing: host-local may keep a reservation it could
+// not finish (full tmpfs), and Abort releases it before the record.
+func TestAbortReleasesWhatTheFailedADDLeft(t *testing.T) {
+	w := newWorld(t)
+	w.container("other", "10.0.0.2")
+	w.host.Namespaces["/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 1}
+	add, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "x", IfName: "eth0"}, "/run/netns/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.lease("10.0.0.4", "x\r\neth0", bootTime.Add(time.Minute))
+	w.nat.AddContainer(net1, "x", "10.0.0.4", 0)
+	if err := add.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
+	if w.hasRecord("x") || w.nat.Owns(net1, "x") || !w.nat.Owns(net1, "other") {
+		t.Errorf("after Abort: record %v, NAT %v", w.hasRecord("x"), w.nat.Chains)
+	}
+}

@@ -1,0 +1,338 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+)
+
+// Crash points: every path that changes state is killed (SIGKILL, as kill
+// -9) at its k-th state-changing step, for every k until it completes
+// unkilled, on real namespaces, real bridge, host-local, firewall and
+// portmap through cnitool on Nomad's chain. Then what a runtime or an
+// operator runs next (the DEL, the re-ADD, the next sweep) must leave
+// exactly the live containers' state: nothing of the dead one (lease,
+// record, temp file, any NAT line with its ID or its address), everything
+// of the live one, and every DEL must succeed.
+//
+// The steps are the plugin's own (internal/crashpoint, armed in the
+// binary `make build-crashpoints` builds): each file created, renamed or
+// removed, each iptables deletion, each nftables batch, each delegate
+// started. The kill comes before the step is made.
+
+// crashpointBinary is the armed plugin, next to the plugin under test.
+func crashpointBinary(t *testing.T, bin string) string {
+	t.Helper()
+	exe := filepath.Join(bin, "crashpoints", pluginType)
+	if _, err := os.Stat(exe); err != nil {
+		testhost.SkipOrFail(t, fmt.Sprintf("%s is missing (run `make build-crashpoints`): %v", exe, err))
+	}
+	return exe
+}
+
+// useCrashpointPlugin makes the test's bin dir a copy of the real one (by
+// symlinks) whose plugin is the armed build: cnitool then runs it as the
+// chain's entry, and the operator commands run it too.
+func (e *testEnv) useCrashpointPlugin(t *testing.T) {
+	t.Helper()
+	armed := crashpointBinary(t, e.bin)
+	dir := t.TempDir()
+	entries, err := os.ReadDir(e.bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ent := range entries {
+		if ent.IsDir() || ent.Name() == pluginType {
+			continue
+		}
+		if err := os.Symlink(filepath.Join(e.bin, ent.Name()), filepath.Join(dir, ent.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(armed, filepath.Join(dir, pluginType)); err != nil {
+		t.Fatal(err)
+	}
+	e.bin = dir
+}
+
+// crashRun is one run of a path with the plugin armed to die at step k.
+// It reports whether the plugin was killed (it reached step k) and how
+// many steps it made.
+type crashRun struct {
+	killed bool
+	steps  int
+	log    string
+}
+
+// armed returns the environment that arms the plugin to die at step k,
+// and a function that reads what the run did.
+func armed(t *testing.T, k int) ([]string, func() crashRun) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "steps")
+	env := []string{"NBC_CRASH_AT=" + strconv.Itoa(k), "NBC_CRASH_LOG=" + logPath}
+	return env, func() crashRun {
+		b, err := os.ReadFile(logPath)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		r := crashRun{log: string(b)}
+		sc := bufio.NewScanner(strings.NewReader(r.log))
+		for sc.Scan() {
+			n, _, _ := strings.Cut(sc.Text(), " ")
+			if i, err := strconv.Atoi(n); err == nil {
+				r.steps = max(r.steps, i)
+			}
+		}
+		r.killed = r.steps >= k
+		return r
+	}
+}
+
+// crashPath is one state-changing path: setup makes the scene, crash runs
+// the path with env armed, next is what a runtime or operator does next,
+// and check asserts the end state.
+type crashPath struct {
+	name string
+	// gcVerb: the conflist is at cniVersion 1.1.0, for the GC verb.
+	gcVerb bool
+	run    func(t *testing.T, e *testEnv, s *crashScene, env []string)
+	next   func(t *testing.T, e *testEnv, s *crashScene)
+}
+
+// crashScene is a live container B (with a port mapping) that every step
+// must leave alone, and the container A whose state the path changes.
+type crashScene struct {
+	a, b         netns
+	c            netns // a third container, the "add" path's
+	confPath     string
+	capA, capB   string
+	addrA, addrB netip.Addr
+	portA, portB int
+}
+
+// TestCrashPoints kills each state-changing path at each of its steps.
+func TestCrashPoints(t *testing.T) {
+	paths := []crashPath{
+		{
+			// The operator's gc releasing a lost namespace's attachment;
+			// next: another gc, then Nomad restores A under the same ID.
+			name: "gc",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				e.mustKillNetns(t, s.a)
+				runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: []string{"gc", "--data-dir", e.dataDir}, env: env})
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.operatorSweep(t)
+				e.assertOnlyB(t, s)
+				e.restoreAndDel(t, s)
+			},
+		},
+		{
+			// CHECK of B sweeps A's lost attachment; next: CHECK again.
+			name: "check-sweep",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				e.mustKillNetns(t, s.a)
+				_, _, _ = e.cnitoolEnv("check", s.b, append(env, "CAP_ARGS="+s.capB)...)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.mustCNI(t, "check", s.b, s.capB)
+				e.assertOnlyB(t, s)
+				e.restoreAndDel(t, s)
+			},
+		},
+		{
+			// The runtime's GC verb lists B only; next: GC again.
+			name:   "gc-verb",
+			gcVerb: true,
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				for _, kv := range env {
+					k, v, _ := strings.Cut(kv, "=")
+					t.Setenv(k, v) // libcni runs the plugins with the test's environment
+				}
+				_ = e.gcWithValid(t, s.confPath, s.b)
+				for _, kv := range env {
+					k, _, _ := strings.Cut(kv, "=")
+					os.Unsetenv(k)
+				}
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				if err := e.gcWithValid(t, s.confPath, s.b); err != nil {
+					t.Fatalf("GC after the crash: %v", err)
+				}
+				e.assertOnlyB(t, s)
+			},
+		},
+		{
+			// DEL of a live container; next: the runtime retries the DEL.
+			name: "del",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				_, _, _ = e.cnitoolEnv("del", s.a, append(env, "CAP_ARGS="+s.capA)...)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.mustCNI(t, "del", s.a, s.capA)
+				e.assertOnlyB(t, s)
+			},
+		},
+		{
+			// DEL after the namespace is gone (CRI-O's replayed DELs,
+			// Nomad's DEL after a lost netns); next: the DEL again.
+			name: "del-lost-netns",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				e.mustKillNetns(t, s.a)
+				_, _, _ = e.cnitoolEnv("del", s.a, append(env, "CAP_ARGS="+s.capA)...)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.mustCNI(t, "del", s.a, s.capA)
+				e.assertOnlyB(t, s)
+			},
+		},
+		{
+			// Nomad's restore: A's namespace re-created at the same path,
+			// ADD without DEL (the earlier attachment is released first);
+			// next: the runtime's DEL of the failed ADD, then the ADD again.
+			name: "re-add",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				e.replaceNetns(t, s.a, false)
+				_, _, _ = e.cnitoolEnv("add", s.a, append(env, "CAP_ARGS="+s.capA)...)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.mustCNI(t, "del", s.a, s.capA)
+				e.assertOnlyB(t, s)
+				e.addAgainAndDel(t, s)
+			},
+		},
+		{
+			// A first ADD; next: its container is gone, and a sweep runs.
+			name: "add",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				s.c = e.addNetns(t, "c")
+				_, _, _ = e.cnitoolEnv("add", s.c, append(env, "CAP_ARGS="+portMappings(s.portA+7))...)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.mustKillNetns(t, s.c)
+				e.operatorSweep(t)
+				e.assertNoTrace(t, s.c.cid)
+				e.assertLiveB(t, s)
+				e.assertNAT(t, s.a.cid, natWant{Masq: []netip.Addr{s.addrA}, DNAT: []portMap{{s.portA, s.addrA}}})
+				e.mustCNI(t, "del", s.a, s.capA)
+			},
+		},
+	}
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			points := 0
+			for k := 1; ; k++ {
+				if k > 60 {
+					t.Fatalf("%s still killed at step %d: a path this long is a bug", p.name, k)
+				}
+				var run crashRun
+				ok := t.Run(fmt.Sprintf("kill-at-%d", k), func(t *testing.T) {
+					e, s := newCrashScene(t, p.gcVerb)
+					env, done := armed(t, k)
+					p.run(t, e, s, env)
+					run = done()
+					if !run.killed {
+						t.Logf("completed unkilled after %d steps:\n%s", run.steps, run.log)
+					}
+					p.next(t, e, s)
+					e.mustCNI(t, "del", s.b, s.capB)
+					e.assertNetworkEmpty(t, e.leaseDir())
+				})
+				if !ok {
+					t.Logf("steps of the run: %s", run.log)
+					return
+				}
+				if !run.killed {
+					break
+				}
+				points++
+			}
+			t.Logf("%s: %d kill points, each finished by what comes next", p.name, points)
+			if points == 0 {
+				t.Errorf("%s made no state change: the crash points are not armed", p.name)
+			}
+		})
+	}
+}
+
+// newCrashScene starts the test's network with A and B attached on
+// Nomad's chain, each with a port mapping.
+func newCrashScene(t *testing.T, gcVerb bool) (*testEnv, *crashScene) {
+	t.Helper()
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.useCrashpointPlugin(t)
+	conf := e.reclaimConf(t, "nomad.conflist")
+	// Every CHECK sweeps: a killed CHECK must be finished by the next one.
+	entryOfType(t, conf, pluginType)["checkSweepInterval"] = "0s"
+	if gcVerb {
+		conf["cniVersion"] = "1.1.0"
+	}
+	s := &crashScene{confPath: e.writeConflist(t, conf), a: e.addNetns(t, "a"), b: e.addNetns(t, "b"), portA: randomHostPort()}
+	s.portB = s.portA + 1
+	s.capA, s.capB = portMappings(s.portA), portMappings(s.portB)
+	pa, _ := parseResult(t, e.mustCNI(t, "add", s.a, s.capA)).addrIn(t, e.subnet4)
+	pb, _ := parseResult(t, e.mustCNI(t, "add", s.b, s.capB)).addrIn(t, e.subnet4)
+	s.addrA, s.addrB = pa.Addr(), pb.Addr()
+	return e, s
+}
+
+// assertLiveB checks B kept everything: its lease, its record, its NAT
+// rules, and it still passes CHECK.
+func (e *testEnv) assertLiveB(t *testing.T, s *crashScene) {
+	t.Helper()
+	assertLease(t, e.leaseDir(), s.addrB, s.b.cid)
+	e.assertRecord(t, s.b, s.addrB)
+	e.assertNAT(t, s.b.cid, natWant{Masq: []netip.Addr{s.addrB}, DNAT: []portMap{{s.portB, s.addrB}}})
+}
+
+// assertOnlyB checks that the network holds B and nothing else: no lease,
+// record or NAT line of A, none with A's address.
+func (e *testEnv) assertOnlyB(t *testing.T, s *crashScene) {
+	t.Helper()
+	e.assertNoTrace(t, s.a.cid)
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{s.addrB: leaseContent(s.b.cid)})
+	e.assertRecordsExactly(t, s.b.cid)
+	e.assertLiveB(t, s)
+	if nat := e.networkNAT(t); strings.Contains(nat, s.addrA.String()+"/") || strings.Contains(nat, s.addrA.String()+":") {
+		t.Errorf("NAT rules name A's released address %s:\n%s", s.addrA, nat)
+	}
+}
+
+// restoreAndDel is Nomad restoring A after it was lost: a new namespace at
+// the same path, ADD without DEL, CHECK, then the DEL of the allocation.
+func (e *testEnv) restoreAndDel(t *testing.T, s *crashScene) {
+	t.Helper()
+	if _, err := os.Stat(s.a.path); err == nil {
+		e.mustKillNetns(t, s.a)
+	}
+	if _, err := e.newNetns(strings.TrimPrefix(s.a.name, "nbc-e2e-"+e.id+"-")); err != nil {
+		t.Fatal(err)
+	}
+	e.addAgainAndDel(t, s)
+}
+
+// addAgainAndDel ADDs A into its current namespace, checks it holds
+// exactly one lease and one set of NAT rules, CHECKs and DELs it.
+func (e *testEnv) addAgainAndDel(t *testing.T, s *crashScene) {
+	t.Helper()
+	out, stderr, err := e.cnitool("add", s.a, s.capA)
+	if err != nil {
+		t.Fatalf("ADD of %s after the crash: %v\nstderr: %s", s.a.cid, err, stderr)
+	}
+	p, _ := parseResult(t, out).addrIn(t, e.subnet4)
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{p.Addr(): leaseContent(s.a.cid), s.addrB: leaseContent(s.b.cid)})
+	e.assertNAT(t, s.a.cid, natWant{Masq: []netip.Addr{p.Addr()}, DNAT: []portMap{{s.portA, p.Addr()}}})
+	e.mustCNI(t, "check", s.a, s.capA)
+	e.mustCNI(t, "del", s.a, s.capA)
+	e.assertOnlyB(t, s)
+}
