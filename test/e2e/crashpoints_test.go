@@ -229,39 +229,95 @@ func TestCrashPoints(t *testing.T) {
 	}
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
-			points := 0
-			for k := 1; ; k++ {
-				if k > 60 {
-					t.Fatalf("%s still killed at step %d: a path this long is a bug", p.name, k)
-				}
-				var run crashRun
-				ok := t.Run(fmt.Sprintf("kill-at-%d", k), func(t *testing.T) {
-					e, s := newCrashScene(t, p.gcVerb)
-					env, done := armed(t, k)
-					p.run(t, e, s, env)
-					run = done()
-					if !run.killed {
-						t.Logf("completed unkilled after %d steps:\n%s", run.steps, run.log)
-					}
-					p.next(t, e, s)
-					e.mustCNI(t, "del", s.b, s.capB)
-					e.assertNetworkEmpty(t, e.leaseDir())
-				})
-				if !ok {
-					t.Logf("steps of the run: %s", run.log)
-					return
-				}
-				if !run.killed {
-					break
-				}
-				points++
-			}
-			t.Logf("%s: %d kill points, each finished by what comes next", p.name, points)
-			if points == 0 {
-				t.Errorf("%s made no state change: the crash points are not armed", p.name)
-			}
+			killAtEveryStep(t, func(t *testing.T, k int) crashRun {
+				e, s := newCrashScene(t, p.gcVerb)
+				env, done := armed(t, k)
+				p.run(t, e, s, env)
+				run := done()
+				p.next(t, e, s)
+				e.mustCNI(t, "del", s.b, s.capB)
+				e.assertNetworkEmpty(t, e.leaseDir())
+				return run
+			})
 		})
 	}
+}
+
+// killAtEveryStep runs trial(k) for k = 1, 2, ... in subtests, until the
+// path it runs armed at k completes unkilled, and reports the number of
+// kill points. trial returns what the armed run did.
+func killAtEveryStep(t *testing.T, trial func(t *testing.T, k int) crashRun) {
+	t.Helper()
+	points := 0
+	for k := 1; ; k++ {
+		if k > 60 {
+			t.Fatalf("still killed at step %d: a path this long is a bug", k)
+		}
+		var run crashRun
+		ok := t.Run(fmt.Sprintf("kill-at-%d", k), func(t *testing.T) {
+			run = trial(t, k)
+			if !run.killed {
+				t.Logf("completed unkilled after %d steps:\n%s", run.steps, run.log)
+			}
+		})
+		if !ok {
+			t.Logf("steps of the failed run:\n%s", run.log)
+			return
+		}
+		if !run.killed {
+			break
+		}
+		points++
+	}
+	t.Logf("%d kill points, each finished by what comes next", points)
+	if points == 0 {
+		t.Error("the path made no state change: the crash points are not armed")
+	}
+}
+
+// TestCrashPointsAdoption: a container L runs on bare bridge with its lease
+// in the legacy directory; the conflist is switched to the plugin, and the
+// first ADD through it (of C) migrates L's lease, killed at each step.
+// Next the runtime DELs C and ADDs it again. Then L's lease must be in the
+// dataDir exactly once (never handed to C), L's DEL through the bare
+// configuration it was added with and one sweep release it, and nothing is
+// left.
+func TestCrashPointsAdoption(t *testing.T) {
+	killAtEveryStep(t, func(t *testing.T, k int) crashRun {
+		e := newEnv(t)
+		e.requirePlugin(t)
+		e.useCrashpointPlugin(t)
+		bare := e.reclaimConf(t, "nomad.conflist")
+		bareBridge(t, bare, e.persistDir)
+		e.writeConflist(t, bare)
+		l, c := e.addNetns(t, "l"), e.addNetns(t, "c")
+		pl, _ := parseResult(t, e.mustCNI(t, "add", l, "")).addrIn(t, e.subnet4)
+
+		e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+		env, done := armed(t, k)
+		_, _, _ = e.cnitoolEnv("add", c, env...)
+		run := done()
+
+		e.mustCNI(t, "del", c, "")
+		out := e.mustCNI(t, "add", c, "")
+		pc, _ := parseResult(t, out).addrIn(t, e.subnet4)
+		if pc.Addr() == pl.Addr() {
+			t.Fatalf("C got L's address %s", pl.Addr())
+		}
+		assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(l.cid), pc.Addr(): leaseContent(c.cid)})
+		e.assertRecordsExactly(t, l.cid, c.cid)
+
+		// L goes the way its runtime added it: bare bridge, legacy dir.
+		e.writeConflist(t, bare)
+		e.mustCNI(t, "del", l, "")
+		e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+		e.operatorSweep(t)
+		e.assertNoTrace(t, l.cid)
+		e.mustCNI(t, "del", c, "")
+		e.assertNetworkEmpty(t, e.leaseDir())
+		assertLeases(t, filepath.Join(e.persistDir, e.netName), nil)
+		return run
+	})
 }
 
 // newCrashScene starts the test's network with A and B attached on

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -200,4 +201,43 @@ func TestFullTmpfsAtEveryWrite(t *testing.T) {
 			return
 		}
 	}
+}
+
+// TestAddRacingDel runs the ADD and the DEL of one container ID at the
+// same moment, as a runtime that gives up on a container while it starts
+// can, on Nomad's chain. Whichever wins, what is left must be consistent:
+// the runtime's next DEL leaves nothing, and a later ADD of the same ID
+// succeeds with exactly one lease and one set of NAT rules.
+func TestAddRacingDel(t *testing.T) {
+	trials := envInt(t, "NBC_E2E_RACE_TRIALS", 10)
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+	a := e.addNetns(t, "a")
+	capA := portMappings(randomHostPort())
+	for i := range trials {
+		var wg sync.WaitGroup
+		var addErr, delErr error
+		start := make(chan struct{})
+		wg.Go(func() { <-start; _, _, addErr = e.cnitool("add", a, capA) })
+		wg.Go(func() { <-start; _, _, delErr = e.cnitool("del", a, capA) })
+		close(start)
+		wg.Wait()
+		t.Logf("trial %d: ADD %v, DEL %v", i, addErr, delErr)
+		if _, stderr, err := e.cnitool("del", a, capA); err != nil {
+			t.Fatalf("trial %d: the DEL after the race: %v\nstderr: %s\nNAT:\n%s", i, err, stderr, e.networkNAT(t))
+		}
+		e.assertNoTrace(t, a.cid)
+		if leftovers := e.networkNAT(t); leftovers != "" {
+			t.Fatalf("trial %d: NAT left after the DEL:\n%s", i, leftovers)
+		}
+		out, stderr, err := e.cnitool("add", a, capA)
+		if err != nil {
+			t.Fatalf("trial %d: ADD after the race: %v\nstderr: %s", i, err, stderr)
+		}
+		p, _ := parseResult(t, out).addrIn(t, e.subnet4)
+		assertLeases(t, e.leaseDir(), map[netip.Addr]string{p.Addr(): leaseContent(a.cid)})
+		e.mustCNI(t, "del", a, capA)
+	}
+	e.assertNetworkEmpty(t, e.leaseDir())
 }
