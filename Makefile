@@ -21,7 +21,7 @@ TOOLS           = $(filter github.com/containernetworking/%,$(shell $(GO) list t
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
-.PHONY: all build build-crashpoints plugins test test-unit test-e2e test-podman test-release test-reboot bench install install-as-bridge demo release clean
+.PHONY: all build build-crashpoints plugins test test-unit test-e2e test-storm test-podman test-release test-reboot bench install install-as-bridge demo release clean
 
 all: build plugins
 
@@ -45,7 +45,18 @@ test-unit:
 
 # The e2e tests need root, iptables and the binaries in $(BIN).
 test-e2e: build build-crashpoints plugins
-	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/e2e/
+	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -skip '^TestStorm$$' ./test/e2e/
+
+# The storm (test/e2e/storm_test.go): for STORM_DURATION, STORM_WORKERS
+# workers churn containers on one network of Nomad's chain through go-cni
+# (lifecycles, lost namespaces, Nomad's restores, runtimes SIGKILLed
+# mid-ADD, detached tasks) while gc runs every second, every third one
+# SIGKILLed; then the network must hold exactly the live containers' state.
+# Not part of `make test`. Needs what test-e2e needs.
+STORM_DURATION ?= 60s
+STORM_WORKERS  ?= 6
+test-storm: build plugins
+	NBC_STORM=1 NBC_STORM_DURATION=$(STORM_DURATION) NBC_STORM_WORKERS=$(STORM_WORKERS) NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -run '^TestStorm$$' -timeout 30m ./test/e2e/
 
 # Real podman (4.x, CNI backend) containers on networks that adopt the
 # plugin by the one-word edit and installed as `bridge`, each against bare

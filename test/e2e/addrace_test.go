@@ -208,7 +208,7 @@ func TestKilledAddsUnderConcurrentGC(t *testing.T) {
 		// An ADD takes the pause plus some 50-100 ms: most kills land in it.
 		pause := time.Duration(rand.Int64N(int64(300 * time.Millisecond)))
 		killAfter := time.Duration(rand.Int64N(int64(pause + 100*time.Millisecond)))
-		done, err := e.killedAdd(ns, viaSlowBridge, pause, killAfter)
+		done, err := e.killedAdd(ns, killAfter, viaSlowBridge, fmt.Sprintf("NBC_E2E_DELEGATE_PAUSE=%.3f", pause.Seconds()))
 		if err != nil {
 			t.Fatalf("iteration %d: %v", i, err)
 		}
@@ -253,11 +253,12 @@ func TestKilledAddsUnderConcurrentGC(t *testing.T) {
 }
 
 // killedAdd starts `cnitool add` for ns in a process group of its own,
-// its delegate pausing for pause, and SIGKILLs the group after killAfter,
-// as a runtime that gives up on the ADD does. It reports whether the ADD
-// had finished by then.
-func (e *testEnv) killedAdd(ns netns, cniPath string, pause, killAfter time.Duration) (bool, error) {
-	cmd := e.cnitoolCmd(context.Background(), "add", ns, cniPath, fmt.Sprintf("NBC_E2E_DELEGATE_PAUSE=%.3f", pause.Seconds()))
+// with env added to cnitool's (see cnitoolCmd: a CNI_PATH, CAP_ARGS, the
+// slow delegate's pause), and SIGKILLs the group after killAfter, as a
+// runtime that gives up on the ADD does. It reports whether the ADD had
+// finished by then.
+func (e *testEnv) killedAdd(ns netns, killAfter time.Duration, env ...string) (bool, error) {
+	cmd := e.cnitoolCmd(context.Background(), "add", ns, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

@@ -157,13 +157,23 @@ type container struct {
 // namespace. Cleanup kills it if the test has not.
 func (e *testEnv) startContainer(t *testing.T, ns netns) *container {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", ns.name, "sh", "-c", "echo ready; exec sleep 600")
-	stdout, err := cmd.StdoutPipe()
+	c, err := e.newContainer(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// newContainer is startContainer for any goroutine: it returns an error
+// instead of failing the test.
+func (e *testEnv) newContainer(ns netns) (*container, error) {
+	cmd := exec.Command("ip", "netns", "exec", ns.name, "sh", "-c", "echo ready; exec sleep 600")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start container process in %s: %v", ns.name, err)
+		return nil, fmt.Errorf("start container process in %s: %w", ns.name, err)
 	}
 	e.mu.Lock()
 	e.listeners = append(e.listeners, cmd)
@@ -172,16 +182,16 @@ func (e *testEnv) startContainer(t *testing.T, ns netns) *container {
 	c.proc = fmt.Sprintf("/proc/%d/ns/net", c.pid)
 	c.ns = netns{name: ns.name, path: c.proc, cid: ns.cid}
 	if line, err := waitLine(bufio.NewReader(stdout), 10*time.Second); err != nil || line != "ready" {
-		t.Fatalf("container process in %s: got %q, %v; want its ready line", ns.name, line, err)
+		return c, fmt.Errorf("container process in %s: got %q, %v; want its ready line", ns.name, line, err)
 	}
 	var want, got syscall.Stat_t
 	if err := syscall.Stat(ns.path, &want); err != nil {
-		t.Fatalf("stat %s: %v", ns.path, err)
+		return c, fmt.Errorf("stat %s: %w", ns.path, err)
 	}
 	if err := syscall.Stat(c.proc, &got); err != nil || got.Ino != want.Ino || got.Dev != want.Dev {
-		t.Fatalf("%s is not %s (%v)", c.proc, ns.path, err)
+		return c, fmt.Errorf("%s is not %s (%v)", c.proc, ns.path, err)
 	}
-	return c
+	return c, nil
 }
 
 // startContainerAtPID starts the container process with the given PID when
