@@ -116,6 +116,11 @@ func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath s
 	if old.Netns == netnsPath && old.NetnsID == nsID && old.NetnsCookie != 0 && cookie != 0 && old.NetnsCookie != cookie {
 		return s.releaseOne(d, old, Verdict{State: Stale, Reason: fmt.Sprintf("namespace %s was re-created (same inode %d, new namespace cookie)", netnsPath, nsID.Ino), Cause: CauseNamespaceGone})
 	}
+	if v.State == Unknown {
+		// Better refused than its address handed out twice; the runtime's
+		// retry, or its DEL, comes to a verdict.
+		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s may still be attached to %s, and the plugin cannot tell (%s): refused so that its address is not handed out twice; retry, or DEL it before adding it again", old.Key(), d.Network, v.Reason), Detail: v.Reason}
+	}
 	if old.NetnsID == nsID {
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath)}
 	}

@@ -215,3 +215,24 @@ func TestReleasesAreCountedByCause(t *testing.T) {
 		t.Errorf("release counts = %v, want %v", got, want)
 	}
 }
+
+// A re-ADD whose earlier attachment cannot be judged (a holder of its
+// namespace that cannot be confirmed) is refused, and the refusal says
+// that it cannot tell and why, not that the namespace is live.
+func TestReAddRefusalSaysWhyItCannotTell(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	w.recordCookie("c1", 6108)
+	id := w.detach("c1", "replaced", task)
+	w.host.HolderErrs = map[sysinfo.NetnsID]error{id: errors.New("setns: operation not permitted")}
+
+	_, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}, "/run/netns/c1")
+	var addErr *AddError
+	if !errors.As(err, &addErr) || addErr.Kind != ErrStillAttached {
+		t.Fatalf("re-ADD: %v, want a refusal", err)
+	}
+	if strings.Contains(addErr.Msg, "live namespace") || !strings.Contains(addErr.Msg, "cannot tell") || !strings.Contains(addErr.Detail, "operation not permitted") {
+		t.Errorf("refusal: %q (detail %q); want it to say it cannot tell, and why", addErr.Msg, addErr.Detail)
+	}
+	equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
+}

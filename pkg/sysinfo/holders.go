@@ -183,6 +183,10 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 		switch {
 		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
 			return h, false, nil // gone meanwhile
+		case err != nil && (unix.Stat(path, &st) != nil || (NetnsID{Dev: st.Dev, Ino: st.Ino}) != id):
+			// It exited (or moved) while its cookie was read, whatever
+			// the error said.
+			return h, false, nil
 		case err != nil:
 			return h, false, err
 		case got != cookie:

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -154,9 +155,24 @@ func (r *Real) NetnsCookie(path string) (uint64, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
+		return 0, fmt.Errorf("namespace cookie of %s: %w", path, nsError(err))
 	}
 	return cookie, nil
+}
+
+// nsError gives ns.GetNS's errors, which wrap nothing, the meaning callers
+// test for: a path that is gone (a holder that exited since it was seen)
+// is fs.ErrNotExist, one that is no namespace ErrNotNetns.
+func nsError(err error) error {
+	var gone ns.NSPathNotExistErr
+	var notNS ns.NSPathNotNSErr
+	switch {
+	case errors.As(err, &gone):
+		return fmt.Errorf("%w: %v", fs.ErrNotExist, err)
+	case errors.As(err, &notNS):
+		return fmt.Errorf("%w: %v", ErrNotNetns, err)
+	}
+	return err
 }
 
 func (r *Real) ProcessStart(pid int) (uint64, bool) {

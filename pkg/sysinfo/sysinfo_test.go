@@ -2,8 +2,10 @@ package sysinfo
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
@@ -83,7 +85,52 @@ func TestNetnsCookie(t *testing.T) {
 	if a != b {
 		t.Errorf("cookie of the same namespace changed: %d, %d", a, b)
 	}
-	if _, err := h.NetnsCookie(filepath.Join(t.TempDir(), "missing")); err == nil {
-		t.Error("cookie of a missing namespace")
+	// A holder that exits between its scan and its cookie: its path is
+	// gone, which ConfirmHolder must tell from "cannot tell" (ns.GetNS
+	// words it as its own error type, wrapping nothing).
+	if _, err := h.NetnsCookie(filepath.Join(t.TempDir(), "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("cookie of a missing namespace: %v, want fs.ErrNotExist", err)
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(plain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.NetnsCookie(plain); !errors.Is(err, ErrNotNetns) {
+		t.Errorf("cookie of a plain file: %v, want ErrNotNetns", err)
+	}
+}
+
+// A process that exits after the holders' scan holds nothing: confirming
+// it says so, without an error that would leave its namespace's verdict
+// unsure (a Nomad restore refused as "still attached").
+func TestConfirmHolderOfAnExitedProcess(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("entering a namespace needs root, and CI runs as root")
+		}
+		t.Skip("entering a namespace needs root")
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &Real{}
+	path := fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+	id, err := h.Netns(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cookie, err := h.NetnsCookie(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := Holder{PID: cmd.Process.Pid}
+	if _, ok, err := h.ConfirmHolder(holder, id, cookie); !ok || err != nil {
+		t.Fatalf("a running holder: %v, %v", ok, err)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if _, ok, err := h.ConfirmHolder(holder, id, cookie); ok || err != nil {
+		t.Errorf("a holder that exited: held %v, error %v; want neither", ok, err)
 	}
 }
