@@ -305,6 +305,7 @@ func (s *storm) run(t *testing.T, workers int, duration time.Duration) []*stormC
 	// Registered after becomeSubreaper: it runs before that cleanup's
 	// wait4(-1), which must not take a child from under exec.Cmd.Wait.
 	t.Cleanup(func() { abort(); workersWG.Wait(); gcWG.Wait() })
+	s.warmUp(t)
 	deadline := time.Now().Add(duration)
 	lives := make([][]*stormCtr, workers)
 	for w := range workers {
@@ -315,6 +316,23 @@ func (s *storm) run(t *testing.T, workers int, duration time.Duration) []*stormC
 	stopGC()
 	gcWG.Wait()
 	return slices.Concat(lives...)
+}
+
+// warmUp adds and removes one container before the workers start, so
+// that the chains firewall and portmap share between containers exist.
+// Both create them on first use with `iptables -N` and fail the ADD when a
+// concurrent first ADD created them in between ("CHAIN_USER_ADD failed
+// (File exists)"): an upstream race on a host's first ADDs, which no
+// wrapper in front of bridge can close, and not what the storm tries.
+func (s *storm) warmUp(t *testing.T) {
+	c, err := s.newCtr("warm-up", stormLifecycle)
+	if err != nil {
+		t.Fatalf("warm-up container: %v", err)
+	}
+	if err := s.setup(c, "ADD"); err != nil {
+		t.Fatalf("warm-up ADD: %v", err)
+	}
+	s.retire(c)
 }
 
 // worker runs the scenarios in turn, from its own starting point, until
