@@ -61,6 +61,66 @@ func nftReleaseMatch(network string, atts []types.GCAttachment) func(comment str
 	}
 }
 
+// NFTInstance is what the comments of an attachment's nftables ipMasq
+// rules begin with: how a sweep tells the attachments it knows from the
+// orphans (see NFTablesOrphans).
+func NFTInstance(network, ifname, containerID string) string {
+	return nftInstanceHash(network, ifname, containerID)
+}
+
+// NFTOrphan is an attachment whose nftables ipMasq rules were released as
+// orphans, as its rules' comment names it. bridge cuts comments at 128
+// bytes, so the container ID may be only its beginning (Cut).
+type NFTOrphan struct {
+	Instance, IfName, ContainerID string
+	Cut                           bool
+}
+
+// parseNFTComment reads one of network's rule comments, bridge's
+// "<network hash>-<attachment hash>, net: N, if: I, id: C". ok is false for
+// another network's rule. The readable tail only names the attachment for
+// a report: what is released is chosen by the hash.
+func parseNFTComment(network, comment string) (o NFTOrphan, ok bool) {
+	rest, ok := strings.CutPrefix(comment, nftNetworkHash(network)+"-")
+	if !ok {
+		return o, false
+	}
+	hash, tail, _ := strings.Cut(rest, ",")
+	o.Instance = comment[:len(comment)-len(rest)] + hash
+	_, tail, _ = strings.Cut(tail, " if: ")
+	o.IfName, o.ContainerID, _ = strings.Cut(tail, ", id: ")
+	o.Cut = nftInstanceHash(network, o.IfName, o.ContainerID) != o.Instance
+	return o, true
+}
+
+// nftablesOrphans releases, in one listing and one batch, network's
+// nftables ipMasq rules whose attachment (by its instance hash) keep
+// refuses, and returns those attachments, one each. keep is asked after
+// the rules are listed. A dry run deletes nothing.
+func nftablesOrphans(network string, keep func(instance string) bool, dryRun bool) ([]NFTOrphan, error) {
+	var orphans []NFTOrphan
+	verdicts := map[string]bool{}
+	err := deleteIPMasqRules(func(comment string) bool {
+		o, ok := parseNFTComment(network, comment)
+		if !ok {
+			return false
+		}
+		orphan, known := verdicts[o.Instance]
+		if !known {
+			orphan = !keep(o.Instance)
+			verdicts[o.Instance] = orphan
+			if orphan {
+				orphans = append(orphans, o)
+			}
+		}
+		return orphan && !dryRun
+	})
+	if err != nil {
+		return nil, err
+	}
+	return orphans, nil
+}
+
 // nftablesRelease releases the nftables ipMasq rules of the attachments
 // in atts (a sweep's stale ones), in one listing and one batch.
 func nftablesRelease(network string, atts []types.GCAttachment) error {

@@ -116,6 +116,35 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		if got, w := left(), want([2]any{network, 3}, [2]any{"other", 5}); !slices.Equal(got, w) {
 			t.Fatalf("after releasing 2 and 4:\n got %q\nwant %q", got, w)
 		}
+
+		// Orphans: the sweep knows 3 and 7; 6 is nobody's. Another
+		// network's rule (5) is never asked about.
+		setup(6, network)
+		setup(7, network)
+		known := map[string]bool{NFTInstance(network, "eth0", cid(3)): true, NFTInstance(network, "eth0", cid(7)): true}
+		var asked []string
+		keep := func(instance string) bool { asked = append(asked, instance); return known[instance] }
+		for _, dryRun := range []bool{true, false} {
+			asked = nil
+			orphans, err := nftablesOrphans(network, keep, dryRun)
+			if err != nil {
+				t.Fatalf("orphans (dry run %v): %v", dryRun, err)
+			}
+			if len(orphans) != 1 || orphans[0].Instance != NFTInstance(network, "eth0", cid(6)) || orphans[0].IfName != "eth0" ||
+				!orphans[0].Cut || !strings.HasPrefix(cid(6), orphans[0].ContainerID) || len(orphans[0].ContainerID) < 16 {
+				t.Fatalf("orphans (dry run %v) = %+v, want the one of %s (its ID cut)", dryRun, orphans, cid(6))
+			}
+			if len(asked) != 3 {
+				t.Errorf("keep asked about %d attachments, want 3 (one each, not per rule): %q", len(asked), asked)
+			}
+			w := want([2]any{network, 3}, [2]any{network, 6}, [2]any{network, 7}, [2]any{"other", 5})
+			if !dryRun {
+				w = want([2]any{network, 3}, [2]any{network, 7}, [2]any{"other", 5})
+			}
+			if got := left(); !slices.Equal(got, w) {
+				t.Fatalf("after the orphans' release (dry run %v):\n got %q\nwant %q", dryRun, got, w)
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -146,4 +175,23 @@ func skipOrFail(t *testing.T, why string) {
 		t.Fatalf("%s (CI is set: this test must run)", why)
 	}
 	t.Skip(why)
+}
+
+// A comment whole names its attachment exactly; one bridge cut names the
+// beginning of its container ID, and says so; another network's is not
+// read.
+func TestParseNFTComment(t *testing.T) {
+	cid := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	o, ok := parseNFTComment("nomad", nftComment("nomad", "eth0", cid))
+	if !ok || o.Cut || o.ContainerID != cid || o.IfName != "eth0" || o.Instance != NFTInstance("nomad", "eth0", cid) {
+		t.Errorf("whole comment: %+v, %v", o, ok)
+	}
+	long := "a-network-name-long-enough-for-bridge-to-cut-the-comment"
+	o, ok = parseNFTComment(long, nftComment(long, "eth1", cid))
+	if !ok || !o.Cut || o.IfName != "eth1" || !strings.HasPrefix(cid, o.ContainerID) || o.Instance != NFTInstance(long, "eth1", cid) {
+		t.Errorf("cut comment: %+v, %v", o, ok)
+	}
+	if _, ok := parseNFTComment("other", nftComment("nomad", "eth0", cid)); ok {
+		t.Error("another network's comment was read as this one's")
+	}
 }

@@ -61,13 +61,16 @@ type Cleaner struct {
 	// NFTablesTeardown releases the nftables ipMasq rules of one
 	// attachment; nil skips nftables.
 	NFTablesTeardown func(network, ifname, containerID string) error
+	// NFTablesOrphans releases the network's nftables ipMasq rules of
+	// the attachments keep refuses (see nftablesOrphans); nil skips them.
+	NFTablesOrphans func(network string, keep func(instance string) bool, dryRun bool) ([]NFTOrphan, error)
 }
 
 // New returns a Cleaner for every iptables family present on this host and
 // bridge's own nftables GC. A missing iptables binary is not an error: the
 // host then only has nftables rules, if any.
 func New() *Cleaner {
-	return &Cleaner{NFTablesRelease: nftablesRelease, NFTablesTeardown: nftablesTeardown, findTables: hostTables}
+	return &Cleaner{NFTablesRelease: nftablesRelease, NFTablesTeardown: nftablesTeardown, NFTablesOrphans: nftablesOrphans, findTables: hostTables}
 }
 
 // hostTables finds iptables and ip6tables in PATH without running them.
@@ -283,6 +286,20 @@ func (c *Cleaner) ReleaseNFTables(network string, atts []types.GCAttachment) err
 		return fmt.Errorf("nftables ipMasq release for %s: %w", network, err)
 	}
 	return nil
+}
+
+// ReleaseNFTablesOrphans releases the network's nftables ipMasq rules of
+// attachments keep refuses, by the hash their comments begin with
+// (NFTInstance), and returns those attachments.
+func (c *Cleaner) ReleaseNFTablesOrphans(network string, keep func(instance string) bool, dryRun bool) ([]NFTOrphan, error) {
+	if c.NFTablesOrphans == nil {
+		return nil, nil
+	}
+	orphans, err := c.NFTablesOrphans(network, keep, dryRun)
+	if err != nil {
+		return nil, fmt.Errorf("nftables ipMasq orphans of %s: %w", network, err)
+	}
+	return orphans, nil
 }
 
 // ReleaseContainer releases one attachment's NAT rules (iptables and

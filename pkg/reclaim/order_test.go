@@ -142,3 +142,130 @@ func TestAbortReleasesWhatTheFailedADDLeft(t *testing.T) {
 		t.Errorf("after Abort: record %v, NAT %v", w.hasRecord("x"), w.nat.Chains)
 	}
 }
+
+// racingTable runs beforeList once, at the first listing: an ADD that
+// starts while a sweep walks the records, writes its record after the
+// walk passed it and has bridge make its rules before the sweep lists
+// them.
+type racingTable struct {
+	netfilter.Table
+	beforeList func()
+}
+
+func (r *racingTable) ListNAT() ([]string, error) {
+	if r.beforeList != nil {
+		r.beforeList()
+		r.beforeList = nil
+	}
+	return r.Table.ListNAT()
+}
+
+// The rules of an ADD that began after the sweep read the records are no
+// orphans: its record was written before its delegate made them, so the
+// sweep reads the records again after listing the rules.
+func TestOrphanRulesOfAnADDThatBeganDuringTheSweepAreKept(t *testing.T) {
+	w := newWorld(t)
+	w.markOwned()
+	w.container("gone", "10.0.0.3")
+	delete(w.host.Namespaces, "/run/netns/gone")
+	w.nat.AddContainer(net1, "gone", "10.0.0.3", 0)
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 0)
+	w.host.Namespaces["/run/netns/racer"] = sysinfo.NetnsID{Dev: 4, Ino: 77}
+	var add *PendingAdd
+	w.env.Netfilter.Tables = []netfilter.Table{&racingTable{Table: w.nat, beforeList: func() {
+		var err error
+		add, err = w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "racer", IfName: "eth0"}, "/run/netns/racer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.nat.AddContainer(net1, "racer", "10.0.0.4", 8080)
+	}}}
+	w.sweeper.Env = w.env
+
+	rep := w.sweep(Request{})
+	if add == nil {
+		t.Fatal("the sweep listed no NAT rules")
+	}
+	defer add.Close()
+	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
+	if !w.nat.Owns(net1, "racer") {
+		t.Errorf("the sweep released the rules of an ADD under way: %v", w.nat.Chains)
+	}
+	if w.nat.Owns(net1, "gone") || w.nat.Owns(net1, "orphan") {
+		t.Errorf("stale and orphan rules left: %v", w.nat.Chains)
+	}
+}
+
+// bridge's nftables ipMasq rules of attachments the network holds nothing
+// of go with the sweep of an owned network, as iptables orphans do; those
+// of a live, a damaged, a legacy and a just-begun attachment stay.
+func TestNFTablesOrphanRules(t *testing.T) {
+	w := newWorld(t)
+	w.markOwned()
+	w.container("live", "10.0.0.2")
+	legacy := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(legacy, net1), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, net1, "10.0.0.7"), []byte("bare\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(w.dir().Records(), "damaged@eth0"), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.host.Namespaces["/run/netns/racer"] = sysinfo.NetnsID{Dev: 4, Ino: 77}
+	rules := map[string]string{}
+	for _, cid := range []string{"live", "bare", "damaged", "racer", "orphan"} {
+		rules[netfilter.NFTInstance(net1, "eth0", cid)] = cid
+	}
+	var add *PendingAdd
+	w.env.Netfilter.NFTablesOrphans = func(network string, keep func(string) bool, dryRun bool) ([]netfilter.NFTOrphan, error) {
+		if network != net1 {
+			t.Errorf("orphans of %q, want %q", network, net1)
+		}
+		if add == nil {
+			// The racer's ADD writes its record after the sweep's walk
+			// and before the rules are listed.
+			var err error
+			if add, err = w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "racer", IfName: "eth0"}, "/run/netns/racer"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out []netfilter.NFTOrphan
+		for instance, cid := range rules {
+			if !keep(instance) {
+				out = append(out, netfilter.NFTOrphan{Instance: instance, IfName: "eth0", ContainerID: cid})
+				if !dryRun {
+					delete(rules, instance)
+				}
+			}
+		}
+		return out, nil
+	}
+	w.sweeper.Env = w.env
+
+	rep := w.sweep(Request{LegacyDataDir: legacy})
+	if add == nil {
+		t.Fatal("the sweep did not look for nftables orphans")
+	}
+	defer add.Close()
+	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
+	if len(rules) != 4 {
+		t.Errorf("rules left: %v, want those of live, bare, damaged and racer", rules)
+	}
+	if len(rep.Releases) != 1 || !rep.Releases[0].Orphan || rep.Releases[0].Key.ContainerID != "orphan" {
+		t.Errorf("releases %+v, want the orphan's", rep.Releases)
+	}
+}
+
+// A network not proved the plugin's has no nftables orphans.
+func TestNFTablesOrphanRulesOnlyFromAnOwnedNetwork(t *testing.T) {
+	w := newWorld(t)
+	w.container("live", "10.0.0.2")
+	w.env.Netfilter.NFTablesOrphans = func(string, func(string) bool, bool) ([]netfilter.NFTOrphan, error) {
+		t.Error("nftables orphans looked for on a network that is not the plugin's")
+		return nil, nil
+	}
+	w.sweeper.Env = w.env
+	w.sweep(Request{})
+}

@@ -164,8 +164,15 @@ type sweep struct {
 	later map[records.Key]*Attachment
 	// alive holds the container IDs of attachments that are not stale,
 	// seen those of every attachment and of every damaged record (for
-	// the orphans).
-	alive, seen idSet
+	// the orphans), and seenNFT their nftables instance hashes (only when
+	// the sweep looks for nftables orphans: nftOrphans).
+	alive, seen, seenNFT idSet
+	// recorded and recordedNFT are the container IDs and nftables
+	// instances with a record when the orphans are decided, read once
+	// after the rules were listed (recordedSince); recordsUnsure: that
+	// read failed, or a live process was writing a record.
+	recorded, recordedNFT      idSet
+	recordsRead, recordsUnsure bool
 	// nat is the network's NAT rules, listed at the first stale attachment
 	// (natListed); natWait the stale attachments of containers that own
 	// some, released at the end.
@@ -176,9 +183,11 @@ type sweep struct {
 	natUnknown bool
 	natWait    []pendingRelease
 	// legacy holds the container IDs with a lease in the legacy lease
-	// directory, read when the first orphan is found (legacyRead).
-	legacy                       idSet
-	legacyRead, legacyUnreadable bool
+	// directory, and legacyNFT their nftables instances, read when the
+	// first orphan is found (legacyRead); legacyNoIfName: a lease there
+	// names no ifname, so its nftables rules cannot be told.
+	legacy, legacyNFT                            idSet
+	legacyRead, legacyUnreadable, legacyNoIfName bool
 	// batch holds stale attachments whose files go once their nftables
 	// rules went (flushBatch).
 	batch  []pendingRelease
@@ -206,7 +215,7 @@ func (w *sweep) run() error {
 	}
 	for _, k := range listing.Damaged {
 		// A record that cannot be read may be a live container's.
-		w.seen.add(k.ContainerID)
+		w.saw(k)
 	}
 	if !w.req.DryRun && len(listing.Temps) > 0 {
 		w.removeAbandonedTemps(listing)
@@ -293,7 +302,7 @@ func (w *sweep) judged(a *Attachment) {
 		w.req.Visit(a)
 	}
 	cid := a.Key.ContainerID
-	w.seen.add(cid)
+	w.saw(a.Key)
 	if a.Verdict.State != Stale {
 		w.alive.add(cid)
 		return
@@ -312,6 +321,20 @@ func (w *sweep) judged(a *Attachment) {
 	if len(w.batch) == nftBatch || !w.nftables() {
 		w.flushBatch()
 	}
+}
+
+// saw remembers an attachment the network holds something of: its
+// container's NAT rules are no orphans.
+func (w *sweep) saw(k records.Key) {
+	w.seen.add(k.ContainerID)
+	if w.nftOrphans() {
+		w.seenNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
+	}
+}
+
+// nftOrphans reports whether the sweep looks for nftables ipMasq orphans.
+func (w *sweep) nftOrphans() bool {
+	return w.owned && w.Netfilter != nil && w.Netfilter.NFTablesOrphans != nil
 }
 
 // nftables reports whether the sweep releases nftables ipMasq rules.
@@ -427,17 +450,87 @@ func (w *sweep) releaseNAT() {
 		}
 	}
 	w.natWait = nil
-	if snap == nil || !w.owned {
+	if !w.owned {
+		return
+	}
+	w.releaseNFTOrphans()
+	if snap == nil {
 		return
 	}
 	for _, cid := range snap.Containers() {
-		if w.seen.has(cid) || w.legacyHolds(cid) {
+		if w.seen.has(cid) || w.legacyHolds(cid) || w.recordedSince(cid) {
 			continue
 		}
 		w.report.OrphanRules = append(w.report.OrphanRules, cid)
 		w.causes[CauseOrphanRules]++
 		removed, _ := w.releaseRules(snap, cid)
 		w.released(Release{Key: records.Key{ContainerID: cid}, Reason: OrphanReason, Orphan: true, What: removed})
+	}
+}
+
+// releaseNFTOrphans releases the nftables ipMasq rules of attachments the
+// network holds nothing of, as releaseNAT does for iptables.
+func (w *sweep) releaseNFTOrphans() {
+	if !w.nftOrphans() {
+		return
+	}
+	keep := func(instance string) bool {
+		return w.seenNFT.has(instance) || w.legacyHoldsNFT(instance) || w.recordedSinceNFT(instance)
+	}
+	orphans, err := w.Netfilter.ReleaseNFTablesOrphans(w.req.Dir.Network, keep, w.req.DryRun)
+	if err != nil {
+		w.errs = append(w.errs, err)
+		return
+	}
+	for _, o := range orphans {
+		id := o.ContainerID
+		if o.Cut {
+			id += "…"
+		}
+		w.report.OrphanRules = append(w.report.OrphanRules, id)
+		w.causes[CauseOrphanRules]++
+		w.released(Release{Key: records.Key{ContainerID: id, IfName: o.IfName}, Reason: OrphanReason, Orphan: true, What: []string{"nftables ipMasq rules " + o.Instance}})
+	}
+}
+
+// recordedSince reports whether cid has a record now, or may be getting
+// one. The rules were listed before this is asked, and an ADD writes its
+// record before its delegate makes any rule: an ADD that began after the
+// sweep read the records is found here, and its rules are no orphans.
+func (w *sweep) recordedSince(cid string) bool {
+	w.readRecordsAgain()
+	return w.recordsUnsure || w.recorded.has(cid)
+}
+
+// recordedSinceNFT is recordedSince for an nftables instance.
+func (w *sweep) recordedSinceNFT(instance string) bool {
+	w.readRecordsAgain()
+	return w.recordsUnsure || w.recordedNFT.has(instance)
+}
+
+// readRecordsAgain reads the records' names once, for the orphans.
+func (w *sweep) readRecordsAgain() {
+	if w.recordsRead {
+		return
+	}
+	w.recordsRead = true
+	temps, err := w.records.EachName(func(k records.Key) {
+		w.recorded.add(k.ContainerID)
+		if w.nftOrphans() {
+			w.recordedNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
+		}
+	})
+	if err != nil {
+		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
+		w.recordsUnsure = true
+		return
+	}
+	for _, pid := range temps.Temps {
+		if _, ok := w.Host.ProcessStart(pid); ok {
+			// A record being written may be an ADD's whose rules are
+			// listed; the next sweep decides.
+			w.recordsUnsure = true
+		}
 	}
 }
 
@@ -459,10 +552,26 @@ func (w *sweep) legacyHolds(cid string) bool {
 		} else {
 			for _, l := range list.leases {
 				w.legacy.add(l.Key.ContainerID)
+				if l.Key.IfName == "" {
+					w.legacyNoIfName = true
+				}
+				if w.nftOrphans() {
+					w.legacyNFT.add(netfilter.NFTInstance(w.req.Dir.Network, l.Key.IfName, l.Key.ContainerID))
+				}
 			}
 		}
 	}
 	return w.legacyUnreadable || w.legacy.has(cid)
+}
+
+// legacyHoldsNFT is legacyHolds for an nftables instance: a lease that
+// names no ifname may be any instance of its container.
+func (w *sweep) legacyHoldsNFT(instance string) bool {
+	if w.req.LegacyDataDir == "" {
+		return false
+	}
+	w.legacyHolds("")
+	return w.legacyUnreadable || w.legacyNoIfName || w.legacyNFT.has(instance)
 }
 
 func (w *sweep) releaseRules(snap *netfilter.Snapshot, cid string) ([]string, error) {

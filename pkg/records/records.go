@@ -179,13 +179,27 @@ func (s *Store) Remove(k Key) error {
 // twice to one network, e.g. eth0 and eth1), and the temp files of
 // statefile.WriteAtomic, by writer pid (see RemoveAbandonedTemps).
 func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
+	temps, err = s.EachName(func(o Key) {
+		if o.ContainerID == k.ContainerID && o.IfName != k.IfName {
+			others = append(others, o)
+		}
+	})
+	return others, temps, err
+}
+
+// EachName reads the record directory's names once, reading no record,
+// and calls fn with the attachment each record file is named for; it
+// returns the temp files of statefile.WriteAtomic, by writer pid (a record
+// being written, whose attachment its name does not give). A missing
+// directory holds nothing.
+func (s *Store) EachName(fn func(Key)) (temps *Listing, err error) {
 	temps = &Listing{}
 	dir, err := os.Open(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, temps, nil
+		return temps, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("list records in %s: %w", s.dir, err)
+		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
 	defer dir.Close()
 	err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
@@ -194,15 +208,14 @@ func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
 			temps.addTemp(name, pid)
 			return
 		}
-		cid, ifname, ok := strings.Cut(name, "@")
-		if ok && cid == k.ContainerID && ifname != k.IfName {
-			others = append(others, Key{ContainerID: cid, IfName: ifname})
+		if cid, ifname, ok := strings.Cut(name, "@"); ok && cid != "" {
+			fn(Key{ContainerID: cid, IfName: ifname})
 		}
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("list records in %s: %w", s.dir, err)
+		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
-	return others, temps, nil
+	return temps, nil
 }
 
 // Listing is what one walk of a record directory found besides records.
