@@ -247,7 +247,7 @@ func countLeases(dir string) int {
 	}
 	k := 0
 	for _, e := range entries {
-		if e.Type().IsRegular() && e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip.") {
+		if e.Type().IsRegular() && e.Name() != netdir.LockFileName && !strings.HasPrefix(e.Name(), "last_reserved_ip.") {
 			k++
 		}
 	}

@@ -19,7 +19,6 @@ import (
 	"syscall"
 
 	"github.com/containernetworking/cni/pkg/utils"
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 )
 
 // RecordDirName is the plugin's directory under the data directory. A CNI
@@ -76,24 +75,6 @@ func checkOwnDir(dir string) error {
 		return fmt.Errorf("refusing %s: owned by uid %d, not by uid %d that runs the plugin", dir, st.Uid, os.Geteuid())
 	}
 	return nil
-}
-
-// Lock opens host-local's store of the network and takes its lock: the
-// flock on <dataDir>/<network>/lock that every host-local ADD and DEL
-// takes, so nothing done under it races an allocation. unlock unlocks and
-// closes; unlocking twice is harmless (disk.Store.GC unlocks on return).
-func (d Dir) Lock() (store *disk.Store, unlock func(), err error) {
-	store, err = disk.New(d.Network, d.DataDir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open host-local store %s: %w", d.Leases(), err)
-	}
-	if err := store.Lock(); err != nil {
-		return nil, nil, errors.Join(fmt.Errorf("lock %s: %w", d.Leases(), err), store.Close())
-	}
-	return store, func() {
-		store.Unlock()
-		store.Close()
-	}, nil
 }
 
 // List names the networks under dataDir — host-local's directories and the

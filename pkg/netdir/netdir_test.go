@@ -13,19 +13,6 @@ func TestLayout(t *testing.T) {
 	}
 }
 
-func TestLockIsHostLocalsLock(t *testing.T) {
-	d := New(t.TempDir(), "net")
-	_, unlock, err := d.Lock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	unlock()
-	unlock() // twice is harmless
-	if fi, err := os.Stat(filepath.Join(d.Leases(), "lock")); err != nil || !fi.Mode().IsRegular() {
-		t.Errorf("host-local's lock file: %v, %v", fi, err)
-	}
-}
-
 func TestListFindsLeaseAndRecordDirectories(t *testing.T) {
 	data := t.TempDir()
 	for _, dir := range []string{"a", RecordDirName + "/b", RecordDirName + "/a", "bad name", ".hidden"} {

@@ -132,7 +132,7 @@ func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath s
 // its leases, then its record, which lets a later run find the rest if
 // this one is killed part-way. Rules that could not go keep the files.
 func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) error {
-	_, unlock, err := d.Lock()
+	unlock, err := d.Lock()
 	if err != nil {
 		return err
 	}
@@ -229,7 +229,7 @@ func (s *Attacher) releaseLeasesOf(d netdir.Dir, key records.Key) error {
 	if !exists(d.Leases()) {
 		return nil
 	}
-	_, unlock, err := d.Lock()
+	unlock, err := d.Lock()
 	if err != nil {
 		return err
 	}
@@ -315,7 +315,7 @@ func (s *Attacher) releaseLegacy(d netdir.Dir, rec *records.Record) error {
 			continue // its runtime released it already
 		}
 		legacyDir := filepath.Dir(filepath.Dir(path))
-		_, unlock, err := netdir.New(legacyDir, d.Network).Lock()
+		unlock, err := netdir.New(legacyDir, d.Network).Lock()
 		if err != nil {
 			errs = append(errs, err)
 			continue

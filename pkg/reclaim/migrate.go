@@ -66,12 +66,12 @@ func (s *Migrator) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	}
 	// Ours first, then the legacy one: every migration takes them in this
 	// order, and host-local itself only ever holds one.
-	_, unlockOurs, err := d.Lock()
+	unlockOurs, err := d.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlockOurs()
-	_, unlockLegacy, err := netdir.New(legacyDir, d.Network).Lock()
+	unlockLegacy, err := netdir.New(legacyDir, d.Network).Lock()
 	if err != nil {
 		return nil, err
 	}

@@ -103,7 +103,11 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	if !owned && !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) {
 		return report, nil
 	}
-	_, unlock, err := req.Dir.Lock()
+	lock := req.Dir.Lock
+	if req.DryRun {
+		lock = req.Dir.LockExisting // what only reads creates nothing
+	}
+	unlock, err := lock()
 	if err != nil {
 		return nil, err
 	}

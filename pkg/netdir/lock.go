@@ -1,0 +1,258 @@
+package netdir
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// LockFileName is host-local's lock file in a network's directory
+// (backend/disk: the flock every host-local ADD and DEL takes).
+const LockFileName = "lock"
+
+// LockTimeout bounds the wait for host-local's lock. host-local holds it
+// for milliseconds and a sweep for less than a second, so a lock held
+// longer belongs to a stuck process; waiting on would hang the runtime's
+// CHECK and every gc behind it.
+var LockTimeout = 30 * time.Second
+
+// ErrLockTimeout: the lock was not free within LockTimeout.
+var ErrLockTimeout = errors.New("host-local's lock was not free in time")
+
+// Lock takes host-local's lock of the network, as host-local does, and
+// creates the network's directory and lock file if they are missing. It is
+// not host-local's own code (backend/disk): that follows a planted symlink,
+// creating its target anywhere, blocks for ever opening a planted FIFO and
+// waits for ever behind a stuck holder. Here the lock must be a regular
+// file in a directory reached without following a link, it is opened
+// without blocking, and the wait ends after LockTimeout with an error that
+// names who holds it.
+func (d Dir) Lock() (unlock func(), err error) { return d.lock(true) }
+
+// LockExisting is Lock for what only reads (leases, a dry run): it creates
+// nothing. Without the directory or the lock file no host-local ever ran
+// there, and there is nothing to wait for.
+func (d Dir) LockExisting() (unlock func(), err error) { return d.lock(false) }
+
+func (d Dir) lock(create bool) (func(), error) {
+	dir := d.Leases()
+	path := filepath.Join(dir, LockFileName)
+	if create {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	dirFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if !create && errors.Is(err, unix.ENOENT) {
+			return func() {}, nil
+		}
+		return nil, lockOpenError(dir, err)
+	}
+	defer unix.Close(dirFD)
+	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+	if create {
+		flags |= unix.O_CREAT
+	}
+	fd, err := unix.Openat(dirFD, LockFileName, flags, 0o600)
+	if err != nil {
+		if !create && errors.Is(err, unix.ENOENT) {
+			return func() {}, nil
+		}
+		return nil, lockOpenError(path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("inspect %s: %w", path, err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("inspect %s: %w", path, err)
+		}
+		return nil, fmt.Errorf("refusing %s: host-local's lock must be a regular file, and this is %s (planted?)", path, modeKind(fi.Mode()))
+	}
+	if err := flockWithin(f, LockTimeout); err != nil {
+		if errors.Is(err, ErrLockTimeout) {
+			return nil, fmt.Errorf("lock %s: %w (waited %s; %s)", path, err, LockTimeout, lockHolders(st.Dev, st.Ino))
+		}
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() {
+		if f != nil {
+			_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+			f.Close()
+			f = nil
+		}
+	}, nil
+}
+
+func lockOpenError(path string, err error) error {
+	// O_NOFOLLOW says ELOOP for a link, and O_DIRECTORY ENOTDIR.
+	fi, lerr := os.Lstat(path)
+	switch {
+	case errors.Is(err, unix.ELOOP) || lerr == nil && fi.Mode()&os.ModeSymlink != 0:
+		return fmt.Errorf("refusing %s: it is a symlink (host-local's lock and its directory must not point elsewhere)", path)
+	case errors.Is(err, unix.ENOTDIR):
+		return fmt.Errorf("refusing %s: not a directory", path)
+	}
+	return fmt.Errorf("open %s: %w", path, err)
+}
+
+// flockWithin takes an exclusive flock on f, waiting at most timeout. A
+// blocked flock cannot be interrupted, so on timeout the waiting goroutine
+// keeps f: it gives the lock back and closes f if it ever gets it.
+func flockWithin(f *os.File, timeout time.Duration) error {
+	fd := int(f.Fd())
+	err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+	if !errors.Is(err, unix.EWOULDBLOCK) {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		for {
+			err := unix.Flock(fd, unix.LOCK_EX)
+			if !errors.Is(err, unix.EINTR) {
+				done <- err
+				return
+			}
+		}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		go func() {
+			if <-done == nil {
+				_ = unix.Flock(fd, unix.LOCK_UN)
+			}
+			f.Close()
+		}()
+		return ErrLockTimeout
+	}
+}
+
+// lockHolders names the processes /proc/locks says hold a flock on the
+// file (dev, ino), for an error message.
+func lockHolders(dev, ino uint64) string {
+	f, err := os.Open("/proc/locks")
+	if err != nil {
+		return "cannot tell who holds it: " + err.Error()
+	}
+	defer f.Close()
+	// "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; a waiter's line
+	// starts with "1: -> FLOCK".
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(dev), unix.Minor(dev), ino)
+	var holders []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 || fields[1] != "FLOCK" || fields[5] != want {
+			continue
+		}
+		pid, err := strconv.Atoi(fields[4])
+		if err != nil || pid <= 0 {
+			holders = append(holders, "a process in another pid namespace")
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		holders = append(holders, fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm))))
+	}
+	if len(holders) == 0 {
+		return "no holder found in /proc/locks"
+	}
+	return "held by " + strings.Join(holders, ", ")
+}
+
+
+// plantedDepth bounds how deep CheckPlanted looks into directories planted
+// in host-local's directory (host-local's DEL and CHECK walk them all).
+const plantedDepth = 4
+
+// CheckPlanted refuses a network directory that host-local, run as the
+// delegate's IPAM, would block on for ever or follow out of the data dir:
+// a lock that is not a regular file (a FIFO blocks its open, a symlink is
+// followed and its target created), or an entry host-local's DEL and
+// CHECK would read and block on (a FIFO, socket or device, a symlink to
+// one, or one inside a planted directory). The plugin's own reads never
+// block on these (they are opened non-blocking, without following links);
+// host-local's are not. A missing directory is fine.
+func (d Dir) CheckPlanted() error {
+	dir := d.Leases()
+	lock := filepath.Join(dir, LockFileName)
+	if fi, err := os.Lstat(lock); err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is %s, not host-local's lock file: host-local would %s (planted? remove it)", lock, modeKind(fi.Mode()), map[bool]string{true: "follow it out of the data dir", false: "block on it for ever"}[fi.Mode()&os.ModeSymlink != 0])
+	}
+	return checkPlantedIn(dir, plantedDepth)
+}
+
+func checkPlantedIn(dir string, depth int) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("list %s: %w", dir, err)
+	}
+	defer f.Close()
+	for {
+		entries, err := f.ReadDir(1024)
+		for _, e := range entries {
+			path := filepath.Join(dir, e.Name())
+			mode := e.Type()
+			switch {
+			case mode.IsRegular():
+			case mode.IsDir():
+				if depth == 0 {
+					return fmt.Errorf("%s is a directory tree deeper than %d levels in host-local's directory: host-local would walk it all (planted? remove it)", path, plantedDepth)
+				}
+				if err := checkPlantedIn(path, depth-1); err != nil {
+					return err
+				}
+			case mode&os.ModeSymlink != 0:
+				// host-local reads through links; a dangling one or one to
+				// a file or directory fails or reads, and never blocks.
+				if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() && !fi.IsDir() {
+					return fmt.Errorf("%s links to %s: host-local would block on it for ever (planted? remove it)", path, modeKind(fi.Mode()))
+				}
+			default:
+				return fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("list %s: %w", dir, err)
+		}
+	}
+}
+
+func modeKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeSymlink != 0:
+		return "a symlink"
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "not a regular file"
+}

@@ -1,0 +1,209 @@
+package netdir
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The lock is host-local's: while it is held, host-local's own flock on the
+// same file cannot be taken.
+func TestLockIsHostLocalsLock(t *testing.T) {
+	d := New(t.TempDir(), "net")
+	unlock, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(d.Leases(), LockFileName)
+	other, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("host-local's lock file: %v", err)
+	}
+	defer other.Close()
+	if err := unix.Flock(int(other.Fd()), unix.LOCK_EX|unix.LOCK_NB); !errors.Is(err, unix.EWOULDBLOCK) {
+		t.Errorf("host-local's flock while the plugin holds the lock: %v, want EWOULDBLOCK", err)
+	}
+	unlock()
+	unlock() // twice is harmless
+	if err := unix.Flock(int(other.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Errorf("host-local's flock after unlock: %v", err)
+	}
+}
+
+// A planted lock never hangs, never leads out of the data dir, and is
+// refused with an error that says what it is.
+func TestLockRefusesPlantedLocks(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "target")
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, lock string)
+		want  string
+	}{
+		{"fifo", func(t *testing.T, lock string) { mustOK(t, syscall.Mkfifo(lock, 0o600)) }, "a FIFO"},
+		{"directory", func(t *testing.T, lock string) { mustOK(t, os.Mkdir(lock, 0o700)) }, "a directory"},
+		{"symlink", func(t *testing.T, lock string) { mustOK(t, os.Symlink(outside, lock)) }, "symlink"},
+		{"symlink-to-fifo", func(t *testing.T, lock string) {
+			fifo := filepath.Join(t.TempDir(), "fifo")
+			mustOK(t, syscall.Mkfifo(fifo, 0o600))
+			mustOK(t, os.Symlink(fifo, lock))
+		}, "symlink"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := New(t.TempDir(), "net")
+			mustOK(t, os.Mkdir(d.Leases(), 0o755))
+			tc.plant(t, filepath.Join(d.Leases(), LockFileName))
+			for name, lock := range map[string]func() (func(), error){"Lock": d.Lock, "LockExisting": d.LockExisting} {
+				done := make(chan error, 1)
+				go func() {
+					unlock, err := lock()
+					if err == nil {
+						unlock()
+					}
+					done <- err
+				}()
+				select {
+				case err := <-done:
+					if err == nil || !strings.Contains(err.Error(), tc.want) {
+						t.Errorf("%s: %v, want a refusal naming %q", name, err, tc.want)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%s hangs on a planted %s", name, tc.name)
+				}
+			}
+			if _, err := os.Lstat(outside); err == nil {
+				t.Errorf("the symlink's target %s was created", outside)
+			}
+		})
+	}
+}
+
+// A symlinked network directory is refused, not followed.
+func TestLockRefusesASymlinkedNetworkDir(t *testing.T) {
+	d := New(t.TempDir(), "net")
+	elsewhere := t.TempDir()
+	mustOK(t, os.Symlink(elsewhere, d.Leases()))
+	for name, lock := range map[string]func() (func(), error){"Lock": d.Lock, "LockExisting": d.LockExisting} {
+		if _, err := lock(); err == nil || !strings.Contains(err.Error(), "symlink") {
+			t.Errorf("%s: %v, want a refusal", name, err)
+		}
+	}
+	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
+		t.Errorf("created through the symlink: %v", entries)
+	}
+}
+
+// What only reads creates nothing: no network directory, no lock file.
+func TestLockExistingCreatesNothing(t *testing.T) {
+	data := t.TempDir()
+	d := New(data, "net")
+	unlock, err := d.LockExisting()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	mustOK(t, os.Mkdir(d.Leases(), 0o755))
+	unlock, err = d.LockExisting()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	if entries, _ := os.ReadDir(d.Leases()); len(entries) != 0 {
+		t.Errorf("LockExisting created %v", entries)
+	}
+}
+
+// A lock held beyond LockTimeout ends the wait with an error naming the
+// holder; the lock is free again for later callers once it is released.
+func TestLockTimesOutNamingTheHolder(t *testing.T) {
+	old := LockTimeout
+	LockTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { LockTimeout = old })
+	d := New(t.TempDir(), "net")
+	unlock, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Lock()
+	if !errors.Is(err, ErrLockTimeout) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Errorf("second Lock: %v, want ErrLockTimeout naming pid %d", err, os.Getpid())
+	}
+	unlock()
+	unlock, err = d.Lock()
+	if err != nil {
+		t.Fatalf("Lock after the holder let go: %v", err)
+	}
+	unlock()
+}
+
+func mustOK(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// What host-local would block on or follow out is refused before it runs;
+// what it reads harmlessly (leases, foreign regular files, links to files
+// or directories, dangling links, planted directories of those) is fine.
+func TestCheckPlanted(t *testing.T) {
+	fine := func(t *testing.T, dir string) {
+		mustOK(t, os.WriteFile(filepath.Join(dir, "10.0.0.2"), []byte("c1\r\neth0"), 0o600))
+		mustOK(t, os.WriteFile(filepath.Join(dir, LockFileName), nil, 0o600))
+		mustOK(t, os.Symlink("/etc/hostname", filepath.Join(dir, "10.0.0.3")))
+		mustOK(t, os.Symlink("/nonexistent", filepath.Join(dir, "10.0.0.4")))
+		mustOK(t, os.Symlink("/etc", filepath.Join(dir, "10.0.0.5")))
+		mustOK(t, os.MkdirAll(filepath.Join(dir, "10.0.0.6", "x"), 0o700))
+	}
+	fifo := func(t *testing.T, path string) {
+		mustOK(t, os.MkdirAll(filepath.Dir(path), 0o700))
+		mustOK(t, syscall.Mkfifo(path, 0o600))
+	}
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, dir string)
+		want  string
+	}{
+		{"nothing", func(*testing.T, string) {}, ""},
+		{"harmless", fine, ""},
+		{"fifo-lease", func(t *testing.T, dir string) { fine(t, dir); fifo(t, filepath.Join(dir, "10.0.0.9")) }, "a FIFO"},
+		{"fifo-lock", func(t *testing.T, dir string) { fifo(t, filepath.Join(dir, LockFileName)) }, "a FIFO"},
+		{"symlinked-lock", func(t *testing.T, dir string) {
+			mustOK(t, os.Symlink(filepath.Join(t.TempDir(), "x"), filepath.Join(dir, LockFileName)))
+		}, "follow it out"},
+		{"link-to-fifo", func(t *testing.T, dir string) {
+			target := filepath.Join(t.TempDir(), "fifo")
+			fifo(t, target)
+			mustOK(t, os.Symlink(target, filepath.Join(dir, "10.0.0.9")))
+		}, "links to a FIFO"},
+		{"fifo-in-planted-dir", func(t *testing.T, dir string) { fifo(t, filepath.Join(dir, "10.0.0.9", "deep", "f")) }, "a FIFO"},
+		{"socket", func(t *testing.T, dir string) {
+			fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+			mustOK(t, err)
+			defer syscall.Close(fd)
+			mustOK(t, syscall.Bind(fd, &syscall.SockaddrUnix{Name: filepath.Join(dir, "10.0.0.9")}))
+		}, "a socket"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := New(t.TempDir(), "net")
+			mustOK(t, os.Mkdir(d.Leases(), 0o755))
+			tc.plant(t, d.Leases())
+			err := d.CheckPlanted()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("CheckPlanted: %v, want a refusal saying %q", err, tc.want)
+			}
+		})
+	}
+	if err := New(t.TempDir(), "missing").CheckPlanted(); err != nil {
+		t.Errorf("a missing directory: %v", err)
+	}
+}
