@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
-	cnins "github.com/containernetworking/cni/pkg/ns"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -107,12 +106,21 @@ func checkTarget(args *skel.CmdArgs) error {
 	if len(args.ContainerID)+1+len(args.IfName) > maxKeyLength {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_CONTAINERID and CNI_IFNAME are longer than %d bytes together", maxKeyLength), "")
 	}
-	own, cerr := cnins.CheckNetNS(args.Netns)
-	if cerr != nil {
-		return cerr
+	return nil
+}
+
+// refuseOwnNamespace refuses CNI_NETNS naming the plugin's own network
+// namespace (the host's), for every verb and before anything is
+// delegated: bridge would configure the host's namespace on ADD and delete
+// the host's link of that name on DEL, and upstream skel only checks after
+// the verb ran.
+func (p *Plugin) refuseOwnNamespace(netns string) error {
+	own, err := (&reclaim.Attacher{Env: p.Reclaim}).IsOwnNamespace(netns)
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetNS, "cannot tell whether CNI_NETNS is the plugin's own network namespace", err.Error())
 	}
 	if own {
-		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own network namespace", args.Netns), "")
+		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own network namespace (the host's): refused before anything is delegated, so that no host interface is touched", netns), "")
 	}
 	return nil
 }

@@ -16,6 +16,9 @@ import (
 // that does not parse goes to verb, which reports why.
 func (p *Plugin) unlessPassthrough(verb string, run func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
+		if err := p.refuseOwnNamespace(args.Netns); err != nil {
+			return err
+		}
 		conf, err := ipamdir.Parse(args.StdinData)
 		if err != nil || !conf.Passthrough {
 			return run(args)

@@ -1,18 +1,25 @@
 package plugin
 
 import (
+	"errors"
 	"os"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
 // Installed as bridge, an entry with an IPAM the plugin does not manage
 // reaches bridge byte for byte on every verb, and nothing else happens:
-// reclaim gets no host, so touching any state would panic.
+// reclaim gets only the host, which the refusal of the host's namespace
+// reads, and no NAT cleaner; the data dir must not even be created.
 func TestEntriesItDoesNotManagePassThrough(t *testing.T) {
 	h := newHarness(t, "bridge")
-	h.plugin.Reclaim = reclaim.Env{}
+	h.plugin.Reclaim = reclaim.Env{Host: h.host}
 	h.exec.reply["bridge ADD"] = bridgeResult100
 	stdin := []byte(`{"cniVersion":"1.0.0","name":"podman","type":"bridge","bridge":"cni-podman1","ipam":{"type":"static","addresses":[{"address":"172.26.64.2/20"}]},"dataDir":"` + h.dataDir + `"}`)
 	funcs := h.plugin.Funcs()
@@ -43,5 +50,41 @@ func TestEntriesItDoesNotManagePassThrough(t *testing.T) {
 	}
 	if _, err := os.Stat(h.dataDir); !os.IsNotExist(err) {
 		t.Errorf("a passed-through entry created %s (%v)", h.dataDir, err)
+	}
+}
+
+// CNI_NETNS naming the plugin's own namespace (the host's) is refused by
+// every verb before anything is delegated: bridge's DEL would delete the
+// host's link of that name, and upstream skel checks only after the verb.
+func TestOwnNamespaceRefusedByEveryVerb(t *testing.T) {
+	for _, installed := range []string{"bridge", "nomad-bridge-cni"} {
+		h := newHarness(t, "bridge")
+		h.host.Namespaces["/run/netns/host-bind"] = fakehost.HostNetns
+		stdin := h.conf("1.1.0", "")
+		if installed == "bridge" {
+			stdin = []byte(`{"cniVersion":"1.0.0","name":"podman","type":"bridge","bridge":"cni-podman1","ipam":{"type":"static","addresses":[{"address":"172.26.64.2/20"}]}}`)
+		}
+		funcs := h.plugin.Funcs()
+		for _, verb := range []struct {
+			name string
+			run  func(*skel.CmdArgs) error
+		}{{"ADD", funcs.Add}, {"CHECK", funcs.Check}, {"DEL", funcs.Del}} {
+			for _, path := range []string{"/proc/self/ns/net", "/run/netns/host-bind"} {
+				args := h.args(stdin)
+				args.Netns = path
+				t.Setenv("CNI_COMMAND", verb.name)
+				err := verb.run(args)
+				var cniErr *types.Error
+				if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetNS {
+					t.Errorf("%s %s with CNI_NETNS %s: %v, want code %d", installed, verb.name, path, err, types.ErrInvalidNetNS)
+				}
+			}
+		}
+		if len(h.exec.calls) != 0 {
+			t.Errorf("%s: delegates ran: %+v", installed, h.exec.calls)
+		}
+		if _, err := os.Stat(h.dataDir); !os.IsNotExist(err) {
+			t.Errorf("%s: a refused verb created %s (%v)", installed, h.dataDir, err)
+		}
 	}
 }

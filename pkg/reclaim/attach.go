@@ -330,6 +330,28 @@ func (s *Attacher) releaseLegacy(d netdir.Dir, rec *records.Record) error {
 }
 
 // NamespaceUsable reports whether bridge could enter the namespace.
+// OwnNamespacePath is where the plugin finds its own network namespace.
+const OwnNamespacePath = "/proc/self/ns/net"
+
+// IsOwnNamespace reports whether netnsPath names the plugin's own network
+// namespace, the host's for a runtime. It only stats the path: opening it,
+// as ns.CheckNetNS does, blocks for ever on a FIFO planted there. A path
+// that is no namespace is not the plugin's.
+func (s *Attacher) IsOwnNamespace(netnsPath string) (bool, error) {
+	if netnsPath == "" {
+		return false, nil
+	}
+	id, err := s.Host.Netns(netnsPath)
+	if err != nil {
+		return false, nil
+	}
+	own, err := s.Host.Netns(OwnNamespacePath)
+	if err != nil {
+		return false, fmt.Errorf("identify the plugin's own network namespace: %w", err)
+	}
+	return id == own, nil
+}
+
 func (s *Attacher) NamespaceUsable(netnsPath string) bool {
 	if netnsPath == "" {
 		return false

@@ -50,10 +50,43 @@ func runCNI(command string) int {
 		}
 		os.Stdin = stdin
 	}
-	if err := cniskel.PluginMainFuncsWithError(plugin.New().Funcs(), SupportedVersions, About()); err != nil {
+	if err := cniskel.PluginMainFuncsWithError(withoutSkelNetnsCheck(plugin.New().Funcs()), SupportedVersions, About()); err != nil {
 		return printError(err)
 	}
 	return 0
+}
+
+// netnsOverrideEnv switches off upstream skel's check that CNI_NETNS is not
+// the plugin's own namespace.
+const netnsOverrideEnv = "CNI_NETNS_OVERRIDE"
+
+// withoutSkelNetnsCheck switches off skel's own-namespace check for this
+// process: skel runs it after ADD and DEL, too late (bridge has already
+// deleted the host's link on DEL), and by opening CNI_NETNS, which blocks
+// for ever on a FIFO planted there. The verbs refuse the plugin's own
+// namespace first, without opening it. The runtime's own
+// CNI_NETNS_OVERRIDE is put back before a verb runs, for its delegates.
+func withoutSkelNetnsCheck(funcs cniskel.CNIFuncs) cniskel.CNIFuncs {
+	value, set := os.LookupEnv(netnsOverrideEnv)
+	_ = os.Setenv(netnsOverrideEnv, "1")
+	restore := func() {
+		if set {
+			_ = os.Setenv(netnsOverrideEnv, value)
+		} else {
+			_ = os.Unsetenv(netnsOverrideEnv)
+		}
+	}
+	wrap := func(verb func(*cniskel.CmdArgs) error) func(*cniskel.CmdArgs) error {
+		if verb == nil {
+			return nil
+		}
+		return func(args *cniskel.CmdArgs) error {
+			restore()
+			return verb(args)
+		}
+	}
+	funcs.Add, funcs.Del, funcs.Check, funcs.GC, funcs.Status = wrap(funcs.Add), wrap(funcs.Del), wrap(funcs.Check), wrap(funcs.GC), wrap(funcs.Status)
+	return funcs
 }
 
 func printError(err *types.Error) int {

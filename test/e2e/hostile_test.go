@@ -30,8 +30,10 @@ type hostileCase struct {
 	command string // default ADD
 	env     func(e *testEnv, ns, hostNS netns) map[string]string
 	stdin   func(t *testing.T, e *testEnv) []byte
-	// setup runs before the snapshot, in the run's working directory.
-	setup func(t *testing.T, e *testEnv, cwd string)
+	// setup runs before the snapshot, in the run's working directory;
+	// hostSetup then, in the namespace standing in for the host's.
+	setup     func(t *testing.T, e *testEnv, cwd string)
+	hostSetup func(t *testing.T, hostNS netns)
 	codes []int
 	// msg, when set, must appear in the error's msg or details.
 	msg string
@@ -363,8 +365,33 @@ func TestHostileInputBeforeAnyWrite(t *testing.T) {
 			env: func(e *testEnv, ns, hostNS netns) map[string]string {
 				return map[string]string{"CNI_NETNS": hostNS.path}
 			}},
+		// Today: code 8 from skel's check after the DEL, and the host's
+		// link named CNI_IFNAME is gone: bridge deleted it.
+		{name: "DEL-CNI_NETNS-is-the-plugins-own", command: "DEL", codes: []int{codeInvalidNetNS}, hostSetup: hostLink(ifName),
+			env: func(e *testEnv, ns, hostNS netns) map[string]string {
+				return map[string]string{"CNI_NETNS": hostNS.path}
+			}},
+		{name: "DEL-CNI_NETNS-is-proc-self", command: "DEL", codes: []int{codeInvalidNetNS}, hostSetup: hostLink(ifName),
+			env: func(e *testEnv, ns, hostNS netns) map[string]string {
+				return map[string]string{"CNI_NETNS": "/proc/self/ns/net"}
+			}},
+		{name: "CHECK-CNI_NETNS-is-the-plugins-own", command: "CHECK", codes: []int{codeInvalidNetNS}, hostSetup: hostLink(ifName),
+			env: func(e *testEnv, ns, hostNS netns) map[string]string {
+				return map[string]string{"CNI_NETNS": hostNS.path}
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { runHostileCase(t, tc) })
+	}
+}
+
+// hostLink makes a link named name in the namespace standing in for the
+// host's: what a DEL given the host's namespace must not delete.
+func hostLink(name string) func(t *testing.T, hostNS netns) {
+	return func(t *testing.T, hostNS netns) {
+		t.Helper()
+		if err := run("ip", "-n", hostNS.name, "link", "add", name, "type", "bridge"); err != nil {
+			t.Fatalf("host link %s: %v", name, err)
+		}
 	}
 }
 
@@ -406,6 +433,9 @@ func runHostileCase(t *testing.T, tc hostileCase) {
 	}
 	if tc.setup != nil {
 		tc.setup(t, e, cwd)
+	}
+	if tc.hostSetup != nil {
+		tc.hostSetup(t, hostNS)
 	}
 
 	scope := e.hostileScope(hostNS.path, e.dataDir, e.persistDir, cwd)

@@ -38,12 +38,15 @@ type Host struct {
 
 var _ sysinfo.Host = (*Host)(nil)
 
+// HostNetns is the fake host's own network namespace, at /proc/self/ns/net.
+var HostNetns = sysinfo.NetnsID{Dev: 4, Ino: 4026531840}
+
 // New returns a host booted at boot with ID "boot-1", the clock an hour
 // later, and this process registered as running.
 func New(boot time.Time) *Host {
 	return &Host{
 		ID: "boot-1", Boot: boot, Clock: boot.Add(time.Hour),
-		Namespaces: map[string]sysinfo.NetnsID{}, NotNetns: map[string]bool{}, Cookies: map[string]uint64{},
+		Namespaces: map[string]sysinfo.NetnsID{"/proc/self/ns/net": HostNetns}, NotNetns: map[string]bool{}, Cookies: map[string]uint64{},
 		Processes: map[int]uint64{os.Getpid(): 4242},
 		Holders:   sysinfo.Holders{}, HolderCookies: map[sysinfo.NetnsID]uint64{},
 	}
