@@ -72,6 +72,11 @@ func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
 	if err := conf.CheckDirs(); err != nil {
 		return nil, nil, types.NewError(types.ErrIOFailure, "unsafe data directory", err.Error())
 	}
+	// host-local opens its lock and reads every lease blocking and through
+	// links: a planted FIFO would hang the verb until delegateTimeout.
+	if err := conf.Dir().CheckPlanted(); err != nil {
+		return nil, nil, types.NewError(types.ErrIOFailure, "refusing to run host-local: "+err.Error(), "")
+	}
 	delegateConf, err := conf.DelegateConfig()
 	if err != nil {
 		return nil, nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
