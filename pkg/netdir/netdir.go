@@ -79,37 +79,50 @@ func checkOwnDir(dir string) error {
 
 // List names the networks under dataDir — host-local's directories and the
 // record directories, by valid CNI network name — each checked as the CNI
-// verbs check it. With only set, it is that one network, which must exist.
-func List(dataDir, only string) ([]Dir, error) {
+// verbs check it. A network that fails the check is left out, with why in
+// skipped, so that one bad directory does not keep the others from being
+// swept. With only set, it is that one network, which must exist and pass.
+func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	fi, err := os.Stat(dataDir)
 	if err != nil {
-		return nil, fmt.Errorf("data dir: %w", err)
+		return nil, nil, fmt.Errorf("data dir: %w", err)
 	}
 	if !fi.IsDir() {
-		return nil, fmt.Errorf("data dir %s is not a directory", dataDir)
+		return nil, nil, fmt.Errorf("data dir %s is not a directory", dataDir)
 	}
 	var names []string
 	if only != "" {
 		if e := utils.ValidateNetworkName(only); e != nil {
-			return nil, fmt.Errorf("network %q: %s", only, e.Msg)
+			return nil, nil, fmt.Errorf("network %q: %s", only, e.Msg)
 		}
 		d := New(dataDir, only)
 		if !isDir(d.Leases()) && !isDir(d.Records()) {
-			return nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
+			return nil, nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
 		}
-		names = []string{only}
-	} else if names, err = networkNames(dataDir); err != nil {
-		return nil, err
+		if err := d.Check(); err != nil {
+			return nil, nil, fmt.Errorf("network %s: unsafe data directory: %w", only, err)
+		}
+		return []Dir{d}, nil, nil
 	}
-	dirs := make([]Dir, 0, len(names))
+	// What every network shares fails them all.
+	for _, dir := range []string{dataDir, filepath.Join(dataDir, RecordDirName)} {
+		if err := checkOwnDir(dir); err != nil {
+			return nil, nil, fmt.Errorf("unsafe data directory: %w", err)
+		}
+	}
+	if names, err = networkNames(dataDir); err != nil {
+		return nil, nil, err
+	}
+	dirs = make([]Dir, 0, len(names))
 	for _, n := range names {
 		d := New(dataDir, n)
 		if err := d.Check(); err != nil {
-			return nil, fmt.Errorf("unsafe data directory: %w", err)
+			skipped = append(skipped, fmt.Errorf("network %s skipped: unsafe data directory: %w", n, err))
+			continue
 		}
 		dirs = append(dirs, d)
 	}
-	return dirs, nil
+	return dirs, skipped, nil
 }
 
 func networkNames(dataDir string) ([]string, error) {

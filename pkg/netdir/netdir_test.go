@@ -20,17 +20,17 @@ func TestListFindsLeaseAndRecordDirectories(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dirs, err := List(data, "")
+	dirs, _, err := List(data, "")
 	if err != nil || len(dirs) != 2 || dirs[0].Network != "a" || dirs[1].Network != "b" {
 		t.Fatalf("List = %+v, %v", dirs, err)
 	}
-	if dirs, err := List(data, "b"); err != nil || len(dirs) != 1 {
+	if dirs, _, err := List(data, "b"); err != nil || len(dirs) != 1 {
 		t.Errorf("List(b) = %+v, %v", dirs, err)
 	}
 	if err := os.Symlink(t.TempDir(), filepath.Join(data, "c")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := List(data, "c"); err == nil {
+	if _, _, err := List(data, "c"); err == nil {
 		t.Error("a symlinked network directory was listed")
 	}
 }

@@ -6,15 +6,16 @@ package operator
 import "github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 
 // Networks names the networks under dataDir (only that one, when set),
-// each checked as the CNI verbs check it (netdir.List).
-func Networks(dataDir, only string) ([]string, error) {
-	dirs, err := netdir.List(dataDir, only)
+// each checked as the CNI verbs check it, and says why it skipped the
+// ones that failed (netdir.List).
+func Networks(dataDir, only string) (names []string, skipped []error, err error) {
+	dirs, skipped, err := netdir.List(dataDir, only)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	names := make([]string, len(dirs))
+	names = make([]string, len(dirs))
 	for i, d := range dirs {
 		names[i] = d.Network
 	}
-	return names, nil
+	return names, skipped, nil
 }

@@ -114,9 +114,9 @@ func golden(t *testing.T, name string, got []byte, dataDir string) {
 
 func TestLeasesTableAndJSON(t *testing.T) {
 	dataDir, s, _ := fixture(t)
-	networks, err := Networks(dataDir, "")
-	if err != nil {
-		t.Fatal(err)
+	networks, skipped, err := Networks(dataDir, "")
+	if err != nil || len(skipped) != 0 {
+		t.Fatal(err, skipped)
 	}
 	if strings.Join(networks, ",") != "nomad,other" {
 		t.Fatalf("networks = %v", networks)
@@ -145,7 +145,7 @@ func TestLeasesTableAndJSON(t *testing.T) {
 
 func TestGCDryRunThenGC(t *testing.T) {
 	dataDir, s, nat := fixture(t)
-	networks, _ := Networks(dataDir, "nomad")
+	networks, _, _ := Networks(dataDir, "nomad")
 	before := tree(t, dataDir)
 
 	dry, text, err := runGC(s, dataDir, networks, true, false)
@@ -245,18 +245,18 @@ func TestGCJSONStreamsTheDocument(t *testing.T) {
 
 func TestNetworksErrors(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := Networks(filepath.Join(dir, "missing"), ""); err == nil || !strings.Contains(err.Error(), "no such file") {
+	if _, _, err := Networks(filepath.Join(dir, "missing"), ""); err == nil || !strings.Contains(err.Error(), "no such file") {
 		t.Errorf("missing data dir: %v", err)
 	}
 	file := filepath.Join(dir, "f")
 	os.WriteFile(file, nil, 0o600)
-	if _, err := Networks(file, ""); err == nil || !strings.Contains(err.Error(), "not a directory") {
+	if _, _, err := Networks(file, ""); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("file as data dir: %v", err)
 	}
-	if _, err := Networks(dir, "../etc"); err == nil || !strings.Contains(err.Error(), "invalid characters") {
+	if _, _, err := Networks(dir, "../etc"); err == nil || !strings.Contains(err.Error(), "invalid characters") {
 		t.Errorf("bad network name: %v", err)
 	}
-	if _, err := Networks(dir, "nope"); err == nil || !strings.Contains(err.Error(), "no leases or records") {
+	if _, _, err := Networks(dir, "nope"); err == nil || !strings.Contains(err.Error(), "no leases or records") {
 		t.Errorf("unknown network: %v", err)
 	}
 }
@@ -279,7 +279,32 @@ func TestNetworksRefusesSymlinkedRecordsDir(t *testing.T) {
 	if err := os.Symlink(elsewhere, filepath.Join(dataDir, ".nomad-bridge-cni")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Networks(dataDir, ""); err == nil || !strings.Contains(err.Error(), "symlink") {
+	if _, _, err := Networks(dataDir, ""); err == nil || !strings.Contains(err.Error(), "symlink") {
 		t.Errorf("Networks = %v, want a refusal of the symlink", err)
+	}
+}
+
+// One network whose directory fails the check (a symlink planted in its
+// place, a directory owned by someone else) is skipped, with why; the
+// others are still listed, and swept. A network asked for by name fails.
+func TestNetworksSkipsOnlyTheBadOne(t *testing.T) {
+	dataDir, _, _ := fixture(t)
+	// host-local's directory of "planted" is real; its record directory
+	// is a symlink to elsewhere.
+	if err := os.Mkdir(filepath.Join(dataDir, "planted"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(t.TempDir(), filepath.Join(dataDir, ".nomad-bridge-cni", "planted")); err != nil {
+		t.Fatal(err)
+	}
+	networks, skipped, err := Networks(dataDir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(networks, ",") != "nomad,other" || len(skipped) != 1 || !strings.Contains(skipped[0].Error(), "planted") || !strings.Contains(skipped[0].Error(), "symlink") {
+		t.Errorf("networks %v, skipped %v; want nomad and other, and planted skipped as a symlink", networks, skipped)
+	}
+	if _, _, err := Networks(dataDir, "planted"); err == nil {
+		t.Error("the bad network asked for by name did not fail")
 	}
 }

@@ -128,7 +128,7 @@ func (c *cli) common(flags *command) *commonFlags {
 	return f
 }
 
-func (c *cli) leases(args []string) int {
+func (c *cli) leases(args []string) (code int) {
 	flags := c.flagSet("leases", leasesUsage)
 	f := c.common(flags)
 	if code, done := c.parse(flags, args); done {
@@ -137,10 +137,11 @@ func (c *cli) leases(args []string) int {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("leases takes no arguments, got %q", flags.Args()), "leases")
 	}
-	networks, err := operator.Networks(f.dataDir, f.network)
+	networks, skipped, err := operator.Networks(f.dataDir, f.network)
 	if err != nil {
 		return c.fail(1, err, "")
 	}
+	defer c.reportSkipped(skipped, &code)
 	var sink operator.LeasesSink = operator.NewLeasesTable(c.stdout)
 	if f.json {
 		sink = operator.NewLeasesJSON(c.stdout, f.dataDir)
@@ -151,7 +152,18 @@ func (c *cli) leases(args []string) int {
 	return 0
 }
 
-func (c *cli) gc(args []string) int {
+// reportSkipped says, after the others were done, which networks were
+// skipped and why; any makes the command fail.
+func (c *cli) reportSkipped(skipped []error, code *int) {
+	for _, err := range skipped {
+		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
+	}
+	if len(skipped) > 0 && *code == 0 {
+		*code = 1
+	}
+}
+
+func (c *cli) gc(args []string) (code int) {
 	flags := c.flagSet("gc", gcUsage)
 	f := c.common(flags)
 	dryRun := flags.Bool("dry-run", false, "change nothing; print what would be released")
@@ -162,10 +174,11 @@ func (c *cli) gc(args []string) int {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("gc takes no arguments, got %q", flags.Args()), "gc")
 	}
-	networks, err := operator.Networks(f.dataDir, f.network)
+	networks, skipped, err := operator.Networks(f.dataDir, f.network)
 	if err != nil {
 		return c.fail(1, err, "")
 	}
+	defer c.reportSkipped(skipped, &code)
 	var sink operator.GCSink = &operator.GCText{W: c.stdout, DryRun: *dryRun}
 	if f.json {
 		sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)

@@ -3,9 +3,12 @@ package skel
 import (
 	"bytes"
 	"io"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -91,5 +94,41 @@ func TestCapStdin(t *testing.T) {
 	}
 	if _, err := capStdin(strings.NewReader(strings.Repeat("x", 65)), 64); err == nil || err.Code != types.ErrDecodingFailure || !strings.Contains(err.Msg, "larger than 64 bytes") {
 		t.Errorf("oversized stdin: %v", err)
+	}
+}
+
+// One network whose directory is unsafe does not stop the others: gc,
+// leases and metrics go through the good ones, say which one they skipped
+// and why, and exit 1.
+func TestCLISkipsOnlyTheBadNetwork(t *testing.T) {
+	dataDir := t.TempDir()
+	for _, dir := range []string{"good", "planted", ".nomad-bridge-cni"} {
+		if err := os.Mkdir(filepath.Join(dataDir, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dataDir, "good", "10.1.2.3"), []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// From before this boot: gc would release it.
+	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(dataDir, "good", "10.1.2.3"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(t.TempDir(), filepath.Join(dataDir, ".nomad-bridge-cni", "planted")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		good string
+	}{
+		{[]string{"leases", "--data-dir", dataDir}, "10.1.2.3"},
+		{[]string{"gc", "--dry-run", "--data-dir", dataDir}, "would release good c1/eth0 10.1.2.3"},
+		{[]string{"metrics", "--data-dir", dataDir}, `network="good"`},
+	} {
+		code, stdout, stderr := run4(t, nil, tc.args...)
+		if code != 1 || !strings.Contains(stderr, "network planted skipped") || !strings.Contains(stdout, tc.good) {
+			t.Errorf("%v: exit %d\nstdout: %s\nstderr: %s\nwant exit 1, planted skipped, and %q", tc.args, code, stdout, stderr, tc.good)
+		}
 	}
 }

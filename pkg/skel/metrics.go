@@ -24,7 +24,7 @@ from a systemd timer or cron every minute:
 Flags:
 `
 
-func (c *cli) metrics(args []string) int {
+func (c *cli) metrics(args []string) (code int) {
 	flags := c.flagSet("metrics", metricsUsage)
 	dataDir := flags.String("data-dir", ipamdir.DefaultDataDir, "the plugin's dataDir")
 	confDirs := flags.StringArray("conf-dir", nil, "also look for conflists here (repeatable)")
@@ -34,10 +34,11 @@ func (c *cli) metrics(args []string) int {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("metrics takes no arguments, got %q", flags.Args()), "metrics")
 	}
-	networks, err := operator.Networks(*dataDir, "")
+	networks, skipped, err := operator.Networks(*dataDir, "")
 	if err != nil {
 		return c.fail(1, err, "")
 	}
+	defer c.reportSkipped(skipped, &code)
 	ranges := doctor.RangeAddresses(append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...))
 	nets, err := metrics.Collect(c.sweeper(), *dataDir, networks, ranges)
 	if err != nil {
