@@ -177,7 +177,6 @@ func lockHolders(dev, ino uint64) string {
 	return "held by " + strings.Join(holders, ", ")
 }
 
-
 // plantedDepth bounds how deep CheckPlanted looks into directories planted
 // in host-local's directory (host-local's DEL and CHECK walk them all).
 const plantedDepth = 4

@@ -34,7 +34,7 @@ type hostileCase struct {
 	// hostSetup then, in the namespace standing in for the host's.
 	setup     func(t *testing.T, e *testEnv, cwd string)
 	hostSetup func(t *testing.T, hostNS netns)
-	codes []int
+	codes     []int
 	// msg, when set, must appear in the error's msg or details.
 	msg string
 }
