@@ -13,6 +13,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 )
 
 const (
@@ -30,8 +32,11 @@ const (
 	// milliseconds; minutes means it hangs, and the runtime would rather
 	// have an error it can act on than a plugin that never returns.
 	DefaultDelegateTimeout = 2 * time.Minute
-	// maxDelegateTimeout keeps a typo ("100h") from disabling the bound.
+	// maxDelegateTimeout keeps a typo ("100h") from disabling the bound,
+	// and minDelegateTimeout one ("1ns") from failing every call: bridge
+	// with host-local and iptables needs tens of milliseconds.
 	maxDelegateTimeout = time.Hour
+	minDelegateTimeout = time.Second
 	// DefaultCheckSweepInterval: a CHECK sweeps its network only if no
 	// sweep of it ended within this long. A Nomad client restart sends one
 	// CHECK per restored allocation, back to back: they share one sweep
@@ -116,7 +121,7 @@ func Parse(stdin []byte) (*Config, error) {
 		// they are none of its business and reach the delegate as they
 		// came, leaving no state.
 		c.Passthrough, c.stdin = true, stdin
-		c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, maxDelegateTimeout)
+		c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, minDelegateTimeout, maxDelegateTimeout)
 		return c, err
 	}
 	if c.DataDir, err = stringKey(raw, keyDataDir, DefaultDataDir); err != nil {
@@ -126,7 +131,7 @@ func Parse(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	c.DataDir = filepath.Clean(c.DataDir)
-	if c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, maxDelegateTimeout); err != nil {
+	if c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, minDelegateTimeout, maxDelegateTimeout); err != nil {
 		return nil, err
 	}
 	if c.CheckSweepInterval, err = intervalKey(raw, keyCheckSweepInterval, DefaultCheckSweepInterval, maxCheckSweepInterval); err != nil {
@@ -198,14 +203,14 @@ func stringKey(m map[string]json.RawMessage, key, def string) (string, error) {
 }
 
 // durationKey reads an optional Go duration string ("90s", "2m").
-func durationKey(m map[string]json.RawMessage, key string, def, max time.Duration) (time.Duration, error) {
+func durationKey(m map[string]json.RawMessage, key string, def, min, max time.Duration) (time.Duration, error) {
 	text, err := stringKey(m, key, "")
 	if err != nil || text == "" {
 		return def, err
 	}
 	d, err := time.ParseDuration(text)
-	if err != nil || d <= 0 || d > max {
-		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between 1ns and %s, such as \"90s\"", key, text, max))
+	if err != nil || d < min || d > max {
+		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between %s and %s, such as \"90s\"", key, text, min, max))
 	}
 	return d, nil
 }
@@ -266,8 +271,13 @@ func validateDir(key, dir string) error {
 		return invalidConfig(fmt.Sprintf("%q contains a NUL byte", key))
 	}
 	for _, part := range strings.Split(dir, "/") {
-		if part == ".." {
+		switch part {
+		case "..":
 			return invalidConfig(fmt.Sprintf("%q %q must not contain \"..\"", key, dir))
+		case netdir.RecordDirName:
+			// host-local's GC there deletes what it takes for stale
+			// leases: the records and markers of the plugin's networks.
+			return invalidConfig(fmt.Sprintf("%q %q is inside the plugin's record directory %s: give the data dir itself", key, dir, netdir.RecordDirName))
 		}
 	}
 	return nil

@@ -200,6 +200,10 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"empty dataDir", `{"name":"n","dataDir":"",` + ipam + `}`, types.ErrInvalidNetworkConfig, "must not be empty"},
 		{"dataDir with dotdot", `{"name":"n","dataDir":"/run/../etc",` + ipam + `}`, types.ErrInvalidNetworkConfig, `".."`},
 		{"dataDir wrong type", `{"name":"n","dataDir":true,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"dataDir" must be a string`},
+		// host-local's GC there deleted the live networks' records.
+		{"dataDir is the record directory", `{"name":"n","dataDir":"/run/cni/.nomad-bridge-cni",` + ipam + `}`, types.ErrInvalidNetworkConfig, "record directory"},
+		{"dataDir inside the record directory", `{"name":"n","dataDir":"/run/cni/.nomad-bridge-cni/nomad/",` + ipam + `}`, types.ErrInvalidNetworkConfig, "record directory"},
+		{"ipam dataDir inside the record directory", `{"name":"n","ipam":{"type":"host-local","dataDir":"/run/cni/.nomad-bridge-cni"}}`, types.ErrInvalidNetworkConfig, "record directory"},
 		{"delegate with slash", `{"name":"n","delegate":"/usr/bin/bridge",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
 		{"delegate relative path", `{"name":"n","delegate":"../bridge",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
 		{"delegate dotdot", `{"name":"n","delegate":"..",` + ipam + `}`, types.ErrInvalidNetworkConfig, "not a path"},
@@ -210,6 +214,8 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"checkSweepInterval too long", `{"name":"n","checkSweepInterval":"25h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"checkSweepInterval"`},
 		{"checkSweepInterval not a string", `{"name":"n","checkSweepInterval":10,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"checkSweepInterval" must be a string`},
 		{"delegateTimeout negative", `{"name":"n","delegateTimeout":"-1s",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
+		// Every call, and the rollback after it, would fail.
+		{"delegateTimeout 1ns", `{"name":"n","delegateTimeout":"1ns",` + ipam + `}`, types.ErrInvalidNetworkConfig, `between 1s and`},
 		{"delegateTimeout too long", `{"name":"n","delegateTimeout":"100h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
 		{"delegateTimeout wrong type", `{"name":"n","delegateTimeout":90,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout" must be a string`},
 		{"ipam dataDir relative", `{"name":"n","ipam":{"type":"host-local","dataDir":"relative"}}`, types.ErrInvalidNetworkConfig, `"ipam.dataDir" "relative" must be an absolute path`},

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -113,6 +114,12 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	if names, err = networkNames(dataDir); err != nil {
 		return nil, nil, err
 	}
+	if len(names) == 0 && looksLikeHostLocal(dataDir) {
+		return nil, nil, fmt.Errorf("%s is host-local's directory of one network, not a data dir: give its parent", dataDir)
+	}
+	if len(names) == 0 && !isDir(filepath.Join(dataDir, RecordDirName)) && !isEmptyDir(dataDir) {
+		return nil, nil, fmt.Errorf("%s is not a data dir: it has no %s directory of the plugin's, and none of its directories looks like host-local's (a lock, leases named by address)", dataDir, RecordDirName)
+	}
 	dirs = make([]Dir, 0, len(names))
 	for _, n := range names {
 		d := New(dataDir, n)
@@ -125,6 +132,10 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	return dirs, skipped, nil
 }
 
+// networkNames lists the networks under dataDir: those with a record
+// directory, and those whose directory looks like host-local's. Other
+// directories are not networks: a data dir given by mistake (/etc, /) is
+// not swept, and nothing is created in its directories.
 func networkNames(dataDir string) ([]string, error) {
 	seen := map[string]bool{}
 	for _, dir := range []string{dataDir, filepath.Join(dataDir, RecordDirName)} {
@@ -133,9 +144,13 @@ func networkNames(dataDir string) ([]string, error) {
 			return nil, fmt.Errorf("read data dir: %w", err)
 		}
 		for _, e := range entries {
-			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") && utils.ValidateNetworkName(e.Name()) == nil {
-				seen[e.Name()] = true
+			if !e.IsDir() || strings.HasPrefix(e.Name(), ".") || utils.ValidateNetworkName(e.Name()) != nil {
+				continue
 			}
+			if dir == dataDir && !looksLikeHostLocal(filepath.Join(dir, e.Name())) {
+				continue
+			}
+			seen[e.Name()] = true
 		}
 	}
 	out := make([]string, 0, len(seen))
@@ -144,6 +159,41 @@ func networkNames(dataDir string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// looksLikeHostLocal reports whether dir looks like host-local's directory
+// of a network: among its first entries, its lock, a last_reserved_ip.N
+// file or a file named by an address, each a regular file. host-local creates the lock on its
+// first run and never removes it.
+func looksLikeHostLocal(dir string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	entries, _ := f.ReadDir(hostLocalProbe)
+	for _, e := range entries {
+		n := e.Name()
+		// Regular files only: /run/lock is a directory.
+		if e.Type().IsRegular() && (n == LockFileName || strings.HasPrefix(n, "last_reserved_ip.") || net.ParseIP(n) != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostLocalProbe bounds the entries looksLikeHostLocal reads of a
+// directory: a network's lock or a lease is among the first of a real one.
+const hostLocalProbe = 64
+
+func isEmptyDir(dir string) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(1)
+	return len(names) == 0
 }
 
 func isDir(path string) bool {

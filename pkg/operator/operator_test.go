@@ -294,6 +294,9 @@ func TestNetworksSkipsOnlyTheBadOne(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dataDir, "planted"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dataDir, "planted", "lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Symlink(t.TempDir(), filepath.Join(dataDir, ".nomad-bridge-cni", "planted")); err != nil {
 		t.Fatal(err)
 	}
@@ -306,5 +309,39 @@ func TestNetworksSkipsOnlyTheBadOne(t *testing.T) {
 	}
 	if _, _, err := Networks(dataDir, "planted"); err == nil {
 		t.Error("the bad network asked for by name did not fail")
+	}
+}
+
+// A data dir given by mistake (/etc, /, a network's own directory) is
+// refused: its directories are not host-local's, so none is a network and
+// nothing is created in them; a network's own directory is named as such.
+// An empty one holds nothing to do.
+func TestNetworksOfAMistypedDataDir(t *testing.T) {
+	etc := t.TempDir()
+	for _, f := range []string{"ssh/sshd_config", "shadow", "default/grub", "network/interfaces"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(etc, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(etc, f), []byte("SECRET\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := Networks(etc, ""); err == nil || !strings.Contains(err.Error(), "not a data dir") || strings.Contains(err.Error(), "SECRET") {
+		t.Errorf("Networks(etc-like) = %v, want it refused as not a data dir", err)
+	}
+	if networks, _, err := Networks(t.TempDir(), ""); err != nil || len(networks) != 0 {
+		t.Errorf("Networks(empty) = %v, %v; want nothing, and no error", networks, err)
+	}
+	net := filepath.Join(t.TempDir(), "nomad")
+	if err := os.MkdirAll(net, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"lock", "10.0.0.2"} {
+		if err := os.WriteFile(filepath.Join(net, f), []byte("c1\r\neth0"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := Networks(net, ""); err == nil || !strings.Contains(err.Error(), "one network") {
+		t.Errorf("Networks(a network's directory) = %v, want it named as such", err)
 	}
 }

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"context"
 	"os"
 	"strings"
 
@@ -49,7 +50,12 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 
 // delegateDel runs the delegate's DEL within delegateTimeout.
 func (p *Plugin) delegateDel(conf *ipamdir.Config, delegateConf []byte) error {
-	ctx, cancel := delegateCtx(conf)
+	return p.delegateDelWithin(delegateCtx, conf, delegateConf)
+}
+
+// delegateDelWithin runs the delegate's DEL within the bound bounded gives.
+func (p *Plugin) delegateDelWithin(bounded func(*ipamdir.Config) (context.Context, context.CancelFunc), conf *ipamdir.Config, delegateConf []byte) error {
+	ctx, cancel := bounded(conf)
 	defer cancel()
 	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
 		return delegateError(ctx, conf.Delegate, "del", err)

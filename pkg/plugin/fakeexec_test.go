@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/version"
@@ -37,6 +38,8 @@ type execCall struct {
 	Env     map[string]string
 	// Inherited is the file the delegate would inherit (see Inheriting).
 	Inherited *os.File
+	// Bound is how long the call's context gave it (0: no deadline).
+	Bound time.Duration
 }
 
 func newFakeExec(installed ...string) *fakeExec {
@@ -71,6 +74,9 @@ func (f *fakeExec) exec(ctx context.Context, pluginPath string, stdin []byte, en
 		env[k] = v
 	}
 	call := execCall{Plugin: filepath.Base(pluginPath), Command: env["CNI_COMMAND"], Stdin: string(stdin), Env: env, Inherited: inherited}
+	if deadline, ok := ctx.Deadline(); ok {
+		call.Bound = time.Until(deadline)
+	}
 	f.calls = append(f.calls, call)
 	if f.onExec != nil {
 		f.onExec()

@@ -38,7 +38,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if err := p.migrate(conf); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).Sweep(reclaim.Request{Dir: conf.Dir(), GC: true, Valid: valid, Orphans: true, LegacyDataDir: conf.LegacyDataDir}); err != nil {
+	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).Sweep(reclaim.Request{Dir: conf.Dir(), GC: true, Valid: valid, LegacyDataDir: conf.LegacyDataDir}); err != nil {
 		errs = append(errs, types.NewError(types.ErrInternal, "garbage collection of "+conf.Name+" failed", err.Error()))
 	}
 	for _, gc := range []struct {

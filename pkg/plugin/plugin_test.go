@@ -16,6 +16,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
@@ -429,5 +430,40 @@ func TestBeginAddErrorsKeepTheirCNICode(t *testing.T) {
 		} else if cniErr.Msg == "" || cniErr.Details == "" {
 			t.Errorf("beginAddError(%v) lost the message or detail: %+v", tc.err, cniErr)
 		}
+	}
+}
+
+// The GC verb from an entry whose dataDir is not the plugin's (a wrong or
+// new one: no ADD through the plugin marked the network as its own) must
+// not release NAT rules it cannot prove are of that data dir: a live
+// container of the real data dir has no record there, and its rules are
+// not orphans. Once the network is the plugin's, orphans go.
+func TestGCReleasesOrphanRulesOnlyOfItsOwnNetwork(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	nat := fakenat.New()
+	nat.AddContainer("nomad", "live-elsewhere", "172.26.64.9", 8080)
+	h.plugin.Reclaim.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{nat}}
+	if err := os.MkdirAll(filepath.Join(h.dataDir, "nomad"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", `,"cni.dev/valid-attachments":[]`)}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if !nat.Owns("nomad", "live-elsewhere") {
+		t.Fatal("the GC verb of a data dir that is not the plugin's released NAT rules it cannot prove are its own")
+	}
+	// The marker an ADD through the plugin writes first.
+	records := filepath.Join(h.dataDir, ".nomad-bridge-cni", "nomad")
+	if err := os.MkdirAll(records, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(records, ".owned"), []byte("nomad\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", `,"cni.dev/valid-attachments":[]`)}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if nat.Owns("nomad", "live-elsewhere") {
+		t.Error("the GC verb of the plugin's own network left orphan NAT rules")
 	}
 }

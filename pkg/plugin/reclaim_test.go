@@ -167,7 +167,7 @@ func TestCrashedDelegateIsRolledBack(t *testing.T) {
 func TestHungDelegateTimesOut(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.hang["bridge ADD"] = true
-	err := h.plugin.Add(h.args(h.conf("1.0.0", `,"delegateTimeout":"50ms"`)))
+	err := h.plugin.Add(h.args(h.conf("1.0.0", `,"delegateTimeout":"1s"`)))
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "did not answer add in time") {
 		t.Fatalf("ADD = %v", err)
@@ -176,7 +176,12 @@ func TestHungDelegateTimesOut(t *testing.T) {
 		t.Errorf("delegateTimeout reached the delegate: %v", conf)
 	}
 	if len(h.exec.calls) != 2 || h.exec.calls[1].Command != "DEL" || h.record() != nil {
-		t.Errorf("calls = %+v, record %+v; want a rollback DEL and no record", h.exec.calls, h.record())
+		t.Fatalf("calls = %+v, record %+v; want a rollback DEL and no record", h.exec.calls, h.record())
+	}
+	// The rollback has its own bound: a short delegateTimeout that the
+	// ADD ran out of must not doom the DEL that undoes it.
+	if bound := h.exec.calls[1].Bound; bound < rollbackTimeout-time.Second {
+		t.Errorf("the rollback DEL got %v, want at least %v", bound, rollbackTimeout)
 	}
 }
 

@@ -70,7 +70,7 @@ func (d *leaseDir) read(ip net.IP) (Lease, error) {
 	if d == nil {
 		return Lease{}, fs.ErrNotExist
 	}
-	l, _, err := readLease(int(d.f.Fd()), d.path, ip.String())
+	l, err := readLease(int(d.f.Fd()), d.path, ip.String())
 	l.IP = ip
 	return l, err
 }
@@ -111,7 +111,7 @@ func (d *leaseDir) each(skip func(net.IP) bool, fn func(Lease), bad func(error))
 		if ip != nil && skip != nil && skip(ip) {
 			return
 		}
-		l, _, err := readLease(dirfd, d.path, name)
+		l, err := readLease(dirfd, d.path, name)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			// Released since the directory was read.
@@ -141,7 +141,7 @@ func (d *leaseDir) remove(leases []Lease) error {
 	var errs []error
 	for _, l := range leases {
 		name := filepath.Base(l.Path)
-		again, _, err := readLease(dirfd, d.path, name)
+		again, err := readLease(dirfd, d.path, name)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -198,20 +198,18 @@ func releaseLeases(path string, list *leaseList, doomed map[records.Key]bool) er
 }
 
 // readLease reads one reservation, name in dir open as dirfd (or, with
-// unix.AT_FDCWD and dir "", the path name). When the file was read in full but is
-// not a valid lease, its trimmed content is returned with the error.
-func readLease(dirfd int, dir, name string) (Lease, *string, error) {
+// unix.AT_FDCWD and dir "", the path name).
+func readLease(dirfd int, dir, name string) (Lease, error) {
 	path := filepath.Join(dir, name)
 	b, st, err := statefile.ReadSmallFileAt(dirfd, dir, name, maxLeaseSize, true)
 	if err != nil {
-		return Lease{}, nil, fmt.Errorf("read lease: %w", err)
+		return Lease{}, fmt.Errorf("read lease: %w", err)
 	}
 	key, content, err := parseLease(b)
 	if err != nil {
-		trimmed := strings.TrimSpace(string(b))
-		return Lease{}, &trimmed, fmt.Errorf("lease %s: %w", path, err)
+		return Lease{}, fmt.Errorf("lease %s: %w", path, err)
 	}
-	return Lease{Path: path, Key: key, ModTime: time.Unix(st.Mtim.Unix()), content: content}, nil, nil
+	return Lease{Path: path, Key: key, ModTime: time.Unix(st.Mtim.Unix()), content: content}, nil
 }
 
 // parseLease decodes host-local's "<containerID>\r\n<ifname>" (or the older
@@ -223,14 +221,9 @@ func parseLease(b []byte) (records.Key, string, error) {
 	}
 	cid, ifname, _ := strings.Cut(content, disk.LineBreak)
 	if cid == "" || cid != strings.TrimSpace(cid) || strings.ContainsAny(cid, "\r\n\x00") || strings.ContainsAny(ifname, "\r\n\x00") {
-		return records.Key{}, "", fmt.Errorf("not a host-local reservation: %q", truncate(content))
+		// Its content is not shown: a data dir given by mistake (/etc)
+		// must not have the plugin print what its files hold.
+		return records.Key{}, "", fmt.Errorf("not a host-local reservation (%d bytes that are not \"<container ID>\\r\\n<ifname>\")", len(b))
 	}
 	return records.Key{ContainerID: cid, IfName: ifname}, content, nil
-}
-
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }

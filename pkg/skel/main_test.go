@@ -110,6 +110,9 @@ func TestCLISkipsOnlyTheBadNetwork(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dataDir, "good", "10.1.2.3"), []byte("c1\r\neth0"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dataDir, "planted", "lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// From before this boot: gc would release it.
 	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 	if err := os.Chtimes(filepath.Join(dataDir, "good", "10.1.2.3"), old, old); err != nil {

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -126,5 +128,47 @@ func TestOperatorErrors(t *testing.T) {
 		if !ok || exitErr.ExitCode() != tc.code || !strings.Contains(stderr, tc.msg) {
 			t.Errorf("%v: err %v, stderr %q; want exit %d and %q", tc.args, err, stderr, tc.code, tc.msg)
 		}
+	}
+}
+
+// TestOperatorRefusesAMistypedDataDir: regression test. `leases --data-dir
+// /etc` created a lock in some 70 directories under /etc, `gc` created
+// /etc/lock, /usr/lock, /root/lock..., and both printed the first 64 bytes
+// of every file they read, /etc/shadow included. Now the real /etc and /
+// are refused as not a data dir, no file is created anywhere under them,
+// and no file's content is printed.
+func TestOperatorRefusesAMistypedDataDir(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	locks := func() []string {
+		var found []string
+		for _, pattern := range []string{"/lock", "/*/lock", "/etc/*/lock", "/etc/*/*/lock"} {
+			m, _ := filepath.Glob(pattern)
+			found = append(found, m...)
+		}
+		return found
+	}
+	before := locks()
+	shadow, _ := os.ReadFile("/etc/shadow")
+	firstLine, _, _ := strings.Cut(string(shadow), "\n")
+	for _, dir := range []string{"/etc", "/"} {
+		for _, args := range [][]string{
+			{"leases", "--data-dir", dir},
+			{"leases", "--json", "--data-dir", dir},
+			{"gc", "--dry-run", "--data-dir", dir},
+			{"gc", "--data-dir", dir},
+			{"metrics", "--data-dir", dir},
+		} {
+			stdout, stderr, err := e.operator(t, args...)
+			if err == nil || !strings.Contains(stderr, "not a data dir") {
+				t.Errorf("%v: %v\nstdout: %s\nstderr: %s\nwant it refused as not a data dir", args, err, stdout, stderr)
+			}
+			if firstLine != "" && strings.Contains(stdout+stderr, firstLine[:min(len(firstLine), 12)]) {
+				t.Errorf("%v printed /etc/shadow", args)
+			}
+		}
+	}
+	if after := locks(); !slices.Equal(before, after) {
+		t.Errorf("lock files under / and /etc before: %v, after: %v", before, after)
 	}
 }

@@ -74,13 +74,13 @@ func TestDoctor(t *testing.T) {
 				entryOfType(t, h.conf, pluginType)["delegateTimeout"] = "soon"
 				e.writeConflist(t, h.conf)
 				// ADD says the same.
-				msg := `"delegateTimeout" "soon" must be a duration between 1ns and 1h0m0s`
+				msg := `"delegateTimeout" "soon" must be a duration between 1s and 1h0m0s`
 				if _, _, err := e.cnitool("add", e.addNetns(t, "a"), ""); err == nil || !strings.Contains(err.Error(), msg) {
 					t.Fatalf("ADD with the invalid entry: %v, want %q", err, msg)
 				}
 			},
 			want: []doctorFinding{{"error", "conflist", "CONF/NET.conflist",
-				`entry 1 of network "NET": "delegateTimeout" "soon" must be a duration between 1ns and 1h0m0s, such as "90s"`,
+				`entry 1 of network "NET": "delegateTimeout" "soon" must be a duration between 1s and 1h0m0s, such as "90s"`,
 				"fix the entry: every ADD fails the same way"}},
 			code:   1,
 			golden: true,
