@@ -36,6 +36,8 @@ const (
 	// and minDelegateTimeout one ("1ns") from failing every call: bridge
 	// with host-local and iptables needs tens of milliseconds.
 	maxDelegateTimeout = time.Hour
+	// maxNetworkName is NAME_MAX: the network names directories.
+	maxNetworkName = 255
 	minDelegateTimeout = time.Second
 	// DefaultCheckSweepInterval: a CHECK sweeps its network only if no
 	// sweep of it ended within this long. A Nomad client restart sends one
@@ -102,6 +104,9 @@ func Parse(stdin []byte) (*Config, error) {
 	}
 	if e := utils.ValidateNetworkName(c.Name); e != nil {
 		return nil, e
+	}
+	if len(c.Name) > maxNetworkName {
+		return nil, invalidConfig(fmt.Sprintf("network name is %d bytes long, more than the %d a directory name may have (host-local's directory and the records are named by it)", len(c.Name), maxNetworkName))
 	}
 	if c.CNIVersion, err = stringKey(raw, "cniVersion", ""); err != nil {
 		return nil, err

@@ -189,6 +189,8 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"name with slash", `{"name":"a/b",` + ipam + `}`, types.ErrInvalidNetworkConfig, "invalid characters"},
 		{"name with dotdot", `{"name":"..",` + ipam + `}`, types.ErrInvalidNetworkConfig, "invalid characters"},
 		{"name wrong type", `{"name":5,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"name" must be a string`},
+		// Was code 5, "unsafe data directory ... file name too long".
+		{"name 300 bytes", `{"name":"` + strings.Repeat("n", 300) + `",` + ipam + `}`, types.ErrInvalidNetworkConfig, "more than the 255"},
 		{"missing ipam", `{"name":"n"}`, types.ErrInvalidNetworkConfig, `missing "ipam"`},
 		{"null ipam", `{"name":"n","ipam":null}`, types.ErrInvalidNetworkConfig, `missing "ipam"`},
 		{"ipam not object", `{"name":"n","ipam":"host-local"}`, types.ErrInvalidNetworkConfig, "must be a JSON object"},

@@ -84,6 +84,9 @@ func checkOwnDir(dir string) error {
 // skipped, so that one bad directory does not keep the others from being
 // swept. With only set, it is that one network, which must exist and pass.
 func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
+	if dataDir == "" {
+		return nil, nil, errors.New("no data dir given (--data-dir is empty)")
+	}
 	fi, err := os.Stat(dataDir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("data dir: %w", err)

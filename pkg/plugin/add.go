@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -105,6 +106,11 @@ const maxKeyLength = 200
 func checkTarget(args *skel.CmdArgs) error {
 	if len(args.ContainerID)+1+len(args.IfName) > maxKeyLength {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_CONTAINERID and CNI_IFNAME are longer than %d bytes together", maxKeyLength), "")
+	}
+	if !filepath.IsAbs(args.Netns) {
+		// Recorded as given, it would be judged later against whatever
+		// directory a sweep runs in.
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %q is not an absolute path", args.Netns), "")
 	}
 	return nil
 }

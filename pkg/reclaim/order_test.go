@@ -2,8 +2,10 @@ package reclaim
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -268,4 +270,24 @@ func TestNFTablesOrphanRulesOnlyFromAnOwnedNetwork(t *testing.T) {
 	}
 	w.sweeper.Env = w.env
 	w.sweep(Request{})
+}
+
+// A sweep logs at most maxProblemLines lines about the files it skipped,
+// then how many more there were; its report keeps them all.
+func TestSweepSummarisesSkippedFiles(t *testing.T) {
+	w := newWorld(t)
+	w.container("live", "10.0.0.2")
+	for i := range 100 {
+		if err := os.WriteFile(filepath.Join(w.dir().Records(), fmt.Sprintf("damaged-%d@eth0", i)), []byte("{garbage"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.log.Reset()
+	rep := w.sweep(Request{})
+	if len(rep.Problems) != 100 {
+		t.Errorf("report has %d problems, want 100", len(rep.Problems))
+	}
+	if lines := strings.Count(w.log.String(), "skipped: "); lines != maxProblemLines || !strings.Contains(w.log.String(), "skipped 80 more") {
+		t.Errorf("log has %d skipped lines, want %d and a summary of 80 more:\n%s", lines, maxProblemLines, w.log.String())
+	}
 }

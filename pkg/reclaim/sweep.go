@@ -124,7 +124,9 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	defer leases.close()
 	w := &sweep{Sweeper: s, req: req, owned: owned, report: report, records: j.records, leases: leases, judge: j,
 		claimed: map[[16]byte]struct{}{}, later: map[records.Key]*Attachment{}, causes: map[string]int{}}
-	if err := w.run(); err != nil {
+	err = w.run()
+	w.summariseProblems()
+	if err != nil {
 		return nil, err
 	}
 	if !req.DryRun {
@@ -291,9 +293,24 @@ func (w *sweep) lease(l Lease) {
 	a.Leases = append(a.Leases, l)
 }
 
+// maxProblemLines bounds the lines one sweep writes about files it
+// skipped: a CHECK's stderr goes to the runtime's log, and 100 000 planted
+// files must not put 100 000 lines there on every CHECK. The report keeps
+// them all (`leases`, `gc` list them).
+const maxProblemLines = 20
+
 func (w *sweep) problem(err error) {
 	w.report.Problems = append(w.report.Problems, err)
-	w.logf("%s: skipped: %v", w.req.Dir.Network, err)
+	if len(w.report.Problems) <= maxProblemLines {
+		w.logf("%s: skipped: %v", w.req.Dir.Network, err)
+	}
+}
+
+// summariseProblems says how many skipped files problem did not log.
+func (w *sweep) summariseProblems() {
+	if n := len(w.report.Problems) - maxProblemLines; n > 0 {
+		w.logf("%s: skipped %d more damaged or foreign files (nomad-bridge-cni leases lists them all)", w.req.Dir.Network, n)
+	}
 }
 
 // judged judges an attachment (unless pass 1 did), shows it, and

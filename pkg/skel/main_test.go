@@ -63,6 +63,9 @@ func TestCLI(t *testing.T) {
 		{args: []string{"-h"}, code: 0, stdout: "--version"},
 		{args: []string{"--bogus"}, code: 2, stderr: "unknown flag: --bogus"},
 		{args: []string{"frobnicate"}, code: 2, stderr: `unknown command "frobnicate"`},
+		// Was "stat : no such file or directory".
+		{args: []string{"gc", "--data-dir="}, code: 1, stderr: "no data dir given (--data-dir is empty)"},
+		{args: []string{"leases", "--data-dir", ""}, code: 1, stderr: "no data dir given"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

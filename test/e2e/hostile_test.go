@@ -216,7 +216,8 @@ func hostileCases() []hostileCase {
 		{name: "name-is-records-dir", stdin: cfgSet("name", ".nomad-bridge-cni"), codes: []int{codeInvalidConfig}},
 		// Valid for the skel regex but too long for a directory name: the
 		// plugin's directory check fails before anything is created.
-		{name: "name-300-bytes", stdin: cfgSet("name", "n"+strings.Repeat("x", 299)), codes: []int{codeIOFailure, codeInvalidConfig}},
+		// Was code 5, "unsafe data directory ... file name too long".
+		{name: "name-300-bytes", stdin: cfgSet("name", "n"+strings.Repeat("x", 299)), codes: []int{codeInvalidConfig}, msg: "more than the 255"},
 
 		// The CNI environment.
 		{name: "containerid-slash", env: envWith("CNI_CONTAINERID", "a/b"), codes: []int{codeInvalidEnv}},
@@ -359,6 +360,12 @@ func TestHostileInputBeforeAnyWrite(t *testing.T) {
 		// Today: code 8, .migrated created.
 		{name: "CNI_NETNS-missing", env: envWith("CNI_NETNS", "/var/run/netns/nbc-e2e-does-not-exist"), codes: []int{codeInvalidNetNS}},
 		{name: "CNI_NETNS-regular-file", env: envWith("CNI_NETNS", "/etc/hostname"), codes: []int{codeInvalidNetNS}},
+		// Was accepted and recorded as given, then judged by a sweep
+		// against its own working directory.
+		{name: "CNI_NETNS-relative", codes: []int{codeInvalidEnv}, msg: "not an absolute path",
+			env: func(e *testEnv, ns, hostNS netns) map[string]string {
+				return map[string]string{"CNI_NETNS": strings.TrimPrefix(ns.path, "/")}
+			}},
 		// Today: code 0; bridge set up the plugin's own namespace: a lease
 		// in dataDir, the bridge and a veth pair, no pending record.
 		{name: "CNI_NETNS-is-the-plugins-own", codes: []int{codeInvalidNetNS},
