@@ -37,7 +37,7 @@ const (
 	// with host-local and iptables needs tens of milliseconds.
 	maxDelegateTimeout = time.Hour
 	// maxNetworkName is NAME_MAX: the network names directories.
-	maxNetworkName = 255
+	maxNetworkName     = 255
 	minDelegateTimeout = time.Second
 	// DefaultCheckSweepInterval: a CHECK sweeps its network only if no
 	// sweep of it ended within this long. A Nomad client restart sends one
