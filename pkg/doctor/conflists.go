@@ -3,12 +3,14 @@ package doctor
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
@@ -38,6 +40,32 @@ type network struct {
 	plugins []string
 }
 
+// readConfFile reads a configuration file as a runtime would (through a
+// symlink), but never blocks on a FIFO planted there and reads at most
+// what the plugin accepts on stdin: every ADD of a bigger one is refused.
+func readConfFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s): runtimes would block on it or skip it", fi.Mode().Type())
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, ipamdir.MaxConfigSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > ipamdir.MaxConfigSize {
+		return nil, fmt.Errorf("larger than %d bytes, the most the plugin reads of an entry: every ADD of it would be refused (error 6)", ipamdir.MaxConfigSize)
+	}
+	return raw, nil
+}
+
 // readConflists reads every configuration file in dirs and returns the
 // bridge networks it found, with a finding for each file that uses the
 // plugin (valid or not) and for each file that cannot be read.
@@ -64,9 +92,9 @@ func readConflists(dirs []string) ([]*network, []Finding) {
 }
 
 func readConflist(path string) ([]*network, []Finding) {
-	raw, err := os.ReadFile(path)
+	raw, err := readConfFile(path)
 	if err != nil {
-		return nil, []Finding{{Level: Error, Check: "conflist", Subject: path, Message: fmt.Sprintf("cannot read: %v", err), Fix: "fix its permissions"}}
+		return nil, []Finding{{Level: Error, Check: "conflist", Subject: path, Message: fmt.Sprintf("cannot read: %v", err), Fix: "remove it, or fix it"}}
 	}
 	var list struct {
 		Name       string            `json:"name"`

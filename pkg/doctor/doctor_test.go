@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -191,5 +192,37 @@ func TestUnusedNetworkWritesNothing(t *testing.T) {
 	want := Finding{Level: OK, Check: "state", Subject: "web", Message: "0 live, 0 pending, 0 stale, 0 detached, 0 unknown, 0 orphan NAT rule set(s)"}
 	if !slices.Contains(r.Findings, want) {
 		t.Errorf("no %+v in %+v", want, r.Findings)
+	}
+}
+
+// A FIFO in a conf dir never hangs the doctor, and a conflist bigger than
+// the plugin reads of an entry is an error, not fine: every ADD of it is
+// refused.
+func TestDoctorOnPlantedAndHugeConflists(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	if err := syscall.Mkfifo(filepath.Join(h.conf, "20-fifo.conflist"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := strings.Replace(conf("huge", pluginName, "nbc1", "172.26.96.0/20", "host-local"), `"name"`, `"padding": "`+strings.Repeat("x", 2<<20)+`", "name"`, 1)
+	h.conflist("30-huge.conflist", huge)
+	done := make(chan *Report, 1)
+	go func() { done <- h.run() }()
+	var r *Report
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("doctor hangs on a FIFO in a conf dir")
+	}
+	if r.OK {
+		t.Error("doctor calls a host with a conflist over 1 MiB fine")
+	}
+	var fifo, big bool
+	for _, f := range r.Findings {
+		fifo = fifo || f.Level == Error && strings.HasSuffix(f.Subject, "20-fifo.conflist") && strings.Contains(f.Message, "not a regular file")
+		big = big || f.Level == Error && strings.HasSuffix(f.Subject, "30-huge.conflist") && strings.Contains(f.Message, "larger than")
+	}
+	if !fifo || !big {
+		t.Errorf("findings %+v; want an error for the FIFO and one for the huge conflist", r.Findings)
 	}
 }

@@ -17,6 +17,11 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 )
 
+// MaxConfigSize caps the entry the plugin reads from stdin. A conflist
+// entry with its prevResult is a few KiB; the cap keeps a runaway writer
+// from making a root process read without bound. doctor applies it too.
+const MaxConfigSize = 1 << 20
+
 const (
 	// DefaultDelegate is the plugin the wrapper hands the rewritten entry to.
 	DefaultDelegate = "bridge"

@@ -13,6 +13,7 @@ import (
 	cniskel "github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 )
 
@@ -34,10 +35,8 @@ func run(invokedAs string, args []string, getenv func(string) string, stdout, st
 	}
 }
 
-// MaxConfigSize caps what is read from stdin. A conflist entry with its
-// prevResult is a few KiB; the cap keeps a runaway writer from making a
-// root process read without bound.
-const MaxConfigSize = 1 << 20
+// MaxConfigSize caps what is read from stdin (ipamdir.MaxConfigSize).
+const MaxConfigSize = ipamdir.MaxConfigSize
 
 // runCNI hands the process to the CNI skeleton, which reads the CNI_*
 // environment and stdin, and prints either our result or a types.Error
