@@ -56,7 +56,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 			// bridge crashed or was killed part-way: undo what it may have
 			// done (lease, veth, rules) before dropping the record. If
 			// that fails too, the pending record stays for a sweep.
-			if derr := p.delegateDelWithin(rollbackCtx, conf, delegateConf); derr != nil {
+			if derr := p.delegateDel(conf, delegateConf); derr != nil {
 				p.warnf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
 				return addErr
 			}

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"context"
 	"os"
 	"strings"
 
@@ -48,14 +47,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	return nil
 }
 
-// delegateDel runs the delegate's DEL within delegateTimeout.
+// delegateDel runs the delegate's DEL within a delegateTimeout of its own
+// (a rollback never inherits the expired bound of the ADD it undoes).
 func (p *Plugin) delegateDel(conf *ipamdir.Config, delegateConf []byte) error {
-	return p.delegateDelWithin(delegateCtx, conf, delegateConf)
-}
-
-// delegateDelWithin runs the delegate's DEL within the bound bounded gives.
-func (p *Plugin) delegateDelWithin(bounded func(*ipamdir.Config) (context.Context, context.CancelFunc), conf *ipamdir.Config, delegateConf []byte) error {
-	ctx, cancel := bounded(conf)
+	ctx, cancel := delegateCtx(conf)
 	defer cancel()
 	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
 		return delegateError(ctx, conf.Delegate, "del", err)

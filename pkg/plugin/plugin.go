@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -157,14 +156,4 @@ func attachmentKey(args *skel.CmdArgs) records.Key {
 // error instead of a plugin that never returns.
 func delegateCtx(conf *ipamdir.Config) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), conf.DelegateTimeout)
-}
-
-// rollbackTimeout is the least time the DEL that undoes a failed ADD gets:
-// an ADD that ran out of a short delegateTimeout must still be undone.
-const rollbackTimeout = 10 * time.Second
-
-// rollbackCtx bounds that DEL: delegateTimeout, and at least
-// rollbackTimeout.
-func rollbackCtx(conf *ipamdir.Config) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), max(conf.DelegateTimeout, rollbackTimeout))
 }
