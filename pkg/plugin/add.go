@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -30,7 +31,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return err
 	}
 	// Nothing is written before this: it checks the namespace first.
-	attach, err := (&reclaim.Attacher{Env: p.Reclaim}).BeginAdd(conf.Dir(), attachmentKey(args), args.Netns)
+	// Its delegate, then maybe its rollback, each within delegateTimeout:
+	// past that, a sweep ends what still runs of this ADD.
+	bound := 2*conf.DelegateTimeout + addSlack
+	attach, err := (&reclaim.Attacher{Env: p.Reclaim, AddBound: bound}).BeginAdd(conf.Dir(), attachmentKey(args), args.Netns)
 	if err != nil {
 		return beginAddError(err)
 	}
@@ -130,6 +134,10 @@ func (p *Plugin) refuseOwnNamespace(netns string) error {
 	}
 	return nil
 }
+
+// addSlack is what an ADD may take besides its delegate's calls (records,
+// migration, NAT clean-up) before a sweep may end what still runs of it.
+const addSlack = 30 * time.Second
 
 // inheritingExec is an invoke.Exec that can pass an open file to the
 // delegates it runs (delegateExec can; fakes need not).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
@@ -18,7 +19,13 @@ import (
 // Attacher keeps an attachment's record around the delegate's ADD and DEL:
 // it releases an earlier, stale attachment of the same key before an ADD,
 // refuses a live one, and makes sure a DEL leaves no NAT rule behind.
-type Attacher struct{ Env }
+type Attacher struct {
+	Env
+	// AddBound is how long an ADD's processes may run (its delegate's
+	// bound and its rollback's); past it, a sweep ends what still runs of
+	// it, even once the plugin is gone. Zero records no deadline.
+	AddBound time.Duration
+}
 
 // PendingAdd is an ADD under way: where its record lives, what it says,
 // and the lock that marks it running.
@@ -75,6 +82,9 @@ func (s *Attacher) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*P
 		Netns: netnsPath, NetnsID: nsID, NetnsCookie: cookie, BootID: bootID, Created: s.Host.Now().UTC(),
 		State: records.Started, PID: pid, PIDStart: start,
 	}
+	if s.AddBound > 0 {
+		rec.Deadline = uint64(s.Host.Now().Add(s.AddBound).Unix()) + 1
+	}
 	lock, err := recStore.WriteLocked(rec)
 	if err != nil {
 		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to write the attachment record", Detail: err.Error()}
@@ -89,6 +99,7 @@ func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath s
 	if err != nil {
 		return err
 	}
+	j.endOverdue, j.logf = true, s.logf
 	v := j.verdict(&Attachment{Key: old.Key(), Record: old})
 	switch v.State {
 	case Pending:

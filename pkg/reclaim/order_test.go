@@ -291,3 +291,49 @@ func TestSweepSummarisesSkippedFiles(t *testing.T) {
 		t.Errorf("log has %d skipped lines, want %d and a summary of 80 more:\n%s", lines, maxProblemLines, w.log.String())
 	}
 }
+
+// A pending ADD whose plugin was killed, and whose delegate (which holds
+// the record open and locked) runs on past the record's deadline, is ended
+// by the next sweep: what holds the record is killed, and the attachment is
+// then judged like any dead ADD's. Before its deadline it is left alone,
+// and a dry run never kills.
+func TestSweepEndsTheOverdueDelegatesOfAKilledADD(t *testing.T) {
+	w := newWorld(t)
+	w.host.Namespaces["/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 71}
+	attacher := &Attacher{Env: w.env, AddBound: time.Minute}
+	add, err := attacher.BeginAdd(w.dir(), records.Key{ContainerID: "x", IfName: "eth0"}, "/run/netns/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer add.Close()
+	if add.Record.Deadline == 0 {
+		t.Fatal("the pending record has no deadline")
+	}
+	w.lease("10.0.0.4", "x\r\neth0", bootTime.Add(time.Hour))
+	// The plugin is killed; its delegate runs on, holding the record.
+	delete(w.host.Processes, os.Getpid())
+	path := records.NewStore(w.dir()).PathOf(add.Record.Key())
+	w.host.LockHolders = map[string][]int{path: {4711}}
+	w.host.OnKill = func(string) { add.Close() }
+	delete(w.host.Namespaces, "/run/netns/x")
+
+	w.sweep(Request{})
+	if len(w.host.Killed) != 0 || !w.hasRecord("x") {
+		t.Fatalf("before its deadline: killed %v, record kept %v", w.host.Killed, w.hasRecord("x"))
+	}
+	w.host.Clock = w.host.Clock.Add(2 * time.Minute)
+	rep := w.sweep(Request{DryRun: true})
+	if len(w.host.Killed) != 0 || rep.Attachments[0].Verdict.State != Pending || !strings.Contains(rep.Attachments[0].Verdict.Reason, "overdue") {
+		t.Fatalf("a dry run past the deadline: killed %v, verdict %+v", w.host.Killed, rep.Attachments[0].Verdict)
+	}
+	w.sweep(Request{})
+	if len(w.host.Killed) != 1 || w.host.Killed[0] != 4711 {
+		t.Errorf("killed %v, want the delegate 4711", w.host.Killed)
+	}
+	if w.hasRecord("x") || len(w.leases()) != 0 {
+		t.Errorf("after its delegate was ended: record %v, leases %v; want both gone (its namespace is)", w.hasRecord("x"), w.leases())
+	}
+	if !strings.Contains(w.log.String(), "ran past the deadline") {
+		t.Errorf("the kill was not logged:\n%s", w.log.String())
+	}
+}

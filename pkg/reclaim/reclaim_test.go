@@ -45,7 +45,7 @@ func newWorld(t *testing.T) *world {
 	t.Helper()
 	w := &world{t: t, dataDir: t.TempDir(), host: fakehost.New(bootTime), nat: fakenat.New(), log: &bytes.Buffer{}, nextIno: 1000}
 	w.env = Env{Host: w.host, Netfilter: &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}}, Log: w.log}
-	w.sweeper, w.attach, w.migrate = &Sweeper{w.env}, &Attacher{w.env}, &Migrator{w.env}
+	w.sweeper, w.attach, w.migrate = &Sweeper{w.env}, &Attacher{Env: w.env}, &Migrator{w.env}
 	if err := os.MkdirAll(filepath.Join(w.dataDir, net1), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,16 @@ type judge struct {
 	// holders is the host's namespace holders, scanned at most once per
 	// judge, and only when some path fails its check.
 	holders sysinfo.Holders
+	// endOverdue lets the judge kill what still runs of a pending ADD past
+	// its record's deadline (never in a dry run); logf says so.
+	endOverdue bool
+	logf       func(format string, args ...any)
 }
+
+// overdueExitWait bounds how long a judge waits for the processes it
+// killed to let go of a pending record's lock; if they have not, the next
+// sweep decides.
+const overdueExitWait = 2 * time.Second
 
 func newJudge(h sysinfo.Host, recs *records.Store, valid []types.GCAttachment, isGC bool) (*judge, error) {
 	bootID, err := h.BootID()
@@ -236,10 +245,37 @@ func (j *judge) addRunning(r *records.Record) (Verdict, bool) {
 	case err != nil:
 		// Cannot look: cannot prove the ADD is over, so keep it.
 		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot tell whether its ADD still runs: %v", err)}, true
+	case locked && r.Deadline != 0 && uint64(j.host.Now().Unix()) > r.Deadline:
+		return j.overdue(r)
 	case locked:
 		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d gone, its delegate still runs", r.PID)}, true
 	}
 	return Verdict{}, false
+}
+
+// overdue judges a pending ADD whose plugin is gone and whose processes
+// (its delegate, host-local, iptables: they hold the record open) run on
+// past the record's deadline, when nothing bounds them any more: it kills
+// them, unless this is a dry run, and the ADD is over once they let go of
+// the lock.
+func (j *judge) overdue(r *records.Record) (Verdict, bool) {
+	deadline := time.Unix(int64(r.Deadline), 0).UTC().Format(time.RFC3339)
+	if !j.endOverdue {
+		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD of pid %d (gone) still runs in its delegate, overdue since %s", r.PID, deadline)}, true
+	}
+	killed, err := j.host.KillLockHolders(j.records.PathOf(r.Key()))
+	if j.logf != nil {
+		j.logf("%s: %s: its ADD's delegate ran past the deadline %s with the plugin (pid %d) gone: killed pids %v", r.Network, r.Key(), deadline, r.PID, killed)
+	}
+	if err != nil {
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD's delegate is overdue since %s and could not all be killed: %v", deadline, err)}, true
+	}
+	for start := time.Now(); time.Since(start) < overdueExitWait; time.Sleep(10 * time.Millisecond) {
+		if locked, err := j.records.AddRunning(r.Key()); err == nil && !locked {
+			return Verdict{}, false
+		}
+	}
+	return Verdict{State: Pending, Reason: fmt.Sprintf("its ADD's delegate, overdue since %s, was killed (pids %v) and has not exited yet", deadline, killed)}, true
 }
 
 // validSet matches attachments against a GC list the way host-local does:

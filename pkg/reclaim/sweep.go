@@ -117,6 +117,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	j.endOverdue, j.logf = !req.DryRun, s.logf
 	leases, err := openLeaseDir(req.Dir.Leases())
 	if err != nil {
 		return nil, err

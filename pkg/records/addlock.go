@@ -60,6 +60,10 @@ func openLocked(path string) (*os.File, error) {
 	return f, nil
 }
 
+// PathOf is the file of k's record, which the processes of its pending
+// ADD hold open (WriteLocked).
+func (s *Store) PathOf(k Key) string { return filepath.Join(s.dir, fileName(k)) }
+
 // AddRunning reports whether a process of the ADD that wrote k's record
 // still holds its lock (WriteLocked). A record that is gone has no ADD
 // running. It opens the record with statefile.OpenAt: a FIFO planted in

@@ -25,6 +25,8 @@ func decodeFast(b []byte, r *Record) bool {
 			return p.uint(&r.NetnsCookie)
 		case "pidStart":
 			return p.uint(&r.PIDStart)
+		case "deadline":
+			return p.uint(&r.Deadline)
 		case "network":
 			return p.str(&r.Network)
 		case "containerID":

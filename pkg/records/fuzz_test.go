@@ -56,6 +56,8 @@ var fastSeeds = []string{
 	`{"version":1,"network":"nomad","containerID":"c1","ifName":"eth0","netns":"/var/run/netns/x","netnsID":{"dev":4,"ino":4026532}` +
 		`,"netnsCookie":8193,"bootID":"0b6e","created":"2026-12-01T00:00:00.123456789Z","state":"complete","ips":["10.0.0.2/24","fd00::2/64"]}`,
 	`{"version":1,"state":"pending","pid":42,"pidStart":99,"ips":[]}`,
+	`{"version":1,"state":"pending","pid":42,"pidStart":99,"deadline":1764660300}`,
+	`{"deadline":-5}`,
 	` { "version" : 1 , "ips" : [ "a" , "b" ] , "netnsID" : { } } `,
 	`{"version":1,"version":2,"ips":["a"],"ips":["b"],"netnsID":{"dev":1},"netnsID":{"ino":2}}`,
 	`{"version":-0,"pid":-7}`,

@@ -57,8 +57,12 @@ type Record struct {
 	Created     time.Time `json:"created"`
 	State       Phase     `json:"state"`
 	// PID and PIDStart name the ADD process while the record is pending.
-	PID      int      `json:"pid,omitempty"`
-	PIDStart uint64   `json:"pidStart,omitempty"`
+	PID      int    `json:"pid,omitempty"`
+	PIDStart uint64 `json:"pidStart,omitempty"`
+	// Deadline (Unix seconds) is when the pending ADD's processes are
+	// overdue: its delegate and rollback bounds have passed. A sweep ends
+	// what still runs of it after that, even if the plugin was killed.
+	Deadline uint64   `json:"deadline,omitempty"`
 	IPs      []string `json:"ips,omitempty"`
 	// LegacyLeases are a migrated attachment's lease files in the legacy
 	// directory.

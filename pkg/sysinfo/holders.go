@@ -202,3 +202,70 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 	}
 	return h, true, nil
 }
+
+// KillLockHolders SIGKILLs the processes, other than this one, with a
+// descriptor on the file at path (same device and inode, by a stat of
+// every /proc/<pid>/fd/<n>) through which its exclusive flock is held
+// (a "FLOCK ... WRITE" lock line in /proc/<pid>/fdinfo/<n>: descriptors
+// inherited from the locker share its lock).
+func (r *Real) KillLockHolders(path string) ([]int, error) {
+	var target unix.Stat_t
+	if err := unix.Stat(path, &target); err != nil {
+		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	root := r.procRoot()
+	procs, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	self := os.Getpid()
+	var killed []int
+	var errs []error
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid <= 0 || pid == self {
+			continue
+		}
+		fdDir := filepath.Join(root, p.Name(), "fd")
+		fds, err := os.ReadDir(fdDir)
+		if err != nil {
+			continue // exited, or a kernel thread
+		}
+		for _, fd := range fds {
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(fdDir, fd.Name()), &st) != nil || st.Dev != target.Dev || st.Ino != target.Ino {
+				continue
+			}
+			if !holdsExclusiveFlock(filepath.Join(root, p.Name(), "fdinfo", fd.Name())) {
+				continue
+			}
+			if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("kill pid %d: %w", pid, err))
+			} else {
+				killed = append(killed, pid)
+			}
+			break
+		}
+	}
+	return killed, errors.Join(errs...)
+}
+
+// holdsExclusiveFlock reports whether the fdinfo file of a descriptor shows
+// an exclusive flock held through it.
+func holdsExclusiveFlock(fdinfo string) bool {
+	b, err := os.ReadFile(fdinfo)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "lock:"); ok {
+			f := strings.Fields(rest)
+			// "1: FLOCK ADVISORY WRITE pid dev:ino start end"; a waiter's
+			// line has "->" before FLOCK.
+			if len(f) >= 4 && f[1] == "FLOCK" && f[3] == "WRITE" {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -56,6 +56,13 @@ type Host interface {
 	// is cookie (0: not known), and fills in the holder's command. An
 	// error means it cannot tell (the namespace cannot be entered).
 	ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error)
+	// KillLockHolders SIGKILLs every other process with a descriptor on
+	// the file at path that holds its exclusive flock, and returns their
+	// pids: how a sweep ends the overdue delegates of an ADD whose plugin
+	// was killed (they inherited its record, locked). A process that only
+	// reads the file is spared. It is a scan of every process's
+	// descriptors, asked only then.
+	KillLockHolders(path string) ([]int, error)
 }
 
 // Real reads the running kernel. Boot facts are read once per process.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -132,5 +134,56 @@ func TestConfirmHolderOfAnExitedProcess(t *testing.T) {
 	_ = cmd.Wait()
 	if _, ok, err := h.ConfirmHolder(holder, id, cookie); ok || err != nil {
 		t.Errorf("a holder that exited: held %v, error %v; want neither", ok, err)
+	}
+}
+
+// KillLockHolders kills exactly the processes that hold the file's
+// exclusive flock through an inherited descriptor: not this one, not one
+// that only has the file open, not one that has another file.
+func TestKillLockHolders(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "record")
+	other := filepath.Join(t.TempDir(), "other")
+	for _, p := range []string{path, other} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(file string, lock bool) *exec.Cmd {
+		f, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if lock {
+			if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.Command("sleep", "60")
+		cmd.ExtraFiles = []*os.File{f}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	holder, reader, bystander := start(path, true), start(path, false), start(other, true)
+	mine, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mine.Close()
+
+	killed, err := (&Real{}).KillLockHolders(path)
+	if err != nil || len(killed) != 1 || killed[0] != holder.Process.Pid {
+		t.Fatalf("KillLockHolders = %v, %v; want [%d]", killed, err, holder.Process.Pid)
+	}
+	if err := holder.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("the holder: %v, want killed", err)
+	}
+	for what, cmd := range map[string]*exec.Cmd{"a process that only reads the file": reader, "a process holding another file": bystander} {
+		if err := cmd.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Errorf("%s was hit: %v", what, err)
+		}
 	}
 }

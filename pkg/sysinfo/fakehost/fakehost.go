@@ -34,6 +34,12 @@ type Host struct {
 	HolderErrs map[sysinfo.NetnsID]error
 	// HolderScans counts NetnsHolders calls.
 	HolderScans int
+	// LockHolders maps a path to the pids that have it open; KillLockHolders
+	// kills them (OnKill runs with the path, then they are gone) and
+	// records them in Killed.
+	LockHolders map[string][]int
+	OnKill      func(path string)
+	Killed      []int
 }
 
 var _ sysinfo.Host = (*Host)(nil)
@@ -98,4 +104,15 @@ func (h *Host) ConfirmHolder(holder sysinfo.Holder, id sysinfo.NetnsID, cookie u
 		}
 	}
 	return holder, false, nil
+}
+
+// KillLockHolders kills the pids listed in LockHolders for path.
+func (h *Host) KillLockHolders(path string) ([]int, error) {
+	pids := h.LockHolders[path]
+	delete(h.LockHolders, path)
+	h.Killed = append(h.Killed, pids...)
+	if len(pids) > 0 && h.OnKill != nil {
+		h.OnKill(path)
+	}
+	return pids, nil
 }
