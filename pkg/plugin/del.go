@@ -1,8 +1,10 @@
 package plugin
 
 import (
+	"errors"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -36,10 +38,19 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		// the container's state is gone: release it all, then ask again
 		// (bridge's DEL is idempotent).
 		removed, rerr := attacher.ReleaseNAT(conf.Dir(), attachmentKey(args))
-		if rerr != nil || len(removed) == 0 || p.delegateDel(conf, delegateConf) != nil {
+		switch {
+		case rerr == nil && len(removed) > 0 && p.delegateDel(conf, delegateConf) == nil:
+			p.warnf("DEL %s: %s failed on NAT rules an earlier attachment left (%s); removed them, then it succeeded", attachmentKey(args), conf.Delegate, strings.Join(removed, ", "))
+		case errors.Is(err, syscall.EROFS) || strings.Contains(err.Error(), syscall.EROFS.Error()):
+			// A read-only data dir: host-local's DEL fails creating its
+			// directory even when there is nothing to delete.
+			if !attacher.HoldsNothing(conf.Dir(), attachmentKey(args)) {
+				return err
+			}
+			p.warnf("DEL %s: %s failed on a read-only data dir (%v), which holds nothing of it: nothing to delete", attachmentKey(args), conf.Delegate, err)
+		default:
 			return err
 		}
-		p.warnf("DEL %s: %s failed on NAT rules an earlier attachment left (%s); removed them, then it succeeded", attachmentKey(args), conf.Delegate, strings.Join(removed, ", "))
 	}
 	if err := attacher.EndDel(conf.Dir(), attachmentKey(args)); err != nil {
 		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())

@@ -467,3 +467,18 @@ func TestGCReleasesOrphanRulesOnlyOfItsOwnNetwork(t *testing.T) {
 		t.Error("the GC verb of the plugin's own network left orphan NAT rules")
 	}
 }
+
+// bridge's DEL fails on a read-only data dir even with nothing to delete
+// (host-local creates its directory first): the DEL succeeds when the
+// network holds nothing of the attachment, and fails when it does.
+func TestDelOnAReadOnlyDataDirWithNothingToDelete(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.fail["bridge DEL"] = types.NewError(types.ErrInternal, "mkdir "+h.dataDir+"/nomad: read-only file system", "")
+	if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Errorf("DEL with nothing to delete on a read-only data dir: %v", err)
+	}
+	h.deadAttachment("c1", "172.26.64.5")
+	if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err == nil {
+		t.Error("DEL succeeded although the network still holds the attachment's lease and record")
+	}
+}

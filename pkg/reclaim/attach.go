@@ -313,6 +313,28 @@ func (s *Attacher) EndDel(d netdir.Dir, key records.Key) error {
 	return store.Remove(key)
 }
 
+// HoldsNothing reports whether the network holds nothing of key: no record
+// (readable or not) and no lease naming it. A DEL then has nothing left to
+// release here, whatever its delegate could not do (host-local's DEL
+// creates its directory first, which a read-only data dir refuses).
+func (s *Attacher) HoldsNothing(d netdir.Dir, key records.Key) bool {
+	if rec, err := records.NewStore(d).Read(key); rec != nil || err != nil {
+		return false
+	}
+	if !exists(d.Leases()) {
+		return true
+	}
+	leases, err := openLeaseDir(d.Leases())
+	if err != nil {
+		return false
+	}
+	defer leases.close()
+	legacy := records.Key{ContainerID: key.ContainerID}
+	held := false
+	err = leases.each(nil, func(l Lease) { held = held || l.Key == key || l.Key == legacy }, func(error) {})
+	return err == nil && !held
+}
+
 // releaseLegacy removes the legacy leases of a migrated attachment that is
 // DELeted through the plugin: they were kept only as the sign that it was
 // alive (Migrator.recordMigrated). Each is removed under the legacy

@@ -171,8 +171,14 @@ func (s *Store) Read(k Key) (*Record, error) {
 // Remove deletes the record of k; a missing record is not an error.
 func (s *Store) Remove(k Key) error {
 	crashpoint.Step("remove record " + k.String())
-	err := os.Remove(filepath.Join(s.dir, fileName(k)))
+	path := filepath.Join(s.dir, fileName(k))
+	err := os.Remove(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// A read-only filesystem says EROFS even for a file that is not
+		// there: nothing to remove is not an error.
+		if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
+			return nil
+		}
 		return fmt.Errorf("remove record %s: %w", k, err)
 	}
 	return nil
