@@ -5,6 +5,7 @@
 package skel
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -97,6 +98,18 @@ func printError(err *types.Error) int {
 
 // capStdin reads at most limit bytes of in and returns a file the skeleton
 // can read them from (skel reads os.Stdin itself, to its end).
+// refuseEmptyCNIVersion names an empty "cniVersion" for what it is: skel
+// reads it as 0.1.0 and reports that version as the problem.
+func refuseEmptyCNIVersion(data []byte) *types.Error {
+	var conf struct {
+		CNIVersion *string `json:"cniVersion"`
+	}
+	if json.Unmarshal(data, &conf) == nil && conf.CNIVersion != nil && *conf.CNIVersion == "" {
+		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("\"cniVersion\" is empty: set it to one of %q", SupportedVersions.SupportedVersions()), "")
+	}
+	return nil
+}
+
 func capStdin(in io.Reader, limit int64) (*os.File, *types.Error) {
 	data, err := io.ReadAll(io.LimitReader(in, limit+1))
 	if err != nil {
@@ -104,6 +117,9 @@ func capStdin(in io.Reader, limit int64) (*os.File, *types.Error) {
 	}
 	if int64(len(data)) > limit {
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network configuration on stdin is larger than %d bytes", limit), "")
+	}
+	if err := refuseEmptyCNIVersion(data); err != nil {
+		return nil, err
 	}
 	r, w, err := os.Pipe()
 	if err != nil {

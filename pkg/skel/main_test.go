@@ -98,6 +98,10 @@ func TestCapStdin(t *testing.T) {
 	if _, err := capStdin(strings.NewReader(strings.Repeat("x", 65)), 64); err == nil || err.Code != types.ErrDecodingFailure || !strings.Contains(err.Msg, "larger than 64 bytes") {
 		t.Errorf("oversized stdin: %v", err)
 	}
+	// Was reported by skel as config version "0.1.0".
+	if _, err := capStdin(strings.NewReader(`{"cniVersion":"","name":"n"}`), 64); err == nil || err.Code != types.ErrIncompatibleCNIVersion || !strings.Contains(err.Msg, `"cniVersion" is empty`) || strings.Contains(err.Msg, "0.1.0") {
+		t.Errorf("empty cniVersion: %v", err)
+	}
 }
 
 // One network whose directory is unsafe does not stop the others: gc,

@@ -199,7 +199,8 @@ func hostileCases() []hostileCase {
 		// cniVersion.
 		{name: "cniVersion-unknown", stdin: cfgSet("cniVersion", "99.0.0"), codes: []int{codeIncompatibleVersion}},
 		{name: "cniVersion-garbage", stdin: cfgSet("cniVersion", "one point oh"), codes: []int{codeIncompatibleVersion}},
-		{name: "cniVersion-empty", stdin: cfgSet("cniVersion", ""), codes: []int{codeIncompatibleVersion}},
+		// Was reported as config version "0.1.0".
+		{name: "cniVersion-empty", stdin: cfgSet("cniVersion", ""), codes: []int{codeIncompatibleVersion}, msg: `"cniVersion" is empty`},
 		{name: "cniVersion-0.1.0", stdin: cfgSet("cniVersion", "0.1.0"), codes: []int{codeIncompatibleVersion}},
 		{name: "CHECK-cniVersion-0.3.1", command: "CHECK", stdin: cfgSet("cniVersion", "0.3.1"), codes: []int{codeIncompatibleVersion}},
 		{name: "GC-cniVersion-1.0.0", command: "GC", stdin: cfgSet("cniVersion", "1.0.0"), codes: []int{codeIncompatibleVersion}},
