@@ -48,6 +48,32 @@ func (j *jsonStream) end(problems []string) error {
 	return j.err
 }
 
+// endStreaming is end with the problems written one at a time, as
+// json.MarshalIndent would lay out their array.
+func (j *jsonStream) endStreaming(problems *Problems) error {
+	if j.n > 0 {
+		j.write("\n  ")
+	}
+	j.write("],\n  \"problems\": [")
+	n := 0
+	err := problems.Each(func(p string) {
+		sep := ",\n    "
+		if n == 0 {
+			sep = "\n    "
+		}
+		n++
+		j.write(sep + j.marshal(p, "    "))
+	})
+	if n > 0 {
+		j.write("\n  ")
+	}
+	j.write("]\n}\n")
+	if j.err == nil {
+		j.err = err
+	}
+	return j.err
+}
+
 func (j *jsonStream) marshal(v any, prefix string) string {
 	b, err := json.MarshalIndent(v, prefix, "  ")
 	if err != nil && j.err == nil {

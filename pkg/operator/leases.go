@@ -45,19 +45,20 @@ type LeasesOutput struct {
 
 func (o *LeasesOutput) Row(r Row) { o.Leases = append(o.Leases, r) }
 
-func (o *LeasesOutput) End(problems []string) error {
+func (o *LeasesOutput) End(problems *Problems) error {
 	if o.Leases == nil {
 		o.Leases = []Row{}
 	}
-	o.Problems = problems
-	return nil
+	var err error
+	o.Problems, err = problems.All()
+	return err
 }
 
 // LeasesSink takes the rows of `leases` as the sweeps meet them, then the
 // problems they skipped.
 type LeasesSink interface {
 	Row(Row)
-	End(problems []string) error
+	End(problems *Problems) error
 }
 
 // Leases runs a dry-run sweep of every network under CHECK's rules, with
@@ -70,7 +71,8 @@ type LeasesSink interface {
 // earlier one failed.
 func Leases(s *reclaim.Sweeper, dataDir string, networks []string, sink LeasesSink) error {
 	now := s.Host.Now()
-	problems := []string{}
+	problems := &Problems{}
+	defer problems.Close()
 	var errs []error
 	for _, network := range networks {
 		visit := func(a *reclaim.Attachment) {
@@ -83,13 +85,9 @@ func Leases(s *reclaim.Sweeper, dataDir string, networks []string, sink LeasesSi
 				sink.Row(Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
 			}
 		}
-		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Visit: visit, Released: released})
-		if err != nil {
+		problem := func(err error) { problems.Add(fmt.Sprintf("%s: %v", network, err)) }
+		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Visit: visit, Released: released, Problem: problem}); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
-			continue
-		}
-		for _, p := range rep.Problems {
-			problems = append(problems, fmt.Sprintf("%s: %v", network, p))
 		}
 	}
 	return errors.Join(append(errs, sink.End(problems))...)
@@ -164,14 +162,17 @@ func (t *LeasesTable) Row(r Row) {
 	}
 }
 
-func (t *LeasesTable) End(problems []string) error {
+func (t *LeasesTable) End(problems *Problems) error {
 	if err := t.tw.Flush(); err != nil && t.err == nil {
 		t.err = err
 	}
-	for _, p := range problems {
+	err := problems.Each(func(p string) {
 		if t.err == nil {
 			_, t.err = fmt.Fprintf(t.w, "skipped: %s\n", p)
 		}
+	})
+	if t.err == nil {
+		t.err = err
 	}
 	return t.err
 }
@@ -192,7 +193,7 @@ func NewLeasesJSON(w io.Writer, dataDir string) *LeasesJSON {
 }
 
 func (j *LeasesJSON) Row(r Row)                   { j.doc.item(r) }
-func (j *LeasesJSON) End(problems []string) error { return j.doc.end(problems) }
+func (j *LeasesJSON) End(problems *Problems) error { return j.doc.endStreaming(problems) }
 
 // WriteJSON prints v as indented JSON.
 func WriteJSON(w io.Writer, v any) error {

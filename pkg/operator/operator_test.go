@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -343,5 +344,60 @@ func TestNetworksOfAMistypedDataDir(t *testing.T) {
 	}
 	if _, _, err := Networks(net, ""); err == nil || !strings.Contains(err.Error(), "one network") {
 		t.Errorf("Networks(a network's directory) = %v, want it named as such", err)
+	}
+}
+
+// More skipped files than Problems keeps in memory: the streamed
+// `leases --json` still lists them all, in order, exactly as the document
+// held whole would.
+func TestLeasesJSONStreamsManyProblems(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	records := filepath.Join(dataDir, ".nomad-bridge-cni", "nomad")
+	n := problemsInMemory*2 + 7
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(records, fmt.Sprintf("planted-%05d@eth0", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	networks, _, err := Networks(dataDir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var js, whole bytes.Buffer
+	if err := Leases(s, dataDir, networks, NewLeasesJSON(&js, dataDir)); err != nil {
+		t.Fatal(err)
+	}
+	out := &LeasesOutput{DataDir: dataDir}
+	if err := Leases(s, dataDir, networks, out); err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Problems) != n {
+		t.Fatalf("%d problems, want %d", len(out.Problems), n)
+	}
+	if err := WriteJSON(&whole, out); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(js.Bytes(), whole.Bytes()) {
+		t.Error("streamed leases --json with spilled problems differs from the document held whole")
+	}
+}
+
+// Problems spills past problemsInMemory and gives every problem back in
+// order, newlines and all.
+func TestProblemsSpill(t *testing.T) {
+	p := &Problems{}
+	defer p.Close()
+	var want []string
+	for i := range problemsInMemory + 500 {
+		s := fmt.Sprintf("problem %d", i)
+		if i%100 == 0 {
+			s += "\nwith a newline"
+		}
+		want = append(want, s)
+		p.Add(s)
+	}
+	got, err := p.All()
+	if err != nil || !slices.Equal(got, want) || p.Len() != len(want) {
+		t.Errorf("All = %d problems, %v; want %d in order", len(got), err, len(want))
 	}
 }

@@ -47,6 +47,9 @@ type Request struct {
 	// Released, when set, sees every release (in a dry run, every release
 	// the sweep would make) once it is done.
 	Released func(Release)
+	// Problem, when set, takes each file the sweep skipped (a damaged or
+	// foreign file) instead of Report.Problems, which then stays empty.
+	Problem func(error)
 }
 
 // Release is one stale attachment (or orphan rule set) released, or that
@@ -200,6 +203,8 @@ type sweep struct {
 	batch  []pendingRelease
 	causes map[string]int
 	errs   []error
+	// problems counts the files skipped (see problem).
+	problems int
 }
 
 // pendingRelease is a stale attachment judged and not yet released.
@@ -213,16 +218,15 @@ type pendingRelease struct {
 const nftBatch = 1024
 
 func (w *sweep) run() error {
-	listing, err := w.records.Walk(w.record)
+	listing, err := w.records.WalkStreaming(w.record, func(err error, k records.Key, named bool) {
+		w.problem(err)
+		if named {
+			// A record that cannot be read may be a live container's.
+			w.saw(k)
+		}
+	})
 	if err != nil {
 		return err
-	}
-	for _, prob := range listing.Problems {
-		w.problem(prob)
-	}
-	for _, k := range listing.Damaged {
-		// A record that cannot be read may be a live container's.
-		w.saw(k)
 	}
 	if !w.req.DryRun && len(listing.Temps) > 0 {
 		w.removeAbandonedTemps(listing)
@@ -301,15 +305,20 @@ func (w *sweep) lease(l Lease) {
 const maxProblemLines = 20
 
 func (w *sweep) problem(err error) {
-	w.report.Problems = append(w.report.Problems, err)
-	if len(w.report.Problems) <= maxProblemLines {
+	w.problems++
+	if w.req.Problem != nil {
+		w.req.Problem(err)
+	} else {
+		w.report.Problems = append(w.report.Problems, err)
+	}
+	if w.problems <= maxProblemLines {
 		w.logf("%s: skipped: %v", w.req.Dir.Network, err)
 	}
 }
 
 // summariseProblems says how many skipped files problem did not log.
 func (w *sweep) summariseProblems() {
-	if n := len(w.report.Problems) - maxProblemLines; n > 0 {
+	if n := w.problems - maxProblemLines; n > 0 {
 		w.logf("%s: skipped %d more damaged or foreign files (nomad-bridge-cni leases lists them all)", w.req.Dir.Network, n)
 	}
 }

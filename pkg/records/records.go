@@ -238,12 +238,21 @@ type Listing struct {
 	Damaged []Key
 	// Temps are statefile.WriteAtomic's temp files, by writer pid.
 	Temps map[string]int
+	// onDamaged, when set, takes what Problems and Damaged would hold.
+	onDamaged func(err error, k Key, named bool)
 }
 
 // Walk reads the records of the network one at a time, calling fn with
 // each, so that a sweep holds one record at a time, not the network.
 func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
-	l := &Listing{}
+	return s.WalkStreaming(fn, nil)
+}
+
+// WalkStreaming is Walk that hands each file that is not a valid record to
+// damaged (with the attachment its name gives, if any) instead of keeping
+// it in the Listing: 100 000 planted files are then never held at once.
+func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, named bool)) (*Listing, error) {
+	l := &Listing{onDamaged: damaged}
 	dir, err := os.Open(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return l, nil
@@ -299,9 +308,16 @@ func (l *Listing) addTemp(name string, pid int) {
 // damaged reports a file that is not a valid record, and the attachment
 // its name gives.
 func (l *Listing) damaged(name string, err error) {
+	cid, ifname, ok := strings.Cut(name, "@")
+	named := ok && cid != ""
+	k := Key{ContainerID: cid, IfName: ifname}
+	if l.onDamaged != nil {
+		l.onDamaged(err, k, named)
+		return
+	}
 	l.Problems = append(l.Problems, err)
-	if cid, ifname, ok := strings.Cut(name, "@"); ok && cid != "" {
-		l.Damaged = append(l.Damaged, Key{ContainerID: cid, IfName: ifname})
+	if named {
+		l.Damaged = append(l.Damaged, k)
 	}
 }
 
