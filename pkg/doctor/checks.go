@@ -230,7 +230,7 @@ func stateCounts(s *reclaim.Sweeper, d netdir.Dir) (map[string]int, error) {
 // stateCounter counts the rows of `leases` by state.
 type stateCounter map[string]int
 
-func (c stateCounter) Row(r operator.Row) { c[r.State]++ }
+func (c stateCounter) Row(r operator.Row)           { c[r.State]++ }
 func (c stateCounter) End(*operator.Problems) error { return nil }
 
 // exists is the sweep's test: what cannot be inspected counts as there,

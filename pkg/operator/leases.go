@@ -192,7 +192,7 @@ func NewLeasesJSON(w io.Writer, dataDir string) *LeasesJSON {
 	return &LeasesJSON{doc: newJSONStream(w, "leases", "dataDir", dataDir)}
 }
 
-func (j *LeasesJSON) Row(r Row)                   { j.doc.item(r) }
+func (j *LeasesJSON) Row(r Row)                    { j.doc.item(r) }
 func (j *LeasesJSON) End(problems *Problems) error { return j.doc.endStreaming(problems) }
 
 // WriteJSON prints v as indented JSON.
