@@ -33,7 +33,7 @@ type GCOutput struct {
 // GCResult is what gc did besides its releases.
 type GCResult struct {
 	Released int
-	Problems []string
+	Problems *Problems
 }
 
 // GCSink takes gc's releases as each sweep makes them, then the rest.
@@ -47,22 +47,17 @@ type GCSink interface {
 // is made: a network of 65534 stale attachments is never held at once.
 // Every network is swept even if an earlier one failed.
 func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRules bool, sink GCSink) error {
-	res := &GCResult{Problems: []string{}}
+	res := &GCResult{Problems: &Problems{}}
+	defer res.Problems.Close()
 	var errs []error
 	for _, network := range networks {
 		emit := func(rel reclaim.Release) {
 			res.Released++
 			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
 		}
-		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Released: emit})
-		if err != nil {
+		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
+		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Released: emit, Problem: problem}); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
-		}
-		if rep == nil {
-			continue
-		}
-		for _, p := range rep.Problems {
-			res.Problems = append(res.Problems, fmt.Sprintf("%s: %v", network, p))
 		}
 	}
 	return errors.Join(append(errs, sink.End(res))...)
@@ -89,11 +84,12 @@ func (t *GCText) Release(r GCRelease) {
 }
 
 func (t *GCText) End(res *GCResult) error {
-	for _, p := range res.Problems {
-		t.printf("skipped: %s\n", p)
-	}
+	err := res.Problems.Each(func(p string) { t.printf("skipped: %s\n", p) })
 	if res.Released == 0 {
 		t.printf("nothing to release\n")
+	}
+	if t.err == nil {
+		t.err = err
 	}
 	return t.err
 }

@@ -39,18 +39,9 @@ func (j *jsonStream) item(v any) {
 	j.write(sep + j.marshal(v, "    "))
 }
 
-// end closes the items array, writes the problems and ends the document.
-func (j *jsonStream) end(problems []string) error {
-	if j.n > 0 {
-		j.write("\n  ")
-	}
-	j.write("],\n  \"problems\": " + j.marshal(nonNil(problems), "  ") + "\n}\n")
-	return j.err
-}
-
-// endStreaming is end with the problems written one at a time, as
-// json.MarshalIndent would lay out their array.
-func (j *jsonStream) endStreaming(problems *Problems) error {
+// end closes the items array, writes the problems one at a time (as
+// json.MarshalIndent would lay out their array) and ends the document.
+func (j *jsonStream) end(problems *Problems) error {
 	if j.n > 0 {
 		j.write("\n  ")
 	}

@@ -193,7 +193,7 @@ func NewLeasesJSON(w io.Writer, dataDir string) *LeasesJSON {
 }
 
 func (j *LeasesJSON) Row(r Row)                    { j.doc.item(r) }
-func (j *LeasesJSON) End(problems *Problems) error { return j.doc.endStreaming(problems) }
+func (j *LeasesJSON) End(problems *Problems) error { return j.doc.end(problems) }
 
 // WriteJSON prints v as indented JSON.
 func WriteJSON(w io.Writer, v any) error {

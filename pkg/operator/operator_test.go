@@ -202,7 +202,10 @@ func (c *collector) Release(r GCRelease) {
 }
 
 func (c *collector) End(res *GCResult) error {
-	c.out.Problems = res.Problems
+	var err error
+	if c.out.Problems, err = res.Problems.All(); err != nil {
+		return err
+	}
 	return c.text.End(res)
 }
 
@@ -232,7 +235,11 @@ func TestGCJSONStreamsTheDocument(t *testing.T) {
 			doc.Released = append(doc.Released, r)
 			j.Release(r)
 		}
-		if err := j.End(&GCResult{Released: n, Problems: problems}); err != nil {
+		spool := &Problems{}
+		for _, p := range problems {
+			spool.Add(p)
+		}
+		if err := j.End(&GCResult{Released: n, Problems: spool}); err != nil {
 			t.Fatal(err)
 		}
 		if err := WriteJSON(&whole, doc); err != nil {
