@@ -124,10 +124,22 @@ func newJudge(h sysinfo.Host, recs *records.Store, valid []types.GCAttachment, i
 
 func (j *judge) verdict(a *Attachment) Verdict {
 	if r := a.Record; r != nil && r.State == records.Started && r.BootID == j.bootID {
-		if v, running := j.addRunning(r); running {
+		v, running, ended := j.addRunning(r)
+		if running {
+			return v
+		}
+		if ended != "" {
+			// What the release says: the ADD's delegate was ended here.
+			v = j.verdictOfDeadADD(a)
+			v.Reason += "; " + ended
 			return v
 		}
 	}
+	return j.verdictOfDeadADD(a)
+}
+
+// verdictOfDeadADD is verdict for an attachment no ADD is running for.
+func (j *judge) verdictOfDeadADD(a *Attachment) Verdict {
 	if j.valid != nil {
 		if j.valid.has(a.Key) {
 			return Verdict{State: Live, Reason: "listed by the runtime's GC"}
@@ -234,23 +246,26 @@ func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 // start time: pids are reused), or a process it started (the delegate,
 // host-local, iptables) still holds the record's lock. Records written
 // before the lock existed are judged by the pid alone.
-func (j *judge) addRunning(r *records.Record) (Verdict, bool) {
+//
+// ended, when not empty, says that the ADD's overdue delegate was killed
+// here (see overdue).
+func (j *judge) addRunning(r *records.Record) (v Verdict, running bool, ended string) {
 	if r.PID > 0 {
 		if start, ok := j.host.ProcessStart(r.PID); ok && start == r.PIDStart {
-			return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}, true
+			return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}, true, ""
 		}
 	}
 	locked, err := j.records.AddRunning(r.Key())
 	switch {
 	case err != nil:
 		// Cannot look: cannot prove the ADD is over, so keep it.
-		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot tell whether its ADD still runs: %v", err)}, true
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot tell whether its ADD still runs: %v", err)}, true, ""
 	case locked && r.Deadline != 0 && uint64(j.host.Now().Unix()) > r.Deadline:
 		return j.overdue(r)
 	case locked:
-		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d gone, its delegate still runs", r.PID)}, true
+		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d gone, its delegate still runs", r.PID)}, true, ""
 	}
-	return Verdict{}, false
+	return Verdict{}, false, ""
 }
 
 // overdue judges a pending ADD whose plugin is gone and whose processes
@@ -258,24 +273,25 @@ func (j *judge) addRunning(r *records.Record) (Verdict, bool) {
 // past the record's deadline, when nothing bounds them any more: it kills
 // them, unless this is a dry run, and the ADD is over once they let go of
 // the lock.
-func (j *judge) overdue(r *records.Record) (Verdict, bool) {
+func (j *judge) overdue(r *records.Record) (Verdict, bool, string) {
 	deadline := time.Unix(int64(r.Deadline), 0).UTC().Format(time.RFC3339)
 	if !j.endOverdue {
-		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD of pid %d (gone) still runs in its delegate, overdue since %s", r.PID, deadline)}, true
+		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD of pid %d (gone) still runs in its delegate, overdue since %s", r.PID, deadline)}, true, ""
 	}
 	killed, err := j.host.KillLockHolders(j.records.PathOf(r.Key()))
+	ended := fmt.Sprintf("its ADD's delegate ran past the deadline %s with the plugin (pid %d) gone: killed pids %v", deadline, r.PID, killed)
 	if j.logf != nil {
-		j.logf("%s: %s: its ADD's delegate ran past the deadline %s with the plugin (pid %d) gone: killed pids %v", r.Network, r.Key(), deadline, r.PID, killed)
+		j.logf("%s: %s: %s", r.Network, r.Key(), ended)
 	}
 	if err != nil {
-		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD's delegate is overdue since %s and could not all be killed: %v", deadline, err)}, true
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD's delegate is overdue since %s and could not all be killed: %v", deadline, err)}, true, ""
 	}
 	for start := time.Now(); time.Since(start) < overdueExitWait; time.Sleep(10 * time.Millisecond) {
 		if locked, err := j.records.AddRunning(r.Key()); err == nil && !locked {
-			return Verdict{}, false
+			return Verdict{}, false, ended
 		}
 	}
-	return Verdict{State: Pending, Reason: fmt.Sprintf("its ADD's delegate, overdue since %s, was killed (pids %v) and has not exited yet", deadline, killed)}, true
+	return Verdict{State: Pending, Reason: fmt.Sprintf("its ADD's delegate, overdue since %s, was killed (pids %v) and has not exited yet", deadline, killed)}, true, ""
 }
 
 // validSet matches attachments against a GC list the way host-local does:

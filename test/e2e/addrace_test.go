@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -282,4 +284,86 @@ func (e *testEnv) killedAdd(ns netns, killAfter time.Duration, env ...string) (b
 		return false, nil // killed
 	}
 	return false, fmt.Errorf("ADD of %s failed before it was killed: %w: %s", ns.cid, err, cnitoolError(stderr.String()))
+}
+
+// TestSweepEndsAnOverdueDelegate: regression test. A delegate whose plugin
+// was killed -9 ran on for ever (nothing enforced delegateTimeout any
+// more), holding its ADD's record locked, so every sweep kept the ADD as
+// running. Before the record's deadline a sweep still waits for it; past
+// the deadline (set here in the record's own file, in place: the lock is
+// on its inode) gc kills exactly that delegate and releases what the dead
+// ADD left.
+func TestSweepEndsAnOverdueDelegate(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	fifo, started := readyFIFO(t)
+	pidFile := filepath.Join(t.TempDir(), "delegate.pid")
+	// It never answers: it holds the record (fd 3, inherited) and sleeps.
+	bin := e.slowBridgeBin(t, fmt.Sprintf("cat >/dev/null\necho $$ > '%s'\necho started > '%s'\nexec sleep 600", pidFile, fifo))
+	conf := e.slowConf(t, 10, 20)
+	becomeSubreaper(t)
+
+	ns := e.addNetns(t, "overdue")
+	giveUp, kill := context.WithCancel(context.Background())
+	go func() {
+		_, _ = waitLine(started, cmdTimeout)
+		kill()
+	}()
+	args := e.cniArgs("ADD", ns)
+	args.Path = bin
+	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entryConfig(t, conf, pluginType), ctx: giveUp, group: true})
+	if r.err == nil {
+		t.Fatal("the plugin finished the ADD before it was killed")
+	}
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delegate, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	out := e.operatorSweep(t)
+	if unix.Kill(delegate, 0) != nil || !strings.Contains(readFile(t, e.recordPath(ns.cid)), `"state":"pending"`) {
+		t.Fatalf("before its deadline, gc ended the delegate or dropped the pending record:\n%s", out)
+	}
+
+	// Past its deadline, in place.
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(readFile(t, e.recordPath(ns.cid))), &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec["deadline"] = 1
+	f, err := os.OpenFile(e.recordPath(ns.cid), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(mustJSON(t, rec)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	out = e.operatorSweep(t)
+	t.Logf("gc past the deadline:\n%s", out)
+	if !strings.Contains(out, "ran past the deadline") || !strings.Contains(out, fmt.Sprintf("killed pids [%d]", delegate)) {
+		t.Errorf("gc past the deadline did not say it killed the delegate %d:\n%s", delegate, out)
+	}
+	if err := reapChildren(cmdTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(delegate, 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("the overdue delegate %d still runs (%v)", delegate, err)
+	}
+	e.assertRecordsExactly(t)
+	assertLeases(t, e.leaseDir(), nil)
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
