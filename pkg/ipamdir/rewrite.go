@@ -15,17 +15,24 @@ func (c *Config) DelegateConfig() ([]byte, error) {
 	if c.Passthrough {
 		return c.stdin, nil
 	}
-	return c.render(c.Delegate, "")
+	return c.render(c.Delegate, "", c.DataDir)
+}
+
+// DelegateConfigWithDataDir is DelegateConfig with host-local's dataDir set
+// to dir: a DEL that must not have host-local read the network's own
+// directory (see Plugin.Del) gives it an empty one.
+func (c *Config) DelegateConfigWithDataDir(dir string) ([]byte, error) {
+	return c.render(c.Delegate, "", dir)
 }
 
 // HostLocalGCConfig is the entry host-local's GC expects. bridge v1.10.0
 // neither implements GC nor forwards it to its IPAM, so the wrapper sends it
 // to host-local itself; GC only exists from spec 1.1.0.
 func (c *Config) HostLocalGCConfig() ([]byte, error) {
-	return c.render(HostLocal, "1.1.0")
+	return c.render(HostLocal, "1.1.0", c.DataDir)
 }
 
-func (c *Config) render(pluginType, cniVersion string) ([]byte, error) {
+func (c *Config) render(pluginType, cniVersion, dataDir string) ([]byte, error) {
 	out := maps.Clone(c.raw)
 	delete(out, keyDelegate)
 	delete(out, keyDataDir)
@@ -33,7 +40,7 @@ func (c *Config) render(pluginType, cniVersion string) ([]byte, error) {
 	delete(out, keyCheckSweepInterval)
 
 	ipam := maps.Clone(c.ipam)
-	if err := setJSON(ipam, keyDataDir, c.DataDir); err != nil {
+	if err := setJSON(ipam, keyDataDir, dataDir); err != nil {
 		return nil, err
 	}
 	ipamBytes, err := json.Marshal(ipam)

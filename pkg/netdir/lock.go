@@ -193,10 +193,23 @@ func (d Dir) CheckPlanted() error {
 	dir := d.Leases()
 	lock := filepath.Join(dir, LockFileName)
 	if fi, err := os.Lstat(lock); err == nil && !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s is %s, not host-local's lock file: host-local would %s (planted? remove it)", lock, modeKind(fi.Mode()), map[bool]string{true: "follow it out of the data dir", false: "block on it for ever"}[fi.Mode()&os.ModeSymlink != 0])
+		return &PlantedError{Lock: true, err: fmt.Errorf("%s is %s, not host-local's lock file: host-local would %s (planted? remove it)", lock, modeKind(fi.Mode()), map[bool]string{true: "follow it out of the data dir", false: "block on it for ever"}[fi.Mode()&os.ModeSymlink != 0])}
 	}
-	return checkPlantedIn(dir, plantedDepth)
+	if err := checkPlantedIn(dir, plantedDepth); err != nil {
+		return &PlantedError{err: err}
+	}
+	return nil
 }
+
+// PlantedError is CheckPlanted's refusal. Lock says it is host-local's
+// lock: then nothing may be done in the directory under it.
+type PlantedError struct {
+	Lock bool
+	err  error
+}
+
+func (e *PlantedError) Error() string { return e.err.Error() }
+func (e *PlantedError) Unwrap() error { return e.err }
 
 func checkPlantedIn(dir string, depth int) error {
 	f, err := os.Open(dir)

@@ -23,7 +23,7 @@ import (
 // CHECK), and the attachment record is written pending before the
 // delegate runs and completed after.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	conf, delegateConf, err := p.load(args)
+	conf, delegateConf, err := p.loadForHostLocal(args)
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 // about one sweep, not N. The sweep's problems are logged; the runtime gets
 // CHECK's own verdict.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	conf, delegateConf, err := p.load(args)
+	conf, delegateConf, err := p.loadForHostLocal(args)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -21,6 +22,23 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	conf, delegateConf, err := p.load(args)
 	if err != nil {
 		return err
+	}
+	var planted *netdir.PlantedError
+	if err := conf.Dir().CheckPlanted(); errors.As(err, &planted) {
+		if planted.Lock {
+			// Nothing may be done under a lock that is not host-local's.
+			return plantedError(err)
+		}
+		// host-local's DEL would block on what is planted among the
+		// leases: bridge tears down with a host-local that looks at an
+		// empty directory, and the attachment's leases are released here,
+		// as host-local would, reading regular files only.
+		if delegateConf, err = conf.DelegateConfigWithDataDir(conf.Dir().ScratchIPAM()); err != nil {
+			return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+		}
+		p.warnf("DEL %s: host-local not run on %s (%v); its leases are released by the plugin", attachmentKey(args), conf.Dir().Leases(), planted)
+	} else if err != nil {
+		return plantedError(err)
 	}
 	if args.Netns != "" && !(&reclaim.Attacher{Env: p.Reclaim}).NamespaceUsable(args.Netns) {
 		// bridge handles a missing path, but fails on a path that is no
@@ -50,6 +68,12 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			p.warnf("DEL %s: %s failed on a read-only data dir (%v), which holds nothing of it: nothing to delete", attachmentKey(args), conf.Delegate, err)
 		default:
 			return err
+		}
+	}
+	if planted != nil {
+		// Before the record, which names them (crash safety).
+		if err := attacher.ReleaseLeasesOf(conf.Dir(), attachmentKey(args)); err != nil {
+			return types.NewError(types.ErrIOFailure, "failed to release the attachment's leases", err.Error())
 		}
 	}
 	if err := attacher.EndDel(conf.Dir(), attachmentKey(args)); err != nil {

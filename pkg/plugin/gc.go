@@ -18,7 +18,7 @@ import (
 // and to host-local directly: bridge v1.10.0 has no GC and does not pass it
 // to its IPAM. Every step runs even if an earlier one failed.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	conf, delegateConf, err := p.load(args)
+	conf, delegateConf, err := p.loadForHostLocal(args)
 	if err != nil {
 		return err
 	}

@@ -72,16 +72,30 @@ func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
 	if err := conf.CheckDirs(); err != nil {
 		return nil, nil, types.NewError(types.ErrIOFailure, "unsafe data directory", err.Error())
 	}
-	// host-local opens its lock and reads every lease blocking and through
-	// links: a planted FIFO would hang the verb until delegateTimeout.
-	if err := conf.Dir().CheckPlanted(); err != nil {
-		return nil, nil, types.NewError(types.ErrIOFailure, "refusing to run host-local: "+err.Error(), "")
-	}
 	delegateConf, err := conf.DelegateConfig()
 	if err != nil {
 		return nil, nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
 	}
 	return conf, delegateConf, nil
+}
+
+// loadForHostLocal is load for a verb whose delegate runs host-local on
+// the network's directory. host-local opens its lock and reads every lease
+// blocking and through links: a planted FIFO would hang the verb until
+// delegateTimeout, so such a directory is refused first.
+func (p *Plugin) loadForHostLocal(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
+	conf, delegateConf, err := p.load(args)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := conf.Dir().CheckPlanted(); err != nil {
+		return nil, nil, plantedError(err)
+	}
+	return conf, delegateConf, nil
+}
+
+func plantedError(err error) error {
+	return types.NewError(types.ErrIOFailure, "refusing to run host-local: "+err.Error(), "")
 }
 
 // find resolves a plugin in CNI_PATH exactly as invoke.Delegate* will (it

@@ -228,15 +228,16 @@ func (a *PendingAdd) Abort() error {
 	if _, err := a.attacher.ReleaseNAT(a.dir, a.Record.Key()); err != nil {
 		return fmt.Errorf("release the NAT rules of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
-	if err := a.attacher.releaseLeasesOf(a.dir, a.Record.Key()); err != nil {
+	if err := a.attacher.ReleaseLeasesOf(a.dir, a.Record.Key()); err != nil {
 		return fmt.Errorf("release the leases of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
 	return a.store.Remove(a.Record.Key())
 }
 
-// releaseLeasesOf removes, under host-local's lock, every lease that
-// names key.
-func (s *Attacher) releaseLeasesOf(d netdir.Dir, key records.Key) error {
+// ReleaseLeasesOf removes, under host-local's lock, every lease that names
+// key: what host-local's DEL does, without host-local (which reads every
+// file in the directory, blocking).
+func (s *Attacher) ReleaseLeasesOf(d netdir.Dir, key records.Key) error {
 	if !exists(d.Leases()) {
 		return nil
 	}

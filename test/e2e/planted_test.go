@@ -21,14 +21,18 @@ const plantedBound = 15 * time.Second
 // FIFO planted as a lease did the same to DEL and CHECK (host-local reads
 // every lease); a symlinked lock made `leases`, `gc --dry-run` and CHECK
 // create its target outside the data dir. Now each verb refuses at once
-// (code 5, naming the file), `leases` and `gc` finish and say why they
-// skipped the network, nothing is created through the link, and once the
-// file is gone everything works again.
+// (code 5, naming the file), except a DEL beside a planted lease, which
+// succeeds without running host-local on the directory (the plugin
+// releases the leases) and leaves the planted file where it is; `leases`
+// and `gc` finish and say why they skipped it, nothing is created through
+// the link, and once the file is gone everything works again.
 func TestPlantedFilesNeverHang(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		plant func(t *testing.T, e *testEnv, outside string) string
 		says  string
+		// delWorks: DEL succeeds beside the planted file.
+		delWorks bool
 	}{
 		{"fifo-lock", func(t *testing.T, e *testEnv, _ string) string {
 			p := filepath.Join(e.leaseDir(), "lock")
@@ -36,10 +40,10 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 				t.Fatal(err)
 			}
 			return mkfifo(t, p)
-		}, "FIFO"},
+		}, "FIFO", false},
 		{"fifo-lease", func(t *testing.T, e *testEnv, _ string) string {
 			return mkfifo(t, filepath.Join(e.leaseDir(), e.hostAddr(200).String()))
-		}, "FIFO"},
+		}, "FIFO", true},
 		{"symlinked-lock", func(t *testing.T, e *testEnv, outside string) string {
 			p := filepath.Join(e.leaseDir(), "lock")
 			if err := os.Remove(p); err != nil {
@@ -49,7 +53,7 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 				t.Fatal(err)
 			}
 			return p
-		}, "symlink"},
+		}, "symlink", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -66,6 +70,19 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 				ns      netns
 			}{{"ADD", other}, {"CHECK", live}, {"DEL", live}} {
 				r := runPlugin(t, e.binary(pluginType), e.cniArgs(verb.command, verb.ns), runOpts{stdin: entry, timeout: plantedBound})
+				if verb.command == "DEL" && tc.delWorks {
+					if r.err != nil || r.elapsed > plantedBound/2 {
+						t.Errorf("DEL beside a planted lease: %v", r)
+					}
+					// Not assertNoTrace: it reads every lease, the FIFO too.
+					e.assertNoRecord(t, live.cid)
+					assertNoRegularLeaseOf(t, e.leaseDir(), live.cid)
+					e.assertNAT(t, live.cid, natWant{})
+					if _, err := os.Lstat(planted); err != nil {
+						t.Errorf("the DEL moved or removed the planted file: %v", err)
+					}
+					continue
+				}
 				ce := assertCNIFailure(t, r, codeIOFailure)
 				if !strings.Contains(ce.Msg+ce.Details, planted) || !strings.Contains(ce.Msg+ce.Details, tc.says) {
 					t.Errorf("%s: %q (%q), want it to name %s as %s", verb.command, ce.Msg, ce.Details, planted, tc.says)
@@ -96,8 +113,10 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 			if err := os.Remove(planted); err != nil {
 				t.Fatal(err)
 			}
-			e.mustCNI(t, "check", live, "")
-			e.mustCNI(t, "del", live, "")
+			if !tc.delWorks {
+				e.mustCNI(t, "check", live, "")
+				e.mustCNI(t, "del", live, "")
+			}
 			e.assertNetworkEmpty(t, e.leaseDir())
 		})
 	}
@@ -109,4 +128,23 @@ func mkfifo(t *testing.T, path string) string {
 		t.Fatalf("mkfifo %s: %v", path, err)
 	}
 	return path
+}
+
+// assertNoRegularLeaseOf fails if a regular file in dir names cid; it
+// opens nothing else (a planted FIFO would block the read).
+func assertNoRegularLeaseOf(t *testing.T, dir, cid string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err == nil && strings.TrimSpace(string(b)) == leaseContent(cid) {
+			t.Errorf("lease %s of %s is still there", e.Name(), cid)
+		}
+	}
 }
