@@ -148,3 +148,39 @@ func assertNoRegularLeaseOf(t *testing.T, dir, cid string) {
 		}
 	}
 }
+
+// TestFIFOAsCNINetns: regression test. CNI_NETNS naming a FIFO hung ADD
+// (the path was opened before the nsfs check) and DEL after its work
+// (skel's own-namespace check opens it). Now ADD refuses it at once as no
+// namespace (code 8), and DEL, with nothing of the container here, is a
+// success; neither opens it.
+func TestFIFOAsCNINetns(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.reclaimConf(t, "minimal.conflist"))
+	ns := e.addNetns(t, "fifo")
+	fifo := mkfifo(t, filepath.Join(t.TempDir(), "netns"))
+	entry := mustJSON(t, hostileEntry(t, e, ""))
+	for _, command := range []string{"ADD", "CHECK", "DEL"} {
+		args := e.cniArgs(command, ns)
+		args.NetNS = fifo
+		r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entry, timeout: plantedBound})
+		if r.elapsed > plantedBound/2 {
+			t.Fatalf("%s with a FIFO as CNI_NETNS took %v: %v", command, r.elapsed, r)
+		}
+		switch command {
+		case "DEL":
+			if r.err != nil {
+				t.Errorf("DEL with a FIFO as CNI_NETNS and nothing to delete: %v", r)
+			}
+		case "ADD":
+			assertCNIFailure(t, r, codeInvalidNetNS)
+		default:
+			// bridge's CHECK says it is no namespace, in its own words.
+			if r.err == nil {
+				t.Errorf("CHECK with a FIFO as CNI_NETNS succeeded: %v", r)
+			}
+		}
+	}
+	e.assertNoTrace(t, ns.cid)
+}
