@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -56,11 +57,22 @@ func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRul
 			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
 		}
 		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Released: emit, Problem: problem}); err != nil {
+		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, LegacyDataDir: ipamdir.DefaultLegacyDataDir, OtherDataDirs: otherDataDirs(dataDir), Released: emit, Problem: problem}); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
 	}
 	return errors.Join(append(errs, sink.End(res))...)
+}
+
+// otherDataDirs are the plugin's data dirs other than dataDir that a
+// sweep of dataDir checks before it calls NAT rules orphans: the default
+// one, when dataDir is another (a mistyped or a second data dir must not
+// take the default one's live containers' rules for orphans).
+func otherDataDirs(dataDir string) []string {
+	if filepath.Clean(dataDir) == filepath.Clean(ipamdir.DefaultDataDir) {
+		return nil
+	}
+	return []string{ipamdir.DefaultDataDir}
 }
 
 // GCText prints one line per release, saying what went (or would go) and

@@ -86,7 +86,7 @@ func Leases(s *reclaim.Sweeper, dataDir string, networks []string, sink LeasesSi
 			}
 		}
 		problem := func(err error) { problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Visit: visit, Released: released, Problem: problem}); err != nil {
+		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true, LegacyDataDir: ipamdir.DefaultLegacyDataDir, OtherDataDirs: otherDataDirs(dataDir), Visit: visit, Released: released, Problem: problem}); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
 	}

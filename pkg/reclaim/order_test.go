@@ -337,3 +337,25 @@ func TestSweepEndsTheOverdueDelegatesOfAKilledADD(t *testing.T) {
 		t.Errorf("the kill was not logged:\n%s", w.log.String())
 	}
 }
+
+// A sweep of another data dir, even told to take NAT rules nobody holds
+// there for orphans (gc --orphan-rules), keeps those of a container that
+// has a record or a lease of the network in the plugin's other data dirs:
+// they are a live container's of the real data dir.
+func TestOrphanRulesKeptForContainersOfOtherDataDirs(t *testing.T) {
+	real := newWorld(t)
+	real.container("recorded", "10.0.0.2")
+	real.lease("10.0.0.3", "leased\r\neth0", bootTime.Add(time.Minute))
+	wrong := newWorld(t)
+	if err := os.MkdirAll(wrong.dir().Leases(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, cid := range []string{"recorded", "leased", "orphan"} {
+		wrong.nat.AddContainer(net1, cid, "10.0.0.9", 0)
+	}
+	rep := wrong.sweep(Request{Orphans: true, OtherDataDirs: []string{real.dataDir}})
+	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
+	if !wrong.nat.Owns(net1, "recorded") || !wrong.nat.Owns(net1, "leased") || wrong.nat.Owns(net1, "orphan") {
+		t.Errorf("NAT after the sweep: %v", wrong.nat.Chains)
+	}
+}

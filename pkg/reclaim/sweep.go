@@ -38,6 +38,10 @@ type Request struct {
 	// default /var/lib/cni/networks, or the entry's own ipam.dataDir): a
 	// container with a lease there is not an orphan. Empty: none.
 	LegacyDataDir string
+	// OtherDataDirs are the plugin's other data dirs on this host (the
+	// default one, when gc sweeps another): a container with a lease or a
+	// record of this network there is not an orphan here either.
+	OtherDataDirs []string
 	// DryRun decides and reports, and changes nothing.
 	DryRun bool
 	// Visit, when set, sees every attachment of the network once, with all
@@ -570,35 +574,60 @@ func (w *sweep) readRecordsAgain() {
 // its NAT rules. A directory that cannot be read proves nothing, so every
 // container then counts as holding one.
 func (w *sweep) legacyHolds(cid string) bool {
-	if w.req.LegacyDataDir == "" {
+	if w.req.LegacyDataDir == "" && len(w.req.OtherDataDirs) == 0 {
 		return false
 	}
 	if !w.legacyRead {
 		w.legacyRead = true
-		dir := netdir.New(w.req.LegacyDataDir, w.req.Dir.Network).Leases()
-		list, err := readLeases(dir)
-		if err != nil {
-			w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
-			w.legacyUnreadable = true
-		} else {
-			for _, l := range list.leases {
-				w.legacy.add(l.Key.ContainerID)
-				if l.Key.IfName == "" {
-					w.legacyNoIfName = true
-				}
-				if w.nftOrphans() {
-					w.legacyNFT.add(netfilter.NFTInstance(w.req.Dir.Network, l.Key.IfName, l.Key.ContainerID))
-				}
-			}
-		}
+		w.readElsewhere()
 	}
 	return w.legacyUnreadable || w.legacy.has(cid)
+}
+
+// readElsewhere reads who holds something of the network outside the
+// swept data dir: leases in the legacy directory, leases and records in
+// the plugin's other data dirs.
+func (w *sweep) readElsewhere() {
+	hold := func(k records.Key) {
+		w.legacy.add(k.ContainerID)
+		if k.IfName == "" {
+			w.legacyNoIfName = true
+		}
+		if w.nftOrphans() {
+			w.legacyNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
+		}
+	}
+	unreadable := func(err error) {
+		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
+		w.legacyUnreadable = true
+	}
+	var leaseDirs []string
+	if w.req.LegacyDataDir != "" {
+		leaseDirs = append(leaseDirs, netdir.New(w.req.LegacyDataDir, w.req.Dir.Network).Leases())
+	}
+	for _, other := range w.req.OtherDataDirs {
+		d := netdir.New(other, w.req.Dir.Network)
+		leaseDirs = append(leaseDirs, d.Leases())
+		if _, err := records.NewStore(d).EachName(hold); err != nil {
+			unreadable(err)
+		}
+	}
+	for _, dir := range leaseDirs {
+		list, err := readLeases(dir)
+		if err != nil {
+			unreadable(err)
+			continue
+		}
+		for _, l := range list.leases {
+			hold(l.Key)
+		}
+	}
 }
 
 // legacyHoldsNFT is legacyHolds for an nftables instance: a lease that
 // names no ifname may be any instance of its container.
 func (w *sweep) legacyHoldsNFT(instance string) bool {
-	if w.req.LegacyDataDir == "" {
+	if w.req.LegacyDataDir == "" && len(w.req.OtherDataDirs) == 0 {
 		return false
 	}
 	w.legacyHolds("")
