@@ -196,12 +196,13 @@ type sweep struct {
 	// files may go (they are what finds its rules next time).
 	natUnknown bool
 	natWait    []pendingRelease
-	// legacy holds the container IDs with a lease in the legacy lease
-	// directory, and legacyNFT their nftables instances, read when the
-	// first orphan is found (legacyRead); legacyNoIfName: a lease there
+	// elsewhere holds the container IDs with a lease in the legacy lease
+	// directory or a lease or record in another data dir (readElsewhere),
+	// and elsewhereNFT their nftables instances, read when the first
+	// orphan is found (elsewhereRead); elsewhereNoIfName: a lease there
 	// names no ifname, so its nftables rules cannot be told.
-	legacy, legacyNFT                            idSet
-	legacyRead, legacyUnreadable, legacyNoIfName bool
+	elsewhere, elsewhereNFT                               idSet
+	elsewhereRead, elsewhereUnreadable, elsewhereNoIfName bool
 	// batch holds stale attachments whose files go once their nftables
 	// rules went (flushBatch).
 	batch  []pendingRelease
@@ -493,7 +494,7 @@ func (w *sweep) releaseNAT() {
 		return
 	}
 	for _, cid := range snap.Containers() {
-		if w.seen.has(cid) || w.legacyHolds(cid) || w.recordedSince(cid) {
+		if w.seen.has(cid) || w.heldElsewhere(cid) || w.recordedSince(cid) {
 			continue
 		}
 		w.report.OrphanRules = append(w.report.OrphanRules, cid)
@@ -510,7 +511,7 @@ func (w *sweep) releaseNFTOrphans() {
 		return
 	}
 	keep := func(instance string) bool {
-		return w.seenNFT.has(instance) || w.legacyHoldsNFT(instance) || w.recordedSinceNFT(instance)
+		return w.seenNFT.has(instance) || w.heldElsewhereNFT(instance) || w.recordedSinceNFT(instance)
 	}
 	orphans, err := w.Netfilter.ReleaseNFTablesOrphans(w.req.Dir.Network, keep, w.req.DryRun)
 	if err != nil {
@@ -569,19 +570,20 @@ func (w *sweep) readRecordsAgain() {
 	}
 }
 
-// legacyHolds reports whether cid holds a lease in the network's legacy
-// lease directory: a runtime that still adds it through bare bridge made
-// its NAT rules. A directory that cannot be read proves nothing, so every
-// container then counts as holding one.
-func (w *sweep) legacyHolds(cid string) bool {
+// heldElsewhere reports whether cid holds something of the network outside
+// the swept data dir (readElsewhere): a runtime that still adds it through
+// bare bridge, or the plugin through another data dir, made its NAT rules.
+// A directory that cannot be read proves nothing, so every container then
+// counts as holding one.
+func (w *sweep) heldElsewhere(cid string) bool {
 	if w.req.LegacyDataDir == "" && len(w.req.OtherDataDirs) == 0 {
 		return false
 	}
-	if !w.legacyRead {
-		w.legacyRead = true
+	if !w.elsewhereRead {
+		w.elsewhereRead = true
 		w.readElsewhere()
 	}
-	return w.legacyUnreadable || w.legacy.has(cid)
+	return w.elsewhereUnreadable || w.elsewhere.has(cid)
 }
 
 // readElsewhere reads who holds something of the network outside the
@@ -589,17 +591,17 @@ func (w *sweep) legacyHolds(cid string) bool {
 // the plugin's other data dirs.
 func (w *sweep) readElsewhere() {
 	hold := func(k records.Key) {
-		w.legacy.add(k.ContainerID)
+		w.elsewhere.add(k.ContainerID)
 		if k.IfName == "" {
-			w.legacyNoIfName = true
+			w.elsewhereNoIfName = true
 		}
 		if w.nftOrphans() {
-			w.legacyNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
+			w.elsewhereNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
 		}
 	}
 	unreadable := func(err error) {
 		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
-		w.legacyUnreadable = true
+		w.elsewhereUnreadable = true
 	}
 	var leaseDirs []string
 	if w.req.LegacyDataDir != "" {
@@ -624,14 +626,14 @@ func (w *sweep) readElsewhere() {
 	}
 }
 
-// legacyHoldsNFT is legacyHolds for an nftables instance: a lease that
+// heldElsewhereNFT is heldElsewhere for an nftables instance: a lease that
 // names no ifname may be any instance of its container.
-func (w *sweep) legacyHoldsNFT(instance string) bool {
+func (w *sweep) heldElsewhereNFT(instance string) bool {
 	if w.req.LegacyDataDir == "" && len(w.req.OtherDataDirs) == 0 {
 		return false
 	}
-	w.legacyHolds("")
-	return w.legacyUnreadable || w.legacyNoIfName || w.legacyNFT.has(instance)
+	w.heldElsewhere("")
+	return w.elsewhereUnreadable || w.elsewhereNoIfName || w.elsewhereNFT.has(instance)
 }
 
 func (w *sweep) releaseRules(snap *netfilter.Snapshot, cid string) ([]string, error) {

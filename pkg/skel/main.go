@@ -36,15 +36,13 @@ func run(invokedAs string, args []string, getenv func(string) string, stdout, st
 	}
 }
 
-// MaxConfigSize caps what is read from stdin (ipamdir.MaxConfigSize).
-const MaxConfigSize = ipamdir.MaxConfigSize
 
 // runCNI hands the process to the CNI skeleton, which reads the CNI_*
 // environment and stdin, and prints either our result or a types.Error
 // on stdout.
 func runCNI(command string) int {
 	if command != "VERSION" { // VERSION reads no stdin
-		stdin, err := capStdin(os.Stdin, MaxConfigSize)
+		stdin, err := capStdin(os.Stdin, ipamdir.MaxConfigSize)
 		if err != nil {
 			return printError(err)
 		}
