@@ -36,7 +36,6 @@ func run(invokedAs string, args []string, getenv func(string) string, stdout, st
 	}
 }
 
-
 // runCNI hands the process to the CNI skeleton, which reads the CNI_*
 // environment and stdin, and prints either our result or a types.Error
 // on stdout.
