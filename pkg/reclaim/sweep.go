@@ -227,7 +227,7 @@ func (w *sweep) run() error {
 		w.problem(err)
 		if named {
 			// A record that cannot be read may be a live container's.
-			w.saw(k)
+			w.saw(k, true) // its file is named for it
 		}
 	})
 	if err != nil {
@@ -338,7 +338,7 @@ func (w *sweep) judged(a *Attachment) {
 		w.req.Visit(a)
 	}
 	cid := a.Key.ContainerID
-	w.saw(a.Key)
+	w.saw(a.Key, a.Record != nil)
 	if a.Verdict.State != Stale {
 		w.alive.add(cid)
 		return
@@ -360,10 +360,13 @@ func (w *sweep) judged(a *Attachment) {
 }
 
 // saw remembers an attachment the network holds something of: its
-// container's NAT rules are no orphans.
-func (w *sweep) saw(k records.Key) {
+// container's NAT rules are no orphans. Its nftables instance (a hash, a
+// couple of microseconds) is only computed here for an attachment no
+// record file names: those that have one are hashed by readRecordsAgain,
+// which runs only once nftables rules of the network were found.
+func (w *sweep) saw(k records.Key, recorded bool) {
 	w.seen.add(k.ContainerID)
-	if w.nftOrphans() {
+	if !recorded && w.nftOrphans() {
 		w.seenNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
 	}
 }
