@@ -166,7 +166,7 @@ func checkClashes(o Options, nets []*network) []Finding {
 // checkState summarizes, per network of the plugin, what `leases` judges:
 // legacy leases still waiting for the migration, and attachments that are
 // stale, detached or unknown, and NAT rules nobody holds.
-func checkState(o Options, ours []*network) []Finding {
+func checkState(o Options, ours []*network, dataDirs []string) []Finding {
 	var fs []Finding
 	done := map[string]bool{}
 	for _, n := range ours {
@@ -183,7 +183,7 @@ func checkState(o Options, ours []*network) []Finding {
 		if _, err := os.Stat(n.conf.DataDir); err != nil {
 			continue
 		}
-		count, err := stateCounts(o.Sweeper, n.conf.Dir())
+		count, err := stateCounts(o.Sweeper, n.conf.Dir(), dataDirs)
 		if err != nil {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("cannot read: %v", err)})
 			continue
@@ -208,7 +208,7 @@ func checkState(o Options, ours []*network) []Finding {
 // is not swept: a sweep takes host-local's lock, whose store creates the
 // network's directory, and the doctor only reads. Every NAT rule set of
 // such a network is an orphan.
-func stateCounts(s *reclaim.Sweeper, d netdir.Dir) (map[string]int, error) {
+func stateCounts(s *reclaim.Sweeper, d netdir.Dir, dataDirs []string) (map[string]int, error) {
 	count := map[string]int{}
 	if !exists(d.Leases()) && !exists(d.Records()) {
 		if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
@@ -221,7 +221,7 @@ func stateCounts(s *reclaim.Sweeper, d netdir.Dir) (map[string]int, error) {
 		count["orphan-rules"] = len(snap.Containers())
 		return count, nil
 	}
-	if err := operator.Leases(s, d.DataDir, []string{d.Network}, stateCounter(count)); err != nil {
+	if err := operator.Leases(s, operator.Scope{DataDir: d.DataDir, Networks: []string{d.Network}, OtherDataDirs: dataDirs}, stateCounter(count)); err != nil {
 		return nil, err
 	}
 	return count, nil

@@ -32,6 +32,7 @@ type network struct {
 	name     string
 	bridge   string
 	subnets  []netip.Prefix
+	dataDir  string // host-local's dataDir (for the plugin's entries, the rewritten one)
 	leaseDir string // <dataDir>/<name>: where its host-local keeps leases
 	// ours: the entry is the plugin's (or flannel's delegate to it); conf
 	// is then its validated entry, and plugins the chain's plugin types.
@@ -135,7 +136,7 @@ func readConflist(path string) ([]*network, []Finding) {
 				fs = append(fs, Finding{Level: Error, Check: "conflist", Subject: path, Message: fmt.Sprintf("entry %d of network %q: %v", i, list.Name, err), Fix: "fix the entry: every ADD fails the same way"})
 				continue
 			}
-			n.leaseDir = n.conf.NetworkDir()
+			n.dataDir, n.leaseDir = n.conf.DataDir, n.conf.NetworkDir()
 			fs = append(fs, Finding{Level: OK, Check: "conflist", Subject: path, Message: fmt.Sprintf("network %q uses %s (dataDir %s, delegate %s)", list.Name, pluginName, n.conf.DataDir, n.conf.Delegate)})
 		}
 		nets = append(nets, n)
@@ -199,7 +200,7 @@ func describe(file, name string, e map[string]any) *network {
 	if d, ok := ipam["dataDir"].(string); ok {
 		dataDir = d
 	}
-	n.leaseDir = filepath.Join(dataDir, name)
+	n.dataDir, n.leaseDir = dataDir, filepath.Join(dataDir, name)
 	if s, ok := ipam["subnet"].(string); ok {
 		n.addSubnet(s)
 	}
@@ -243,6 +244,27 @@ func RangeAddresses(dirs []string) map[string]float64 {
 			total += size
 		}
 		out[n.name] = total
+	}
+	return out
+}
+
+// DataDirs are the data dirs where the bridge networks of the conflists in
+// dirs keep their leases (the plugin's entries' and bare bridge's), each
+// once, in the order found: what a sweep of some other directory must
+// check before it calls NAT rules orphans.
+func DataDirs(dirs []string) []string {
+	nets, _ := readConflists(dirs)
+	return dataDirsOf(nets)
+}
+
+func dataDirsOf(nets []*network) []string {
+	var out []string
+	for _, n := range nets {
+		// A relative one is relative to a runtime's working directory,
+		// which only the runtime knows.
+		if filepath.IsAbs(n.dataDir) && !slices.Contains(out, filepath.Clean(n.dataDir)) {
+			out = append(out, filepath.Clean(n.dataDir))
+		}
 	}
 	return out
 }

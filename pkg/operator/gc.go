@@ -4,11 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strings"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -47,32 +44,23 @@ type GCSink interface {
 // rules that no lease or record holds), handing each release to sink as it
 // is made: a network of 65534 stale attachments is never held at once.
 // Every network is swept even if an earlier one failed.
-func GC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphanRules bool, sink GCSink) error {
+func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, sink GCSink) error {
 	res := &GCResult{Problems: &Problems{}}
 	defer res.Problems.Close()
 	var errs []error
-	for _, network := range networks {
+	for _, network := range scope.Networks {
 		emit := func(rel reclaim.Release) {
 			res.Released++
 			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
 		}
 		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: dryRun, Orphans: orphanRules, LegacyDataDir: ipamdir.DefaultLegacyDataDir, OtherDataDirs: otherDataDirs(dataDir), Released: emit, Problem: problem}); err != nil {
+		req := scope.request(network)
+		req.DryRun, req.Orphans, req.Released, req.Problem = dryRun, orphanRules, emit, problem
+		if _, err := s.Sweep(req); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
 	}
 	return errors.Join(append(errs, sink.End(res))...)
-}
-
-// otherDataDirs are the plugin's data dirs other than dataDir that a
-// sweep of dataDir checks before it calls NAT rules orphans: the default
-// one, when dataDir is another (a mistyped or a second data dir must not
-// take the default one's live containers' rules for orphans).
-func otherDataDirs(dataDir string) []string {
-	if filepath.Clean(dataDir) == filepath.Clean(ipamdir.DefaultDataDir) {
-		return nil
-	}
-	return []string{ipamdir.DefaultDataDir}
 }
 
 // GCText prints one line per release, saying what went (or would go) and

@@ -9,8 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -69,12 +67,12 @@ type LeasesSink interface {
 // the others by address, then orphan NAT rules; an attachment's rows by
 // address. It changes nothing. Every network is listed even if an
 // earlier one failed.
-func Leases(s *reclaim.Sweeper, dataDir string, networks []string, sink LeasesSink) error {
+func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 	now := s.Host.Now()
 	problems := &Problems{}
 	defer problems.Close()
 	var errs []error
-	for _, network := range networks {
+	for _, network := range scope.Networks {
 		visit := func(a *reclaim.Attachment) {
 			for _, r := range rowsOf(network, a, now) {
 				sink.Row(r)
@@ -86,7 +84,9 @@ func Leases(s *reclaim.Sweeper, dataDir string, networks []string, sink LeasesSi
 			}
 		}
 		problem := func(err error) { problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		if _, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network), DryRun: true, Orphans: true, LegacyDataDir: ipamdir.DefaultLegacyDataDir, OtherDataDirs: otherDataDirs(dataDir), Visit: visit, Released: released, Problem: problem}); err != nil {
+		req := scope.request(network)
+		req.DryRun, req.Orphans, req.Visit, req.Released, req.Problem = true, true, visit, released, problem
+		if _, err := s.Sweep(req); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
 	}

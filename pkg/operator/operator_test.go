@@ -123,17 +123,17 @@ func TestLeasesTableAndJSON(t *testing.T) {
 		t.Fatalf("networks = %v", networks)
 	}
 	var table, js, whole bytes.Buffer
-	if err := Leases(s, dataDir, networks, NewLeasesTable(&table)); err != nil {
+	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, NewLeasesTable(&table)); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "leases.txt", table.Bytes(), dataDir)
-	if err := Leases(s, dataDir, networks, NewLeasesJSON(&js, dataDir)); err != nil {
+	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, NewLeasesJSON(&js, dataDir)); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "leases.json", js.Bytes(), dataDir)
 	// The streamed document is the one WriteJSON writes of the rows held.
 	out := &LeasesOutput{DataDir: dataDir}
-	if err := Leases(s, dataDir, networks, out); err != nil {
+	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, out); err != nil {
 		t.Fatal(err)
 	}
 	if err := WriteJSON(&whole, out); err != nil {
@@ -212,7 +212,7 @@ func (c *collector) End(res *GCResult) error {
 func runGC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphans bool) (*GCOutput, []byte, error) {
 	var text bytes.Buffer
 	c := &collector{out: GCOutput{DataDir: dataDir, DryRun: dryRun, Released: []GCRelease{}}, text: GCText{W: &text, DryRun: dryRun}}
-	err := GC(s, dataDir, networks, dryRun, orphans, c)
+	err := GC(s, Scope{DataDir: dataDir, Networks: networks}, dryRun, orphans, c)
 	return &c.out, text.Bytes(), err
 }
 
@@ -371,11 +371,11 @@ func TestLeasesJSONStreamsManyProblems(t *testing.T) {
 		t.Fatal(err)
 	}
 	var js, whole bytes.Buffer
-	if err := Leases(s, dataDir, networks, NewLeasesJSON(&js, dataDir)); err != nil {
+	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, NewLeasesJSON(&js, dataDir)); err != nil {
 		t.Fatal(err)
 	}
 	out := &LeasesOutput{DataDir: dataDir}
-	if err := Leases(s, dataDir, networks, out); err != nil {
+	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, out); err != nil {
 		t.Fatal(err)
 	}
 	if len(out.Problems) != n {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
@@ -34,7 +35,7 @@ Usage:
 Flags:
 `
 
-const leasesUsage = `Usage: nomad-bridge-cni leases [--data-dir D] [--network N] [--json]
+const leasesUsage = `Usage: nomad-bridge-cni leases [--data-dir D] [--network N] [--conf-dir DIR]... [--json]
 
 One row per lease: network, IP, container ID, ifname, netns path, age, and
 state: live, stale (<reason>), pending (ADD in progress), detached (its
@@ -50,7 +51,7 @@ Examples:
 Flags:
 `
 
-const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D] [--network N] [--dry-run] [--orphan-rules] [--json]
+const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D] [--network N] [--conf-dir DIR]... [--dry-run] [--orphan-rules] [--json]
 
 Runs exactly the sweep a CNI CHECK runs, under host-local's lock, and prints
 each release and why: leases, bridge's ipMasq rules, portmap's chain and the
@@ -59,7 +60,10 @@ replaced), and the NAT rules of containers that hold neither a lease nor a
 record on a network an ADD through the plugin marked as its own.
 --orphan-rules releases those on an unmarked network too (a data dir the
 plugin used before it marked networks): only where you know the network's
-rules are the plugin's. Exit status 0 on success, 1 when a network could not
+rules are the plugin's. Whatever the flags, a container that holds a lease
+or record in another data dir (the default one, the legacy one, or one that
+a conflist in the runtimes' directories or in --conf-dir uses) keeps its
+rules. Exit status 0 on success, 1 when a network could not
 be swept.
 
 Examples:
@@ -118,6 +122,7 @@ func (c *cli) run(args []string) int {
 type commonFlags struct {
 	dataDir, network string
 	json             bool
+	confDirs         []string
 }
 
 func (c *cli) common(flags *command) *commonFlags {
@@ -125,7 +130,16 @@ func (c *cli) common(flags *command) *commonFlags {
 	flags.StringVar(&f.dataDir, "data-dir", ipamdir.DefaultDataDir, "the plugin's dataDir")
 	flags.StringVar(&f.network, "network", "", "only this network (default: every network under the data dir)")
 	flags.BoolVar(&f.json, "json", false, "print JSON instead of text")
+	flags.StringArrayVar(&f.confDirs, "conf-dir", nil, "also read the conflists here, for the data dirs they use (repeatable)")
 	return f
+}
+
+// scope is the command's networks, with the data dirs the host's
+// conflists use: a sweep of one data dir never takes the NAT rules of
+// another's containers for orphans.
+func (f *commonFlags) scope(networks []string) operator.Scope {
+	confDirs := append(append([]string{}, doctor.DefaultConfDirs...), f.confDirs...)
+	return operator.Scope{DataDir: f.dataDir, Networks: networks, OtherDataDirs: doctor.DataDirs(confDirs)}
 }
 
 func (c *cli) leases(args []string) (code int) {
@@ -146,7 +160,7 @@ func (c *cli) leases(args []string) (code int) {
 	if f.json {
 		sink = operator.NewLeasesJSON(c.stdout, f.dataDir)
 	}
-	if err := operator.Leases(c.sweeper(), f.dataDir, networks, sink); err != nil {
+	if err := operator.Leases(c.sweeper(), f.scope(networks), sink); err != nil {
 		return c.fail(1, err, "")
 	}
 	return 0
@@ -183,7 +197,7 @@ func (c *cli) gc(args []string) (code int) {
 	if f.json {
 		sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)
 	}
-	if err := operator.GC(c.sweeper(), f.dataDir, networks, *dryRun, *orphans, sink); err != nil {
+	if err := operator.GC(c.sweeper(), f.scope(networks), *dryRun, *orphans, sink); err != nil {
 		return c.fail(1, err, "")
 	}
 	return 0

@@ -172,3 +172,55 @@ func TestOperatorRefusesAMistypedDataDir(t *testing.T) {
 		t.Errorf("lock files under / and /etc before: %v, after: %v", before, after)
 	}
 }
+
+// TestGCOfAWrongDataDirKeepsTheLiveRulesOfACustomOne: regression test. `gc
+// --data-dir <a wrong dir> --orphan-rules`, on a directory that looks like
+// host-local's, named the NAT rules of a live container for release when the
+// real data dir was a custom one (only the default data dir was checked
+// before calling rules orphans). The data dirs the host's conflists name
+// are checked too: the live container's rules are neither named nor
+// removed, and a container that holds nothing anywhere still is.
+func TestGCOfAWrongDataDirKeepsTheLiveRulesOfACustomOne(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.confFor(t, "nomad.conflist"))
+	live := e.addNetns(t, "live")
+	liveAddr, _ := parseResult(t, e.mustCNI(t, "add", live, "")).addrIn(t, e.subnet4)
+	orphanNS := e.addNetns(t, "orphan")
+	orphan, _ := parseResult(t, e.mustCNI(t, "add", orphanNS, "")).addrIn(t, e.subnet4)
+	orphanCID := orphanNS.cid
+	// The orphan keeps its rules but loses its lease and record, as if its
+	// data dir had been lost.
+	if err := os.Remove(filepath.Join(e.leaseDir(), orphan.Addr().String())); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(e.recordPath(orphanCID)); err != nil {
+		t.Fatal(err)
+	}
+
+	wrong := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(wrong, e.netName), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(wrong, e.netName, "lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dryRun := range []bool{true, false} {
+		args := []string{"gc", "--data-dir", wrong, "--network", e.netName, "--orphan-rules", "--conf-dir", e.confDir}
+		if dryRun {
+			args = append(args, "--dry-run")
+		}
+		stdout, stderr, err := e.operator(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s%s", args, err, stdout, stderr)
+		}
+		if strings.Contains(stdout, live.cid) {
+			t.Errorf("%v names the live container %s:\n%s", args, live.cid, stdout)
+		}
+		if !strings.Contains(stdout, orphanCID) {
+			t.Errorf("%v does not name the orphan %s:\n%s", args, orphanCID, stdout)
+		}
+	}
+	e.assertNAT(t, live.cid, natWant{Masq: []netip.Addr{liveAddr.Addr()}})
+	e.assertNAT(t, orphanCID, natWant{})
+}
