@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -15,7 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -45,7 +44,7 @@ func firstVersion(out string) (string, [3]int, bool) {
 func checkPlugins(o Options, ours []*network) []Finding {
 	var need []string
 	for _, n := range ours {
-		for _, t := range append(slices.Clone(n.plugins), n.conf.Delegate, ipamdir.HostLocal) {
+		for _, t := range append(slices.Clone(n.plugins), n.conf.Delegate, netconf.HostLocal) {
 			if t != "" && t != "flannel" && !slices.Contains(need, t) {
 				need = append(need, t)
 			}
@@ -94,7 +93,7 @@ func checkDataDirs(o Options, ours []*network) []Finding {
 	seen := map[string]bool{}
 	for _, n := range ours {
 		d := n.conf.DataDir
-		if err := netdir.New(d, n.name).Check(); err != nil {
+		if err := ipamdir.New(d, n.name).Check(); err != nil {
 			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: fmt.Sprintf("unsafe for network %q: %v", n.name, err), Fix: "remove what was planted, or chown it to root: every verb refuses it"})
 		}
 		if seen[d] {
@@ -124,7 +123,7 @@ func checkDataDirs(o Options, ours []*network) []Finding {
 // `mode = "bridge"`.
 func nomadBuiltin() *network {
 	return &network{file: "Nomad's built-in bridge network", name: "nomad", bridge: "nomad",
-		subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, leaseDir: "/var/run/cni/nomad"}
+		subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, dir: ipamdir.New(ipamdir.DefaultDataDir, "nomad")}
 }
 
 // checkClashes: two networks with one name or one bridge, or overlapping
@@ -148,13 +147,13 @@ func checkClashes(o Options, nets []*network) []Finding {
 			case a.bridge == b.bridge:
 				fs = append(fs, Finding{Level: Error, Check: "clash", Subject: a.bridge, Message: "one bridge for " + pair, Fix: "give each network its own \"bridge\""})
 			}
-			if a.leaseDir == b.leaseDir {
+			if a.dir.Leases() == b.dir.Leases() {
 				continue
 			}
 			for _, p := range a.subnets {
 				for _, q := range b.subnets {
 					if p.Overlaps(q) {
-						fs = append(fs, Finding{Level: Error, Check: "clash", Subject: p.String(), Message: fmt.Sprintf("%s overlaps %s of %s, kept in %s and %s: one address can be handed out twice", p, q, pair, a.leaseDir, b.leaseDir), Fix: "give one of them another subnet"})
+						fs = append(fs, Finding{Level: Error, Check: "clash", Subject: p.String(), Message: fmt.Sprintf("%s overlaps %s of %s, kept in %s and %s: one address can be handed out twice", p, q, pair, a.dir.Leases(), b.dir.Leases()), Fix: "give one of them another subnet"})
 					}
 				}
 			}
@@ -170,12 +169,13 @@ func checkState(o Options, ours []*network, dataDirs []string) []Finding {
 	var fs []Finding
 	done := map[string]bool{}
 	for _, n := range ours {
-		if done[n.conf.NetworkDir()] {
+		if done[n.dir.Leases()] {
 			continue
 		}
-		done[n.conf.NetworkDir()] = true
-		if k := countLeases(filepath.Join(n.conf.LegacyDataDir, n.name)); k > 0 && n.conf.LegacyDataDir != n.conf.DataDir {
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, filepath.Join(n.conf.LegacyDataDir, n.name)), Fix: "the network's next ADD or CHECK migrates them"})
+		done[n.dir.Leases()] = true
+		legacy := n.conf.LegacyDir()
+		if k := countLeases(legacy); k > 0 && n.conf.LegacyDataDir != n.conf.DataDir {
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
 		}
 		if o.Sweeper == nil {
 			continue
@@ -183,7 +183,7 @@ func checkState(o Options, ours []*network, dataDirs []string) []Finding {
 		if _, err := os.Stat(n.conf.DataDir); err != nil {
 			continue
 		}
-		count, err := stateCounts(o.Sweeper, n.conf.Dir(), dataDirs)
+		count, err := stateCounts(o.Sweeper, n.dir, dataDirs)
 		if err != nil {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("cannot read: %v", err)})
 			continue
@@ -208,7 +208,7 @@ func checkState(o Options, ours []*network, dataDirs []string) []Finding {
 // is not swept: a sweep takes host-local's lock, whose store creates the
 // network's directory, and the doctor only reads. Every NAT rule set of
 // such a network is an orphan.
-func stateCounts(s *reclaim.Sweeper, d netdir.Dir, dataDirs []string) (map[string]int, error) {
+func stateCounts(s *reclaim.Sweeper, d ipamdir.Dir, dataDirs []string) (map[string]int, error) {
 	count := map[string]int{}
 	if !exists(d.Leases()) && !exists(d.Records()) {
 		if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
@@ -221,7 +221,7 @@ func stateCounts(s *reclaim.Sweeper, d netdir.Dir, dataDirs []string) (map[strin
 		count["orphan-rules"] = len(snap.Containers())
 		return count, nil
 	}
-	if err := operator.Leases(s, operator.Scope{DataDir: d.DataDir, Networks: []string{d.Network}, OtherDataDirs: dataDirs}, stateCounter(count)); err != nil {
+	if err := operator.Leases(s, operator.Scope{DataDir: d.DataDir, Dirs: []ipamdir.Dir{d}, OtherDataDirs: dataDirs}, stateCounter(count)); err != nil {
 		return nil, err
 	}
 	return count, nil
@@ -240,14 +240,14 @@ func exists(path string) bool {
 	return !errors.Is(err, fs.ErrNotExist)
 }
 
-func countLeases(dir string) int {
-	entries, err := os.ReadDir(dir)
+func countLeases(d ipamdir.Dir) int {
+	entries, err := os.ReadDir(d.Leases())
 	if err != nil {
 		return 0
 	}
 	k := 0
 	for _, e := range entries {
-		if e.Type().IsRegular() && e.Name() != netdir.LockFileName && !strings.HasPrefix(e.Name(), "last_reserved_ip.") {
+		if e.Type().IsRegular() && !ipamdir.IsHostLocalBookkeeping(e.Name()) {
 			k++
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
 
 // DefaultConfDirs are where runtimes keep their CNI network configurations:
@@ -28,16 +29,17 @@ var DefaultConfDirs = []string{
 
 // network is one bridge network found in a configuration file.
 type network struct {
-	file     string
-	name     string
-	bridge   string
-	subnets  []netip.Prefix
-	dataDir  string // host-local's dataDir (for the plugin's entries, the rewritten one)
-	leaseDir string // <dataDir>/<name>: where its host-local keeps leases
+	file    string
+	name    string
+	bridge  string
+	subnets []netip.Prefix
+	// dir is where its host-local keeps leases (for the plugin's entries,
+	// under the rewritten dataDir).
+	dir ipamdir.Dir
 	// ours: the entry is the plugin's (or flannel's delegate to it); conf
 	// is then its validated entry, and plugins the chain's plugin types.
 	ours    bool
-	conf    *ipamdir.Config
+	conf    *netconf.Config
 	plugins []string
 }
 
@@ -57,12 +59,12 @@ func readConfFile(path string) ([]byte, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("not a regular file (%s): runtimes would block on it or skip it", fi.Mode().Type())
 	}
-	raw, err := io.ReadAll(io.LimitReader(f, ipamdir.MaxConfigSize+1))
+	raw, err := io.ReadAll(io.LimitReader(f, netconf.MaxConfigSize+1))
 	if err != nil {
 		return nil, err
 	}
-	if len(raw) > ipamdir.MaxConfigSize {
-		return nil, fmt.Errorf("larger than %d bytes, the most the plugin reads of an entry: every ADD of it would be refused (error 6)", ipamdir.MaxConfigSize)
+	if len(raw) > netconf.MaxConfigSize {
+		return nil, fmt.Errorf("larger than %d bytes, the most the plugin reads of an entry: every ADD of it would be refused (error 6)", netconf.MaxConfigSize)
 	}
 	return raw, nil
 }
@@ -130,13 +132,13 @@ func readConflist(path string) ([]*network, []Finding) {
 			n.ours, n.plugins = true, types
 			stdin, err := withListKeys(entry, list.Name, list.CNIVersion)
 			if err == nil {
-				n.conf, err = ipamdir.Parse(stdin)
+				n.conf, err = netconf.Parse(stdin)
 			}
 			if err != nil {
 				fs = append(fs, Finding{Level: Error, Check: "conflist", Subject: path, Message: fmt.Sprintf("entry %d of network %q: %v", i, list.Name, err), Fix: "fix the entry: every ADD fails the same way"})
 				continue
 			}
-			n.dataDir, n.leaseDir = n.conf.DataDir, n.conf.NetworkDir()
+			n.dir = n.conf.Dir()
 			fs = append(fs, Finding{Level: OK, Check: "conflist", Subject: path, Message: fmt.Sprintf("network %q uses %s (dataDir %s, delegate %s)", list.Name, pluginName, n.conf.DataDir, n.conf.Delegate)})
 		}
 		nets = append(nets, n)
@@ -200,7 +202,7 @@ func describe(file, name string, e map[string]any) *network {
 	if d, ok := ipam["dataDir"].(string); ok {
 		dataDir = d
 	}
-	n.dataDir, n.leaseDir = dataDir, filepath.Join(dataDir, name)
+	n.dir = ipamdir.New(dataDir, name)
 	if s, ok := ipam["subnet"].(string); ok {
 		n.addSubnet(s)
 	}
@@ -262,8 +264,8 @@ func dataDirsOf(nets []*network) []string {
 	for _, n := range nets {
 		// A relative one is relative to a runtime's working directory,
 		// which only the runtime knows.
-		if filepath.IsAbs(n.dataDir) && !slices.Contains(out, filepath.Clean(n.dataDir)) {
-			out = append(out, filepath.Clean(n.dataDir))
+		if d := filepath.Clean(n.dir.DataDir); filepath.IsAbs(d) && !slices.Contains(out, d) {
+			out = append(out, d)
 		}
 	}
 	return out

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
@@ -157,7 +157,7 @@ func TestHostWithProblems(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(legacy, "web", "172.26.64.9"), []byte("old\r\neth0"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := netdir.New(h.data, "web")
+	d := ipamdir.New(h.data, "web")
 	if err := os.MkdirAll(d.Leases(), 0o755); err != nil {
 		t.Fatal(err)
 	}

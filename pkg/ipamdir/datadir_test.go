@@ -9,7 +9,7 @@ import (
 func TestOnTmpfsRecognisesOtherFilesystems(t *testing.T) {
 	// /proc is procfs on every Linux host: a filesystem that is certainly
 	// not tmpfs, without needing root to mount one.
-	c := &Config{DataDir: "/proc"}
+	c := Dir{DataDir: "/proc"}
 	onTmpfs, magic, err := c.OnTmpfs()
 	if err != nil {
 		t.Fatal(err)
@@ -21,7 +21,7 @@ func TestOnTmpfsRecognisesOtherFilesystems(t *testing.T) {
 
 func TestCheckUsable(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "a", "b")
-	c := &Config{DataDir: dir}
+	c := Dir{DataDir: dir, Network: "net"}
 	if err := c.CheckUsable(); err != nil {
 		t.Fatalf("CheckUsable on a creatable dir: %v", err)
 	}
@@ -33,7 +33,7 @@ func TestCheckUsable(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := (&Config{DataDir: file}).CheckUsable(); err == nil {
+	if err := (Dir{DataDir: file, Network: "net"}).CheckUsable(); err == nil {
 		t.Errorf("CheckUsable accepted a regular file as dataDir")
 	}
 }

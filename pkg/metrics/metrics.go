@@ -11,8 +11,7 @@ import (
 	"io"
 	"sort"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -32,19 +31,21 @@ type Network struct {
 	Releases map[string]int
 }
 
-// Collect reads every network under dataDir as `leases` does (a dry-run
-// sweep: it changes nothing).
-func Collect(s *reclaim.Sweeper, dataDir string, networks []string, ranges map[string]float64) ([]Network, error) {
+// Collect reads every network of scope as `leases` does (a dry-run sweep:
+// it changes nothing).
+func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64) ([]Network, error) {
 	var out []Network
 	now := s.Host.Now()
-	for _, name := range networks {
-		d := netdir.New(dataDir, name)
+	for _, d := range scope.Dirs {
+		name := d.Network
 		n := Network{Name: name, Attachments: map[reclaim.State]int{}, RangeSize: ranges[name], LastSweepAge: -1}
 		count := func(a *reclaim.Attachment) {
 			n.Attachments[a.Verdict.State]++
 			n.Leases += len(a.Leases)
 		}
-		rep, err := s.Sweep(reclaim.Request{Dir: d, DryRun: true, Orphans: true, LegacyDataDir: ipamdir.DefaultLegacyDataDir, Visit: count})
+		req := scope.Request(d)
+		req.DryRun, req.Orphans, req.Visit = true, true, count
+		rep, err := s.Sweep(req)
 		if err != nil {
 			return nil, fmt.Errorf("network %s: %w", name, err)
 		}

@@ -10,7 +10,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -24,7 +25,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 	boot := time.Unix(1764576000, 0)
 	host := fakehost.New(boot)
 	dataDir := t.TempDir()
-	d := netdir.New(dataDir, "web")
+	d := ipamdir.New(dataDir, "web")
 	if err := os.MkdirAll(d.Leases(), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 	}
 	host.Clock = host.Clock.Add(90 * time.Second)
 
-	nets, err := Collect(s, dataDir, []string{"web"}, map[string]float64{"web": 254})
+	nets, err := Collect(s, operator.Scope{DataDir: dataDir, Dirs: []ipamdir.Dir{ipamdir.New(dataDir, "web")}}, map[string]float64{"web": 254})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,13 +48,14 @@ func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, sink GCSink) 
 	res := &GCResult{Problems: &Problems{}}
 	defer res.Problems.Close()
 	var errs []error
-	for _, network := range scope.Networks {
+	for _, d := range scope.Dirs {
+		network := d.Network
 		emit := func(rel reclaim.Release) {
 			res.Released++
 			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
 		}
 		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		req := scope.request(network)
+		req := scope.Request(d)
 		req.DryRun, req.Orphans, req.Released, req.Problem = dryRun, orphanRules, emit, problem
 		if _, err := s.Sweep(req); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))

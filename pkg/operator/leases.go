@@ -72,7 +72,8 @@ func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 	problems := &Problems{}
 	defer problems.Close()
 	var errs []error
-	for _, network := range scope.Networks {
+	for _, d := range scope.Dirs {
+		network := d.Network
 		visit := func(a *reclaim.Attachment) {
 			for _, r := range rowsOf(network, a, now) {
 				sink.Row(r)
@@ -84,7 +85,7 @@ func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 			}
 		}
 		problem := func(err error) { problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		req := scope.request(network)
+		req := scope.Request(d)
 		req.DryRun, req.Orphans, req.Visit, req.Released, req.Problem = true, true, visit, released, problem
 		if _, err := s.Sweep(req); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/dirstate"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -57,7 +57,7 @@ func fixture(t *testing.T) (string, *reclaim.Sweeper, *fakenat.Table) {
 			r.PIDStart = 1
 			host.Processes[pid] = 1
 		}
-		if err := records.NewStore(netdir.New(dataDir, network)).Write(r); err != nil {
+		if err := records.NewStore(ipamdir.New(dataDir, network)).Write(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -123,17 +123,17 @@ func TestLeasesTableAndJSON(t *testing.T) {
 		t.Fatalf("networks = %v", networks)
 	}
 	var table, js, whole bytes.Buffer
-	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, NewLeasesTable(&table)); err != nil {
+	if err := Leases(s, scopeOf(dataDir, networks), NewLeasesTable(&table)); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "leases.txt", table.Bytes(), dataDir)
-	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, NewLeasesJSON(&js, dataDir)); err != nil {
+	if err := Leases(s, scopeOf(dataDir, networks), NewLeasesJSON(&js, dataDir)); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "leases.json", js.Bytes(), dataDir)
 	// The streamed document is the one WriteJSON writes of the rows held.
 	out := &LeasesOutput{DataDir: dataDir}
-	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, out); err != nil {
+	if err := Leases(s, scopeOf(dataDir, networks), out); err != nil {
 		t.Fatal(err)
 	}
 	if err := WriteJSON(&whole, out); err != nil {
@@ -212,7 +212,7 @@ func (c *collector) End(res *GCResult) error {
 func runGC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphans bool) (*GCOutput, []byte, error) {
 	var text bytes.Buffer
 	c := &collector{out: GCOutput{DataDir: dataDir, DryRun: dryRun, Released: []GCRelease{}}, text: GCText{W: &text, DryRun: dryRun}}
-	err := GC(s, Scope{DataDir: dataDir, Networks: networks}, dryRun, orphans, c)
+	err := GC(s, scopeOf(dataDir, networks), dryRun, orphans, c)
 	return &c.out, text.Bytes(), err
 }
 
@@ -371,11 +371,11 @@ func TestLeasesJSONStreamsManyProblems(t *testing.T) {
 		t.Fatal(err)
 	}
 	var js, whole bytes.Buffer
-	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, NewLeasesJSON(&js, dataDir)); err != nil {
+	if err := Leases(s, scopeOf(dataDir, networks), NewLeasesJSON(&js, dataDir)); err != nil {
 		t.Fatal(err)
 	}
 	out := &LeasesOutput{DataDir: dataDir}
-	if err := Leases(s, Scope{DataDir: dataDir, Networks: networks}, out); err != nil {
+	if err := Leases(s, scopeOf(dataDir, networks), out); err != nil {
 		t.Fatal(err)
 	}
 	if len(out.Problems) != n {
@@ -407,4 +407,22 @@ func TestProblemsSpill(t *testing.T) {
 	if err != nil || !slices.Equal(got, want) || p.Len() != len(want) {
 		t.Errorf("All = %d problems, %v; want %d in order", len(got), err, len(want))
 	}
+}
+
+// Networks names the networks ipamdir.List finds under dataDir.
+func Networks(dataDir, only string) ([]string, []error, error) {
+	dirs, skipped, err := ipamdir.List(dataDir, only)
+	var names []string
+	for _, d := range dirs {
+		names = append(names, d.Network)
+	}
+	return names, skipped, err
+}
+
+func scopeOf(dataDir string, networks []string) Scope {
+	sc := Scope{DataDir: dataDir}
+	for _, n := range networks {
+		sc.Dirs = append(sc.Dirs, ipamdir.New(dataDir, n))
+	}
+	return sc
 }

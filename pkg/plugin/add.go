@@ -99,9 +99,9 @@ func beginAddError(err error) error {
 	return types.NewError(code, refused.Msg, refused.Detail)
 }
 
-// maxKeyLength bounds containerID + ifname: the record's file name is
-// "<containerID>@<ifname>" and must fit a file name (255 bytes) with room
-// for the temp-file prefix. Runtimes use IDs of 64 characters or fewer.
+// maxKeyLength bounds containerID + ifname: the record's file name
+// (ipamdir.RecordName) must fit a file name (255 bytes) with room for the
+// temp-file prefix. Runtimes use IDs of 64 characters or fewer.
 const maxKeyLength = 200
 
 // checkTarget refuses, before anything is written, what skel lets through

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -18,7 +18,7 @@ func TestAddHandsTheRecordLockToTheADDDelegateOnly(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.fail["bridge ADD"] = errors.New("signal: killed")
 	h.exec.fail["bridge DEL"] = errors.New("signal: killed")
-	store := records.NewStore(netdir.New(h.dataDir, "nomad"))
+	store := records.NewStore(ipamdir.New(h.dataDir, "nomad"))
 	key := records.Key{ContainerID: "c1", IfName: "eth0"}
 	var sameFile bool
 	h.exec.onExec = func() {

@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -23,7 +23,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	var planted *netdir.PlantedError
+	var planted *ipamdir.PlantedError
 	if err := conf.Dir().CheckPlanted(); errors.As(err, &planted) {
 		if planted.Lock {
 			// Nothing may be done under a lock that is not host-local's.
@@ -84,7 +84,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 
 // delegateDel runs the delegate's DEL within a delegateTimeout of its own
 // (a rollback never inherits the expired bound of the ADD it undoes).
-func (p *Plugin) delegateDel(conf *ipamdir.Config, delegateConf []byte) error {
+func (p *Plugin) delegateDel(conf *netconf.Config, delegateConf []byte) error {
 	ctx, cancel := delegateCtx(conf)
 	defer cancel()
 	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {

@@ -7,7 +7,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -26,7 +26,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := p.find(ipamdir.HostLocal); err != nil {
+	if err := p.find(netconf.HostLocal); err != nil {
 		return err
 	}
 	hostLocalConf, err := conf.HostLocalGCConfig()
@@ -44,7 +44,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	for _, gc := range []struct {
 		plugin string
 		conf   []byte
-	}{{conf.Delegate, delegateConf}, {ipamdir.HostLocal, hostLocalConf}} {
+	}{{conf.Delegate, delegateConf}, {netconf.HostLocal, hostLocalConf}} {
 		ctx, cancel := delegateCtx(conf)
 		if err := invoke.DelegateGC(ctx, gc.plugin, gc.conf, p.Exec); err != nil {
 			errs = append(errs, delegateError(ctx, gc.plugin, "gc", err))

@@ -6,11 +6,11 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
 
 // unlessPassthrough runs verb on the entries the plugin manages and hands
-// every other entry to the delegate as it came (see ipamdir.Config's
+// every other entry to the delegate as it came (see netconf.Config's
 // Passthrough): installed as `bridge`, the plugin receives the runtime's
 // dhcp or static bridge networks too, and must be invisible there. An entry
 // that does not parse goes to verb, which reports why.
@@ -19,7 +19,7 @@ func (p *Plugin) unlessPassthrough(verb string, run func(*skel.CmdArgs) error) f
 		if err := p.refuseOwnNamespace(args.Netns); err != nil {
 			return err
 		}
-		conf, err := ipamdir.Parse(args.StdinData)
+		conf, err := netconf.Parse(args.StdinData)
 		if err != nil || !conf.Passthrough {
 			return run(args)
 		}
@@ -29,7 +29,7 @@ func (p *Plugin) unlessPassthrough(verb string, run func(*skel.CmdArgs) error) f
 
 // passThrough delegates one verb with the entry unchanged, and prints what
 // the delegate answered, nothing more.
-func (p *Plugin) passThrough(verb string, conf *ipamdir.Config, stdin []byte) error {
+func (p *Plugin) passThrough(verb string, conf *netconf.Config, stdin []byte) error {
 	if err := p.find(conf.Delegate); err != nil {
 		return err
 	}

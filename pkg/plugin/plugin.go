@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -34,8 +35,8 @@ type Plugin struct {
 	// Reclaim is what the records and sweeps work through.
 	Reclaim reclaim.Env
 	// onTmpfs tells whether a dataDir lives in memory; nil means statfs
-	// (ipamdir.Config.OnTmpfs). Tests replace it.
-	onTmpfs func(*ipamdir.Config) (bool, int64, error)
+	// (netconf.Config.OnTmpfs). Tests replace it.
+	onTmpfs func(ipamdir.Dir) (bool, int64, error)
 }
 
 // New returns a Plugin wired to the real process.
@@ -61,8 +62,8 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 
 // load parses the entry and makes sure its delegate can be found, before
 // any verb touches the filesystem.
-func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
-	conf, err := ipamdir.Parse(args.StdinData)
+func (p *Plugin) load(args *skel.CmdArgs) (*netconf.Config, []byte, error) {
+	conf, err := netconf.Parse(args.StdinData)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -83,7 +84,7 @@ func (p *Plugin) load(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
 // the network's directory. host-local opens its lock and reads every lease
 // blocking and through links: a planted FIFO would hang the verb until
 // delegateTimeout, so such a directory is refused first.
-func (p *Plugin) loadForHostLocal(args *skel.CmdArgs) (*ipamdir.Config, []byte, error) {
+func (p *Plugin) loadForHostLocal(args *skel.CmdArgs) (*netconf.Config, []byte, error) {
 	conf, delegateConf, err := p.load(args)
 	if err != nil {
 		return nil, nil, err
@@ -154,7 +155,7 @@ func (p *Plugin) warnf(format string, args ...any) {
 // migrate moves legacy leases into the dataDir once per boot. Its failure
 // is an error for ADD: allocating before the move could hand out an
 // address a running container still holds.
-func (p *Plugin) migrate(conf *ipamdir.Config) error {
+func (p *Plugin) migrate(conf *netconf.Config) error {
 	if _, err := (&reclaim.Migrator{Env: p.Reclaim}).Migrate(conf.Dir(), conf.LegacyDataDir); err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("failed to migrate leases from %s", conf.LegacyDataDir), err.Error())
 	}
@@ -168,6 +169,6 @@ func attachmentKey(args *skel.CmdArgs) records.Key {
 // delegateCtx bounds one delegate call by the entry's delegateTimeout: a
 // hung bridge is killed (exec.CommandContext) and the runtime gets an
 // error instead of a plugin that never returns.
-func delegateCtx(conf *ipamdir.Config) (context.Context, context.CancelFunc) {
+func delegateCtx(conf *netconf.Config) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), conf.DelegateTimeout)
 }

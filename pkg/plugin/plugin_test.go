@@ -147,7 +147,7 @@ func TestAddPrintsResultInConfigVersion(t *testing.T) {
 func TestAddWarnsOncePerBootWhenDataDirIsNotTmpfs(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.reply["bridge ADD"] = bridgeResult100
-	h.plugin.onTmpfs = func(*ipamdir.Config) (bool, int64, error) { return false, 0xef53, nil }
+	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return false, 0xef53, nil }
 	add := func(cid string) int {
 		t.Helper()
 		h.stderr.Reset()
@@ -195,7 +195,7 @@ func TestAddWarnsOncePerBootWhenDataDirIsNotTmpfs(t *testing.T) {
 func TestAddOnTmpfsNeitherWarnsNorMarks(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.reply["bridge ADD"] = bridgeResult100
-	h.plugin.onTmpfs = func(*ipamdir.Config) (bool, int64, error) { return true, 0x01021994, nil }
+	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return true, 0x01021994, nil }
 	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
@@ -211,7 +211,7 @@ func TestAddOnTmpfsNeitherWarnsNorMarks(t *testing.T) {
 func TestAddWarnsWhenTheTmpfsMarkerCannotBeWritten(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.reply["bridge ADD"] = bridgeResult100
-	h.plugin.onTmpfs = func(*ipamdir.Config) (bool, int64, error) { return false, 0xef53, nil }
+	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return false, 0xef53, nil }
 	// A non-empty directory where the marker goes: rename onto it fails.
 	blocker := filepath.Join(h.dataDir, ".nomad-bridge-cni", "nomad", ".warned-not-tmpfs", "x")
 	if err := os.MkdirAll(blocker, 0o700); err != nil {

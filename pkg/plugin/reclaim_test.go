@@ -11,14 +11,14 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 func (h *harness) record() *records.Record {
 	h.t.Helper()
-	r, err := records.NewStore(netdir.New(h.dataDir, "nomad")).Read(records.Key{ContainerID: "c1", IfName: "eth0"})
+	r, err := records.NewStore(ipamdir.New(h.dataDir, "nomad")).Read(records.Key{ContainerID: "c1", IfName: "eth0"})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestCheckSweepsTheNetworkButReturnsChecksVerdict(t *testing.T) {
 	h := newHarness(t, "bridge")
 	// A record whose namespace is gone, and its lease.
 	gone := &records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: "dead", IfName: "eth0", Netns: "/var/run/netns/dead", BootID: "boot-1", State: records.Complete}
-	if err := records.NewStore(netdir.New(h.dataDir, "nomad")).Write(gone); err != nil {
+	if err := records.NewStore(ipamdir.New(h.dataDir, "nomad")).Write(gone); err != nil {
 		t.Fatal(err)
 	}
 	lease := filepath.Join(h.dataDir, "nomad", "172.26.64.9")
@@ -201,7 +201,7 @@ func TestFailedRollbackKeepsThePendingRecord(t *testing.T) {
 func (h *harness) deadAttachment(cid, ip string) string {
 	h.t.Helper()
 	gone := &records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: cid, IfName: "eth0", Netns: "/var/run/netns/" + cid, BootID: "boot-1", State: records.Complete}
-	if err := records.NewStore(netdir.New(h.dataDir, "nomad")).Write(gone); err != nil {
+	if err := records.NewStore(ipamdir.New(h.dataDir, "nomad")).Write(gone); err != nil {
 		h.t.Fatal(err)
 	}
 	lease := filepath.Join(h.dataDir, "nomad", ip)

@@ -5,21 +5,21 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
 
 // Status answers "can an ADD succeed now?" (spec 1.1.0): the delegate must
 // be installed and say so, and the dataDir must accept a lease. Either
 // failing is code 50, which tells the runtime to hold new ADDs.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	conf, err := ipamdir.Parse(args.StdinData)
+	conf, err := netconf.Parse(args.StdinData)
 	if err != nil {
 		return err
 	}
 	if err := p.find(conf.Delegate); err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
 	}
-	if err := conf.CheckUsable(); err != nil {
+	if err := conf.Dir().CheckUsable(); err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, "dataDir is not usable", err.Error())
 	}
 	delegateConf, err := conf.DelegateConfig()

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -11,12 +12,12 @@ import (
 // boot-aware GC still reclaims such leases. It is given once per boot and
 // network (a marker next to the records), not on every ADD: a runtime
 // such as Nomad logs the plugins' stderr, and the log would fill with it.
-func (p *Plugin) warnIfPersistent(conf *ipamdir.Config) {
+func (p *Plugin) warnIfPersistent(conf *netconf.Config) {
 	onTmpfs := p.onTmpfs
 	if onTmpfs == nil {
-		onTmpfs = (*ipamdir.Config).OnTmpfs
+		onTmpfs = ipamdir.Dir.OnTmpfs
 	}
-	inMemory, fsType, err := onTmpfs(conf)
+	inMemory, fsType, err := onTmpfs(conf.Dir())
 	switch {
 	case err != nil:
 		p.warnf("warning: cannot tell whether dataDir %s is on tmpfs: %v", conf.DataDir, err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -31,7 +31,7 @@ type Attacher struct {
 // and the lock that marks it running.
 type PendingAdd struct {
 	attacher *Attacher
-	dir      netdir.Dir
+	dir      ipamdir.Dir
 	store    *records.Store
 	Record   *records.Record
 	// lock holds the pending record's flock (records.Store.WriteLocked)
@@ -47,7 +47,7 @@ type PendingAdd struct {
 // allocate again; a live one is a real duplicate and an error. Then the
 // pending record is written, before anything is delegated, so a crash at
 // any later point leaves a trace a sweep can follow.
-func (s *Attacher) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*PendingAdd, error) {
+func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*PendingAdd, error) {
 	recStore := records.NewStore(d)
 	nsID, err := s.Host.Netns(netnsPath)
 	if err != nil {
@@ -94,7 +94,7 @@ func (s *Attacher) BeginAdd(d netdir.Dir, key records.Key, netnsPath string) (*P
 
 // replaceEarlier decides what an existing record for the same attachment
 // means for a new ADD.
-func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
+func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
 	j, err := newJudge(s.Host, records.NewStore(d), nil, false)
 	if err != nil {
 		return err
@@ -142,7 +142,7 @@ func (s *Attacher) replaceEarlier(d netdir.Dir, old *records.Record, netnsPath s
 // one, under host-local's lock and in the same order: its NAT rules, then
 // its leases, then its record, which lets a later run find the rest if
 // this one is killed part-way. Rules that could not go keep the files.
-func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) error {
+func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) error {
 	unlock, err := d.Lock()
 	if err != nil {
 		return err
@@ -187,7 +187,7 @@ func (s *Attacher) releaseOne(d netdir.Dir, old *records.Record, v Verdict) erro
 // (iptables, and nftables of key), unless another attachment of the same
 // container ID has a record there: bridge and portmap name their rules by
 // network and container ID alone, so they are that one's too.
-func (s *Attacher) ReleaseNAT(d netdir.Dir, key records.Key) ([]string, error) {
+func (s *Attacher) ReleaseNAT(d ipamdir.Dir, key records.Key) ([]string, error) {
 	others, _, err := records.NewStore(d).Names(key)
 	if err != nil {
 		return nil, err
@@ -195,7 +195,7 @@ func (s *Attacher) ReleaseNAT(d netdir.Dir, key records.Key) ([]string, error) {
 	return s.releaseNATUnlessShared(d, key, others)
 }
 
-func (s *Attacher) releaseNATUnlessShared(d netdir.Dir, key records.Key, others []records.Key) ([]string, error) {
+func (s *Attacher) releaseNATUnlessShared(d ipamdir.Dir, key records.Key, others []records.Key) ([]string, error) {
 	if s.Netfilter == nil || len(others) > 0 {
 		return nil, nil
 	}
@@ -237,7 +237,7 @@ func (a *PendingAdd) Abort() error {
 // ReleaseLeasesOf removes, under host-local's lock, every lease that names
 // key: what host-local's DEL does, without host-local (which reads every
 // file in the directory, blocking).
-func (s *Attacher) ReleaseLeasesOf(d netdir.Dir, key records.Key) error {
+func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 	if !exists(d.Leases()) {
 		return nil
 	}
@@ -283,7 +283,7 @@ func (a *PendingAdd) Close() {
 // comments, with the temp files of record writers that died; then the legacy leases of a migrated attachment; then the
 // record, last, so that a DEL killed or failing part-way is finished by
 // the next DEL or sweep.
-func (s *Attacher) EndDel(d netdir.Dir, key records.Key) error {
+func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	store := records.NewStore(d)
 	rec, err := store.Read(key)
 	if err != nil {
@@ -318,7 +318,7 @@ func (s *Attacher) EndDel(d netdir.Dir, key records.Key) error {
 // (readable or not) and no lease naming it. A DEL then has nothing left to
 // release here, whatever its delegate could not do (host-local's DEL
 // creates its directory first, which a read-only data dir refuses).
-func (s *Attacher) HoldsNothing(d netdir.Dir, key records.Key) bool {
+func (s *Attacher) HoldsNothing(d ipamdir.Dir, key records.Key) bool {
 	if rec, err := records.NewStore(d).Read(key); rec != nil || err != nil {
 		return false
 	}
@@ -341,7 +341,7 @@ func (s *Attacher) HoldsNothing(d netdir.Dir, key records.Key) bool {
 // alive (Migrator.recordMigrated). Each is removed under the legacy
 // directory's host-local lock, and only while it still names the
 // attachment.
-func (s *Attacher) releaseLegacy(d netdir.Dir, rec *records.Record) error {
+func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
 	want := rec.ContainerID + disk.LineBreak + rec.IfName
 	var errs []error
 	for _, path := range rec.LegacyLeases {
@@ -349,7 +349,7 @@ func (s *Attacher) releaseLegacy(d netdir.Dir, rec *records.Record) error {
 			continue // its runtime released it already
 		}
 		legacyDir := filepath.Dir(filepath.Dir(path))
-		unlock, err := netdir.New(legacyDir, d.Network).Lock()
+		unlock, err := ipamdir.New(legacyDir, d.Network).Lock()
 		if err != nil {
 			errs = append(errs, err)
 			continue

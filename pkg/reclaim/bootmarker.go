@@ -4,48 +4,26 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
-// Boot markers sit in a network's record directory and hold the boot ID of
-// the last time something that is done once per boot and network was done.
-// The ID, not the file's existence, decides: a dataDir that is not a tmpfs
-// keeps its markers across reboots. Names starting with '.' are not
-// records.
-const (
-	// migratedMarker: legacy leases were migrated.
-	migratedMarker = ".migrated"
-	// notTmpfsWarnedMarker: the warning that dataDir is not on tmpfs was
-	// given.
-	notTmpfsWarnedMarker = ".warned-not-tmpfs"
-	// lastSweepMarker: "<boot ID> <unix nanoseconds>" of the end of the
-	// network's last sweep.
-	lastSweepMarker = ".last-sweep"
-	// releasesMarker: how many attachments the network's sweeps and
-	// re-ADDs released, by cause, as JSON; it lives as long as the records.
-	releasesMarker = ".releases"
-	// ownedMarker: an ADD through the plugin was made on the network in
-	// this data dir, before any NAT rule of it existed. It proves the
-	// network's NAT rules are the plugin's to release: a sweep of a
-	// wrong, new or empty data dir releases no rule. Its content does not
-	// matter, and it is kept across boots.
-	ownedMarker = ".owned"
-)
+// Boot markers (ipamdir.Marker) hold the boot ID of the last time something
+// that is done once per boot and network was done. The ID, not the file's
+// existence, decides: a dataDir that is not a tmpfs keeps its markers
+// across reboots.
 
 // bootMarker is one marker file of one network.
 type bootMarker struct {
 	recDir, path string
 }
 
-func newBootMarker(d netdir.Dir, name string) bootMarker {
-	recDir := d.Records()
-	return bootMarker{recDir: recDir, path: filepath.Join(recDir, name)}
+func newBootMarker(d ipamdir.Dir, m ipamdir.Marker) bootMarker {
+	return bootMarker{recDir: d.Records(), path: d.Marker(m)}
 }
 
 // current reports whether the marker was written in the boot bootID. A
@@ -70,19 +48,19 @@ func (m bootMarker) write(b []byte) error {
 }
 
 // owns reports whether the network in d is proved the plugin's
-// (ownedMarker is a regular file, not followed).
-func owns(d netdir.Dir) bool {
-	st, err := os.Lstat(newBootMarker(d, ownedMarker).path)
+// (ipamdir.OwnedMarker is a regular file, not followed).
+func owns(d ipamdir.Dir) bool {
+	st, err := os.Lstat(newBootMarker(d, ipamdir.OwnedMarker).path)
 	return err == nil && st.Mode().IsRegular()
 }
 
-// markOwned writes ownedMarker unless it is there: the first step of an
+// markOwned writes ipamdir.OwnedMarker unless it is there: the first step of an
 // ADD, before the delegate can make NAT rules.
-func markOwned(d netdir.Dir) error {
+func markOwned(d ipamdir.Dir) error {
 	if owns(d) {
 		return nil
 	}
-	return newBootMarker(d, ownedMarker).write([]byte(d.Network + "\n"))
+	return newBootMarker(d, ipamdir.OwnedMarker).write([]byte(d.Network + "\n"))
 }
 
 // ClaimNotTmpfsWarning reports whether the warning that dataDir is not on
@@ -90,12 +68,12 @@ func markOwned(d netdir.Dir) error {
 // being given, so that a runtime's log gets it once per boot and network
 // rather than on every ADD. When the marker cannot be read or written it
 // says the warning is due (better repeated than lost) and returns why.
-func (s *Attacher) ClaimNotTmpfsWarning(d netdir.Dir) (bool, error) {
+func (s *Attacher) ClaimNotTmpfsWarning(d ipamdir.Dir) (bool, error) {
 	bootID, err := s.Host.BootID()
 	if err != nil {
 		return true, err
 	}
-	m := newBootMarker(d, notTmpfsWarnedMarker)
+	m := newBootMarker(d, ipamdir.NotTmpfsWarnedMarker)
 	if m.current(bootID) {
 		return false, nil
 	}
@@ -110,7 +88,7 @@ func (s *Attacher) ClaimNotTmpfsWarning(d netdir.Dir) (bool, error) {
 // interval ago or more (or in the future: a clock set back). A stale
 // attachment so waits at most interval longer than it would with a sweep
 // on every CHECK, until the next CHECK after it; GC and `gc` always sweep.
-func (s *Sweeper) SweepDue(d netdir.Dir, interval time.Duration) bool {
+func (s *Sweeper) SweepDue(d ipamdir.Dir, interval time.Duration) bool {
 	if interval <= 0 {
 		return true
 	}
@@ -123,8 +101,8 @@ func (s *Sweeper) SweepDue(d netdir.Dir, interval time.Duration) bool {
 }
 
 // LastSweep is when the last CHECK sweep of d ended, in this boot.
-func (s *Sweeper) LastSweep(d netdir.Dir) (time.Time, bool) {
-	b, err := statefile.ReadFileNoFollow(newBootMarker(d, lastSweepMarker).path)
+func (s *Sweeper) LastSweep(d ipamdir.Dir) (time.Time, bool) {
+	b, err := statefile.ReadFileNoFollow(newBootMarker(d, ipamdir.LastSweepMarker).path)
 	if err != nil {
 		return time.Time{}, false
 	}
@@ -140,10 +118,10 @@ func (s *Sweeper) LastSweep(d netdir.Dir) (time.Time, bool) {
 // one write a CHECK sweep adds (GC and `gc` sweep regardless, and write
 // nothing when nothing is stale). Failing to is logged: the next CHECK then
 // sweeps again, which is only slower.
-func (s *Sweeper) SweepEnded(d netdir.Dir) {
+func (s *Sweeper) SweepEnded(d ipamdir.Dir) {
 	bootID, err := s.Host.BootID()
 	if err == nil {
-		err = newBootMarker(d, lastSweepMarker).set(bootID + " " + strconv.FormatInt(s.Host.Now().UnixNano(), 10))
+		err = newBootMarker(d, ipamdir.LastSweepMarker).set(bootID + " " + strconv.FormatInt(s.Host.Now().UnixNano(), 10))
 	}
 	if err != nil {
 		s.logf("%s: %v", d.Network, err)
@@ -152,9 +130,9 @@ func (s *Sweeper) SweepEnded(d netdir.Dir) {
 
 // Releases is how many attachments of d were released, by cause, across
 // runs (for `metrics`).
-func (s *Env) Releases(d netdir.Dir) map[string]int {
+func (s *Env) Releases(d ipamdir.Dir) map[string]int {
 	counts := map[string]int{}
-	if b, err := statefile.ReadFileNoFollow(newBootMarker(d, releasesMarker).path); err == nil {
+	if b, err := statefile.ReadFileNoFollow(newBootMarker(d, ipamdir.ReleasesMarker).path); err == nil {
 		_ = json.Unmarshal(b, &counts) // damaged: counted again from zero
 	}
 	return counts
@@ -163,7 +141,7 @@ func (s *Env) Releases(d netdir.Dir) map[string]int {
 // countReleases adds released attachments to d's counts, with the caller
 // holding host-local's lock (every release does). Failing to is logged:
 // only the metric is off.
-func (s *Env) countReleases(d netdir.Dir, add map[string]int) {
+func (s *Env) countReleases(d ipamdir.Dir, add map[string]int) {
 	n := 0
 	for _, k := range add {
 		n += k
@@ -179,7 +157,7 @@ func (s *Env) countReleases(d netdir.Dir, add map[string]int) {
 	}
 	b, err := json.Marshal(counts)
 	if err == nil {
-		err = newBootMarker(d, releasesMarker).write(b)
+		err = newBootMarker(d, ipamdir.ReleasesMarker).write(b)
 	}
 	if err != nil {
 		s.logf("%s: count releases: %v", d.Network, err)

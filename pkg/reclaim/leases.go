@@ -19,7 +19,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -99,7 +99,7 @@ func (d *leaseDir) each(skip func(net.IP) bool, fn func(Lease), bad func(error))
 	dirfd := int(d.f.Fd())
 	err := statefile.EachDirEntry(d.f, func(e fs.DirEntry) {
 		name := e.Name()
-		if name == netdir.LockFileName || strings.HasPrefix(name, "last_reserved_ip.") {
+		if ipamdir.IsHostLocalBookkeeping(name) {
 			return // host-local's own, never a reservation
 		}
 		if !e.Type().IsRegular() {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
@@ -37,17 +37,17 @@ type Migration struct {
 // are held throughout, ours first. A crash at any point loses nothing: a
 // copy is only removed once its target exists, and without the marker the
 // next run starts again.
-func (s *Migrator) Migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
+func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) {
 	bootID, err := s.Host.BootID()
 	if err != nil {
 		return nil, err
 	}
-	marker := newBootMarker(d, migratedMarker)
+	marker := newBootMarker(d, ipamdir.MigratedMarker)
 	if marker.current(bootID) {
 		return &Migration{}, nil
 	}
 	m := &Migration{}
-	legacyNet := netdir.New(legacyDir, d.Network).Leases()
+	legacyNet := ipamdir.New(legacyDir, d.Network).Leases()
 	if legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(d.DataDir) && exists(legacyNet) {
 		if m, err = s.migrate(d, legacyDir); err != nil {
 			return m, err
@@ -59,7 +59,7 @@ func (s *Migrator) Migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 	return m, nil
 }
 
-func (s *Migrator) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
+func (s *Migrator) migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) {
 	bootTime, err := s.Host.BootTime()
 	if err != nil {
 		return nil, err
@@ -71,13 +71,13 @@ func (s *Migrator) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 		return nil, err
 	}
 	defer unlockOurs()
-	unlockLegacy, err := netdir.New(legacyDir, d.Network).Lock()
+	unlockLegacy, err := ipamdir.New(legacyDir, d.Network).Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlockLegacy()
 
-	legacyLeases := netdir.New(legacyDir, d.Network).Leases()
+	legacyLeases := ipamdir.New(legacyDir, d.Network).Leases()
 	dir, err := readLeases(legacyLeases)
 	if err != nil {
 		return nil, err
@@ -97,7 +97,7 @@ func (s *Migrator) migrate(d netdir.Dir, legacyDir string) (*Migration, error) {
 			m.Dropped++
 			continue
 		}
-		target := filepath.Join(d.Leases(), l.IP.String())
+		target := d.Lease(l.IP)
 		moved, err := copyLease(l, target)
 		switch {
 		case err != nil:

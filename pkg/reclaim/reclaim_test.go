@@ -14,7 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/dirstate"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -93,7 +93,7 @@ func (w *world) record(r *records.Record) {
 }
 
 // dir is the world's network under its data directory.
-func (w *world) dir() netdir.Dir { return netdir.New(w.dataDir, net1) }
+func (w *world) dir() ipamdir.Dir { return ipamdir.New(w.dataDir, net1) }
 
 // swept is a sweep's report with what it showed on the way: every
 // attachment it judged and every release, in the order it made them.

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
@@ -24,13 +23,13 @@ type Sweeper struct{ Env }
 // Request says which network to sweep and by which rules, and who wants
 // to see what it finds.
 type Request struct {
-	Dir netdir.Dir
+	Dir ipamdir.Dir
 	// GC is set for the runtime's GC verb: every attachment not in Valid is
 	// stale (a nil Valid means none is valid, as host-local reads it).
 	GC    bool
 	Valid []types.GCAttachment
 	// Orphans treats the network as the plugin's even without the marker
-	// its ADDs leave (ownedMarker): NAT rules of containers that hold
+	// its ADDs leave (ipamdir.OwnedMarker): NAT rules of containers that hold
 	// neither a lease nor a record on it are then orphans too. Without
 	// it, only a network proved the plugin's has orphans.
 	Orphans bool
@@ -278,7 +277,7 @@ func (w *sweep) record(r *records.Record) {
 			if !w.leases.holds(ip) {
 				continue
 			}
-			a.Leases = append(a.Leases, Lease{IP: ip, Path: filepath.Join(w.leases.path, ip.String()), Key: a.Key})
+			a.Leases = append(a.Leases, Lease{IP: ip, Path: w.req.Dir.Lease(ip), Key: a.Key})
 		} else {
 			l, err := w.leases.read(ip)
 			if err != nil || l.Key != a.Key {
@@ -608,10 +607,10 @@ func (w *sweep) readElsewhere() {
 	}
 	var leaseDirs []string
 	if w.req.LegacyDataDir != "" {
-		leaseDirs = append(leaseDirs, netdir.New(w.req.LegacyDataDir, w.req.Dir.Network).Leases())
+		leaseDirs = append(leaseDirs, ipamdir.New(w.req.LegacyDataDir, w.req.Dir.Network).Leases())
 	}
 	for _, other := range w.req.OtherDataDirs {
-		d := netdir.New(other, w.req.Dir.Network)
+		d := ipamdir.New(other, w.req.Dir.Network)
 		leaseDirs = append(leaseDirs, d.Leases())
 		if _, err := records.NewStore(d).EachName(hold); err != nil {
 			unreadable(err)

@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
 func pendingSample() *Record {
@@ -27,7 +27,7 @@ func assertAddRunning(t *testing.T, s *Store, k Key, want bool) {
 // it is open, in this process or in a child that inherited it, and no
 // longer once the last one is closed.
 func TestAddRunningWhileAnyProcessHoldsTheLock(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	r := pendingSample()
 	held, err := s.WriteLocked(r)
 	if err != nil {
@@ -63,7 +63,7 @@ func TestAddRunningWhileAnyProcessHoldsTheLock(t *testing.T) {
 // and records that are gone have no ADD running; a completed record
 // replaces the locked file, so the lock marks only the pending record.
 func TestAddRunningOnlyForTheLockedPendingRecord(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	assertAddRunning(t, s, Key{"c1", "eth0"}, false)
 
 	r := pendingSample()
@@ -87,7 +87,7 @@ func TestAddRunningOnlyForTheLockedPendingRecord(t *testing.T) {
 
 // A failed WriteLocked leaves nothing behind, no temp file either.
 func TestWriteLockedFailureLeavesNothing(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
 // FuzzDecode: a record file with any content and any name either decodes
@@ -17,7 +17,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add("x", []byte(``))
 	f.Add("c1@eth0", []byte(`{"version":1,"network":"other","containerID":"c1","ifName":"eth0","state":"complete"}`))
 	f.Fuzz(func(t *testing.T, name string, data []byte) {
-		s := NewStore(netdir.New("/nonexistent", "nomad"))
+		s := NewStore(ipamdir.New("/nonexistent", "nomad"))
 		r, err := s.decode(name, data)
 		if err != nil {
 			return

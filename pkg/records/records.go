@@ -17,7 +17,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
@@ -93,7 +93,7 @@ type Store struct {
 
 // NewStore names the record directory for network under dataDir; nothing
 // is created until the first Write.
-func NewStore(d netdir.Dir) *Store {
+func NewStore(d ipamdir.Dir) *Store {
 	return &Store{dir: d.Records(), network: d.Network}
 }
 
@@ -103,16 +103,7 @@ func (s *Store) Dir() string { return s.dir }
 // Network is the network whose records these are.
 func (s *Store) Network() string { return s.network }
 
-// fileName is "<containerID>@<ifname>": a container ID cannot contain '@'
-// (skel enforces the network-name alphabet), so the split is unambiguous,
-// and an ifname cannot contain '/'.
-func fileName(k Key) string { return k.ContainerID + "@" + k.IfName }
-
-// isFileNameOf is name == fileName(k), without building the name.
-func isFileNameOf(name string, k Key) bool {
-	c := len(k.ContainerID)
-	return len(name) == c+1+len(k.IfName) && name[:c] == k.ContainerID && name[c] == '@' && name[c+1:] == k.IfName
-}
+func fileName(k Key) string { return ipamdir.RecordName(k.ContainerID, k.IfName) }
 
 // Write stores r atomically (temp file + rename, 0600), so a reader sees the
 // old record or the new one, never half of one.
@@ -218,7 +209,7 @@ func (s *Store) EachName(fn func(Key)) (temps *Listing, err error) {
 			temps.addTemp(name, pid)
 			return
 		}
-		if cid, ifname, ok := strings.Cut(name, "@"); ok && cid != "" {
+		if cid, ifname, ok := ipamdir.ParseRecordName(name); ok {
 			fn(Key{ContainerID: cid, IfName: ifname})
 		}
 	})
@@ -308,8 +299,7 @@ func (l *Listing) addTemp(name string, pid int) {
 // damaged reports a file that is not a valid record, and the attachment
 // its name gives.
 func (l *Listing) damaged(name string, err error) {
-	cid, ifname, ok := strings.Cut(name, "@")
-	named := ok && cid != ""
+	cid, ifname, named := ipamdir.ParseRecordName(name)
 	k := Key{ContainerID: cid, IfName: ifname}
 	if l.onDamaged != nil {
 		l.onDamaged(err, k, named)
@@ -336,7 +326,7 @@ func (s *Store) decode(name string, b []byte) (*Record, error) {
 		problem = fmt.Sprintf("unsupported format version %d", r.Version)
 	case r.Network != s.network:
 		problem = fmt.Sprintf("belongs to network %q", r.Network)
-	case r.ContainerID == "" || r.IfName == "" || !isFileNameOf(name, r.Key()):
+	case r.ContainerID == "" || r.IfName == "" || !ipamdir.IsRecordNameOf(name, r.ContainerID, r.IfName):
 		problem = fmt.Sprintf("names attachment %s", r.Key())
 	case r.State != Started && r.State != Complete && r.State != Migrated:
 		problem = fmt.Sprintf("unknown state %q", r.State)

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
@@ -26,7 +26,7 @@ func sample() *Record {
 
 func TestWriteReadRemove(t *testing.T) {
 	dataDir := t.TempDir()
-	s := NewStore(netdir.New(dataDir, "nomad"))
+	s := NewStore(ipamdir.New(dataDir, "nomad"))
 	if got, err := s.Read(Key{"c1", "eth0"}); got != nil || err != nil {
 		t.Fatalf("Read before Write = %v, %v", got, err)
 	}
@@ -59,7 +59,7 @@ func TestWriteReadRemove(t *testing.T) {
 }
 
 func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	if err := s.Write(sample()); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 }
 
 func TestListOfMissingDirectoryIsEmpty(t *testing.T) {
-	l, err := walkAll(NewStore(netdir.New(t.TempDir(), "none")))
+	l, err := walkAll(NewStore(ipamdir.New(t.TempDir(), "none")))
 	if err != nil || l.Records != nil || l.Problems != nil || l.Temps != nil {
 		t.Errorf("List = %+v, %v", l, err)
 	}
@@ -109,7 +109,7 @@ func TestListOfMissingDirectoryIsEmpty(t *testing.T) {
 
 func mustJSON(t *testing.T, r *Record) string {
 	t.Helper()
-	s := NewStore(netdir.New(t.TempDir(), r.Network))
+	s := NewStore(ipamdir.New(t.TempDir(), r.Network))
 	if err := s.Write(r); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func mustJSON(t *testing.T, r *Record) string {
 }
 
 func TestReadDoesNotFollowASymlinkedRecord(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	if err := s.Write(sample()); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestReadDoesNotFollowASymlinkedRecord(t *testing.T) {
 }
 
 func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	if err := s.Write(sample()); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestDecodeFastTakesWhatWriteWrites(t *testing.T) {
 // A network large enough to be read on several goroutines lists every
 // record exactly once and every damaged file as a problem, as a small one.
 func TestListLargeNetwork(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	const n, damaged = 1500, 7
 	for i := range n {
 		r := sample()
@@ -242,7 +242,7 @@ func TestListLargeNetwork(t *testing.T) {
 // A FIFO where a record should be is an error, not a read that waits
 // forever for a writer (which would hang a DEL or a sweep).
 func TestReadDoesNotBlockOnAFIFO(t *testing.T) {
-	s := NewStore(netdir.New(t.TempDir(), "nomad"))
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	if err := s.Write(sample()); err != nil {
 		t.Fatal(err)
 	}

@@ -137,9 +137,9 @@ func (c *cli) common(flags *command) *commonFlags {
 // scope is the command's networks, with the data dirs the host's
 // conflists use: a sweep of one data dir never takes the NAT rules of
 // another's containers for orphans.
-func (f *commonFlags) scope(networks []string) operator.Scope {
+func (f *commonFlags) scope(dirs []ipamdir.Dir) operator.Scope {
 	confDirs := append(append([]string{}, doctor.DefaultConfDirs...), f.confDirs...)
-	return operator.Scope{DataDir: f.dataDir, Networks: networks, OtherDataDirs: doctor.DataDirs(confDirs)}
+	return operator.Scope{DataDir: f.dataDir, Dirs: dirs, OtherDataDirs: doctor.DataDirs(confDirs)}
 }
 
 func (c *cli) leases(args []string) (code int) {
@@ -151,7 +151,7 @@ func (c *cli) leases(args []string) (code int) {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("leases takes no arguments, got %q", flags.Args()), "leases")
 	}
-	networks, skipped, err := operator.Networks(f.dataDir, f.network)
+	dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
 	if err != nil {
 		return c.fail(1, err, "")
 	}
@@ -160,7 +160,7 @@ func (c *cli) leases(args []string) (code int) {
 	if f.json {
 		sink = operator.NewLeasesJSON(c.stdout, f.dataDir)
 	}
-	if err := operator.Leases(c.sweeper(), f.scope(networks), sink); err != nil {
+	if err := operator.Leases(c.sweeper(), f.scope(dirs), sink); err != nil {
 		return c.fail(1, err, "")
 	}
 	return 0
@@ -188,7 +188,7 @@ func (c *cli) gc(args []string) (code int) {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("gc takes no arguments, got %q", flags.Args()), "gc")
 	}
-	networks, skipped, err := operator.Networks(f.dataDir, f.network)
+	dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
 	if err != nil {
 		return c.fail(1, err, "")
 	}
@@ -197,7 +197,7 @@ func (c *cli) gc(args []string) (code int) {
 	if f.json {
 		sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)
 	}
-	if err := operator.GC(c.sweeper(), f.scope(networks), *dryRun, *orphans, sink); err != nil {
+	if err := operator.GC(c.sweeper(), f.scope(dirs), *dryRun, *orphans, sink); err != nil {
 		return c.fail(1, err, "")
 	}
 	return 0

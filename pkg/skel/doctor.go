@@ -93,7 +93,7 @@ func pluginVersion(path string) (string, error) {
 }
 
 func onTmpfs(dir string) (bool, error) {
-	mem, _, err := (&ipamdir.Config{DataDir: dir}).OnTmpfs()
+	mem, _, err := ipamdir.Dir{DataDir: dir}.OnTmpfs()
 	return mem, err
 }
 

@@ -14,7 +14,7 @@ import (
 	cniskel "github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 )
 
@@ -41,7 +41,7 @@ func run(invokedAs string, args []string, getenv func(string) string, stdout, st
 // on stdout.
 func runCNI(command string) int {
 	if command != "VERSION" { // VERSION reads no stdin
-		stdin, err := capStdin(os.Stdin, ipamdir.MaxConfigSize)
+		stdin, err := capStdin(os.Stdin, netconf.MaxConfigSize)
 		if err != nil {
 			return printError(err)
 		}

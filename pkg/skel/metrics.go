@@ -34,13 +34,14 @@ func (c *cli) metrics(args []string) (code int) {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("metrics takes no arguments, got %q", flags.Args()), "metrics")
 	}
-	networks, skipped, err := operator.Networks(*dataDir, "")
+	dirs, skipped, err := ipamdir.List(*dataDir, "")
 	if err != nil {
 		return c.fail(1, err, "")
 	}
 	defer c.reportSkipped(skipped, &code)
-	ranges := doctor.RangeAddresses(append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...))
-	nets, err := metrics.Collect(c.sweeper(), *dataDir, networks, ranges)
+	conflists := append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...)
+	scope := operator.Scope{DataDir: *dataDir, Dirs: dirs, OtherDataDirs: doctor.DataDirs(conflists)}
+	nets, err := metrics.Collect(c.sweeper(), scope, doctor.RangeAddresses(conflists))
 	if err != nil {
 		return c.fail(1, err, "")
 	}

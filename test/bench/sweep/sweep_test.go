@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -100,7 +100,7 @@ func benchSweep(b *testing.B, n, pct int) {
 			s.Netfilter = nil // what the NAT lookup costs: compare with and without
 		}
 		c0 := cpuTime()
-		rep, err := s.Sweep(reclaim.Request{Dir: netdir.New(dataDir, network)})
+		rep, err := s.Sweep(reclaim.Request{Dir: ipamdir.New(dataDir, network)})
 		cpu += cpuTime() - c0
 		if err != nil {
 			b.Fatal(err)
@@ -162,7 +162,7 @@ func BenchmarkRestoreCheckSweeps(b *testing.B) {
 				}); err != nil {
 					b.Fatal(err)
 				}
-				d := netdir.New(dataDir, network)
+				d := ipamdir.New(dataDir, network)
 				sweeps := 0
 				for b.Loop() {
 					// A restart: the last sweep was long ago.

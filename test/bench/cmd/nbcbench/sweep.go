@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -83,7 +83,7 @@ func (e *Env) sweepInProc(s *synthNet) (wall, cpu float64, err error) {
 	runtime.GC()
 	sw := &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: io.Discard}}
 	c0, t0 := cpuNow(), time.Now()
-	rep, err := sw.Sweep(reclaim.Request{Dir: netdir.New(s.spec.DataDir, s.spec.Network)})
+	rep, err := sw.Sweep(reclaim.Request{Dir: ipamdir.New(s.spec.DataDir, s.spec.Network)})
 	d, c := time.Since(t0), cpuNow()-c0
 	if err != nil {
 		return 0, 0, fmt.Errorf("sweep %s: %w", s.spec.Network, err)

@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -91,7 +91,7 @@ func Build(s Spec) (*Result, error) {
 	if err := os.WriteFile(filepath.Join(netDir, "lock"), nil, 0o644); err != nil {
 		return nil, err
 	}
-	store := records.NewStore(netdir.New(s.DataDir, s.Network))
+	store := records.NewStore(ipamdir.New(s.DataDir, s.Network))
 	if err := os.MkdirAll(store.Dir(), 0o700); err != nil {
 		return nil, err
 	}
@@ -160,7 +160,7 @@ func Remove(dataDir, network string) error {
 	}
 	return errors.Join(
 		os.RemoveAll(filepath.Join(dataDir, network)),
-		os.RemoveAll(netdir.New(dataDir, network).Records()),
+		os.RemoveAll(ipamdir.New(dataDir, network).Records()),
 	)
 }
 

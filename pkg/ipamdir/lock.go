@@ -1,4 +1,4 @@
-package netdir
+package ipamdir
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-// Package netdir owns the on-disk layout of a network under the plugin's
+// Package ipamdir owns the on-disk layout of a network under the plugin's
 // data directory, as host-local's backend/disk owns its directory:
 //
 //	<dataDir>/<network>/                    host-local's leases and its lock
@@ -6,7 +6,7 @@
 //
 // Everything else asks a Dir for a path, for its safety check or for
 // host-local's lock, rather than joining names itself.
-package netdir
+package ipamdir
 
 import (
 	"errors"
@@ -28,6 +28,15 @@ import (
 // <dataDir>/<network>.
 const RecordDirName = ".nomad-bridge-cni"
 
+const (
+	// DefaultDataDir is tmpfs on every systemd distribution (/var/run -> /run),
+	// and where Nomad points its own bridge's host-local since 1.9.
+	DefaultDataDir = "/var/run/cni"
+	// DefaultLegacyDataDir is host-local's own default, where leases written
+	// before adoption live.
+	DefaultLegacyDataDir = "/var/lib/cni/networks"
+)
+
 // Dir is one network's place under a data directory.
 type Dir struct {
 	DataDir string
@@ -39,6 +48,73 @@ func New(dataDir, network string) Dir { return Dir{DataDir: dataDir, Network: ne
 
 // Leases is host-local's directory of the network.
 func (d Dir) Leases() string { return filepath.Join(d.DataDir, d.Network) }
+
+// IsHostLocalBookkeeping reports whether name, in a network's lease
+// directory, is one of host-local's files that are not a reservation: its
+// lock and its last_reserved_ip.<range> files.
+func IsHostLocalBookkeeping(name string) bool {
+	return name == LockFileName || strings.HasPrefix(name, lastReservedPrefix)
+}
+
+// lastReservedPrefix starts host-local's file of the last address it handed
+// out of each range.
+const lastReservedPrefix = "last_reserved_ip."
+
+// Lease is the path of the lease of ip (host-local names a lease after
+// its address).
+func (d Dir) Lease(ip net.IP) string { return filepath.Join(d.Leases(), ip.String()) }
+
+// RecordName is the file name of an attachment's record,
+// "<containerID>@<ifname>": a container ID cannot contain '@' (skel
+// enforces the network-name alphabet), so the split is unambiguous, and an
+// ifname cannot contain '/'.
+func RecordName(containerID, ifName string) string { return containerID + "@" + ifName }
+
+// ParseRecordName is the attachment a record's file name names, if it
+// names one.
+func ParseRecordName(name string) (containerID, ifName string, ok bool) {
+	containerID, ifName, ok = strings.Cut(name, "@")
+	return containerID, ifName, ok && containerID != ""
+}
+
+// IsRecordNameOf is name == RecordName(containerID, ifName), without
+// building the name (a sweep asks it of every record).
+func IsRecordNameOf(name, containerID, ifName string) bool {
+	c := len(containerID)
+	return len(name) == c+1+len(ifName) && name[:c] == containerID && name[c] == '@' && name[c+1:] == ifName
+}
+
+// Record is the path of an attachment's record.
+func (d Dir) Record(containerID, ifName string) string {
+	return filepath.Join(d.Records(), RecordName(containerID, ifName))
+}
+
+// Marker is a file of the plugin's own beside a network's records. Names
+// start with '.', which no record's does.
+type Marker string
+
+const (
+	// MigratedMarker: the boot ID in which legacy leases were migrated.
+	MigratedMarker Marker = ".migrated"
+	// NotTmpfsWarnedMarker: the boot ID in which the warning that dataDir
+	// is not on tmpfs was given.
+	NotTmpfsWarnedMarker Marker = ".warned-not-tmpfs"
+	// LastSweepMarker: "<boot ID> <unix nanoseconds>" of the end of the
+	// network's last sweep.
+	LastSweepMarker Marker = ".last-sweep"
+	// ReleasesMarker: how many attachments the network's sweeps and
+	// re-ADDs released, by cause, as JSON; it lives as long as the records.
+	ReleasesMarker Marker = ".releases"
+	// OwnedMarker: an ADD through the plugin was made on the network in
+	// this data dir, before any NAT rule of it existed. It proves the
+	// network's NAT rules are the plugin's to release: a sweep of a
+	// wrong, new or empty data dir releases no rule. Its content does not
+	// matter, and it is kept across boots.
+	OwnedMarker Marker = ".owned"
+)
+
+// Marker is the path of one of the network's markers.
+func (d Dir) Marker(m Marker) string { return filepath.Join(d.Records(), string(m)) }
 
 // ScratchIPAM is an empty data dir the plugin gives host-local when it must
 // not read the network's own directory (a DEL beside planted files):
@@ -184,7 +260,7 @@ func looksLikeHostLocal(dir string) bool {
 	for _, e := range entries {
 		n := e.Name()
 		// Regular files only: /run/lock is a directory.
-		if e.Type().IsRegular() && (n == LockFileName || strings.HasPrefix(n, "last_reserved_ip.") || net.ParseIP(n) != nil) {
+		if e.Type().IsRegular() && (IsHostLocalBookkeeping(n) || net.ParseIP(n) != nil) {
 			return true
 		}
 	}

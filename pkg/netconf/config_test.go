@@ -1,4 +1,4 @@
-package ipamdir
+package netconf
 
 import (
 	"encoding/json"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
 // bridgeEntry carries every key bridge v1.10.0 reads, plus keys that only
@@ -347,7 +349,7 @@ func TestInstalledUnderTheDelegatesName(t *testing.T) {
 			DataDir string `json:"dataDir"`
 		} `json:"ipam"`
 	}
-	if err := json.Unmarshal(out, &delegate); err != nil || delegate.Type != "bridge" || delegate.IPAM.DataDir != DefaultDataDir {
+	if err := json.Unmarshal(out, &delegate); err != nil || delegate.Type != "bridge" || delegate.IPAM.DataDir != ipamdir.DefaultDataDir {
 		t.Errorf("delegate gets %s (%v)", out, err)
 	}
 

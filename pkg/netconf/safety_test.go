@@ -1,4 +1,4 @@
-package ipamdir
+package netconf
 
 import (
 	"os"

@@ -1,7 +1,8 @@
-// Package ipamdir parses a nomad-bridge-cni conflist entry and rewrites it,
+// Package netconf parses a nomad-bridge-cni conflist entry and rewrites it,
 // losslessly, into the entry its delegate (bridge) expects: host-local's
-// dataDir pointed at a directory that dies with the boot.
-package ipamdir
+// dataDir pointed at a directory that dies with the boot. Where that
+// directory's files go is pkg/ipamdir's.
+package netconf
 
 import (
 	"encoding/json"
@@ -14,7 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
 // MaxConfigSize caps the entry the plugin reads from stdin. A conflist
@@ -25,12 +26,6 @@ const MaxConfigSize = 1 << 20
 const (
 	// DefaultDelegate is the plugin the wrapper hands the rewritten entry to.
 	DefaultDelegate = "bridge"
-	// DefaultDataDir is tmpfs on every systemd distribution (/var/run -> /run),
-	// and where Nomad points its own bridge's host-local since 1.9.
-	DefaultDataDir = "/var/run/cni"
-	// DefaultLegacyDataDir is host-local's own default, where leases written
-	// before adoption live.
-	DefaultLegacyDataDir = "/var/lib/cni/networks"
 	// HostLocal is the only IPAM this plugin manages.
 	HostLocal = "host-local"
 	// DefaultDelegateTimeout bounds one delegate call. bridge answers in
@@ -134,7 +129,7 @@ func Parse(stdin []byte) (*Config, error) {
 		c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, minDelegateTimeout, maxDelegateTimeout)
 		return c, err
 	}
-	if c.DataDir, err = stringKey(raw, keyDataDir, DefaultDataDir); err != nil {
+	if c.DataDir, err = stringKey(raw, keyDataDir, ipamdir.DefaultDataDir); err != nil {
 		return nil, err
 	}
 	if err := validateDir(keyDataDir, c.DataDir); err != nil {
@@ -162,7 +157,7 @@ func Parse(stdin []byte) (*Config, error) {
 	if ipamType != HostLocal {
 		return nil, invalidConfig(fmt.Sprintf(`"ipam.type" is %q: nomad-bridge-cni only manages "host-local"`, ipamType))
 	}
-	if c.LegacyDataDir, err = stringKey(c.ipam, keyDataDir, DefaultLegacyDataDir); err != nil {
+	if c.LegacyDataDir, err = stringKey(c.ipam, keyDataDir, ipamdir.DefaultLegacyDataDir); err != nil {
 		return nil, invalidConfig(`"ipam.dataDir" must be a string`)
 	}
 	// The legacy directory is read and pruned by the migration: it gets
@@ -284,10 +279,10 @@ func validateDir(key, dir string) error {
 		switch part {
 		case "..":
 			return invalidConfig(fmt.Sprintf("%q %q must not contain \"..\"", key, dir))
-		case netdir.RecordDirName:
+		case ipamdir.RecordDirName:
 			// host-local's GC there deletes what it takes for stale
 			// leases: the records and markers of the plugin's networks.
-			return invalidConfig(fmt.Sprintf("%q %q is inside the plugin's record directory %s: give the data dir itself", key, dir, netdir.RecordDirName))
+			return invalidConfig(fmt.Sprintf("%q %q is inside the plugin's record directory %s: give the data dir itself", key, dir, ipamdir.RecordDirName))
 		}
 	}
 	return nil
