@@ -12,18 +12,19 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// Add delegates ADD with host-local's dataDir rewritten and prints the
+// add delegates ADD with host-local's dataDir rewritten and prints the
 // delegate's result in the entry's cniVersion, so later plugins in the
 // chain see exactly what bridge would have given them. Around it: legacy
 // leases are migrated (once per boot), a stale earlier attachment of the
 // same container ID + ifname is released (Nomad's re-ADD after a failed
 // CHECK), and the attachment record is written pending before the
 // delegate runs and completed after.
-func (p *Plugin) Add(args *skel.CmdArgs) error {
-	conf, delegateConf, err := p.loadForHostLocal(args)
+func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
+	delegateConf, err := p.loadForHostLocal(conf)
 	if err != nil {
 		return err
 	}

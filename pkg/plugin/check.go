@@ -4,10 +4,11 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// Check delegates CHECK (bridge verifies the interface and addresses in the
+// check delegates CHECK (bridge verifies the interface and addresses in the
 // netns, host-local the lease in our dataDir), then sweeps the network.
 // Nomad never sends GC but sends CHECK for every allocation it restores
 // when a client restarts: that is the moment to reclaim. Those CHECKs come
@@ -15,8 +16,8 @@ import (
 // sweep does not sweep again: restoring N allocations costs N CHECKs and
 // about one sweep, not N. The sweep's problems are logged; the runtime gets
 // CHECK's own verdict.
-func (p *Plugin) Check(args *skel.CmdArgs) error {
-	conf, delegateConf, err := p.loadForHostLocal(args)
+func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
+	delegateConf, err := p.loadForHostLocal(conf)
 	if err != nil {
 		return err
 	}

@@ -15,11 +15,11 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// Del delegates DEL, then finishes what bridge leaves undone. It is
+// del delegates DEL, then finishes what bridge leaves undone. It is
 // idempotent: a second DEL, a missing namespace, an empty CNI_NETNS or a
 // missing lease all succeed.
-func (p *Plugin) Del(args *skel.CmdArgs) error {
-	conf, delegateConf, err := p.load(args)
+func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
+	delegateConf, err := p.load(conf)
 	if err != nil {
 		return err
 	}

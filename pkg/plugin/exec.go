@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,13 +38,30 @@ type delegateExec struct {
 	stderr io.Writer
 	// inherit, when set, is passed to the delegate as fd 3 (see Inheriting).
 	inherit *os.File
+	// found remembers each lookup: the plugin checks up-front that its
+	// delegate can be found, and invoke.Delegate* looks it up again.
+	found *lookups
 }
+
+// lookups maps a plugin name and CNI_PATH to where the plugin was found.
+type lookups map[string]string
 
 var _ invoke.Exec = (*delegateExec)(nil)
 
 // FindInPath skips this plugin's own executable (see FindDelegate).
 func (e *delegateExec) FindInPath(plugin string, paths []string) (string, error) {
-	return FindDelegate(plugin, paths)
+	if e.found == nil {
+		e.found = &lookups{}
+	}
+	key := plugin + "\x00" + strings.Join(paths, "\x00")
+	if path, ok := (*e.found)[key]; ok {
+		return path, nil
+	}
+	path, err := FindDelegate(plugin, paths)
+	if err == nil {
+		(*e.found)[key] = path
+	}
+	return path, err
 }
 
 // Inheriting returns a copy of e whose delegates inherit f. The delegate

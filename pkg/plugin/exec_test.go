@@ -84,3 +84,27 @@ func TestDelegateExecKillsAHungDelegateAndItsChildren(t *testing.T) {
 		t.Errorf("a killed delegate became a CNI error: %v", cniErr)
 	}
 }
+
+// The delegate is looked up once per run: the up-front check finds it, and
+// invoke.Delegate*'s own lookup is answered from memory, even if the file
+// went away in between (the exec then fails, as it would have anyway).
+func TestDelegateExecLooksUpOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "bridge")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e := &delegateExec{}
+	if got, err := e.FindInPath("bridge", []string{dir}); err != nil || got != path {
+		t.Fatalf("first lookup = %q, %v", got, err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.FindInPath("bridge", []string{dir}); err != nil || got != path {
+		t.Errorf("second lookup = %q, %v; want the first one's answer", got, err)
+	}
+	if _, err := e.FindInPath("bridge", []string{dir, "/nonexistent"}); err == nil {
+		t.Errorf("a lookup in another CNI_PATH was answered from memory")
+	}
+}

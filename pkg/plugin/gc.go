@@ -11,14 +11,14 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// GC releases every attachment of the network the runtime did not list in
+// gc releases every attachment of the network the runtime did not list in
 // cni.dev/valid-attachments: leases, bridge's ipMasq and portmap's NAT
 // rules (including rules whose lease is already gone), records. Then it
 // forwards GC to the delegate, as the spec asks of a plugin that delegates,
 // and to host-local directly: bridge v1.10.0 has no GC and does not pass it
 // to its IPAM. Every step runs even if an earlier one failed.
-func (p *Plugin) GC(args *skel.CmdArgs) error {
-	conf, delegateConf, err := p.loadForHostLocal(args)
+func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
+	delegateConf, err := p.loadForHostLocal(conf)
 	if err != nil {
 		return err
 	}

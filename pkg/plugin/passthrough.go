@@ -4,28 +4,9 @@ import (
 	"fmt"
 
 	"github.com/containernetworking/cni/pkg/invoke"
-	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
-
-// unlessPassthrough runs verb on the entries the plugin manages and hands
-// every other entry to the delegate as it came (see netconf.Config's
-// Passthrough): installed as `bridge`, the plugin receives the runtime's
-// dhcp or static bridge networks too, and must be invisible there. An entry
-// that does not parse goes to verb, which reports why.
-func (p *Plugin) unlessPassthrough(verb string, run func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
-	return func(args *skel.CmdArgs) error {
-		if err := p.refuseOwnNamespace(args.Netns); err != nil {
-			return err
-		}
-		conf, err := netconf.Parse(args.StdinData)
-		if err != nil || !conf.Passthrough {
-			return run(args)
-		}
-		return p.passThrough(verb, conf, args.StdinData)
-	}
-}
 
 // passThrough delegates one verb with the entry unchanged, and prints what
 // the delegate answered, nothing more.

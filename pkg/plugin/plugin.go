@@ -42,7 +42,7 @@ type Plugin struct {
 // New returns a Plugin wired to the real process.
 func New() *Plugin {
 	return &Plugin{
-		Exec:    &delegateExec{stderr: os.Stderr},
+		Exec:    &delegateExec{stderr: os.Stderr, found: &lookups{}},
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
 		Reclaim: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: os.Stderr},
@@ -51,48 +51,70 @@ func New() *Plugin {
 
 // Funcs lists the verbs for skel.
 func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{
-		Add:    p.unlessPassthrough("add", p.Add),
-		Del:    p.unlessPassthrough("del", p.Del),
-		Check:  p.unlessPassthrough("check", p.Check),
-		Status: p.unlessPassthrough("status", p.Status),
-		GC:     p.unlessPassthrough("gc", p.GC),
-	}
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
 }
 
-// load parses the entry and makes sure its delegate can be found, before
-// any verb touches the filesystem.
-func (p *Plugin) load(args *skel.CmdArgs) (*netconf.Config, []byte, error) {
+// Add, Del, Check, Status and GC are the CNI verbs: each parses the entry
+// once and runs the verb on it (see run).
+func (p *Plugin) Add(args *skel.CmdArgs) error    { return p.run("add", args, p.add) }
+func (p *Plugin) Del(args *skel.CmdArgs) error    { return p.run("del", args, p.del) }
+func (p *Plugin) Check(args *skel.CmdArgs) error  { return p.run("check", args, p.check) }
+func (p *Plugin) Status(args *skel.CmdArgs) error { return p.run("status", args, p.status) }
+func (p *Plugin) GC(args *skel.CmdArgs) error     { return p.run("gc", args, p.gc) }
+
+// verb is one CNI verb on an entry the plugin manages, parsed once.
+type verb func(args *skel.CmdArgs, conf *netconf.Config) error
+
+// run refuses the plugin's own namespace, whatever the verb (bridge's DEL
+// would delete a host link before skel noticed), parses the entry, and
+// runs the verb on the entries the plugin manages; every other entry goes
+// to the delegate as it came (see netconf.Config's Passthrough): installed
+// as `bridge`, the plugin receives the runtime's dhcp or static bridge
+// networks too, and must be invisible there.
+func (p *Plugin) run(name string, args *skel.CmdArgs, v verb) error {
+	if err := p.refuseOwnNamespace(args.Netns); err != nil {
+		return err
+	}
 	conf, err := netconf.Parse(args.StdinData)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
+	if conf.Passthrough {
+		return p.passThrough(name, conf, args.StdinData)
+	}
+	return v(args, conf)
+}
+
+// load makes sure the entry's delegate can be found and its directories
+// are safe, and renders the delegate's entry, before any verb touches the
+// filesystem.
+func (p *Plugin) load(conf *netconf.Config) ([]byte, error) {
 	if err := p.find(conf.Delegate); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := conf.CheckDirs(); err != nil {
-		return nil, nil, types.NewError(types.ErrIOFailure, "unsafe data directory", err.Error())
+		return nil, types.NewError(types.ErrIOFailure, "unsafe data directory", err.Error())
 	}
 	delegateConf, err := conf.DelegateConfig()
 	if err != nil {
-		return nil, nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+		return nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
 	}
-	return conf, delegateConf, nil
+	return delegateConf, nil
 }
 
 // loadForHostLocal is load for a verb whose delegate runs host-local on
 // the network's directory. host-local opens its lock and reads every lease
 // blocking and through links: a planted FIFO would hang the verb until
 // delegateTimeout, so such a directory is refused first.
-func (p *Plugin) loadForHostLocal(args *skel.CmdArgs) (*netconf.Config, []byte, error) {
-	conf, delegateConf, err := p.load(args)
+func (p *Plugin) loadForHostLocal(conf *netconf.Config) ([]byte, error) {
+	delegateConf, err := p.load(conf)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := conf.Dir().CheckPlanted(); err != nil {
-		return nil, nil, plantedError(err)
+		return nil, plantedError(err)
 	}
-	return conf, delegateConf, nil
+	return delegateConf, nil
 }
 
 func plantedError(err error) error {

@@ -8,14 +8,10 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
 
-// Status answers "can an ADD succeed now?" (spec 1.1.0): the delegate must
+// status answers "can an ADD succeed now?" (spec 1.1.0): the delegate must
 // be installed and say so, and the dataDir must accept a lease. Either
 // failing is code 50, which tells the runtime to hold new ADDs.
-func (p *Plugin) Status(args *skel.CmdArgs) error {
-	conf, err := netconf.Parse(args.StdinData)
-	if err != nil {
-		return err
-	}
+func (p *Plugin) status(_ *skel.CmdArgs, conf *netconf.Config) error {
 	if err := p.find(conf.Delegate); err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
 	}
