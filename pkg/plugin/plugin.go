@@ -17,10 +17,8 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 // Plugin carries the edges the verbs talk through, so tests can replace the
@@ -45,7 +43,7 @@ func New() *Plugin {
 		Exec:    &delegateExec{stderr: os.Stderr, found: &lookups{}},
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
-		Reclaim: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: os.Stderr},
+		Reclaim: reclaim.NewEnv(os.Stderr),
 	}
 }
 

@@ -23,6 +23,13 @@ type Env struct {
 	Log io.Writer
 }
 
+// NewEnv is the real host's: its namespaces, processes and clock, its NAT
+// tables, and log (nil discards). The plugin and the operator's commands
+// are wired through it alike.
+func NewEnv(log io.Writer) Env {
+	return Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: log}
+}
+
 func (e *Env) logf(format string, args ...any) {
 	if e.Log != nil {
 		fmt.Fprintf(e.Log, "nomad-bridge-cni: "+format+"\n", args...)

@@ -14,6 +14,7 @@ import (
 	cniskel "github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/cli"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 )
@@ -32,7 +33,7 @@ func run(invokedAs string, args []string, getenv func(string) string, stdout, st
 	case len(args) == 0:
 		return printAbout(invokedAs, getenv, stdout, stderr)
 	default:
-		return runCLI(args, stdout, stderr)
+		return cli.Run(args, stdout, stderr, About())
 	}
 }
 

@@ -1,4 +1,7 @@
-package skel
+// Package cli is the operator's command line: the same binary run by hand
+// (no CNI_COMMAND) with a subcommand or a flag. It wires the commands'
+// flags to pkg/operator (leases, gc), pkg/doctor and pkg/metrics.
+package cli
 
 import (
 	"errors"
@@ -10,10 +13,8 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 const usage = `nomad-bridge-cni: a CNI plugin that wraps "bridge" and keeps host-local's
@@ -74,20 +75,22 @@ Examples:
 Flags:
 `
 
+// binaryName is the binary's name, as operators type it.
+const binaryName = "nomad-bridge-cni"
+
 // cli holds the operator CLI's edges, so tests can give it a fake host.
 type cli struct {
 	stdout, stderr io.Writer
 	sweeper        func() *reclaim.Sweeper
+	about          string
 }
 
-func realSweeper() *reclaim.Sweeper {
-	return &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New()}}
-}
+func realSweeper() *reclaim.Sweeper { return &reclaim.Sweeper{Env: reclaim.NewEnv(nil)} }
 
-// runCLI is the operator's entry point: flags and subcommands, never the
-// CNI protocol.
-func runCLI(args []string, stdout, stderr io.Writer) int {
-	return (&cli{stdout: stdout, stderr: stderr, sweeper: realSweeper}).run(args)
+// Run is the operator's entry point: flags and subcommands, never the CNI
+// protocol. about is the version line --version prints.
+func Run(args []string, stdout, stderr io.Writer, about string) int {
+	return (&cli{stdout: stdout, stderr: stderr, sweeper: realSweeper, about: about}).run(args)
 }
 
 func (c *cli) run(args []string) int {
@@ -109,7 +112,7 @@ func (c *cli) run(args []string) int {
 		return code
 	}
 	if *showVersion {
-		fmt.Fprintln(c.stdout, About())
+		fmt.Fprintln(c.stdout, c.about)
 		return 0
 	}
 	if flags.NArg() > 0 {
@@ -210,7 +213,7 @@ type command struct {
 }
 
 func (c *cli) flagSet(name, help string) *command {
-	flags := pflag.NewFlagSet(PluginName+" "+name, pflag.ContinueOnError)
+	flags := pflag.NewFlagSet(binaryName+" "+name, pflag.ContinueOnError)
 	// pflag would print errors and usage itself while parsing; parse does
 	// it once, on the right stream.
 	flags.SetOutput(io.Discard)
@@ -233,7 +236,7 @@ func (c *cli) parse(flags *command, args []string) (int, bool) {
 		flags.usage(c.stdout)
 		return 0, true
 	}
-	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), PluginName))
+	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), binaryName))
 	return c.fail(2, err, name), true
 }
 

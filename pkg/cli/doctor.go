@@ -1,17 +1,11 @@
-package skel
+package cli
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
 const doctorUsage = `Usage: nomad-bridge-cni doctor [--json] [--conf-dir DIR]... [--cni-path DIRS]
@@ -41,15 +35,11 @@ func (c *cli) doctor(args []string) int {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("doctor takes no arguments, got %q", flags.Args()), "doctor")
 	}
-	r := doctor.Run(doctor.Options{
-		ConfDirs:  append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...),
-		CNIPath:   filepath.SplitList(*cniPath),
-		Nomad:     nomadInstalled(),
-		Version:   pluginVersion,
-		OnTmpfs:   onTmpfs,
-		FreeBytes: freeBytes,
-		Sweeper:   c.sweeper(),
-	})
+	o := doctor.HostOptions()
+	o.ConfDirs = append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...)
+	o.CNIPath = filepath.SplitList(*cniPath)
+	o.Sweeper = c.sweeper()
+	r := doctor.Run(o)
 	var err error
 	if *jsonOut {
 		err = doctor.WriteJSON(c.stdout, r)
@@ -70,37 +60,4 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
-}
-
-// nomadInstalled: a Nomad binary in PATH or its configuration directory.
-func nomadInstalled() bool {
-	if _, err := exec.LookPath("nomad"); err == nil {
-		return true
-	}
-	_, err := os.Stat("/etc/nomad.d")
-	return err == nil
-}
-
-// pluginVersion runs a plugin as Nomad's fingerprint does: no arguments,
-// stdout and stderr together, a few seconds at most.
-func pluginVersion(path string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, path)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
-func onTmpfs(dir string) (bool, error) {
-	mem, _, err := ipamdir.Dir{DataDir: dir}.OnTmpfs()
-	return mem, err
-}
-
-func freeBytes(dir string) (uint64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, err
-	}
-	return st.Bavail * uint64(st.Bsize), nil
 }

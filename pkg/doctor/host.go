@@ -1,0 +1,52 @@
+package doctor
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+)
+
+// HostOptions are the probes of the real host: whether Nomad is installed,
+// what each plugin prints when Nomad fingerprints it, whether a directory
+// is a tmpfs and how much room it has. The caller adds what to read.
+func HostOptions() Options {
+	return Options{Nomad: nomadInstalled(), Version: pluginVersion, OnTmpfs: onTmpfs, FreeBytes: freeBytes}
+}
+
+// nomadInstalled: a Nomad binary in PATH or its configuration directory.
+func nomadInstalled() bool {
+	if _, err := exec.LookPath("nomad"); err == nil {
+		return true
+	}
+	_, err := os.Stat("/etc/nomad.d")
+	return err == nil
+}
+
+// pluginVersion runs a plugin as Nomad's fingerprint does: no arguments,
+// stdout and stderr together, a few seconds at most.
+func pluginVersion(path string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func onTmpfs(dir string) (bool, error) {
+	mem, _, err := ipamdir.Dir{DataDir: dir}.OnTmpfs()
+	return mem, err
+}
+
+func freeBytes(dir string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}
