@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -141,8 +141,7 @@ func (c *cli) common(flags *command) *commonFlags {
 // conflists use: a sweep of one data dir never takes the NAT rules of
 // another's containers for orphans.
 func (f *commonFlags) scope(dirs []ipamdir.Dir) operator.Scope {
-	confDirs := append(append([]string{}, doctor.DefaultConfDirs...), f.confDirs...)
-	return operator.Scope{DataDir: f.dataDir, Dirs: dirs, OtherDataDirs: doctor.DataDirs(confDirs)}
+	return operator.Scope{DataDir: f.dataDir, Dirs: dirs, OtherDataDirs: conflists.DataDirs(withDefaultConfDirs(f.confDirs))}
 }
 
 func (c *cli) leases(args []string) (code int) {
@@ -204,6 +203,11 @@ func (c *cli) gc(args []string) (code int) {
 		return c.fail(1, err, "")
 	}
 	return 0
+}
+
+// withDefaultConfDirs is where runtimes keep conflists, and extra.
+func withDefaultConfDirs(extra []string) []string {
+	return append(append([]string{}, conflists.DefaultDirs...), extra...)
 }
 
 // command is a flag set and the help text printed before its flags.

@@ -36,7 +36,7 @@ func (c *cli) doctor(args []string) int {
 		return c.fail(2, fmt.Errorf("doctor takes no arguments, got %q", flags.Args()), "doctor")
 	}
 	o := doctor.HostOptions()
-	o.ConfDirs = append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...)
+	o.ConfDirs = withDefaultConfDirs(*confDirs)
 	o.CNIPath = filepath.SplitList(*cniPath)
 	o.Sweeper = c.sweeper()
 	r := doctor.Run(o)

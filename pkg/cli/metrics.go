@@ -3,7 +3,7 @@ package cli
 import (
 	"fmt"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/metrics"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
@@ -39,9 +39,9 @@ func (c *cli) metrics(args []string) (code int) {
 		return c.fail(1, err, "")
 	}
 	defer c.reportSkipped(skipped, &code)
-	conflists := append(append([]string{}, doctor.DefaultConfDirs...), *confDirs...)
-	scope := operator.Scope{DataDir: *dataDir, Dirs: dirs, OtherDataDirs: doctor.DataDirs(conflists)}
-	nets, err := metrics.Collect(c.sweeper(), scope, doctor.RangeAddresses(conflists))
+	hostConfs := withDefaultConfDirs(*confDirs)
+	scope := operator.Scope{DataDir: *dataDir, Dirs: dirs, OtherDataDirs: conflists.DataDirs(hostConfs)}
+	nets, err := metrics.Collect(c.sweeper(), scope, conflists.RangeAddresses(hostConfs))
 	if err != nil {
 		return c.fail(1, err, "")
 	}

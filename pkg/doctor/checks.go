@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
@@ -41,10 +42,10 @@ func firstVersion(out string) (string, [3]int, bool) {
 
 // checkPlugins finds every plugin the plugin's chains need in the CNI bin
 // dirs, and reads its version as Nomad does.
-func checkPlugins(o Options, ours []*network) []Finding {
+func checkPlugins(o Options, ours []*conflists.Network) []Finding {
 	var need []string
 	for _, n := range ours {
-		for _, t := range append(slices.Clone(n.plugins), n.conf.Delegate, netconf.HostLocal) {
+		for _, t := range append(slices.Clone(n.Plugins), n.Conf.Delegate, netconf.HostLocal) {
 			if t != "" && t != "flannel" && !slices.Contains(need, t) {
 				need = append(need, t)
 			}
@@ -88,13 +89,13 @@ func consequence(name string) string {
 }
 
 // checkDataDirs: each dataDir exists, is safe, lives in memory, has room.
-func checkDataDirs(o Options, ours []*network) []Finding {
+func checkDataDirs(o Options, ours []*conflists.Network) []Finding {
 	var fs []Finding
 	seen := map[string]bool{}
 	for _, n := range ours {
-		d := n.conf.DataDir
-		if err := ipamdir.New(d, n.name).Check(); err != nil {
-			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: fmt.Sprintf("unsafe for network %q: %v", n.name, err), Fix: "remove what was planted, or chown it to root: every verb refuses it"})
+		d := n.Conf.DataDir
+		if err := ipamdir.New(d, n.Name).Check(); err != nil {
+			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: fmt.Sprintf("unsafe for network %q: %v", n.Name, err), Fix: "remove what was planted, or chown it to root: every verb refuses it"})
 		}
 		if seen[d] {
 			continue
@@ -121,15 +122,15 @@ func checkDataDirs(o Options, ours []*network) []Finding {
 
 // nomadBuiltin is the network Nomad's client builds in code for
 // `mode = "bridge"`.
-func nomadBuiltin() *network {
-	return &network{file: "Nomad's built-in bridge network", name: "nomad", bridge: "nomad",
-		subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, dir: ipamdir.New(ipamdir.DefaultDataDir, "nomad")}
+func nomadBuiltin() *conflists.Network {
+	return &conflists.Network{File: "Nomad's built-in bridge network", Name: "nomad", Bridge: "nomad",
+		Subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, Dir: ipamdir.New(ipamdir.DefaultDataDir, "nomad")}
 }
 
 // checkClashes: two networks with one name or one bridge, or overlapping
 // subnets kept in different lease directories (two host-local stores
 // handing out one range: duplicate addresses).
-func checkClashes(o Options, nets []*network) []Finding {
+func checkClashes(o Options, nets []*conflists.Network) []Finding {
 	all := slices.Clone(nets)
 	if o.Nomad {
 		all = append(all, nomadBuiltin())
@@ -137,23 +138,23 @@ func checkClashes(o Options, nets []*network) []Finding {
 	var fs []Finding
 	for i, a := range all {
 		for _, b := range all[i+1:] {
-			if a.file == b.file && a.name == b.name {
+			if a.File == b.File && a.Name == b.Name {
 				continue
 			}
-			pair := fmt.Sprintf("%q (%s) and %q (%s)", a.name, a.file, b.name, b.file)
+			pair := fmt.Sprintf("%q (%s) and %q (%s)", a.Name, a.File, b.Name, b.File)
 			switch {
-			case a.name == b.name:
-				fs = append(fs, Finding{Level: Error, Check: "clash", Subject: a.name, Message: "two networks named " + pair, Fix: "rename one: runtimes pick one of them, and they share a lease directory"})
-			case a.bridge == b.bridge:
-				fs = append(fs, Finding{Level: Error, Check: "clash", Subject: a.bridge, Message: "one bridge for " + pair, Fix: "give each network its own \"bridge\""})
+			case a.Name == b.Name:
+				fs = append(fs, Finding{Level: Error, Check: "clash", Subject: a.Name, Message: "two networks named " + pair, Fix: "rename one: runtimes pick one of them, and they share a lease directory"})
+			case a.Bridge == b.Bridge:
+				fs = append(fs, Finding{Level: Error, Check: "clash", Subject: a.Bridge, Message: "one bridge for " + pair, Fix: "give each network its own \"bridge\""})
 			}
-			if a.dir.Leases() == b.dir.Leases() {
+			if a.Dir.Leases() == b.Dir.Leases() {
 				continue
 			}
-			for _, p := range a.subnets {
-				for _, q := range b.subnets {
+			for _, p := range a.Subnets {
+				for _, q := range b.Subnets {
 					if p.Overlaps(q) {
-						fs = append(fs, Finding{Level: Error, Check: "clash", Subject: p.String(), Message: fmt.Sprintf("%s overlaps %s of %s, kept in %s and %s: one address can be handed out twice", p, q, pair, a.dir.Leases(), b.dir.Leases()), Fix: "give one of them another subnet"})
+						fs = append(fs, Finding{Level: Error, Check: "clash", Subject: p.String(), Message: fmt.Sprintf("%s overlaps %s of %s, kept in %s and %s: one address can be handed out twice", p, q, pair, a.Dir.Leases(), b.Dir.Leases()), Fix: "give one of them another subnet"})
 					}
 				}
 			}
@@ -165,39 +166,39 @@ func checkClashes(o Options, nets []*network) []Finding {
 // checkState summarizes, per network of the plugin, what `leases` judges:
 // legacy leases still waiting for the migration, and attachments that are
 // stale, detached or unknown, and NAT rules nobody holds.
-func checkState(o Options, ours []*network, dataDirs []string) []Finding {
+func checkState(o Options, ours []*conflists.Network, dataDirs []string) []Finding {
 	var fs []Finding
 	done := map[string]bool{}
 	for _, n := range ours {
-		if done[n.dir.Leases()] {
+		if done[n.Dir.Leases()] {
 			continue
 		}
-		done[n.dir.Leases()] = true
-		legacy := n.conf.LegacyDir()
-		if k := countLeases(legacy); k > 0 && n.conf.LegacyDataDir != n.conf.DataDir {
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
+		done[n.Dir.Leases()] = true
+		legacy := n.Conf.LegacyDir()
+		if k := countLeases(legacy); k > 0 && n.Conf.LegacyDataDir != n.Conf.DataDir {
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
 		}
 		if o.Sweeper == nil {
 			continue
 		}
-		if _, err := os.Stat(n.conf.DataDir); err != nil {
+		if _, err := os.Stat(n.Conf.DataDir); err != nil {
 			continue
 		}
-		count, err := stateCounts(o.Sweeper, n.dir, dataDirs)
+		count, err := stateCounts(o.Sweeper, n.Dir, dataDirs)
 		if err != nil {
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: fmt.Sprintf("cannot read: %v", err)})
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("cannot read: %v", err)})
 			continue
 		}
 		msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
 		switch {
 		case count["stale"] > 0 || count["orphan-rules"] > 0:
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --network %s --orphan-rules (see `leases`)", n.name)})
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --network %s --orphan-rules (see `leases`)", n.Name)})
 		case count["detached"] > 0:
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"})
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"})
 		case count["unknown"] > 0:
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.name, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"})
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"})
 		default:
-			fs = append(fs, Finding{Level: OK, Check: "state", Subject: n.name, Message: msg})
+			fs = append(fs, Finding{Level: OK, Check: "state", Subject: n.Name, Message: msg})
 		}
 	}
 	return fs

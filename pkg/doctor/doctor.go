@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -60,9 +61,9 @@ type Options struct {
 // Run checks the host.
 func Run(o Options) *Report {
 	nets, fs := readConflists(o.ConfDirs)
-	var ours []*network
+	var ours []*conflists.Network
 	for _, n := range nets {
-		if n.ours && n.conf != nil {
+		if n.Ours && n.Conf != nil {
 			ours = append(ours, n)
 		}
 	}
@@ -72,7 +73,7 @@ func Run(o Options) *Report {
 	fs = append(fs, checkPlugins(o, ours)...)
 	fs = append(fs, checkDataDirs(o, ours)...)
 	fs = append(fs, checkClashes(o, nets)...)
-	fs = append(fs, checkState(o, ours, dataDirsOf(nets))...)
+	fs = append(fs, checkState(o, ours, conflists.DataDirsOf(nets))...)
 	r := &Report{Findings: fs, OK: true}
 	for _, f := range fs {
 		if f.Level == Error {

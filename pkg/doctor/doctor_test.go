@@ -226,22 +226,3 @@ func TestDoctorOnPlantedAndHugeConflists(t *testing.T) {
 		t.Errorf("findings %+v; want an error for the FIFO and one for the huge conflist", r.Findings)
 	}
 }
-
-// DataDirs names each data dir a host's conflists keep leases in once: the
-// plugin's entries' dataDir, bare bridge's ipam.dataDir and, where that is
-// not set, host-local's default; a relative one (a runtime's working
-// directory) names none.
-func TestDataDirs(t *testing.T) {
-	h := newHost(t)
-	custom := filepath.Join(h.root, "custom")
-	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
-	h.conflist("11-web2.conflist", conf("web2", pluginName, "nbc1", "172.26.96.0/20", "host-local"))
-	h.conflist("20-db.conflist", strings.Replace(conf("db", "bridge", "db0", "10.77.0.0/24", "host-local"), `"type": "host-local"`, `"type": "host-local", "dataDir": "`+custom+`/"`, 1))
-	h.conflist("30-plain.conflist", conf("plain", "bridge", "db1", "10.78.0.0/24", "host-local"))
-	h.conflist("40-rel.conflist", strings.Replace(conf("rel", "bridge", "db2", "10.79.0.0/24", "host-local"), `"type": "host-local"`, `"type": "host-local", "dataDir": "rel/dir"`, 1))
-	got := DataDirs([]string{h.conf, filepath.Join(h.root, "absent")})
-	want := []string{h.data, custom, "/var/lib/cni/networks"}
-	if !slices.Equal(got, want) {
-		t.Errorf("DataDirs = %v, want %v", got, want)
-	}
-}

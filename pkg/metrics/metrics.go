@@ -77,7 +77,7 @@ func Write(w io.Writer, nets []Network) error {
 	gauge("leases", "host-local leases held on a network.", func(n Network) {
 		ew.printf("nomad_bridge_cni_leases{network=%q} %d\n", n.Name, n.Leases)
 	})
-	gauge("range_addresses", "Addresses in a network's ranges (from its conflist; absent when none was found).", func(n Network) {
+	gauge("range_addresses", "Addresses in a network's ranges, rangeStart to rangeEnd (from its conflist; absent when none was found).", func(n Network) {
 		if n.RangeSize > 0 {
 			ew.printf("nomad_bridge_cni_range_addresses{network=%q} %g\n", n.Name, n.RangeSize)
 		}

@@ -1,0 +1,316 @@
+// Package conflists finds the bridge networks a host's CNI configuration
+// files set up: which are the plugin's (validated as ADD would), where each
+// keeps its leases, its subnets and how many addresses its ranges hold. The
+// doctor, metrics and the operator's commands read the host through it.
+package conflists
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
+)
+
+// DefaultDirs are where runtimes keep their CNI network configurations:
+// containerd, CRI-O, podman's CNI backend and cnitool (/etc/cni/net.d),
+// Nomad (/opt/cni/config), Apptainer, and k3s.
+var DefaultDirs = []string{
+	"/etc/cni/net.d",
+	"/opt/cni/config",
+	"/etc/apptainer/network",
+	"/usr/local/etc/apptainer/network",
+	"/var/lib/rancher/k3s/agent/etc/cni/net.d",
+}
+
+// PluginName is the type that names the plugin in an entry.
+const PluginName = "nomad-bridge-cni"
+
+// File is one configuration file and the bridge networks it sets up.
+type File struct {
+	Path string
+	// Err: the file could not be read (NotCNI: it was read, but is not a
+	// CNI configuration; runtimes skip it too).
+	Err    error
+	NotCNI bool
+	// Networks are its bridge entries with host-local, in file order.
+	Networks []*Network
+}
+
+// Network is one bridge entry with host-local.
+type Network struct {
+	File   string
+	Entry  int // its index in the file's plugins
+	Name   string
+	Bridge string
+	// Subnets are its ranges' subnets, each once.
+	Subnets []netip.Prefix
+	// Addresses is how many addresses its ranges hold, from rangeStart to
+	// rangeEnd as host-local sets them (its gateway included); 0 when
+	// host-local would refuse the ranges.
+	Addresses float64
+	// Dir is where its host-local keeps leases (for the plugin's entries,
+	// under the rewritten dataDir).
+	Dir ipamdir.Dir
+	// Ours: the entry is the plugin's (or flannel's delegate to it). Conf
+	// is then its validated entry, or Err why ADD refuses it; Plugins are
+	// the chain's plugin types.
+	Ours    bool
+	Conf    *netconf.Config
+	Err     error
+	Plugins []string
+}
+
+// Read reads every configuration file (.conflist, .conf, .json) in dirs; a
+// directory that does not exist is a runtime not installed here.
+func Read(dirs []string) []File {
+	var files []File
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			ext := filepath.Ext(e.Name())
+			if e.IsDir() || (ext != ".conflist" && ext != ".conf" && ext != ".json") {
+				continue
+			}
+			files = append(files, readFile(filepath.Join(dir, e.Name())))
+		}
+	}
+	return files
+}
+
+// Networks are the files' networks, but for the plugin's entries that ADD
+// refuses.
+func Networks(files []File) []*Network {
+	var out []*Network
+	for _, f := range files {
+		for _, n := range f.Networks {
+			if n.Err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// ReadConfFile reads a configuration file as a runtime would (through a
+// symlink), but never blocks on a FIFO planted there and reads at most
+// what the plugin accepts on stdin: every ADD of a bigger one is refused.
+func ReadConfFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s): runtimes would block on it or skip it", fi.Mode().Type())
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, netconf.MaxConfigSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > netconf.MaxConfigSize {
+		return nil, fmt.Errorf("larger than %d bytes, the most the plugin reads of an entry: every ADD of it would be refused (error 6)", netconf.MaxConfigSize)
+	}
+	return raw, nil
+}
+
+func readFile(path string) File {
+	file := File{Path: path}
+	raw, err := ReadConfFile(path)
+	if err != nil {
+		file.Err = err
+		return file
+	}
+	var list struct {
+		Name       string            `json:"name"`
+		CNIVersion string            `json:"cniVersion"`
+		Type       string            `json:"type"`
+		Plugins    []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		file.Err, file.NotCNI = fmt.Errorf("JSON: %w", err), true
+		return file
+	}
+	entries := list.Plugins
+	if len(entries) == 0 && list.Type != "" { // a single .conf
+		entries = []json.RawMessage{raw}
+	}
+	var types []string
+	for _, e := range entries {
+		var t struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(e, &t)
+		types = append(types, t.Type)
+	}
+	for i, e := range entries {
+		entry, ours := bridgeEntry(e)
+		if entry == nil {
+			continue
+		}
+		n := describe(path, list.Name, entry)
+		n.Entry = i
+		stdin, err := withListKeys(entry, list.Name, list.CNIVersion)
+		if err == nil {
+			n.Addresses = rangeAddresses(stdin)
+		}
+		if ours {
+			n.Ours, n.Plugins = true, types
+			if err == nil {
+				n.Conf, err = netconf.Parse(stdin)
+			}
+			if err != nil {
+				n.Err = err
+			} else {
+				n.Dir = n.Conf.Dir()
+			}
+		}
+		file.Networks = append(file.Networks, n)
+	}
+	return file
+}
+
+// bridgeEntry returns the entry that configures a bridge with host-local,
+// and whether it is the plugin's: "type" nomad-bridge-cni or bridge, or
+// flannel's "delegate" (flannel passes it to its delegate type, bridge by
+// default).
+func bridgeEntry(raw json.RawMessage) (map[string]any, bool) {
+	var e map[string]any
+	if json.Unmarshal(raw, &e) != nil {
+		return nil, false
+	}
+	if e["type"] == "flannel" {
+		d, ok := e["delegate"].(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		return d, d["type"] == PluginName
+	}
+	switch e["type"] {
+	case PluginName:
+		return e, true
+	case "bridge":
+		if ipam, ok := e["ipam"].(map[string]any); ok && ipam["type"] == netconf.HostLocal {
+			return e, false
+		}
+	}
+	return nil, false
+}
+
+// withListKeys adds the conflist's name and cniVersion to an entry, as
+// libcni does before running it.
+func withListKeys(entry map[string]any, name, version string) ([]byte, error) {
+	e := map[string]any{}
+	for k, v := range entry {
+		e[k] = v
+	}
+	if _, ok := e["name"]; !ok {
+		e["name"] = name
+	}
+	if _, ok := e["cniVersion"]; !ok {
+		e["cniVersion"] = version
+	}
+	return json.Marshal(e)
+}
+
+// describe reads what a clash check needs of a bridge entry.
+func describe(file, name string, e map[string]any) *Network {
+	n := &Network{File: file, Name: name, Bridge: "cni0"}
+	if b, ok := e["bridge"].(string); ok {
+		n.Bridge = b
+	}
+	ipam, _ := e["ipam"].(map[string]any)
+	dataDir := ipamdir.DefaultLegacyDataDir
+	if d, ok := ipam["dataDir"].(string); ok {
+		dataDir = d
+	}
+	n.Dir = ipamdir.New(dataDir, name)
+	if s, ok := ipam["subnet"].(string); ok {
+		n.addSubnet(s)
+	}
+	ranges, _ := ipam["ranges"].([]any)
+	for _, set := range ranges {
+		rs, _ := set.([]any)
+		for _, r := range rs {
+			if m, ok := r.(map[string]any); ok {
+				if s, ok := m["subnet"].(string); ok {
+					n.addSubnet(s)
+				}
+			}
+		}
+	}
+	return n
+}
+
+func (n *Network) addSubnet(s string) {
+	if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && !slices.Contains(n.Subnets, p.Masked()) {
+		n.Subnets = append(n.Subnets, p.Masked())
+	}
+}
+
+// rangeAddresses counts the addresses of an entry's ranges as host-local
+// reads them (its own config loader: the old single-range keys, the
+// rangeStart and rangeEnd defaults), or 0 if host-local refuses them.
+func rangeAddresses(entry []byte) float64 {
+	conf, _, err := allocator.LoadIPAMConfig(entry, "")
+	if err != nil {
+		return 0
+	}
+	total := new(big.Int)
+	for _, set := range conf.Ranges {
+		for _, r := range set {
+			start, end := new(big.Int).SetBytes(r.RangeStart.To16()), new(big.Int).SetBytes(r.RangeEnd.To16())
+			total.Add(total, end.Sub(end, start).Add(end, big.NewInt(1)))
+		}
+	}
+	f, _ := new(big.Float).SetInt(total).Float64()
+	return f
+}
+
+// RangeAddresses is, for every valid network of the plugin in the
+// conflists of dirs, how many addresses its ranges hold.
+func RangeAddresses(dirs []string) map[string]float64 {
+	out := map[string]float64{}
+	for _, n := range Networks(Read(dirs)) {
+		if n.Ours && n.Addresses > 0 {
+			out[n.Name] = n.Addresses
+		}
+	}
+	return out
+}
+
+// DataDirs are the data dirs where the bridge networks of the conflists in
+// dirs keep their leases (the plugin's entries' and bare bridge's), each
+// once, in the order found: what a sweep of some other directory must
+// check before it calls NAT rules orphans.
+func DataDirs(dirs []string) []string { return DataDirsOf(Networks(Read(dirs))) }
+
+// DataDirsOf is DataDirs of networks already read.
+func DataDirsOf(nets []*Network) []string {
+	var out []string
+	for _, n := range nets {
+		// A relative one is relative to a runtime's working directory,
+		// which only the runtime knows.
+		if d := filepath.Clean(n.Dir.DataDir); filepath.IsAbs(d) && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}

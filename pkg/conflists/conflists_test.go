@@ -1,0 +1,105 @@
+package conflists
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func write(t *testing.T, dir, file, body string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// entry is a conflist of one bridge entry of type typ with ipam (the
+// object's inside) and the entry's own extra keys.
+func entry(name, typ, extra, ipam string) string {
+	return `{"cniVersion": "1.0.0", "name": "` + name + `", "plugins": [{"type": "loopback"},
+	  {"type": "` + typ + `", "bridge": "br-` + name + `"` + extra + `, "ipam": {"type": "host-local", ` + ipam + `}}]}`
+}
+
+// DataDirs names each data dir a host's conflists keep leases in once: the
+// plugin's entries' dataDir, bare bridge's ipam.dataDir and, where that is
+// not set, host-local's default; a relative one (a runtime's working
+// directory) names none.
+func TestDataDirs(t *testing.T) {
+	root := t.TempDir()
+	data, custom := filepath.Join(root, "run-cni"), filepath.Join(root, "custom")
+	ranges := `"ranges": [[{"subnet": "10.77.0.0/24"}]]`
+	write(t, root, "10-web.conflist", entry("web", PluginName, `, "dataDir": "`+data+`"`, ranges))
+	write(t, root, "11-web2.conflist", entry("web2", PluginName, `, "dataDir": "`+data+`"`, ranges))
+	write(t, root, "20-db.conflist", entry("db", "bridge", "", `"dataDir": "`+custom+`/", `+ranges))
+	write(t, root, "30-plain.conflist", entry("plain", "bridge", "", ranges))
+	write(t, root, "40-rel.conflist", entry("rel", "bridge", "", `"dataDir": "rel/dir", `+ranges))
+	got := DataDirs([]string{root, filepath.Join(root, "absent")})
+	want := []string{data, custom, "/var/lib/cni/networks"}
+	if !slices.Equal(got, want) {
+		t.Errorf("DataDirs = %v, want %v", got, want)
+	}
+}
+
+// A network's addresses are counted from rangeStart to rangeEnd as
+// host-local sets them: defaults (.1 to the last before broadcast in IPv4,
+// to the last address in IPv6), given bounds, several ranges and range
+// sets, the old single-range keys; ranges host-local refuses count none.
+func TestRangeAddresses(t *testing.T) {
+	root := t.TempDir()
+	for name, ipam := range map[string]string{
+		"whole24":  `"ranges": [[{"subnet": "10.1.0.0/24"}]]`,
+		"bounded":  `"ranges": [[{"subnet": "10.2.0.0/20", "rangeStart": "10.2.1.10", "rangeEnd": "10.2.1.59"}]]`,
+		"two":      `"ranges": [[{"subnet": "10.3.0.0/24", "rangeStart": "10.3.0.100"}, {"subnet": "10.4.0.0/28"}]]`,
+		"dual":     `"ranges": [[{"subnet": "10.5.0.0/24"}], [{"subnet": "fd00:5::/120"}]]`,
+		"oldstyle": `"subnet": "10.6.0.0/24", "rangeStart": "10.6.0.200", "rangeEnd": "10.6.0.209"`,
+		"refused":  `"ranges": [[{"subnet": "10.7.0.0/24", "rangeStart": "10.8.0.1"}]]`,
+	} {
+		write(t, root, name+".conflist", entry(name, PluginName, "", ipam))
+	}
+	write(t, root, "bare.conflist", entry("bare", "bridge", "", `"ranges": [[{"subnet": "10.9.0.0/24"}]]`))
+	got := RangeAddresses([]string{root})
+	want := map[string]float64{
+		"whole24":  254,
+		"bounded":  50,
+		"two":      155 + 14,
+		"dual":     254 + 255,
+		"oldstyle": 10,
+	}
+	if len(got) != len(want) {
+		t.Errorf("RangeAddresses = %v, want %v (the plugin's networks with ranges host-local accepts)", got, want)
+	}
+	for name, n := range want {
+		if got[name] != n {
+			t.Errorf("%s: %v addresses, want %v", name, got[name], n)
+		}
+	}
+}
+
+// A file that cannot be read, one that is not JSON, and an entry of the
+// plugin's that ADD refuses are each reported, and only the valid
+// networks are listed.
+func TestReadReportsWhatItCannotUse(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "10-bad.conflist", "{")
+	write(t, root, "20-invalid.conflist", entry("invalid", PluginName, `, "dataDir": "relative"`, `"ranges": [[{"subnet": "10.1.0.0/24"}]]`))
+	write(t, root, "30-ok.conflist", entry("ok", PluginName, "", `"ranges": [[{"subnet": "10.1.1.0/24"}]]`))
+	if err := os.Mkdir(filepath.Join(root, "40-dir.conflist"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := Read([]string{root})
+	if len(files) != 3 {
+		t.Fatalf("files = %+v, want 3 (a directory is not a file)", files)
+	}
+	if !files[0].NotCNI || files[0].Err == nil {
+		t.Errorf("%s: %+v, want it not CNI", files[0].Path, files[0])
+	}
+	if n := files[1].Networks; len(n) != 1 || n[0].Err == nil || !strings.Contains(n[0].Err.Error(), "dataDir") {
+		t.Errorf("%s: %+v, want the entry refused for its dataDir", files[1].Path, n)
+	}
+	nets := Networks(files)
+	if len(nets) != 1 || nets[0].Name != "ok" || !nets[0].Ours || nets[0].Conf == nil || nets[0].Dir.Leases() != "/var/run/cni/ok" {
+		t.Errorf("Networks = %+v, want only ok, the plugin's, in /var/run/cni/ok", nets)
+	}
+}
