@@ -54,8 +54,10 @@ Flags:
 
 const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D] [--network N] [--conf-dir DIR]... [--dry-run] [--orphan-rules] [--json]
 
-Runs exactly the sweep a CNI CHECK runs, under host-local's lock, and prints
-each release and why: leases, bridge's ipMasq rules, portmap's chain and the
+Runs exactly what a CNI CHECK runs after its delegate: the migration of the
+network's legacy leases (once per boot; from the ipam.dataDir its conflist
+names, else /var/lib/cni/networks), then the sweep, under host-local's lock,
+remembered as the network's last sweep. It prints each release and why: leases, bridge's ipMasq rules, portmap's chain and the
 record of every attachment proved stale (earlier boot, namespace gone or
 replaced), and the NAT rules of containers that hold neither a lease nor a
 record on a network an ADD through the plugin marked as its own.
@@ -137,11 +139,12 @@ func (c *cli) common(flags *command) *commonFlags {
 	return f
 }
 
-// scope is the command's networks, with the data dirs the host's
-// conflists use: a sweep of one data dir never takes the NAT rules of
-// another's containers for orphans.
+// scope is the command's networks, with what the host's conflists say of
+// them: the data dirs they use (a sweep of one data dir never takes the NAT
+// rules of another's containers for orphans) and the networks' legacy
+// dirs (gc migrates from them, as CHECK does).
 func (f *commonFlags) scope(dirs []ipamdir.Dir) operator.Scope {
-	return operator.Scope{DataDir: f.dataDir, Dirs: dirs, OtherDataDirs: conflists.DataDirs(withDefaultConfDirs(f.confDirs))}
+	return operator.NewScope(f.dataDir, dirs, conflists.Networks(conflists.Read(withDefaultConfDirs(f.confDirs))))
 }
 
 func (c *cli) leases(args []string) (code int) {

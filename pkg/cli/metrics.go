@@ -39,9 +39,8 @@ func (c *cli) metrics(args []string) (code int) {
 		return c.fail(1, err, "")
 	}
 	defer c.reportSkipped(skipped, &code)
-	hostConfs := withDefaultConfDirs(*confDirs)
-	scope := operator.Scope{DataDir: *dataDir, Dirs: dirs, OtherDataDirs: conflists.DataDirs(hostConfs)}
-	nets, err := metrics.Collect(c.sweeper(), scope, conflists.RangeAddresses(hostConfs))
+	hostNets := conflists.Networks(conflists.Read(withDefaultConfDirs(*confDirs)))
+	nets, err := metrics.Collect(c.sweeper(), operator.NewScope(*dataDir, dirs, hostNets), conflists.RangeAddresses(hostNets))
 	if err != nil {
 		return c.fail(1, err, "")
 	}

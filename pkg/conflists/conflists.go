@@ -284,11 +284,11 @@ func rangeAddresses(entry []byte) float64 {
 	return f
 }
 
-// RangeAddresses is, for every valid network of the plugin in the
-// conflists of dirs, how many addresses its ranges hold.
-func RangeAddresses(dirs []string) map[string]float64 {
+// RangeAddresses is, for every network of the plugin among nets, how many
+// addresses its ranges hold.
+func RangeAddresses(nets []*Network) map[string]float64 {
 	out := map[string]float64{}
-	for _, n := range Networks(Read(dirs)) {
+	for _, n := range nets {
 		if n.Ours && n.Addresses > 0 {
 			out[n.Name] = n.Addresses
 		}
@@ -296,13 +296,9 @@ func RangeAddresses(dirs []string) map[string]float64 {
 	return out
 }
 
-// DataDirs are the data dirs where the bridge networks of the conflists in
-// dirs keep their leases (the plugin's entries' and bare bridge's), each
-// once, in the order found: what a sweep of some other directory must
-// check before it calls NAT rules orphans.
-func DataDirs(dirs []string) []string { return DataDirsOf(Networks(Read(dirs))) }
-
-// DataDirsOf is DataDirs of networks already read.
+// DataDirsOf are the data dirs where nets keep their leases (the plugin's
+// entries' and bare bridge's), each once, in the order found: what a sweep
+// of some other directory must check before it calls NAT rules orphans.
 func DataDirsOf(nets []*Network) []string {
 	var out []string
 	for _, n := range nets {

@@ -22,7 +22,7 @@ func entry(name, typ, extra, ipam string) string {
 	  {"type": "` + typ + `", "bridge": "br-` + name + `"` + extra + `, "ipam": {"type": "host-local", ` + ipam + `}}]}`
 }
 
-// DataDirs names each data dir a host's conflists keep leases in once: the
+// DataDirsOf names each data dir a host's conflists keep leases in once: the
 // plugin's entries' dataDir, bare bridge's ipam.dataDir and, where that is
 // not set, host-local's default; a relative one (a runtime's working
 // directory) names none.
@@ -35,7 +35,7 @@ func TestDataDirs(t *testing.T) {
 	write(t, root, "20-db.conflist", entry("db", "bridge", "", `"dataDir": "`+custom+`/", `+ranges))
 	write(t, root, "30-plain.conflist", entry("plain", "bridge", "", ranges))
 	write(t, root, "40-rel.conflist", entry("rel", "bridge", "", `"dataDir": "rel/dir", `+ranges))
-	got := DataDirs([]string{root, filepath.Join(root, "absent")})
+	got := DataDirsOf(Networks(Read([]string{root, filepath.Join(root, "absent")})))
 	want := []string{data, custom, "/var/lib/cni/networks"}
 	if !slices.Equal(got, want) {
 		t.Errorf("DataDirs = %v, want %v", got, want)
@@ -59,7 +59,7 @@ func TestRangeAddresses(t *testing.T) {
 		write(t, root, name+".conflist", entry(name, PluginName, "", ipam))
 	}
 	write(t, root, "bare.conflist", entry("bare", "bridge", "", `"ranges": [[{"subnet": "10.9.0.0/24"}]]`))
-	got := RangeAddresses([]string{root})
+	got := RangeAddresses(Networks(Read([]string{root})))
 	want := map[string]float64{
 		"whole24":  254,
 		"bounded":  50,

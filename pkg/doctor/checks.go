@@ -166,7 +166,7 @@ func checkClashes(o Options, nets []*conflists.Network) []Finding {
 // checkState summarizes, per network of the plugin, what `leases` judges:
 // legacy leases still waiting for the migration, and attachments that are
 // stale, detached or unknown, and NAT rules nobody holds.
-func checkState(o Options, ours []*conflists.Network, dataDirs []string) []Finding {
+func checkState(o Options, ours, nets []*conflists.Network) []Finding {
 	var fs []Finding
 	done := map[string]bool{}
 	for _, n := range ours {
@@ -184,7 +184,7 @@ func checkState(o Options, ours []*conflists.Network, dataDirs []string) []Findi
 		if _, err := os.Stat(n.Conf.DataDir); err != nil {
 			continue
 		}
-		count, err := stateCounts(o.Sweeper, n.Dir, dataDirs)
+		count, err := stateCounts(o.Sweeper, operator.NewScope(n.Dir.DataDir, []ipamdir.Dir{n.Dir}, nets))
 		if err != nil {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("cannot read: %v", err)})
 			continue
@@ -204,12 +204,13 @@ func checkState(o Options, ours []*conflists.Network, dataDirs []string) []Findi
 	return fs
 }
 
-// stateCounts counts a network's attachments by the state `leases` gives
-// them. A network none of whose directories exists holds no attachment, and
+// stateCounts counts the attachments of the one network of scope by the
+// state `leases` gives them. A network none of whose directories exists holds no attachment, and
 // is not swept: a sweep takes host-local's lock, whose store creates the
 // network's directory, and the doctor only reads. Every NAT rule set of
 // such a network is an orphan.
-func stateCounts(s *reclaim.Sweeper, d ipamdir.Dir, dataDirs []string) (map[string]int, error) {
+func stateCounts(s *reclaim.Sweeper, scope operator.Scope) (map[string]int, error) {
+	d := scope.Dirs[0]
 	count := map[string]int{}
 	if !exists(d.Leases()) && !exists(d.Records()) {
 		if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
@@ -222,7 +223,7 @@ func stateCounts(s *reclaim.Sweeper, d ipamdir.Dir, dataDirs []string) (map[stri
 		count["orphan-rules"] = len(snap.Containers())
 		return count, nil
 	}
-	if err := operator.Leases(s, operator.Scope{DataDir: d.DataDir, Dirs: []ipamdir.Dir{d}, OtherDataDirs: dataDirs}, stateCounter(count)); err != nil {
+	if err := operator.Leases(s, scope, stateCounter(count)); err != nil {
 		return nil, err
 	}
 	return count, nil

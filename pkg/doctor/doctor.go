@@ -73,7 +73,7 @@ func Run(o Options) *Report {
 	fs = append(fs, checkPlugins(o, ours)...)
 	fs = append(fs, checkDataDirs(o, ours)...)
 	fs = append(fs, checkClashes(o, nets)...)
-	fs = append(fs, checkState(o, ours, conflists.DataDirsOf(nets))...)
+	fs = append(fs, checkState(o, ours, nets)...)
 	r := &Report{Findings: fs, OK: true}
 	for _, f := range fs {
 		if f.Level == Error {

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,8 +55,11 @@ func TestMetricsParseAndCount(t *testing.T) {
 	lease("10.0.0.3", "dead\r\neth0")
 	lease("10.0.0.4", "someone\r\neth0")
 	s := &reclaim.Sweeper{Env: reclaim.Env{Host: host}}
-	s.SweepEnded(d)
-	if err := os.WriteFile(filepath.Join(d.Records(), ".releases"), []byte(`{"earlier-boot":4,"namespace-gone":2}`), 0o600); err != nil {
+	// A CHECK's sweep ended now (the marker sweeps write).
+	if err := os.WriteFile(d.Marker(ipamdir.LastSweepMarker), []byte(fmt.Sprintf("%s %d", host.ID, host.Clock.UnixNano())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.Marker(ipamdir.ReleasesMarker), []byte(`{"earlier-boot":4,"namespace-gone":2}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	host.Clock = host.Clock.Add(90 * time.Second)

@@ -57,7 +57,7 @@ func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, sink GCSink) 
 		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
 		req := scope.Request(d)
 		req.DryRun, req.Orphans, req.Released, req.Problem = dryRun, orphanRules, emit, problem
-		if _, err := s.Sweep(req); err != nil {
+		if _, err := s.CheckSweep(req, 0); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
 	}

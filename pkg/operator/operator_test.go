@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -425,4 +426,52 @@ func scopeOf(dataDir string, networks []string) Scope {
 		sc.Dirs = append(sc.Dirs, ipamdir.New(dataDir, n))
 	}
 	return sc
+}
+
+// gc runs what a CHECK runs: it migrates the network's legacy leases from
+// the legacy dir its conflist names (a lease of this boot is copied in and
+// recorded as migrated, one from before it goes), and remembers when its sweep ended, as CHECK does
+// (the doc said so, the code did neither). A dry run does neither.
+func TestGCMigratesAndRemembersItsSweepAsCHECKDoes(t *testing.T) {
+	for _, dryRun := range []bool{true, false} {
+		t.Run(fmt.Sprintf("dry-run=%v", dryRun), func(t *testing.T) {
+			dataDir, s, _ := fixture(t)
+			legacy := t.TempDir()
+			legacyNet := ipamdir.New(legacy, "nomad")
+			if err := os.MkdirAll(legacyNet.Leases(), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for ip, mtime := range map[string]time.Time{"172.26.64.50": boot.Add(time.Hour), "172.26.64.51": boot.Add(-time.Hour)} {
+				path := filepath.Join(legacyNet.Leases(), ip)
+				if err := os.WriteFile(path, []byte("old-"+ip+"\r\neth0"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chtimes(path, mtime, mtime); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := ipamdir.New(dataDir, "nomad")
+			sc := Scope{DataDir: dataDir, Dirs: []ipamdir.Dir{d}, LegacyDataDirs: map[string]string{"nomad": legacy}}
+			if err := GC(s, sc, dryRun, false, &GCText{W: io.Discard}); err != nil {
+				t.Fatal(err)
+			}
+			_, movedErr := os.Stat(filepath.Join(d.Leases(), "172.26.64.50"))
+			_, leftErr := os.Stat(filepath.Join(legacyNet.Leases(), "172.26.64.50"))
+			_, oldErr := os.Stat(filepath.Join(legacyNet.Leases(), "172.26.64.51"))
+			_, stampErr := os.Stat(d.Marker(ipamdir.LastSweepMarker))
+			if dryRun {
+				if movedErr == nil || leftErr != nil || oldErr != nil || stampErr == nil {
+					t.Errorf("a dry run changed something: moved %v, left %v, old %v, stamp %v", movedErr, leftErr, oldErr, stampErr)
+				}
+				return
+			}
+			rec, err := records.NewStore(d).Read(records.Key{ContainerID: "old-172.26.64.50", IfName: "eth0"})
+			if movedErr != nil || leftErr != nil || oldErr == nil || err != nil || rec == nil || rec.State != records.Migrated {
+				t.Errorf("legacy leases not migrated: copied %v, legacy copy %v, from before the boot %v, record %+v %v", movedErr, leftErr, oldErr, rec, err)
+			}
+			if _, ok := s.LastSweep(d); stampErr != nil || !ok {
+				t.Errorf("gc's sweep was not remembered: %v", stampErr)
+			}
+		})
+	}
 }

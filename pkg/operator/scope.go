@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
@@ -19,12 +20,33 @@ type Scope struct {
 	// OtherDataDirs are the data dirs the host's conflists name; the
 	// default one is always checked, DataDir itself never.
 	OtherDataDirs []string
+	// LegacyDataDirs is, by network, where its conflist's host-local kept
+	// leases before the rewrite (its own ipam.dataDir); host-local's
+	// default for the others.
+	LegacyDataDirs map[string]string
+}
+
+// NewScope is the scope of dirs, networks of dataDir, on a host whose
+// conflists set up nets (conflists.Networks): its other data dirs, and the
+// legacy dir of each of the plugin's networks in dataDir.
+func NewScope(dataDir string, dirs []ipamdir.Dir, nets []*conflists.Network) Scope {
+	sc := Scope{DataDir: dataDir, Dirs: dirs, OtherDataDirs: conflists.DataDirsOf(nets), LegacyDataDirs: map[string]string{}}
+	for _, n := range nets {
+		if n.Ours && filepath.Clean(n.Conf.DataDir) == filepath.Clean(dataDir) {
+			sc.LegacyDataDirs[n.Name] = n.Conf.LegacyDataDir
+		}
+	}
+	return sc
 }
 
 // Request is the sweep of one network of the scope, before the command
 // says what to do with it.
 func (sc Scope) Request(d ipamdir.Dir) reclaim.Request {
-	return reclaim.Request{Dir: d, LegacyDataDir: ipamdir.DefaultLegacyDataDir, OtherDataDirs: sc.others()}
+	legacy, ok := sc.LegacyDataDirs[d.Network]
+	if !ok {
+		legacy = ipamdir.DefaultLegacyDataDir
+	}
+	return reclaim.Request{Dir: d, LegacyDataDir: legacy, OtherDataDirs: sc.others()}
 }
 
 func (sc Scope) others() []string {

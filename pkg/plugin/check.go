@@ -1,6 +1,8 @@
 package plugin
 
 import (
+	"errors"
+
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 
@@ -25,14 +27,12 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 	defer cancel()
 	checkErr := invoke.DelegateCheck(ctx, conf.Delegate, delegateConf, p.Exec)
 
-	sweeper := &reclaim.Sweeper{Env: p.Reclaim}
-	if err := p.migrate(conf); err != nil {
+	req := reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir}
+	var migration *reclaim.MigrationError
+	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).CheckSweep(req, conf.CheckSweepInterval); errors.As(err, &migration) {
 		p.warnf("warning: %v", err)
-	} else if sweeper.SweepDue(conf.Dir(), conf.CheckSweepInterval) {
-		if _, err := sweeper.Sweep(reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir}); err != nil {
-			p.warnf("warning: sweep of %s: %v", conf.Name, err)
-		}
-		sweeper.SweepEnded(conf.Dir())
+	} else if err != nil {
+		p.warnf("warning: sweep of %s: %v", conf.Name, err)
 	}
 
 	if checkErr != nil {

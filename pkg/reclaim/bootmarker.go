@@ -83,12 +83,12 @@ func (s *Attacher) ClaimNotTmpfsWarning(d ipamdir.Dir) (bool, error) {
 	return true, nil
 }
 
-// SweepDue reports whether a CHECK should sweep d now: with interval 0
+// sweepDue reports whether a CHECK should sweep d now: with interval 0
 // always, else when no sweep of d ended in this boot, or the last one ended
 // interval ago or more (or in the future: a clock set back). A stale
 // attachment so waits at most interval longer than it would with a sweep
 // on every CHECK, until the next CHECK after it; GC and `gc` always sweep.
-func (s *Sweeper) SweepDue(d ipamdir.Dir, interval time.Duration) bool {
+func (s *Sweeper) sweepDue(d ipamdir.Dir, interval time.Duration) bool {
 	if interval <= 0 {
 		return true
 	}
@@ -114,11 +114,10 @@ func (s *Sweeper) LastSweep(d ipamdir.Dir) (time.Time, bool) {
 	return time.Unix(0, ended), true
 }
 
-// SweepEnded remembers when a CHECK's sweep of d ended, for SweepDue: the
-// one write a CHECK sweep adds (GC and `gc` sweep regardless, and write
-// nothing when nothing is stale). Failing to is logged: the next CHECK then
-// sweeps again, which is only slower.
-func (s *Sweeper) SweepEnded(d ipamdir.Dir) {
+// sweepEnded remembers when a CHECK's (or `gc`'s) sweep of d ended, for
+// sweepDue: the one write a sweep adds when nothing is stale. Failing to
+// is logged: the next CHECK then sweeps again, which is only slower.
+func (s *Sweeper) sweepEnded(d ipamdir.Dir) {
 	bootID, err := s.Host.BootID()
 	if err == nil {
 		err = newBootMarker(d, ipamdir.LastSweepMarker).set(bootID + " " + strconv.FormatInt(s.Host.Now().UnixNano(), 10))

@@ -98,13 +98,30 @@ func TestOperatorLeasesAndGC(t *testing.T) {
 	e.assertNAT(t, dead.cid, natWant{})
 	e.assertNAT(t, live.cid, natWant{Masq: []netip.Addr{liveAddr.Addr()}})
 
-	filesBefore, natBefore = treeState(t, e.dataDir), e.networkNAT(t)
+	// A second gc releases nothing and changes nothing but the network's
+	// last-sweep marker, which it writes as a CHECK does (the record
+	// directory's mtime moves with it).
+	recordDir := filepath.Join(e.dataDir, ".nomad-bridge-cni", e.netName)
+	lastSweep := filepath.Join(recordDir, ".last-sweep")
+	butLastSweep := func() string {
+		var kept []string
+		for _, line := range strings.Split(treeState(t, e.dataDir), "\n") {
+			if !strings.HasPrefix(line, lastSweep+" ") && !strings.HasPrefix(line, recordDir+" ") {
+				kept = append(kept, line)
+			}
+		}
+		return strings.Join(kept, "\n")
+	}
+	filesBefore, natBefore, stampBefore := butLastSweep(), e.networkNAT(t), readFile(t, lastSweep)
 	again, _, err := e.operator(t, "gc", "--data-dir", e.dataDir)
 	if err != nil || !strings.Contains(again, "nothing to release") {
 		t.Errorf("second gc (err %v):\n%s", err, again)
 	}
-	if treeState(t, e.dataDir) != filesBefore || e.networkNAT(t) != natBefore {
+	if butLastSweep() != filesBefore || e.networkNAT(t) != natBefore {
 		t.Error("second gc changed something")
+	}
+	if readFile(t, lastSweep) == stampBefore {
+		t.Errorf("second gc did not remember its sweep in %s", lastSweep)
 	}
 	e.mustCNI(t, "del", live, "")
 }

@@ -166,20 +166,19 @@ func BenchmarkRestoreCheckSweeps(b *testing.B) {
 				sweeps := 0
 				for b.Loop() {
 					// A restart: the last sweep was long ago.
-					if err := os.Remove(d.Records() + "/.last-sweep"); err != nil && !os.IsNotExist(err) {
+					if err := os.Remove(d.Marker(ipamdir.LastSweepMarker)); err != nil && !os.IsNotExist(err) {
 						b.Fatal(err)
 					}
 					for range n {
 						// A fresh sweeper per CHECK, as each CHECK process has.
 						s := &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}}}
-						if !s.SweepDue(d, interval) {
-							continue
-						}
-						if _, err := s.Sweep(reclaim.Request{Dir: d}); err != nil {
+						rep, err := s.CheckSweep(reclaim.Request{Dir: d}, interval)
+						if err != nil {
 							b.Fatal(err)
 						}
-						s.SweepEnded(d)
-						sweeps++
+						if rep != nil {
+							sweeps++
+						}
 					}
 				}
 				b.ReportMetric(float64(sweeps)/float64(b.N), "sweeps/restore")
