@@ -45,7 +45,7 @@ test-unit:
 
 # The e2e tests need root, iptables and the binaries in $(BIN).
 test-e2e: build build-crashpoints plugins
-	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -skip '^TestStorm$$' ./test/e2e/
+	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -timeout 30m -skip '^TestStorm$$' ./test/e2e/
 
 # The storm (test/e2e/storm_test.go): for STORM_DURATION, STORM_WORKERS
 # workers churn containers on one network of Nomad's chain through go-cni

@@ -213,14 +213,16 @@ func stateCounts(s *reclaim.Sweeper, scope operator.Scope) (map[string]int, erro
 	d := scope.Dirs[0]
 	count := map[string]int{}
 	if !exists(d.Leases()) && !exists(d.Records()) {
-		if s.Netfilter == nil || len(s.Netfilter.Families()) == 0 {
+		if s.Netfilter == nil {
 			return count, nil
 		}
-		snap, err := s.Netfilter.Snapshot(d.Network)
-		if err != nil {
-			return nil, fmt.Errorf("read NAT rules of %s: %w", d.Network, err)
+		for _, b := range s.Netfilter.Backends() {
+			rules, err := b.List(d.Network)
+			if err != nil {
+				return nil, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), d.Network, err)
+			}
+			count["orphan-rules"] += len(rules.Owners())
 		}
-		count["orphan-rules"] = len(snap.Containers())
 		return count, nil
 	}
 	if err := operator.Leases(s, scope, stateCounter(count)); err != nil {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
 
@@ -41,102 +40,132 @@ func nftInstanceHash(network, ifname, containerID string) string {
 	return nftNetworkHash(network) + "-" + formatHashWithPrefix(16, "", ifname+":"+containerID)
 }
 
-// nftTeardownMatch selects one attachment's rules, as bridge's nftables
-// teardown does (by the comment's hash prefix).
-func nftTeardownMatch(network, ifname, containerID string) func(comment string) bool {
-	prefix := nftInstanceHash(network, ifname, containerID)
-	return func(comment string) bool { return strings.HasPrefix(comment, prefix) }
-}
-
-// nftReleaseMatch selects the rules of the attachments in atts, each by
-// its comment's hash prefix, as bridge's teardown selects one attachment's.
-func nftReleaseMatch(network string, atts []types.GCAttachment) func(comment string) bool {
-	doomed := make(map[string]bool, len(atts))
-	for _, a := range atts {
-		doomed[nftInstanceHash(network, a.IfName, a.ContainerID)] = true
-	}
-	return func(comment string) bool {
-		instance, _, _ := strings.Cut(comment, ",")
-		return doomed[instance]
-	}
-}
-
-// NFTInstance is what the comments of an attachment's nftables ipMasq
-// rules begin with: how a sweep tells the attachments it knows from the
-// orphans (see NFTablesOrphans).
-func NFTInstance(network, ifname, containerID string) string {
-	return nftInstanceHash(network, ifname, containerID)
-}
-
-// NFTOrphan is an attachment whose nftables ipMasq rules were released as
-// orphans, as its rules' comment names it. bridge cuts comments at 128
-// bytes, so the container ID may be only its beginning (Cut).
-type NFTOrphan struct {
-	Instance, IfName, ContainerID string
-	Cut                           bool
-}
-
 // parseNFTComment reads one of network's rule comments, bridge's
 // "<network hash>-<attachment hash>, net: N, if: I, id: C". ok is false for
 // another network's rule. The readable tail only names the attachment for
 // a report: what is released is chosen by the hash.
-func parseNFTComment(network, comment string) (o NFTOrphan, ok bool) {
+func parseNFTComment(network, comment string) (o RuleOwner, ok bool) {
 	rest, ok := strings.CutPrefix(comment, nftNetworkHash(network)+"-")
 	if !ok {
 		return o, false
 	}
 	hash, tail, _ := strings.Cut(rest, ",")
-	o.Instance = comment[:len(comment)-len(rest)] + hash
+	o.Owner = comment[:len(comment)-len(rest)] + hash
 	_, tail, _ = strings.Cut(tail, " if: ")
 	o.IfName, o.ContainerID, _ = strings.Cut(tail, ", id: ")
-	o.Cut = nftInstanceHash(network, o.IfName, o.ContainerID) != o.Instance
+	o.Cut = nftInstanceHash(network, o.IfName, o.ContainerID) != o.Owner
 	return o, true
 }
 
-// nftablesOrphans releases, in one listing and one batch, network's
-// nftables ipMasq rules whose attachment (by its instance hash) keep
-// refuses, and returns those attachments, one each. keep is asked after
-// the rules are listed. A dry run deletes nothing.
-func nftablesOrphans(network string, keep func(instance string) bool, dryRun bool) ([]NFTOrphan, error) {
-	var orphans []NFTOrphan
-	verdicts := map[string]bool{}
-	err := deleteIPMasqRules(func(comment string) bool {
+// nftBackend is bridge's nftables ipMasq backend: one rule per attachment
+// and address in bridge's chain, owned by the attachment: the hash its
+// comments begin with (nftInstanceHash).
+type nftBackend struct{}
+
+func (nftBackend) Name() string { return "nftables" }
+func (nftBackend) Shared() bool { return false }
+
+func (nftBackend) OwnerOf(network, containerID, ifName string) (string, bool) {
+	if ifName == "" {
+		return "", false
+	}
+	return nftInstanceHash(network, ifName, containerID), true
+}
+
+// List lists network's rules over netlink, once.
+func (nftBackend) List(network string) (Rules, error) {
+	r := &nftRules{owners: map[string]*nftOwner{}}
+	err := eachIPMasqRule(func(comment string) bool {
 		o, ok := parseNFTComment(network, comment)
 		if !ok {
 			return false
 		}
-		orphan, known := verdicts[o.Instance]
-		if !known {
-			orphan = !keep(o.Instance)
-			verdicts[o.Instance] = orphan
-			if orphan {
-				orphans = append(orphans, o)
-			}
+		if known := r.owners[o.Owner]; known != nil {
+			known.rules++
+		} else {
+			r.owners[o.Owner] = &nftOwner{RuleOwner: o, rules: 1}
+			r.order = append(r.order, o.Owner)
 		}
-		return orphan && !dryRun
+		return false
 	})
-	if err != nil {
-		return nil, err
+	return r, err
+}
+
+// Teardown releases one owner's rules without a prior listing (one
+// listing and one batch): the DEL path.
+func (nftBackend) Teardown(owner string) ([]string, error) {
+	removed, failed := (&nftRules{}).Release([]string{owner})
+	return removed[owner], failed[owner]
+}
+
+type nftRules struct {
+	owners map[string]*nftOwner
+	order  []string
+}
+
+type nftOwner struct {
+	RuleOwner
+	rules int
+}
+
+func describeNFT(owner string, rules int) string {
+	return fmt.Sprintf("nftables ipMasq rules %s (%d)", owner, rules)
+}
+
+func (r *nftRules) Owned(owner string) []string {
+	if o := r.owners[owner]; o != nil {
+		return []string{describeNFT(owner, o.rules)}
 	}
-	return orphans, nil
+	return nil
 }
 
-// nftablesRelease releases the nftables ipMasq rules of the attachments
-// in atts (a sweep's stale ones), in one listing and one batch.
-func nftablesRelease(network string, atts []types.GCAttachment) error {
-	return deleteIPMasqRules(nftReleaseMatch(network, atts))
+func (r *nftRules) Owners() []RuleOwner {
+	out := make([]RuleOwner, 0, len(r.owners))
+	for _, owner := range r.order {
+		if o := r.owners[owner]; o != nil {
+			out = append(out, o.RuleOwner)
+		}
+	}
+	return out
 }
 
-// nftablesTeardown releases the nftables ipMasq rules of one attachment.
-func nftablesTeardown(network, ifname, containerID string) error {
-	return deleteIPMasqRules(nftTeardownMatch(network, ifname, containerID))
+// Release deletes the owners' rules in one batch, listed again: what the
+// first listing saw may have changed since (a DEL that won). The owners
+// released are no longer in the listing.
+func (r *nftRules) Release(owners []string) (map[string][]string, map[string]error) {
+	doomed := make(map[string]int, len(owners))
+	for _, o := range owners {
+		doomed[o] = 0
+	}
+	err := eachIPMasqRule(func(comment string) bool {
+		instance, _, _ := strings.Cut(comment, ",")
+		n, ok := doomed[instance]
+		if ok {
+			doomed[instance] = n + 1
+		}
+		return ok
+	})
+	removed, failed := map[string][]string{}, map[string]error{}
+	for o, n := range doomed {
+		switch {
+		case err != nil:
+			failed[o] = err
+		case n > 0:
+			removed[o] = []string{describeNFT(o, n)}
+			fallthrough
+		default:
+			delete(r.owners, o) // gone, as a listing now shows
+		}
+	}
+	return removed, failed
 }
 
-// deleteIPMasqRules deletes, in one netlink batch, the rules of bridge's
-// ipMasq chain whose comment match selects. Without bridge's table or
-// chain (or without netlink access to find them) there are no such rules:
-// nothing to do, as bridge's GC finds when its chain does not exist.
-func deleteIPMasqRules(match func(comment string) bool) error {
+// eachIPMasqRule lists the rules of bridge's ipMasq chain and deletes, in
+// one netlink batch, those whose comment doomed selects. Without bridge's
+// table or chain (or without netlink access to find them) there are no
+// such rules: nothing to do, as bridge's GC finds when its chain does not
+// exist.
+func eachIPMasqRule(doomed func(comment string) bool) error {
 	conn, err := nftables.New()
 	if err != nil {
 		return nil
@@ -153,7 +182,7 @@ func deleteIPMasqRules(match func(comment string) bool) error {
 	n := 0
 	for _, r := range rules {
 		comment, ok := userdata.GetString(r.UserData, userdata.TypeComment)
-		if !ok || !match(comment) {
+		if !ok || !doomed(comment) {
 			continue
 		}
 		if err := conn.DelRule(&nftables.Rule{Table: chain.Table, Chain: chain, Handle: r.Handle}); err != nil {

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
@@ -76,13 +75,36 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		return out
 	}
 
+	var nft nftBackend
+	owner := func(network string, i int) string {
+		o, ok := nft.OwnerOf(network, cid(i), "eth0")
+		if !ok {
+			t.Fatalf("no owner for %s", cid(i))
+		}
+		return o
+	}
+	release := func(network string, owners ...string) map[string][]string {
+		t.Helper()
+		rules, err := nft.List(network)
+		if err != nil {
+			t.Fatalf("list: %v", err)
+		}
+		removed, failed := rules.Release(owners)
+		if len(failed) > 0 {
+			t.Fatalf("release %v: %v", owners, failed)
+		}
+		return removed
+	}
 	err = netns.Do(func(ns.NetNS) error {
 		// Nothing made yet: no table, nothing to do, no error.
-		if err := nftablesTeardown(network, "eth0", cid(1)); err != nil {
+		if _, err := nft.Teardown(owner(network, 1)); err != nil {
 			t.Errorf("teardown without bridge's table: %v", err)
 		}
-		if err := nftablesRelease(network, []types.GCAttachment{{ContainerID: cid(1), IfName: "eth0"}}); err != nil {
-			t.Errorf("release without bridge's table: %v", err)
+		if removed := release(network, owner(network, 1)); len(removed) != 0 {
+			t.Errorf("release without bridge's table removed %v", removed)
+		}
+		if _, ok := nft.OwnerOf(network, cid(1), ""); ok {
+			t.Errorf("an attachment without ifname has an owner")
 		}
 		for i := 1; i <= 4; i++ {
 			setup(i, network)
@@ -97,53 +119,53 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 			t.Fatalf("bridge's comments are not the ones computed here:\n got %q\nwant %q", got, all)
 		}
 
-		if err := nftablesTeardown(network, "eth0", cid(1)); err != nil {
-			t.Fatalf("teardown: %v", err)
+		if removed, err := nft.Teardown(owner(network, 1)); err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], "(2)") {
+			t.Fatalf("teardown: %v %v, want both families' rules named", removed, err)
 		}
 		if got, w := left(), want([2]any{network, 2}, [2]any{network, 3}, [2]any{network, 4}, [2]any{"other", 5}); !slices.Equal(got, w) {
 			t.Fatalf("after teardown of 1:\n got %q\nwant %q", got, w)
 		}
-		if err := nftablesTeardown(network, "eth0", cid(1)); err != nil {
-			t.Errorf("second teardown: %v", err)
+		if removed, err := nft.Teardown(owner(network, 1)); err != nil || len(removed) != 0 {
+			t.Errorf("second teardown: %v %v", removed, err)
 		}
 
 		// A sweep's batch: 2 and 4 are stale; 5 has the same ID on
 		// another network and stays.
-		stale := []types.GCAttachment{{ContainerID: cid(2), IfName: "eth0"}, {ContainerID: cid(4), IfName: "eth0"}, {ContainerID: cid(5), IfName: "eth0"}}
-		if err := nftablesRelease(network, stale); err != nil {
-			t.Fatalf("release: %v", err)
+		if removed := release(network, owner(network, 2), owner(network, 4), owner(network, 5)); len(removed) != 2 {
+			t.Errorf("release named %v, want 2 and 4", removed)
 		}
 		if got, w := left(), want([2]any{network, 3}, [2]any{"other", 5}); !slices.Equal(got, w) {
 			t.Fatalf("after releasing 2 and 4:\n got %q\nwant %q", got, w)
 		}
 
-		// Orphans: the sweep knows 3 and 7; 6 is nobody's. Another
-		// network's rule (5) is never asked about.
+		// Orphans: a listing names every owner once, with the attachment
+		// its comment names (6's ID cut); another network's rule (5) is
+		// not among them. Releasing one leaves the others, and takes it
+		// out of the listing.
 		setup(6, network)
 		setup(7, network)
-		known := map[string]bool{NFTInstance(network, "eth0", cid(3)): true, NFTInstance(network, "eth0", cid(7)): true}
-		var asked []string
-		keep := func(instance string) bool { asked = append(asked, instance); return known[instance] }
-		for _, dryRun := range []bool{true, false} {
-			asked = nil
-			orphans, err := nftablesOrphans(network, keep, dryRun)
-			if err != nil {
-				t.Fatalf("orphans (dry run %v): %v", dryRun, err)
+		rules, err := nft.List(network)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owners := rules.Owners()
+		if len(owners) != 3 {
+			t.Fatalf("owners = %+v, want 3, 6 and 7", owners)
+		}
+		for _, o := range owners {
+			if o.IfName != "eth0" || !o.Cut || len(o.ContainerID) < 16 || len(rules.Owned(o.Owner)) != 1 {
+				t.Errorf("owner %+v (owns %v): want eth0, a cut ID, its rules", o, rules.Owned(o.Owner))
 			}
-			if len(orphans) != 1 || orphans[0].Instance != NFTInstance(network, "eth0", cid(6)) || orphans[0].IfName != "eth0" ||
-				!orphans[0].Cut || !strings.HasPrefix(cid(6), orphans[0].ContainerID) || len(orphans[0].ContainerID) < 16 {
-				t.Fatalf("orphans (dry run %v) = %+v, want the one of %s (its ID cut)", dryRun, orphans, cid(6))
-			}
-			if len(asked) != 3 {
-				t.Errorf("keep asked about %d attachments, want 3 (one each, not per rule): %q", len(asked), asked)
-			}
-			w := want([2]any{network, 3}, [2]any{network, 6}, [2]any{network, 7}, [2]any{"other", 5})
-			if !dryRun {
-				w = want([2]any{network, 3}, [2]any{network, 7}, [2]any{"other", 5})
-			}
-			if got := left(); !slices.Equal(got, w) {
-				t.Fatalf("after the orphans' release (dry run %v):\n got %q\nwant %q", dryRun, got, w)
-			}
+		}
+		if o := owners[1]; o.Owner != owner(network, 6) || !strings.HasPrefix(cid(6), o.ContainerID) {
+			t.Errorf("second owner %+v, want 6's", o)
+		}
+		removed, failed := rules.Release([]string{owner(network, 6)})
+		if len(failed) != 0 || len(removed[owner(network, 6)]) != 1 || len(rules.Owners()) != 2 || rules.Owned(owner(network, 6)) != nil {
+			t.Errorf("release of 6: removed %v, failed %v, owners after %+v", removed, failed, rules.Owners())
+		}
+		if got, w := left(), want([2]any{network, 3}, [2]any{network, 7}, [2]any{"other", 5}); !slices.Equal(got, w) {
+			t.Fatalf("after the orphan's release:\n got %q\nwant %q", got, w)
 		}
 		return nil
 	})
@@ -183,12 +205,12 @@ func skipOrFail(t *testing.T, why string) {
 func TestParseNFTComment(t *testing.T) {
 	cid := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	o, ok := parseNFTComment("nomad", nftComment("nomad", "eth0", cid))
-	if !ok || o.Cut || o.ContainerID != cid || o.IfName != "eth0" || o.Instance != NFTInstance("nomad", "eth0", cid) {
+	if !ok || o.Cut || o.ContainerID != cid || o.IfName != "eth0" || o.Owner != nftInstanceHash("nomad", "eth0", cid) {
 		t.Errorf("whole comment: %+v, %v", o, ok)
 	}
 	long := "a-network-name-long-enough-for-bridge-to-cut-the-comment"
 	o, ok = parseNFTComment(long, nftComment(long, "eth1", cid))
-	if !ok || !o.Cut || o.IfName != "eth1" || !strings.HasPrefix(cid, o.ContainerID) || o.Instance != NFTInstance(long, "eth1", cid) {
+	if !ok || !o.Cut || o.IfName != "eth1" || !strings.HasPrefix(cid, o.ContainerID) || o.Owner != nftInstanceHash(long, "eth1", cid) {
 		t.Errorf("cut comment: %+v, %v", o, ok)
 	}
 	if _, ok := parseNFTComment("other", nftComment("nomad", "eth0", cid)); ok {

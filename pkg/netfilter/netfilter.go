@@ -24,7 +24,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/mattn/go-shellwords"
 
@@ -55,22 +54,16 @@ type Cleaner struct {
 	Tables []Table
 	// findTables finds Tables lazily, so the ADD path pays nothing.
 	findTables func() []Table
-	// NFTablesRelease releases the nftables ipMasq rules of the given
-	// attachments (one listing, one batch); nil skips nftables.
-	NFTablesRelease func(network string, atts []types.GCAttachment) error
-	// NFTablesTeardown releases the nftables ipMasq rules of one
-	// attachment; nil skips nftables.
-	NFTablesTeardown func(network, ifname, containerID string) error
-	// NFTablesOrphans releases the network's nftables ipMasq rules of
-	// the attachments keep refuses (see nftablesOrphans); nil skips them.
-	NFTablesOrphans func(network string, keep func(instance string) bool, dryRun bool) ([]NFTOrphan, error)
+	// NFTables is bridge's nftables ipMasq backend; nil leaves nftables
+	// alone.
+	NFTables Backend
 }
 
 // New returns a Cleaner for every iptables family present on this host and
 // bridge's own nftables GC. A missing iptables binary is not an error: the
 // host then only has nftables rules, if any.
 func New() *Cleaner {
-	return &Cleaner{NFTablesRelease: nftablesRelease, NFTablesTeardown: nftablesTeardown, NFTablesOrphans: nftablesOrphans, findTables: hostTables}
+	return &Cleaner{NFTables: nftBackend{}, findTables: hostTables}
 }
 
 // hostTables finds iptables and ip6tables in PATH without running them.
@@ -272,53 +265,6 @@ func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
 			}
 			delete(fs.chains, ch)
 			removed = append(removed, "chain "+ch)
-		}
-	}
-	return removed, errors.Join(errs...)
-}
-
-// ReleaseNFTables removes the nftables ipMasq rules of atts.
-func (c *Cleaner) ReleaseNFTables(network string, atts []types.GCAttachment) error {
-	if c.NFTablesRelease == nil || len(atts) == 0 {
-		return nil
-	}
-	if err := c.NFTablesRelease(network, atts); err != nil {
-		return fmt.Errorf("nftables ipMasq release for %s: %w", network, err)
-	}
-	return nil
-}
-
-// ReleaseNFTablesOrphans releases the network's nftables ipMasq rules of
-// attachments keep refuses, by the hash their comments begin with
-// (NFTInstance), and returns those attachments.
-func (c *Cleaner) ReleaseNFTablesOrphans(network string, keep func(instance string) bool, dryRun bool) ([]NFTOrphan, error) {
-	if c.NFTablesOrphans == nil {
-		return nil, nil
-	}
-	orphans, err := c.NFTablesOrphans(network, keep, dryRun)
-	if err != nil {
-		return nil, fmt.Errorf("nftables ipMasq orphans of %s: %w", network, err)
-	}
-	return orphans, nil
-}
-
-// ReleaseContainer releases one attachment's NAT rules (iptables and
-// nftables) without a prior Snapshot: the DEL and re-ADD paths.
-func (c *Cleaner) ReleaseContainer(network, ifname, containerID string) ([]string, error) {
-	var errs []error
-	var removed []string
-	if len(c.Families()) > 0 {
-		snap, err := c.Snapshot(network)
-		if err != nil {
-			errs = append(errs, err)
-		} else {
-			removed, err = c.Release(snap, containerID)
-			errs = append(errs, err)
-		}
-	}
-	if c.NFTablesTeardown != nil {
-		if err := c.NFTablesTeardown(network, ifname, containerID); err != nil {
-			errs = append(errs, fmt.Errorf("nftables ipMasq teardown for %s: %w", containerID, err))
 		}
 	}
 	return removed, errors.Join(errs...)

@@ -1,11 +1,12 @@
 package netfilter_test
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/utils"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
@@ -101,20 +102,30 @@ func TestSnapshotListsEachChainOncePerFamily(t *testing.T) {
 	}
 }
 
-func TestReleaseNFTablesPassesTheAttachments(t *testing.T) {
-	var gotNet string
-	var got []types.GCAttachment
-	calls := 0
-	c := &netfilter.Cleaner{NFTablesRelease: func(n string, atts []types.GCAttachment) error { gotNet, got = n, atts; calls++; return nil }}
-	doomed := []types.GCAttachment{{ContainerID: "gone", IfName: "eth0"}}
-	if err := c.ReleaseNFTables("nomad", doomed); err != nil {
+// ReleaseContainer releases one attachment's rules in every backend: its
+// container's iptables rules, its own nftables rules, nobody else's.
+func TestReleaseContainerInEveryBackend(t *testing.T) {
+	f := fakenat.New()
+	f.AddContainer("nomad", "gone", "10.0.0.2", 8080)
+	f.AddContainer("nomad", "live", "10.0.0.3", 0)
+	nft := fakenat.NewNFT()
+	nft.Add("nomad", "gone", "eth0")
+	nft.Add("nomad", "gone", "eth1")
+	nft.Add("nomad", "live", "eth0")
+	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}, NFTables: nft}
+	removed, err := c.ReleaseContainer("nomad", "eth0", "gone")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if gotNet != "nomad" || !reflect.DeepEqual(got, doomed) {
-		t.Errorf("nft release got %q %v", gotNet, got)
+	if f.Owns("nomad", "gone") || !f.Owns("nomad", "live") || nft.Has("nomad", "gone", "eth0") || !nft.Has("nomad", "gone", "eth1") || !nft.Has("nomad", "live", "eth0") {
+		t.Errorf("after the release: iptables %v, nftables %v", f.Chains, nft.Rules)
 	}
-	if err := c.ReleaseNFTables("nomad", nil); err != nil || calls != 1 {
-		t.Errorf("nothing to release: %v, %d calls; want no call", err, calls)
+	if len(removed) < 2 || removed[len(removed)-1] != "nftables ipMasq rules nomad|eth0:gone" {
+		t.Errorf("removed %v, want the iptables rules, then the nftables ones", removed)
+	}
+	nft.Fail = errors.New("netlink: no")
+	if _, err := c.ReleaseContainer("nomad", "eth1", "gone"); err == nil || !strings.Contains(err.Error(), "nftables") {
+		t.Errorf("a failed nftables release: %v", err)
 	}
 }
 

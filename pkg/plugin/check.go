@@ -1,8 +1,6 @@
 package plugin
 
 import (
-	"errors"
-
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 
@@ -28,10 +26,7 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 	checkErr := invoke.DelegateCheck(ctx, conf.Delegate, delegateConf, p.Exec)
 
 	req := reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir}
-	var migration *reclaim.MigrationError
-	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).CheckSweep(req, conf.CheckSweepInterval); errors.As(err, &migration) {
-		p.warnf("warning: %v", err)
-	} else if err != nil {
+	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).CheckSweep(req, conf.CheckSweepInterval); err != nil {
 		p.warnf("warning: sweep of %s: %v", conf.Name, err)
 	}
 

@@ -1,6 +1,7 @@
 package reclaim
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -14,22 +15,26 @@ import (
 // and the end of the sweep remembered, even a failed one: a sweep that
 // times out on a held lock is not tried again by every CHECK of a
 // restore. A dry run migrates and remembers nothing. The report is nil
-// when no sweep was due; a failed migration (a *MigrationError) sweeps
-// nothing.
+// when no sweep was due. A failed migration (a *MigrationError) does not
+// stop the sweep: what it leaves (a copied lease whose record is not
+// written yet) is unknown to a sweep, which never releases that, and a
+// broken legacy directory must not keep the dead attachments of the data
+// dir from going.
 func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, error) {
+	var migrationErr error
 	if !req.DryRun {
 		if _, err := (&Migrator{Env: s.Env}).Migrate(req.Dir, req.LegacyDataDir); err != nil {
-			return nil, &MigrationError{From: ipamdir.New(req.LegacyDataDir, req.Dir.Network).Leases(), Err: err}
+			migrationErr = &MigrationError{From: ipamdir.New(req.LegacyDataDir, req.Dir.Network).Leases(), Err: err}
 		}
 	}
 	if !s.sweepDue(req.Dir, interval) {
-		return nil, nil
+		return nil, migrationErr
 	}
 	rep, err := s.Sweep(req)
 	if !req.DryRun {
 		s.sweepEnded(req.Dir)
 	}
-	return rep, err
+	return rep, errors.Join(migrationErr, err)
 }
 
 // MigrationError is a failed migration of legacy leases.

@@ -48,12 +48,16 @@ func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) 
 	}
 	m := &Migration{}
 	legacyNet := ipamdir.New(legacyDir, d.Network).Leases()
-	if legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(d.DataDir) && exists(legacyNet) {
+	found := legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(d.DataDir) && exists(legacyNet)
+	if found {
 		if m, err = s.migrate(d, legacyDir); err != nil {
 			return m, err
 		}
 	}
-	if err := marker.set(bootID); err != nil {
+	if err := marker.set(bootID); err != nil && found {
+		// Without a legacy directory there was nothing to move: a marker
+		// that cannot be written (a full tmpfs) only makes the next run
+		// look again.
 		return m, fmt.Errorf("migration marker: %w", err)
 	}
 	return m, nil

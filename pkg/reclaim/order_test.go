@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/utils"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -216,47 +217,42 @@ func TestNFTablesOrphanRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.host.Namespaces["/run/netns/racer"] = sysinfo.NetnsID{Dev: 4, Ino: 77}
-	rules := map[string]string{}
+	nft := fakenat.NewNFT()
 	for _, cid := range []string{"live", "bare", "damaged", "racer", "orphan"} {
-		rules[netfilter.NFTInstance(net1, "eth0", cid)] = cid
+		nft.Add(net1, cid, "eth0")
 	}
+	nft.Add("other", "orphan", "eth0") // another network's: never touched
 	var add *PendingAdd
-	w.env.Netfilter.NFTablesOrphans = func(network string, keep func(string) bool, dryRun bool) ([]netfilter.NFTOrphan, error) {
-		if network != net1 {
-			t.Errorf("orphans of %q, want %q", network, net1)
-		}
+	nft.OnList = func() {
 		if add == nil {
-			// The racer's ADD writes its record after the sweep's walk
-			// and before the rules are listed.
+			// The racer's ADD writes its record after its rules were
+			// listed (and after the sweep's walk would be as good).
 			var err error
 			if add, err = w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "racer", IfName: "eth0"}, "/run/netns/racer"); err != nil {
 				t.Fatal(err)
 			}
 		}
-		var out []netfilter.NFTOrphan
-		for instance, cid := range rules {
-			if !keep(instance) {
-				out = append(out, netfilter.NFTOrphan{Instance: instance, IfName: "eth0", ContainerID: cid})
-				if !dryRun {
-					delete(rules, instance)
-				}
-			}
-		}
-		return out, nil
 	}
+	w.env.Netfilter.NFTables = nft
 	w.sweeper.Env = w.env
 
-	rep := w.sweep(Request{LegacyDataDir: legacy})
+	dry := w.sweep(Request{LegacyDataDir: legacy, DryRun: true})
 	if add == nil {
-		t.Fatal("the sweep did not look for nftables orphans")
+		t.Fatal("the sweep did not list nftables rules")
 	}
 	defer add.Close()
-	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
-	if len(rules) != 4 {
-		t.Errorf("rules left: %v, want those of live, bare, damaged and racer", rules)
+	equal(t, "orphans (dry run)", dry.OrphanRules, []string{"orphan"})
+	if len(nft.Released) != 0 {
+		t.Errorf("a dry run released %v", nft.Released)
 	}
-	if len(rep.Releases) != 1 || !rep.Releases[0].Orphan || rep.Releases[0].Key.ContainerID != "orphan" {
-		t.Errorf("releases %+v, want the orphan's", rep.Releases)
+	rep := w.sweep(Request{LegacyDataDir: legacy})
+	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
+	if len(nft.Rules) != 5 || nft.Has(net1, "orphan", "eth0") || !nft.Has("other", "orphan", "eth0") {
+		t.Errorf("rules left: %v, want those of live, bare, damaged and racer, and the other network's", nft.Rules)
+	}
+	if len(rep.Releases) != 1 || !rep.Releases[0].Orphan || rep.Releases[0].Key.ContainerID != "orphan" || rep.Releases[0].Key.IfName != "eth0" ||
+		strings.Join(rep.Releases[0].What, ",") != "nftables ipMasq rules "+net1+"|eth0:orphan" {
+		t.Errorf("releases %+v, want the orphan's, naming its rules", rep.Releases)
 	}
 }
 
@@ -264,12 +260,16 @@ func TestNFTablesOrphanRules(t *testing.T) {
 func TestNFTablesOrphanRulesOnlyFromAnOwnedNetwork(t *testing.T) {
 	w := newWorld(t)
 	w.container("live", "10.0.0.2")
-	w.env.Netfilter.NFTablesOrphans = func(string, func(string) bool, bool) ([]netfilter.NFTOrphan, error) {
-		t.Error("nftables orphans looked for on a network that is not the plugin's")
-		return nil, nil
-	}
+	nft := fakenat.NewNFT()
+	nft.Add(net1, "orphan", "eth0")
+	w.env.Netfilter.NFTables = nft
 	w.sweeper.Env = w.env
-	w.sweep(Request{})
+	if rep := w.sweep(Request{}); len(rep.OrphanRules) != 0 || !nft.Has(net1, "orphan", "eth0") {
+		t.Errorf("orphans %v, rules %v: nftables orphans taken on a network that is not the plugin's", rep.OrphanRules, nft.Rules)
+	}
+	if nft.Lists != 0 {
+		t.Errorf("nftables listed %d times on a network that is not the plugin's with nothing stale", nft.Lists)
+	}
 }
 
 // A sweep logs at most maxProblemLines lines about the files it skipped,

@@ -1,13 +1,14 @@
 package reclaim
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -127,27 +128,47 @@ func TestRecordDoesNotClaimAnotherAttachmentsLease(t *testing.T) {
 	}
 }
 
-// nftables ipMasq rules go per stale attachment, in batches: live ones are
-// never named.
+// nftables ipMasq rules go per stale attachment, in batches, before the
+// attachment's files: live ones are never named; a dry run names what would
+// go; rules that cannot go keep the attachment's files.
 func TestNFTablesRulesOfStaleAttachmentsOnly(t *testing.T) {
 	w := newWorld(t)
-	var got []types.GCAttachment
-	w.sweeper.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}, NFTablesRelease: func(n string, atts []types.GCAttachment) error {
-		got = append(got, atts...)
-		return nil
-	}}
+	nft := fakenat.NewNFT()
+	w.sweeper.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}, NFTables: nft}
 	w.container("live", "10.0.0.2")
 	w.container("gone", "10.0.0.3")
 	delete(w.host.Namespaces, "/run/netns/gone")
 	w.lease("10.0.0.4", "old\r\neth0", bootTime.Add(-time.Hour))
-
-	w.sweep(Request{})
-	if len(got) != 2 || got[0].ContainerID == "live" || got[1].ContainerID == "live" {
-		t.Errorf("nftables release named %v, want gone and old", got)
+	for _, cid := range []string{"live", "gone", "old"} {
+		nft.Add(net1, cid, "eth0")
 	}
-	got = nil
-	w.sweep(Request{DryRun: true})
-	if len(got) != 0 {
-		t.Errorf("a dry run released nftables rules: %v", got)
+
+	nft.Fail = errors.New("netlink: no")
+	if _, err := w.sweeper.Sweep(Request{Dir: w.dir()}); err == nil {
+		t.Error("a failed nftables release was not reported")
+	}
+	if !w.hasRecord("gone") || len(nft.Rules) != 3 {
+		t.Errorf("a failed nftables release let the files go: record of gone %v, rules %v", w.hasRecord("gone"), nft.Rules)
+	}
+	nft.Fail = nil
+
+	dry := w.sweep(Request{DryRun: true})
+	if len(nft.Released) != 0 || len(dry.Releases) != 2 {
+		t.Fatalf("dry run: released %v, releases %+v", nft.Released, dry.Releases)
+	}
+	for _, rel := range dry.Releases {
+		if !slices.Contains(rel.What, "nftables ipMasq rules "+net1+"|eth0:"+rel.Key.ContainerID) {
+			t.Errorf("a dry run does not name %s's nftables rules: %v", rel.Key, rel.What)
+		}
+	}
+	rep := w.sweep(Request{})
+	slices.Sort(nft.Released)
+	if !slices.Equal(nft.Released, []string{net1 + "|eth0:gone", net1 + "|eth0:old"}) || !nft.Has(net1, "live", "eth0") {
+		t.Errorf("nftables release named %v, want gone and old", nft.Released)
+	}
+	for _, rel := range rep.Releases {
+		if !slices.Contains(rel.What, "nftables ipMasq rules "+net1+"|eth0:"+rel.Key.ContainerID) {
+			t.Errorf("the release of %s does not name its nftables rules: %v", rel.Key, rel.What)
+		}
 	}
 }

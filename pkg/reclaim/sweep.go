@@ -175,38 +175,32 @@ type sweep struct {
 	claimed map[[16]byte]struct{}
 	// later are the attachments judged after pass 2.
 	later map[records.Key]*Attachment
-	// alive holds the container IDs of attachments that are not stale,
-	// seen those of every attachment and of every damaged record (for
-	// the orphans), and seenNFT their nftables instance hashes (only when
-	// the sweep looks for nftables orphans: nftOrphans).
-	alive, seen, seenNFT idSet
-	// recorded and recordedNFT are the container IDs and nftables
-	// instances with a record when the orphans are decided, read once
-	// after the rules were listed (recordedSince); recordsUnsure: that
-	// read failed, or a live process was writing a record.
-	recorded, recordedNFT      idSet
+	// backends are the NAT backends (Netfilter.Backends) and rules their
+	// listings of the network, made once (natListed): at the start of an
+	// owned network's sweep, else at its first stale attachment.
+	// natUnknown: a listing failed, so no stale attachment's files may go
+	// (they are what finds its rules next time). owners is what the sweep
+	// knows of each backend's owners.
+	backends              []netfilter.Backend
+	rules                 []netfilter.Rules
+	owners                []ownerSets
+	natListed, natUnknown bool
+	// natWait holds the stale attachments whose rules a shared owner
+	// holds (a container's iptables rules), released at the end, once it
+	// is known whether any attachment of it is left that is not stale;
+	// batch those whose rules are their own (nftables), released per
+	// natBatch (flushBatch).
+	natWait, batch []pendingRelease
+	// recordsRead: the records' names were read again for the orphans
+	// (readRecordsAgain); recordsUnsure: that read failed, or a live
+	// process was writing a record.
 	recordsRead, recordsUnsure bool
-	// nat is the network's NAT rules, listed at the first stale attachment
-	// (natListed); natWait the stale attachments of containers that own
-	// some, released at the end.
-	nat       *netfilter.Snapshot
-	natListed bool
-	// natUnknown: listing the NAT rules failed, so no stale attachment's
-	// files may go (they are what finds its rules next time).
-	natUnknown bool
-	natWait    []pendingRelease
-	// elsewhere holds the container IDs with a lease in the legacy lease
-	// directory or a lease or record in another data dir (readElsewhere),
-	// and elsewhereNFT their nftables instances, read when the first
-	// orphan is found (elsewhereRead); elsewhereNoIfName: a lease there
-	// names no ifname, so its nftables rules cannot be told.
-	elsewhere, elsewhereNFT                               idSet
-	elsewhereRead, elsewhereUnreadable, elsewhereNoIfName bool
-	// batch holds stale attachments whose files go once their nftables
-	// rules went (flushBatch).
-	batch  []pendingRelease
-	causes map[string]int
-	errs   []error
+	// elsewhereRead: what the network holds outside the swept data dir
+	// was read (readElsewhere); elsewhereUnreadable: some of it could not
+	// be, so no rule is an orphan.
+	elsewhereRead, elsewhereUnreadable bool
+	causes                             map[string]int
+	errs                               []error
 	// problems counts the files skipped (see problem).
 	problems int
 }
@@ -215,13 +209,34 @@ type sweep struct {
 type pendingRelease struct {
 	a   *Attachment
 	rel Release
+	// failed: some of its NAT rules could not go, so its files stay.
+	failed bool
 }
 
-// nftBatch bounds the stale attachments whose nftables rules are released
-// at once (one netlink listing and one batch each).
-const nftBatch = 1024
+// ownerSets is what a sweep knows of one backend's owners of rules
+// (netfilter.Backend.OwnerOf), each set held by hash (idSet).
+type ownerSets struct {
+	// alive: owners of attachments that are not stale (kept for a shared
+	// backend only); seen: of every attachment and damaged record;
+	// recorded: of the records read again once the rules were listed;
+	// elsewhere: of what the network holds outside the swept data dir.
+	alive, seen, recorded, elsewhere idSet
+	// tracked: seen, recorded and elsewhere are kept. A backend whose
+	// owners are attachments (nftables: a hash each) is tracked only on an
+	// owned network whose listing found rules there: only its orphans
+	// need them.
+	tracked bool
+	// unsure: an attachment whose owner cannot be told (no ifname) was
+	// met: none of the backend's rules is an orphan.
+	unsure bool
+}
+
+// natBatch bounds the stale attachments whose own NAT rules (nftables) are
+// released at once (one listing and one batch each).
+const natBatch = 1024
 
 func (w *sweep) run() error {
+	w.startNAT()
 	listing, err := w.records.WalkStreaming(w.record, func(err error, k records.Key, named bool) {
 		w.problem(err)
 		if named {
@@ -336,79 +351,37 @@ func (w *sweep) judged(a *Attachment) {
 	if w.req.Visit != nil {
 		w.req.Visit(a)
 	}
-	cid := a.Key.ContainerID
 	w.saw(a.Key, a.Record != nil)
 	if a.Verdict.State != Stale {
-		w.alive.add(cid)
+		w.each(a.Key, func(i int, owner string) {
+			if w.backends[i].Shared() {
+				w.owners[i].alive.add(owner)
+			}
+		})
 		return
 	}
-	snap := w.natSnapshot()
-	if w.natUnknown {
+	if w.listNAT(); w.natUnknown {
 		return // kept whole for the next sweep; the listing's error is reported
 	}
 	w.causes[a.Verdict.Cause]++
 	p := pendingRelease{a: a, rel: releaseOf(a)}
-	if snap != nil && len(snap.Owned(cid)) > 0 {
+	shared, own := false, false
+	for i, b := range w.backends {
+		if owner, ok := b.OwnerOf(w.req.Dir.Network, a.Key.ContainerID, a.Key.IfName); ok && len(w.rules[i].Owned(owner)) > 0 {
+			shared, own = shared || b.Shared(), own || !b.Shared()
+		}
+	}
+	switch {
+	case shared:
 		w.natWait = append(w.natWait, p)
-		return
-	}
-	w.batch = append(w.batch, p)
-	if len(w.batch) == nftBatch || !w.nftables() {
-		w.flushBatch()
-	}
-}
-
-// saw remembers an attachment the network holds something of: its
-// container's NAT rules are no orphans. Its nftables instance (a hash, a
-// couple of microseconds) is only computed here for an attachment no
-// record file names: those that have one are hashed by readRecordsAgain,
-// which runs only once nftables rules of the network were found.
-func (w *sweep) saw(k records.Key, recorded bool) {
-	w.seen.add(k.ContainerID)
-	if !recorded && w.nftOrphans() {
-		w.seenNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
-	}
-}
-
-// nftOrphans reports whether the sweep looks for nftables ipMasq orphans.
-func (w *sweep) nftOrphans() bool {
-	return w.owned && w.Netfilter != nil && w.Netfilter.NFTablesOrphans != nil
-}
-
-// nftables reports whether the sweep releases nftables ipMasq rules.
-func (w *sweep) nftables() bool {
-	return !w.req.DryRun && w.Netfilter != nil && w.Netfilter.NFTablesRelease != nil
-}
-
-// flushBatch releases the batch: the nftables rules of its attachments in
-// one netlink batch, then their files. If the rules could not go, the
-// files stay for the next sweep, which finds the rules through them.
-func (w *sweep) flushBatch() {
-	if len(w.batch) == 0 {
-		return
-	}
-	if err := w.releaseNFTables(w.batch); err != nil {
-		w.errs = append(w.errs, err)
-		w.batch = w.batch[:0]
-		return
-	}
-	for _, p := range w.batch {
+	case own:
+		w.batch = append(w.batch, p)
+		if len(w.batch) == natBatch {
+			w.flushBatch()
+		}
+	default:
 		w.releaseFiles(p)
 	}
-	w.batch = w.batch[:0]
-}
-
-// releaseNFTables releases the nftables ipMasq rules of stale attachments
-// in one listing and one batch.
-func (w *sweep) releaseNFTables(ps []pendingRelease) error {
-	if !w.nftables() || len(ps) == 0 {
-		return nil
-	}
-	atts := make([]types.GCAttachment, 0, len(ps))
-	for _, p := range ps {
-		atts = append(atts, types.GCAttachment{ContainerID: p.a.Key.ContainerID, IfName: p.a.Key.IfName})
-	}
-	return w.Netfilter.ReleaseNFTables(w.req.Dir.Network, atts)
 }
 
 // releaseFiles ends a release, its NAT rules gone: the leases, then the
@@ -432,224 +405,6 @@ func (w *sweep) released(rel Release) {
 	if w.req.Released != nil {
 		w.req.Released(rel)
 	}
-}
-
-// natSnapshot lists the network's NAT rules once, when first needed; nil
-// without iptables (or when listing failed, which is reported).
-func (w *sweep) natSnapshot() *netfilter.Snapshot {
-	if w.natListed {
-		return w.nat
-	}
-	w.natListed = true
-	if w.Netfilter == nil || len(w.Netfilter.Families()) == 0 {
-		return nil
-	}
-	snap, err := w.Netfilter.Snapshot(w.req.Dir.Network)
-	if err != nil {
-		w.errs = append(w.errs, fmt.Errorf("read NAT rules of %s: %w", w.req.Dir.Network, err))
-		w.natUnknown = true
-		return nil
-	}
-	w.nat = snap
-	return snap
-}
-
-// releaseNAT ends the sweep: the stale attachments of containers that own
-// NAT rules, each container's rules first (once no attachment of it is
-// left that is not stale; rules are per network and container ID, not per
-// ifname), then its attachments' files; then the orphans' rules. An
-// attachment whose rules could not go keeps its files for the next sweep.
-func (w *sweep) releaseNAT() {
-	var snap *netfilter.Snapshot
-	if len(w.natWait) > 0 || w.owned {
-		snap = w.natSnapshot()
-	}
-	failed := map[string]bool{}
-	done := map[string]bool{}
-	for i := range w.natWait {
-		p := &w.natWait[i]
-		cid := p.rel.Key.ContainerID
-		if w.alive.has(cid) || done[cid] {
-			continue
-		}
-		done[cid] = true
-		removed, err := w.releaseRules(snap, cid)
-		p.rel.What = append(p.rel.What, removed...)
-		failed[cid] = err != nil
-	}
-	// Their nftables rules too, before their files.
-	if err := w.releaseNFTables(w.natWait); err != nil {
-		w.errs = append(w.errs, err)
-		w.natWait = nil
-	}
-	for _, p := range w.natWait {
-		if !failed[p.rel.Key.ContainerID] {
-			w.releaseFiles(p)
-		}
-	}
-	w.natWait = nil
-	if !w.owned {
-		return
-	}
-	w.releaseNFTOrphans()
-	if snap == nil {
-		return
-	}
-	for _, cid := range snap.Containers() {
-		if w.seen.has(cid) || w.heldElsewhere(cid) || w.recordedSince(cid) {
-			continue
-		}
-		w.report.OrphanRules = append(w.report.OrphanRules, cid)
-		w.causes[CauseOrphanRules]++
-		removed, _ := w.releaseRules(snap, cid)
-		w.released(Release{Key: records.Key{ContainerID: cid}, Reason: OrphanReason, Orphan: true, What: removed})
-	}
-}
-
-// releaseNFTOrphans releases the nftables ipMasq rules of attachments the
-// network holds nothing of, as releaseNAT does for iptables.
-func (w *sweep) releaseNFTOrphans() {
-	if !w.nftOrphans() {
-		return
-	}
-	keep := func(instance string) bool {
-		return w.seenNFT.has(instance) || w.heldElsewhereNFT(instance) || w.recordedSinceNFT(instance)
-	}
-	orphans, err := w.Netfilter.ReleaseNFTablesOrphans(w.req.Dir.Network, keep, w.req.DryRun)
-	if err != nil {
-		w.errs = append(w.errs, err)
-		return
-	}
-	for _, o := range orphans {
-		id := o.ContainerID
-		if o.Cut {
-			id += "…"
-		}
-		w.report.OrphanRules = append(w.report.OrphanRules, id)
-		w.causes[CauseOrphanRules]++
-		w.released(Release{Key: records.Key{ContainerID: id, IfName: o.IfName}, Reason: OrphanReason, Orphan: true, What: []string{"nftables ipMasq rules " + o.Instance}})
-	}
-}
-
-// recordedSince reports whether cid has a record now, or may be getting
-// one. The rules were listed before this is asked, and an ADD writes its
-// record before its delegate makes any rule: an ADD that began after the
-// sweep read the records is found here, and its rules are no orphans.
-func (w *sweep) recordedSince(cid string) bool {
-	w.readRecordsAgain()
-	return w.recordsUnsure || w.recorded.has(cid)
-}
-
-// recordedSinceNFT is recordedSince for an nftables instance.
-func (w *sweep) recordedSinceNFT(instance string) bool {
-	w.readRecordsAgain()
-	return w.recordsUnsure || w.recordedNFT.has(instance)
-}
-
-// readRecordsAgain reads the records' names once, for the orphans.
-func (w *sweep) readRecordsAgain() {
-	if w.recordsRead {
-		return
-	}
-	w.recordsRead = true
-	temps, err := w.records.EachName(func(k records.Key) {
-		w.recorded.add(k.ContainerID)
-		if w.nftOrphans() {
-			w.recordedNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
-		}
-	})
-	if err != nil {
-		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
-		w.recordsUnsure = true
-		return
-	}
-	for _, pid := range temps.Temps {
-		if _, ok := w.Host.ProcessStart(pid); ok {
-			// A record being written may be an ADD's whose rules are
-			// listed; the next sweep decides.
-			w.recordsUnsure = true
-		}
-	}
-}
-
-// heldElsewhere reports whether cid holds something of the network outside
-// the swept data dir (readElsewhere): a runtime that still adds it through
-// bare bridge, or the plugin through another data dir, made its NAT rules.
-// A directory that cannot be read proves nothing, so every container then
-// counts as holding one.
-func (w *sweep) heldElsewhere(cid string) bool {
-	if w.req.LegacyDataDir == "" && len(w.req.OtherDataDirs) == 0 {
-		return false
-	}
-	if !w.elsewhereRead {
-		w.elsewhereRead = true
-		w.readElsewhere()
-	}
-	return w.elsewhereUnreadable || w.elsewhere.has(cid)
-}
-
-// readElsewhere reads who holds something of the network outside the
-// swept data dir: leases in the legacy directory, leases and records in
-// the plugin's other data dirs.
-func (w *sweep) readElsewhere() {
-	hold := func(k records.Key) {
-		w.elsewhere.add(k.ContainerID)
-		if k.IfName == "" {
-			w.elsewhereNoIfName = true
-		}
-		if w.nftOrphans() {
-			w.elsewhereNFT.add(netfilter.NFTInstance(w.req.Dir.Network, k.IfName, k.ContainerID))
-		}
-	}
-	unreadable := func(err error) {
-		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
-		w.elsewhereUnreadable = true
-	}
-	var leaseDirs []string
-	if w.req.LegacyDataDir != "" {
-		leaseDirs = append(leaseDirs, ipamdir.New(w.req.LegacyDataDir, w.req.Dir.Network).Leases())
-	}
-	for _, other := range w.req.OtherDataDirs {
-		d := ipamdir.New(other, w.req.Dir.Network)
-		leaseDirs = append(leaseDirs, d.Leases())
-		if _, err := records.NewStore(d).EachName(hold); err != nil {
-			unreadable(err)
-		}
-	}
-	for _, dir := range leaseDirs {
-		list, err := readLeases(dir)
-		if err != nil {
-			unreadable(err)
-			continue
-		}
-		for _, l := range list.leases {
-			hold(l.Key)
-		}
-	}
-}
-
-// heldElsewhereNFT is heldElsewhere for an nftables instance: a lease that
-// names no ifname may be any instance of its container.
-func (w *sweep) heldElsewhereNFT(instance string) bool {
-	if w.req.LegacyDataDir == "" && len(w.req.OtherDataDirs) == 0 {
-		return false
-	}
-	w.heldElsewhere("")
-	return w.elsewhereUnreadable || w.elsewhereNoIfName || w.elsewhereNFT.has(instance)
-}
-
-func (w *sweep) releaseRules(snap *netfilter.Snapshot, cid string) ([]string, error) {
-	if snap == nil {
-		return nil, nil
-	}
-	if w.req.DryRun {
-		return snap.Owned(cid), nil
-	}
-	removed, err := w.Netfilter.Release(snap, cid)
-	if err != nil {
-		w.errs = append(w.errs, err)
-	}
-	return removed, err
 }
 
 // removeAbandonedTemps removes the records' temp files whose writer died.

@@ -96,7 +96,7 @@ func (e *testEnv) operatorSweep(t *testing.T) string {
 }
 
 // TestFullTmpfs makes the dataDir a tmpfs of 256 KiB and fills it: from
-// the start (migration cannot write its marker), after a first ADD and DEL
+// the start (the network's first marker cannot be written), after a first ADD and DEL
 // (the pending record cannot be written), and with exactly one page left
 // (the pending record is written, host-local cannot write the lease).
 // Each ADD must fail with an error that says the disk is full and leave no

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -115,8 +116,31 @@ func TestNFTablesOrphanRules(t *testing.T) {
 	}
 	e.mustKillNetns(t, orphan)
 
+	// gc --dry-run and leases name the nftables rules as they name
+	// iptables ones: those of the lost container's release, and the
+	// orphan's; and change nothing.
+	dry, stderr, err := e.operator(t, "gc", "--dry-run", "--data-dir", e.dataDir, "--network", e.netName)
+	if err != nil {
+		t.Fatalf("gc --dry-run: %v\n%s", err, stderr)
+	}
+	for _, cid := range []string{lost.cid, orphan.cid} {
+		if !regexp.MustCompile(`(?m)^would release \S+ ` + regexp.QuoteMeta(cid) + `/eth0 .*would remove .*nftables ipMasq rules [0-9a-f]{16}-[0-9a-f]{16} ` + fmt.Sprintf(`\(%d\)`, before[cid])).MatchString(dry) {
+			t.Errorf("gc --dry-run does not name %s's %d nftables rules:\n%s", cid, before[cid], dry)
+		}
+	}
+	table, stderr, err := e.operator(t, "leases", "--data-dir", e.dataDir, "--network", e.netName)
+	if err != nil || !regexp.MustCompile(`(?m)^\S+\s+-\s+`+regexp.QuoteMeta(orphan.cid)+`\s.*orphan-rules.*nftables ipMasq rules`).MatchString(table) {
+		t.Errorf("leases does not list the orphan's nftables rules (%v):\n%s%s", err, table, stderr)
+	}
+	if now := e.nftMasqOwners(t, live.cid, lost.cid, orphan.cid); now[lost.cid] != before[lost.cid] || now[orphan.cid] != before[orphan.cid] {
+		t.Errorf("gc --dry-run or leases removed rules: %v, before %v", now, before)
+	}
+
 	out := e.operatorSweep(t)
 	t.Logf("gc: %s", out)
+	if !regexp.MustCompile(`(?m)^released \S+ ` + regexp.QuoteMeta(lost.cid) + `/eth0 .*removed .*nftables ipMasq rules .*record`).MatchString(out) {
+		t.Errorf("gc does not say it removed the lost container's nftables rules before its record:\n%s", out)
+	}
 	after := e.nftMasqOwners(t, live.cid, lost.cid, orphan.cid)
 	if after[lost.cid] != 0 || after[orphan.cid] != 0 || after[live.cid] != before[live.cid] || after["?"] != 0 {
 		t.Errorf("after gc, by container: %v; want only the live one's %d", after, before[live.cid])

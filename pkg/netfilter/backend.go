@@ -1,0 +1,152 @@
+package netfilter
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Backend is one of the two ways the reference plugins keep a network's NAT
+// rules on the host: iptables (with ip6tables: bridge's ipMasq chains and
+// portmap's DNAT chains) or nftables (bridge's ipMasq rules). A sweep, a
+// DEL and the operator's commands see both the same way: a backend lists a
+// network's rules, and a listing names and removes the rules of an owner.
+type Backend interface {
+	// Name is "iptables" or "nftables".
+	Name() string
+	// OwnerOf is whose rules attachment (containerID, ifName) has in the
+	// backend: iptables rules are named by network and container ID, so
+	// every attachment of a container shares them; nftables rules by
+	// attachment. ok is false when it cannot be told (nftables, and an
+	// attachment whose ifname is unknown).
+	OwnerOf(network, containerID, ifName string) (owner string, ok bool)
+	// Shared reports whether several attachments may share an owner: its
+	// rules then go only once none of them is left.
+	Shared() bool
+	// List lists network's rules. A backend absent from the host has none.
+	List(network string) (Rules, error)
+}
+
+// Rules are one backend's NAT rules of one network, as listed.
+type Rules interface {
+	// Owned describes the rules owner has (none: it has none).
+	Owned(owner string) []string
+	// Owners are every owner of a rule, each once.
+	Owners() []RuleOwner
+	// Release removes owners' rules and says, of each, what went; failed
+	// says why, of each owner some of whose rules could not go. Rules
+	// already gone are no failure: a concurrent DEL may have won.
+	Release(owners []string) (removed map[string][]string, failed map[string]error)
+}
+
+// RuleOwner is an owner of rules and the attachment its rules name (for a
+// report). bridge cuts nftables comments at 128 bytes, so a container ID
+// read from one may be only its beginning (Cut).
+type RuleOwner struct {
+	Owner, ContainerID, IfName string
+	Cut                        bool
+}
+
+// Backends are the cleaner's backends: iptables (its Tables), then
+// NFTables if set.
+func (c *Cleaner) Backends() []Backend {
+	if c.NFTables == nil {
+		return []Backend{iptablesBackend{c}}
+	}
+	return []Backend{iptablesBackend{c}, c.NFTables}
+}
+
+// teardowner is a backend that releases one owner's rules without a prior
+// listing, cheaper than List and Release (nftables).
+type teardowner interface {
+	Teardown(owner string) ([]string, error)
+}
+
+// ReleaseContainer releases one attachment's NAT rules in every backend,
+// without a prior listing: the DEL and re-ADD paths. It returns what it
+// removed.
+func (c *Cleaner) ReleaseContainer(network, ifname, containerID string) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, b := range c.Backends() {
+		owner, ok := b.OwnerOf(network, containerID, ifname)
+		if !ok {
+			continue
+		}
+		if t, ok := b.(teardowner); ok {
+			gone, err := t.Teardown(owner)
+			removed = append(removed, gone...)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", b.Name(), err))
+			}
+			continue
+		}
+		rules, err := b.List(network)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", b.Name(), err))
+			continue
+		}
+		gone, failed := rules.Release([]string{owner})
+		removed = append(removed, gone[owner]...)
+		if err := failed[owner]; err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", b.Name(), err))
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// iptablesBackend is the Cleaner's iptables families.
+type iptablesBackend struct{ c *Cleaner }
+
+func (iptablesBackend) Name() string { return "iptables" }
+func (iptablesBackend) Shared() bool { return true }
+func (iptablesBackend) OwnerOf(_, containerID, _ string) (string, bool) {
+	return containerID, true
+}
+
+func (b iptablesBackend) List(network string) (Rules, error) {
+	if len(b.c.Families()) == 0 {
+		return noRules{}, nil
+	}
+	snap, err := b.c.Snapshot(network)
+	if err != nil {
+		return nil, err
+	}
+	return iptablesRules{c: b.c, snap: snap}, nil
+}
+
+type iptablesRules struct {
+	c    *Cleaner
+	snap *Snapshot
+}
+
+func (r iptablesRules) Owned(owner string) []string { return r.snap.Owned(owner) }
+
+func (r iptablesRules) Owners() []RuleOwner {
+	cids := r.snap.Containers()
+	out := make([]RuleOwner, len(cids))
+	for i, cid := range cids {
+		out[i] = RuleOwner{Owner: cid, ContainerID: cid}
+	}
+	return out
+}
+
+func (r iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
+	removed, failed := map[string][]string{}, map[string]error{}
+	for _, cid := range owners {
+		gone, err := r.c.Release(r.snap, cid)
+		removed[cid] = gone
+		if err != nil {
+			failed[cid] = err
+		}
+	}
+	return removed, failed
+}
+
+// noRules is a backend the host does not have.
+type noRules struct{}
+
+func (noRules) Owned(string) []string { return nil }
+func (noRules) Owners() []RuleOwner   { return nil }
+func (noRules) Release(owners []string) (map[string][]string, map[string]error) {
+	return nil, nil
+}
