@@ -65,9 +65,22 @@ type teardowner interface {
 // without a prior listing: the DEL and re-ADD paths. It returns what it
 // removed.
 func (c *Cleaner) ReleaseContainer(network, ifname, containerID string) ([]string, error) {
+	return c.release(network, ifname, containerID, true)
+}
+
+// ReleaseOwnRules is ReleaseContainer in the backends whose rules are the
+// attachment's own (nftables), not its container's (iptables).
+func (c *Cleaner) ReleaseOwnRules(network, ifname, containerID string) ([]string, error) {
+	return c.release(network, ifname, containerID, false)
+}
+
+func (c *Cleaner) release(network, ifname, containerID string, shared bool) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, b := range c.Backends() {
+		if b.Shared() && !shared {
+			continue
+		}
 		owner, ok := b.OwnerOf(network, containerID, ifname)
 		if !ok {
 			continue

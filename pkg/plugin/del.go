@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"errors"
+	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -40,7 +41,9 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 	} else if err != nil {
 		return plantedError(err)
 	}
-	if args.Netns != "" && !(&reclaim.Attacher{Env: p.Reclaim}).NamespaceUsable(args.Netns) {
+	attacher := &reclaim.Attacher{Env: p.Reclaim}
+	usable := args.Netns != "" && attacher.NamespaceUsable(args.Netns)
+	if args.Netns != "" && !usable {
 		// bridge handles a missing path, but fails on a path that is no
 		// longer a namespace (an unmounted netns file); with no netns it
 		// just releases the lease, which is all that is left to do there.
@@ -48,8 +51,16 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 			return types.NewError(types.ErrInternal, "failed to clear CNI_NETNS for the delegate", err.Error())
 		}
 	}
-	attacher := &reclaim.Attacher{Env: p.Reclaim}
-	if err := p.delegateDel(conf, delegateConf); err != nil {
+	// What bridge will find on the interface, and tear the rules of down
+	// (see Attacher.TornDown). An error proves nothing: EndDel then lists
+	// the NAT tables as before.
+	var onLink []net.IP
+	if usable {
+		onLink, _ = p.Reclaim.Host.LinkAddrs(args.Netns, args.IfName)
+	}
+	if err := p.delegateDel(conf, delegateConf); err == nil {
+		attacher.TornDown = onLink
+	} else {
 		// bridge's teardown fails on what an earlier attachment of the
 		// same container ID left: a second jump to the chain it deletes
 		// (iptables -X: Device or resource busy). DEL must succeed once

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +33,7 @@ const bridgeResult100 = `{
 }`
 
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	exec    *fakeExec
 	plugin  *Plugin
 	stdout  *bytes.Buffer
@@ -40,7 +42,7 @@ type harness struct {
 	host    *fakehost.Host
 }
 
-func newHarness(t *testing.T, installed ...string) *harness {
+func newHarness(t testing.TB, installed ...string) *harness {
 	t.Helper()
 	t.Setenv("CNI_PATH", "/opt/cni/bin")
 	t.Setenv("CNI_COMMAND", "ADD") // overridden per delegate call by invoke
@@ -480,5 +482,60 @@ func TestDelOnAReadOnlyDataDirWithNothingToDelete(t *testing.T) {
 	h.deadAttachment("c1", "172.26.64.5")
 	if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err == nil {
 		t.Error("DEL succeeded although the network still holds the attachment's lease and record")
+	}
+}
+
+// A DEL whose bridge found every recorded address on the interface and
+// succeeded lists the iptables tables no more (bridge tore their rules
+// down, and fails while an earlier attachment's rule still uses the
+// container's chain); one where bridge could not have (an address missing
+// from the interface, no interface, bridge failing) lists them and
+// releases what is left.
+func TestDelListsNATOnlyWhenBridgeCouldNotTearItDown(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		onLink []string
+		fail   bool
+		listed bool
+	}{
+		{name: "every address on the link", onLink: []string{"172.26.64.2"}, listed: false},
+		{name: "no link", listed: true},
+		{name: "another address on the link", onLink: []string{"172.26.64.3"}, listed: true},
+		{name: "bridge fails", onLink: []string{"172.26.64.2"}, fail: true, listed: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, "bridge")
+			h.exec.reply["bridge ADD"] = bridgeResult100
+			nat := fakenat.New()
+			h.plugin.Reclaim.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{nat}}
+			stdin := h.conf("1.0.0", "")
+			if err := h.plugin.Add(h.args(stdin)); err != nil {
+				t.Fatal(err)
+			}
+			nat.AddContainer("nomad", "c1", "172.26.64.2", 0)
+			h.host.Links = map[string][]net.IP{}
+			for _, ip := range tc.onLink {
+				h.host.Links["/var/run/netns/x eth0"] = append(h.host.Links["/var/run/netns/x eth0"], net.ParseIP(ip))
+			}
+			if tc.fail {
+				// bridge fails once (a leftover jump), then succeeds.
+				h.exec.fail["bridge DEL"] = types.NewError(types.ErrInternal, "iptables -X: Device or resource busy", "")
+				h.exec.onExec = func() {
+					if n := len(h.exec.calls); n > 0 && h.exec.calls[n-1].Command == "DEL" && len(h.exec.calls) > 2 {
+						delete(h.exec.fail, "bridge DEL")
+					}
+				}
+			}
+			nat.Calls = nil
+			if err := h.plugin.Del(h.args(stdin)); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if listed := slices.Contains(nat.Calls, "list nat"); listed != tc.listed {
+				t.Errorf("NAT listed: %v, want %v (calls %v)", listed, tc.listed, nat.Calls)
+			}
+			if tc.listed && nat.Owns("nomad", "c1") {
+				t.Errorf("the container's NAT rules were listed but left: %v", nat.Chains)
+			}
+		})
 	}
 }

@@ -141,7 +141,7 @@ func TestCheckSweepsTheNetworkButReturnsChecksVerdict(t *testing.T) {
 	}
 }
 
-func mkdir(t *testing.T, dir string) {
+func mkdir(t testing.TB, dir string) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,6 +27,15 @@ type Attacher struct {
 	// bound and its rollback's); past it, a sweep ends what still runs of
 	// it, even once the plugin is gone. Zero records no deadline.
 	AddBound time.Duration
+	// TornDown are the addresses the delegate's DEL found on the
+	// attachment's interface before it succeeded: bridge then deleted
+	// their iptables rules and the container's chains (it fails while a
+	// rule an earlier attachment left still jumps to them). An EndDel
+	// whose record names only these lists the iptables tables no more (an
+	// iptables and an ip6tables exec): what else is left of the container
+	// (a family it has no address in now, portmap's chain if the runtime
+	// skipped portmap's DEL) is an orphan the next sweep releases.
+	TornDown []net.IP
 }
 
 // PendingAdd is an ADD under way: where its record lives, what it says,
@@ -202,6 +213,21 @@ func (s *Attacher) releaseNATUnlessShared(d ipamdir.Dir, key records.Key, others
 	return s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
 }
 
+// tornDown reports whether rec names addresses and the delegate tore down
+// the rules of each (Attacher.TornDown).
+func tornDown(rec *records.Record, ips []net.IP) bool {
+	if rec == nil || len(rec.IPs) == 0 {
+		return false
+	}
+	for _, cidr := range rec.IPs {
+		ip, _, err := net.ParseCIDR(cidr)
+		if err != nil || !slices.ContainsFunc(ips, ip.Equal) {
+			return false
+		}
+	}
+	return true
+}
+
 // LockFile is the open pending record whose flock marks the ADD as
 // running: the ADD's delegate must inherit it, and so everything the
 // delegate runs.
@@ -294,7 +320,14 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	if err != nil {
 		return err
 	}
-	removed, err := s.releaseNATUnlessShared(d, key, others)
+	var removed []string
+	switch {
+	case s.Netfilter == nil || len(others) > 0:
+	case tornDown(rec, s.TornDown):
+		removed, err = s.Netfilter.ReleaseOwnRules(d.Network, key.IfName, key.ContainerID)
+	default:
+		removed, err = s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
+	}
 	if len(removed) > 0 {
 		s.logf("%s: DEL %s: removed what bridge left: %s", d.Network, key, strings.Join(removed, ", "))
 	}

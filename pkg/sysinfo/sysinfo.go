@@ -10,12 +10,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,6 +48,10 @@ type Host interface {
 	// entering the namespace (tens of microseconds), so it is only asked
 	// for when inodes alone cannot tell two namespaces apart.
 	NetnsCookie(path string) (uint64, error)
+	// LinkAddrs are the addresses of the link ifName in the namespace at
+	// path (entering it: tens of microseconds); none when there is no
+	// such link.
+	LinkAddrs(path, ifName string) ([]net.IP, error)
 	// ProcessStart is the start time (clock ticks since boot, field 22 of
 	// /proc/<pid>/stat) of pid; ok is false when there is no such process.
 	ProcessStart(pid int) (start uint64, ok bool)
@@ -165,6 +172,32 @@ func (r *Real) NetnsCookie(path string) (uint64, error) {
 		return 0, fmt.Errorf("namespace cookie of %s: %w", path, nsError(err))
 	}
 	return cookie, nil
+}
+
+func (r *Real) LinkAddrs(path, ifName string) ([]net.IP, error) {
+	var ips []net.IP
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+		link, err := netlinksafe.LinkByName(ifName)
+		if err != nil {
+			var notFound netlink.LinkNotFoundError
+			if errors.As(err, &notFound) {
+				return nil
+			}
+			return err
+		}
+		addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			ips = append(ips, a.IP)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("addresses of %s in %s: %w", ifName, path, nsError(err))
+	}
+	return ips, nil
 }
 
 // nsError gives ns.GetNS's errors, which wrap nothing, the meaning callers

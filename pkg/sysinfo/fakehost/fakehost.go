@@ -5,6 +5,7 @@ package fakehost
 import (
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"time"
 
@@ -23,6 +24,8 @@ type Host struct {
 	// Cookies maps a netns path to its SO_NETNS_COOKIE; absent means the
 	// kernel cannot tell (0, error).
 	Cookies map[string]uint64
+	// Links maps "<netns path> <ifname>" to the link's addresses.
+	Links map[string][]net.IP
 	// Processes maps a pid to its start time.
 	Processes map[int]uint64
 	// Holders is what holds each namespace, whatever its path; HolderCookies
@@ -77,6 +80,10 @@ func (h *Host) NetnsCookie(path string) (uint64, error) {
 		return c, nil
 	}
 	return 0, fmt.Errorf("no cookie for %s", path)
+}
+
+func (h *Host) LinkAddrs(path, ifName string) ([]net.IP, error) {
+	return h.Links[path+" "+ifName], nil
 }
 
 func (h *Host) ProcessStart(pid int) (uint64, bool) {
