@@ -16,8 +16,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
@@ -266,22 +264,95 @@ func (n *Network) addSubnet(s string) {
 }
 
 // rangeAddresses counts the addresses of an entry's ranges as host-local
-// reads them (its own config loader: the old single-range keys, the
-// rangeStart and rangeEnd defaults), or 0 if host-local refuses them.
+// reads them (plugins/ipam/host-local/backend/allocator: the old
+// single-range keys first, then "ranges"; rangeStart defaults to the
+// subnet's first address after the network's, rangeEnd to its last, less
+// the broadcast address in IPv4), or 0 if host-local would refuse them (a
+// subnet too small or with host bits set, a bound outside its subnet, a
+// start after its end, ranges that overlap). host-local's own loader is
+// not linked for this: it brings bridge's nftables package, whose init
+// every verb of the plugin would pay.
 func rangeAddresses(entry []byte) float64 {
-	conf, _, err := allocator.LoadIPAMConfig(entry, "")
-	if err != nil {
+	var conf struct {
+		IPAM struct {
+			hostLocalRange
+			Ranges [][]hostLocalRange `json:"ranges"`
+		} `json:"ipam"`
+	}
+	if json.Unmarshal(entry, &conf) != nil {
 		return 0
 	}
+	ranges := conf.IPAM.Ranges
+	if conf.IPAM.Subnet != "" {
+		ranges = append([][]hostLocalRange{{conf.IPAM.hostLocalRange}}, ranges...)
+	}
+	var bounds [][2]netip.Addr
 	total := new(big.Int)
-	for _, set := range conf.Ranges {
+	for _, set := range ranges {
 		for _, r := range set {
-			start, end := new(big.Int).SetBytes(r.RangeStart.To16()), new(big.Int).SetBytes(r.RangeEnd.To16())
-			total.Add(total, end.Sub(end, start).Add(end, big.NewInt(1)))
+			start, end, ok := r.bounds()
+			if !ok {
+				return 0
+			}
+			for _, b := range bounds {
+				if start.Is4() == b[0].Is4() && start.Compare(b[1]) <= 0 && b[0].Compare(end) <= 0 {
+					return 0
+				}
+			}
+			bounds = append(bounds, [2]netip.Addr{start, end})
+			s, e := start.As16(), end.As16()
+			n := new(big.Int).Sub(new(big.Int).SetBytes(e[:]), new(big.Int).SetBytes(s[:]))
+			total.Add(total, n.Add(n, big.NewInt(1)))
 		}
 	}
 	f, _ := new(big.Float).SetInt(total).Float64()
 	return f
+}
+
+// hostLocalRange is one range of a host-local configuration.
+type hostLocalRange struct {
+	Subnet     string `json:"subnet"`
+	RangeStart string `json:"rangeStart"`
+	RangeEnd   string `json:"rangeEnd"`
+}
+
+// bounds are the first and last address host-local hands out of r.
+func (r hostLocalRange) bounds() (start, end netip.Addr, ok bool) {
+	p, err := netip.ParsePrefix(strings.TrimSpace(r.Subnet))
+	if err != nil || p != p.Masked() || p.Bits() > p.Addr().BitLen()-2 {
+		return start, end, false
+	}
+	last := lastAddr(p)
+	if p.Addr().Is4() {
+		last = last.Prev()
+	}
+	start, end = p.Addr().Next(), last
+	for _, bound := range []struct {
+		given string
+		addr  *netip.Addr
+	}{{r.RangeStart, &start}, {r.RangeEnd, &end}} {
+		if bound.given == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(bound.given)
+		if err != nil || !p.Contains(a.Unmap()) {
+			return start, end, false
+		}
+		*bound.addr = a.Unmap()
+	}
+	return start, end, start.Compare(end) <= 0
+}
+
+// lastAddr is the last address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := range b {
+		if bits := p.Bits() - i*8; bits < 8 {
+			b[i] |= byte(0xff >> max(bits, 0))
+		}
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 // RangeAddresses is, for every network of the plugin among nets, how many

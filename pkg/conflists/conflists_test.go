@@ -45,7 +45,9 @@ func TestDataDirs(t *testing.T) {
 // A network's addresses are counted from rangeStart to rangeEnd as
 // host-local sets them: defaults (.1 to the last before broadcast in IPv4,
 // to the last address in IPv6), given bounds, several ranges and range
-// sets, the old single-range keys; ranges host-local refuses count none.
+// sets, the old single-range keys; ranges host-local refuses (a bound
+// outside the subnet, host bits set, a subnet too small, a start after its
+// end, ranges that overlap) count none.
 func TestRangeAddresses(t *testing.T) {
 	root := t.TempDir()
 	for name, ipam := range map[string]string{
@@ -55,6 +57,11 @@ func TestRangeAddresses(t *testing.T) {
 		"dual":     `"ranges": [[{"subnet": "10.5.0.0/24"}], [{"subnet": "fd00:5::/120"}]]`,
 		"oldstyle": `"subnet": "10.6.0.0/24", "rangeStart": "10.6.0.200", "rangeEnd": "10.6.0.209"`,
 		"refused":  `"ranges": [[{"subnet": "10.7.0.0/24", "rangeStart": "10.8.0.1"}]]`,
+		"hostbits": `"ranges": [[{"subnet": "10.10.0.1/24"}]]`,
+		"tiny":     `"ranges": [[{"subnet": "10.11.0.0/31"}]]`,
+		"reversed": `"ranges": [[{"subnet": "10.12.0.0/24", "rangeStart": "10.12.0.9", "rangeEnd": "10.12.0.5"}]]`,
+		"overlap":  `"ranges": [[{"subnet": "10.13.0.0/24"}], [{"subnet": "10.13.0.0/25"}]]`,
+		"v6whole":  `"ranges": [[{"subnet": "fd00:6::/126"}]]`,
 	} {
 		write(t, root, name+".conflist", entry(name, PluginName, "", ipam))
 	}
@@ -66,6 +73,7 @@ func TestRangeAddresses(t *testing.T) {
 		"two":      155 + 14,
 		"dual":     254 + 255,
 		"oldstyle": 10,
+		"v6whole":  3,
 	}
 	if len(got) != len(want) {
 		t.Errorf("RangeAddresses = %v, want %v (the plugin's networks with ranges host-local accepts)", got, want)

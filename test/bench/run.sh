@@ -35,6 +35,10 @@ done
 ID=$(od -An -N4 -tx4 /dev/urandom | tr -d ' \n')
 WORK=$(mktemp -d /tmp/nbc-bench.XXXXXX)
 TOOLS=$WORK/tools
+# The floor plugin (test/bench/cmd/floor) gets a CNI bin dir of its own,
+# which the driver puts on libcni's path after $BIN: $BIN stays as
+# `make build plugins` made it.
+FLOOR=$WORK/cni-bin/nbc-floor
 DRIVER_PID=
 
 cleanup() {
@@ -65,13 +69,14 @@ trap 'exit 129' HUP
 echo "bench: building the driver" >&2
 (cd "$REPO" && CGO_ENABLED=0 "$GO" build -buildvcs=false -o "$TOOLS/nbcbench" ./test/bench/cmd/nbcbench \
 	&& CGO_ENABLED=0 "$GO" build -buildvcs=false -o "$TOOLS/execrss" ./test/bench/cmd/execrss \
-	&& CGO_ENABLED=0 "$GO" build -buildvcs=false -trimpath -o "$TOOLS/minimal" ./test/bench/cmd/minimal)
+	&& CGO_ENABLED=0 "$GO" build -buildvcs=false -trimpath -o "$TOOLS/minimal" ./test/bench/cmd/minimal \
+	&& CGO_ENABLED=0 "$GO" build -buildvcs=false -trimpath -o "$FLOOR" ./test/bench/cmd/floor)
 
 echo "bench: run $ID, scratch $WORK" >&2
 # shellcheck disable=SC2086 # NBCB_ARGS is a list of flags
 "$TOOLS/nbcbench" run --bin "$BIN" --repo "$REPO" --work "$WORK/run" --id "$ID" \
 	--out "$WORK/results.json" --budget "${NBCB_BUDGET:-7m}" --command "${NBCB_COMMAND:-make bench}" \
-	--minimal "$TOOLS/minimal" \
+	--minimal "$TOOLS/minimal" --floor "$FLOOR" \
 	${NBCB_ARGS:-} >"$WORK/table.md" &
 DRIVER_PID=$!
 set +e

@@ -39,14 +39,23 @@ type coldRun struct {
 // tracedRuns is how many GODEBUG=inittrace=1 runs each binary gets.
 const tracedRuns = 21
 
-// benchCold times the VERSION verb of our binary against bridge's and,
-// with --minimal, against a minimal static Go binary (the floor any Go
-// program pays), runs interleaved: exec to exit, i.e. process start-up and
-// the runtime's init. Then it traces the package init of each.
+// benchCold times the VERSION verb of our binary against bridge's, with
+// --minimal against a minimal static Go binary (the floor any Go program
+// pays) and with --floor against the floor plugin (what a plugin that only
+// delegates, on the CNI library, pays), runs interleaved: exec to exit, i.e.
+// process start-up and the runtime's init. Then it traces the package init
+// of each.
 func (e *Env) benchCold(res *Results) error {
 	bins := []string{filepath.Join(e.o.bin, pluginType), filepath.Join(e.o.bin, "bridge")}
+	// The index in bins of --minimal and --floor, when given.
+	minimal, floor := -1, -1
 	if e.o.minimal != "" {
+		minimal = len(bins)
 		bins = append(bins, e.o.minimal)
+	}
+	if e.o.floor != "" {
+		floor = len(bins)
+		bins = append(bins, e.o.floor)
 	}
 	// Warm the page cache with every binary.
 	for range 3 {
@@ -73,9 +82,13 @@ func (e *Env) benchCold(res *Results) error {
 	}
 	p := makePair("VERSION", wall[0], wall[1]).withCPU(cpu[0], cpu[1])
 	res.ColdStart = &p
-	if len(bins) == 3 {
-		f := makePair("VERSION vs minimal Go binary", wall[0], wall[2]).withCPU(cpu[0], cpu[2])
+	if minimal >= 0 {
+		f := makePair("VERSION vs minimal Go binary", wall[0], wall[minimal]).withCPU(cpu[0], cpu[minimal])
 		res.ColdFloor = &f
+	}
+	if floor >= 0 {
+		f := makePair("VERSION vs floor plugin", wall[0], wall[floor]).withCPU(cpu[0], cpu[floor])
+		res.ColdFloorPlugin = &f
 	}
 	traces := make([][]initTrace, len(bins))
 	for range tracedRuns {

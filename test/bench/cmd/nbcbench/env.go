@@ -25,7 +25,7 @@ const (
 
 type options struct {
 	bin, repo, work, id, out  string
-	minimal                   string
+	minimal, floor            string
 	command                   string
 	pairs, rounds, parallel   int
 	coldPairs, releaseReps    int
@@ -34,13 +34,14 @@ type options struct {
 	budget                    time.Duration
 }
 
-// variant is one side of a comparison: A (the plugin) or B (bare bridge).
+// variant is one side of a comparison: A (the plugin), B (bare bridge) or
+// C (bridge behind the floor plugin, test/bench/cmd/floor).
 type variant struct {
-	label    string // "A" or "B"
+	label    string // "A", "B" or "C"
 	netName  string
 	bridge   string
 	subnet   netip.Prefix
-	dataDir  string // the plugin's dataDir (A) or ipam.dataDir (B)
+	dataDir  string // the plugin's dataDir (A) or ipam.dataDir (B, C)
 	confList []byte
 }
 
@@ -53,6 +54,8 @@ type Env struct {
 	state *os.File
 	tmpfs string
 	a, b  *variant
+	// c is nil without --floor.
+	c *variant
 	// liveNetns is the namespace every "live" synthetic record names.
 	liveNetns string
 	// deadline ends the sweep benchmark's optional rounds.
@@ -89,7 +92,8 @@ func (e *Env) canceled() error {
 	return nil
 }
 
-// setup mounts the run's tmpfs and writes the two conflists.
+// setup mounts the run's tmpfs and writes the conflists (two, or three
+// with --floor).
 func (e *Env) setup() error {
 	if e.a != nil {
 		return nil
@@ -104,14 +108,24 @@ func (e *Env) setup() error {
 	if err := run("mount", "-t", "tmpfs", "-o", "size=4g,mode=0755", "nbcb-"+e.o.id, e.tmpfs); err != nil {
 		return err
 	}
-	subA, subB, err := pickSubnets()
+	labels := []string{"A", "B"}
+	if e.o.floor != "" {
+		labels = append(labels, "C")
+	}
+	subnets, err := pickSubnets(len(labels))
 	if err != nil {
 		return err
 	}
-	id := e.o.id
-	e.a = &variant{label: "A", netName: "nbcb-" + id + "-a", bridge: "nbcb" + id + "a", subnet: subA, dataDir: filepath.Join(e.tmpfs, "a")}
-	e.b = &variant{label: "B", netName: "nbcb-" + id + "-b", bridge: "nbcb" + id + "b", subnet: subB, dataDir: filepath.Join(e.tmpfs, "b")}
-	for _, v := range []*variant{e.a, e.b} {
+	var vs []*variant
+	for i, label := range labels {
+		l := strings.ToLower(label)
+		vs = append(vs, &variant{label: label, netName: "nbcb-" + e.o.id + "-" + l, bridge: "nbcb" + e.o.id + l, subnet: subnets[i], dataDir: filepath.Join(e.tmpfs, l)})
+	}
+	e.a, e.b = vs[0], vs[1]
+	if len(vs) == 3 {
+		e.c = vs[2]
+	}
+	for _, v := range vs {
 		e.note("network", v.netName)
 		e.note("bridge", v.bridge)
 		e.note("subnet", v.subnet.String())
@@ -135,7 +149,8 @@ func adminChain(v *variant) string { return "NBCB-ADM-" + strings.TrimPrefix(v.b
 
 // conflist is conflist/nomad.conflist made the run's own: network name,
 // bridge, subnet, firewall admin chain, and the tmpfs as dataDir. For B the
-// entry becomes bare "bridge" with ipam.dataDir on the same tmpfs.
+// entry becomes bare "bridge" with ipam.dataDir on the same tmpfs; C is B
+// with the floor plugin as the entry's type, delegating to bridge.
 func (e *Env) conflist(v *variant) ([]byte, error) {
 	raw, err := os.ReadFile(filepath.Join(e.o.repo, "conflist", "nomad.conflist"))
 	if err != nil {
@@ -159,12 +174,18 @@ func (e *Env) conflist(v *variant) ([]byte, error) {
 				return nil, errors.New("nomad.conflist: plugin entry has no ipam")
 			}
 			ipam["ranges"] = []any{[]any{map[string]any{"subnet": v.subnet.String()}}}
-			if v.label == "A" {
+			switch v.label {
+			case "A":
 				m["dataDir"] = v.dataDir
-			} else {
+			case "B":
 				m["type"] = "bridge"
 				delete(m, "dataDir")
 				delete(m, "delegate")
+				ipam["dataDir"] = v.dataDir
+			case "C":
+				m["type"] = e.floorType()
+				m["delegate"] = "bridge"
+				delete(m, "dataDir")
 				ipam["dataDir"] = v.dataDir
 			}
 		case "firewall":
@@ -177,17 +198,24 @@ func (e *Env) conflist(v *variant) ([]byte, error) {
 	return json.MarshalIndent(conf, "", "  ")
 }
 
-// pickSubnets chooses two /24s in 10.200.0.0-10.249.255.0 (clear of the
+// pickSubnets chooses n /24s in 10.200.0.0-10.249.255.0 (clear of the
 // e2e suite's 10.100-10.199) that overlap nothing routed on the host.
-func pickSubnets() (netip.Prefix, netip.Prefix, error) {
+func pickSubnets(n int) ([]netip.Prefix, error) {
 	pool := &testhost.Subnets{Second10: [2]int{200, 250}}
-	a, err := pool.IPv4()
-	if err != nil {
-		return netip.Prefix{}, netip.Prefix{}, err
+	var out []netip.Prefix
+	for range n {
+		p, err := pool.IPv4()
+		if err != nil {
+			return nil, fmt.Errorf("pick a /24: %w", err)
+		}
+		out = append(out, p)
 	}
-	b, err := pool.IPv4()
-	return a, b, err
+	return out, nil
 }
+
+// floorType is the floor plugin's CNI type: its file name, found by libcni
+// in its own directory (see cni).
+func (e *Env) floorType() string { return filepath.Base(e.o.floor) }
 
 // addNetns creates a fresh named namespace and returns its path.
 func (e *Env) addNetns(tag string) (string, string, error) {

@@ -13,9 +13,24 @@ import (
 // The CNI verbs are driven in-process through libcni, the library cnitool,
 // Nomad (through go-cni), containerd and CRI-O all use: the same plugin
 // execs as `cnitool add|check|del`, without timing cnitool's own start-up
-// (which would be the same for A and B and only dilute the ratio).
+// (which would be the same for A and B and only dilute the ratio). The
+// floor plugin's directory comes after --bin: every other plugin, and the
+// floor's delegate, is found in the first directory, as without it.
 func (e *Env) cni() *libcni.CNIConfig {
-	return libcni.NewCNIConfigWithCacheDir([]string{e.o.bin}, filepath.Join(e.o.work, "libcni-cache"), nil)
+	path := []string{e.o.bin}
+	if e.o.floor != "" {
+		path = append(path, filepath.Dir(e.o.floor))
+	}
+	return libcni.NewCNIConfigWithCacheDir(path, filepath.Join(e.o.work, "libcni-cache"), nil)
+}
+
+// variants are the sides the latency and restore benchmarks interleave:
+// A B, or A B C with --floor.
+func (e *Env) variants() []*variant {
+	if e.c == nil {
+		return []*variant{e.a, e.b}
+	}
+	return []*variant{e.a, e.b, e.c}
 }
 
 func (v *variant) list() (*libcni.NetworkConfigList, error) {
@@ -85,53 +100,62 @@ func (e *Env) addCheckDel(cfg *libcni.CNIConfig, v *variant, tag string) (verbTi
 	return t, nil
 }
 
-// benchLatency runs warm-up pairs, then `pairs` pairs A B A B ..., each
-// container in a fresh namespace.
+// latencyVerbs are the rows of the latency benchmark: each verb, then the
+// three of one container summed.
+var latencyVerbs = [4]string{"ADD", "CHECK", "DEL", "ADD+CHECK+DEL"}
+
+// latencySeries is one variant's samples per row of latencyVerbs, in ms.
+type latencySeries struct {
+	wall, cpu [4][]float64
+}
+
+func (s *latencySeries) add(t verbTimes) {
+	for k, x := range [4]float64{t.add, t.check, t.del, t.add + t.check + t.del} {
+		s.wall[k] = append(s.wall[k], x)
+	}
+	for k, x := range [4]float64{t.addCPU, t.checkCPU, t.delCPU, t.addCPU + t.checkCPU + t.delCPU} {
+		s.cpu[k] = append(s.cpu[k], x)
+	}
+}
+
+// benchLatency runs warm-up pairs, then `pairs` pairs A B A B ... (with
+// --floor, triples A B C A B C ...), each container in a fresh namespace.
 func (e *Env) benchLatency(res *Results) error {
 	cfg := e.cni()
+	vs := e.variants()
 	// Warm-up: the first ADD of a network creates its bridge, the first
 	// plugin ADD writes the migration marker, the page cache fills.
 	for i := range 2 {
-		for _, v := range []*variant{e.a, e.b} {
+		for _, v := range vs {
 			if _, err := e.addCheckDel(cfg, v, fmt.Sprintf("warm%d", i)); err != nil {
 				return err
 			}
 		}
 	}
-	var a, b [6][]float64
+	series := make([]latencySeries, len(vs))
 	for i := range e.o.pairs {
 		if err := e.canceled(); err != nil {
 			return err
 		}
-		for _, v := range []*variant{e.a, e.b} {
+		for j, v := range vs {
 			t, err := e.addCheckDel(cfg, v, fmt.Sprintf("lat%03d", i))
 			if err != nil {
 				return err
 			}
-			dst := &a
-			if v == e.b {
-				dst = &b
-			}
-			dst[0] = append(dst[0], t.add)
-			dst[1] = append(dst[1], t.check)
-			dst[2] = append(dst[2], t.del)
-			dst[3] = append(dst[3], t.addCPU)
-			dst[4] = append(dst[4], t.checkCPU)
-			dst[5] = append(dst[5], t.delCPU)
+			series[j].add(t)
 		}
 	}
 	res.Pairs = e.o.pairs
-	for i, verb := range []string{"ADD", "CHECK", "DEL"} {
-		res.Latency = append(res.Latency, makePair(verb, a[i], b[i]).withCPU(a[i+3], b[i+3]))
+	a, b := series[0], series[1]
+	for k, verb := range latencyVerbs {
+		ab := makePair(verb, a.wall[k], b.wall[k]).withCPU(a.cpu[k], b.cpu[k])
+		res.Latency = append(res.Latency, ab)
+		if e.c != nil {
+			c := series[2]
+			cb := makePair(verb+" (floor)", c.wall[k], b.wall[k]).withCPU(c.cpu[k], b.cpu[k])
+			res.LatencyFloor = append(res.LatencyFloor, makeAddedCost(verb, ab, cb))
+		}
 	}
-	var ta, tb, ca, cb []float64
-	for i := range a[0] {
-		ta = append(ta, a[0][i]+a[1][i]+a[2][i])
-		tb = append(tb, b[0][i]+b[1][i]+b[2][i])
-		ca = append(ca, a[3][i]+a[4][i]+a[5][i])
-		cb = append(cb, b[3][i]+b[4][i]+b[5][i])
-	}
-	res.Latency = append(res.Latency, makePair("ADD+CHECK+DEL", ta, tb).withCPU(ca, cb))
 	return nil
 }
 

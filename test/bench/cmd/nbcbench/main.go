@@ -61,11 +61,12 @@ func cmdRun(args []string) error {
 	fs.StringVar(&o.id, "id", "", "run ID: 8 hex digits, names everything created")
 	fs.StringVar(&o.out, "out", "", "write the results as JSON here")
 	fs.StringVar(&o.command, "command", "make bench", "the command line to report as having produced the numbers")
-	fs.IntVar(&o.pairs, "pairs", 40, "latency pairs (A and B each)")
+	fs.IntVar(&o.pairs, "pairs", 40, "latency pairs (A and B each, and C with --floor)")
 	fs.IntVar(&o.rounds, "rounds", 3, "concurrent-ADD rounds (A and B each)")
 	fs.IntVar(&o.parallel, "parallel", 32, "containers started at once in the throughput benchmark")
-	fs.IntVar(&o.coldPairs, "cold-pairs", 200, "VERSION cold-start rounds (each runs the plugin, bridge and the --minimal binary)")
+	fs.IntVar(&o.coldPairs, "cold-pairs", 200, "VERSION cold-start rounds (each runs the plugin, bridge, and the --minimal and --floor binaries)")
 	fs.StringVar(&o.minimal, "minimal", "", "a minimal static Go binary answering VERSION (test/bench/cmd/minimal): the cold-start floor")
+	fs.StringVar(&o.floor, "floor", "", "the floor plugin (test/bench/cmd/floor): its file name is its CNI type, its directory goes on the plugin path after --bin; adds variant C (bridge behind it) to latency and restore, and a binary to cold")
 	fs.IntVar(&o.releaseReps, "release-reps", 5, "reps of the 254-stale-leases release comparison")
 	fs.StringVar(&o.sizes, "sizes", "254,4094,65534", "lease counts of the sweep benchmark")
 	fs.StringVar(&o.reps, "sweep-reps", "7,5,3", "reps per lease count of the sweep benchmark")
@@ -86,6 +87,12 @@ func cmdRun(args []string) error {
 	}
 	if o.work, err = filepath.Abs(o.work); err != nil {
 		return err
+	}
+	if o.floor != "" {
+		// Its directory goes on libcni's plugin path.
+		if o.floor, err = filepath.Abs(o.floor); err != nil {
+			return err
+		}
 	}
 
 	env, err := newEnv(o)

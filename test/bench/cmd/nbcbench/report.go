@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -31,6 +32,26 @@ func (r *Results) targets() []Target {
 		goal := latencyGoal[p.Name]
 		t := Target{What: fmt.Sprintf("%s latency ratio ≤ %.2f of bare bridge", p.Name, goal), Measured: fmt.Sprintf("%.3f (CPU %.3f)", p.Ratio, p.cpu().Ratio), Met: p.Ratio <= goal}
 		t.Margin = fmt.Sprintf("%+.1f%% vs bridge", (p.Ratio-1)*100)
+		out = append(out, t)
+	}
+	// What the plugin adds against what one more exec of a do-nothing
+	// delegating plugin adds (the floor of any wrapper): the rest is the
+	// plugin's own work. Per verb; the sum is in the table. A floor not
+	// above zero was lost in the noise: nothing is judged against it.
+	for _, f := range r.LatencyFloor {
+		if !slices.Contains(latencyVerbs[:3], f.Name) {
+			continue
+		}
+		goal := floorGoal * f.FloorMs
+		t := Target{
+			What:     fmt.Sprintf("%s: added cost ≤ %.1f× the floor plugin's (C−B)", f.Name, floorGoal),
+			Measured: fmt.Sprintf("A−B %+.1f ms, C−B %+.1f ms: %s (CPU %+.1f, %+.1f ms: %s)", f.PluginMs, f.FloorMs, timesRatio(f.Ratio), f.PluginCPUMs, f.FloorCPUMs, timesRatio(f.CPURatio)),
+			Met:      f.Ratio != nil && *f.Ratio <= floorGoal,
+		}
+		t.Margin = fmt.Sprintf("%+.1f ms vs the goal (%.1f ms)", f.PluginMs-goal, goal)
+		if f.Ratio == nil {
+			t.Margin = "not judged: C−B ≤ 0, more pairs needed"
+		}
 		out = append(out, t)
 	}
 	for _, c := range r.Restore {
@@ -96,6 +117,11 @@ func (r *Results) targets() []Target {
 		t.Margin = fmt.Sprintf("%+.1f%% vs the goal", (f.Ratio/1.25-1)*100)
 		out = append(out, t)
 	}
+	if f := r.ColdFloorPlugin; f != nil {
+		t := Target{What: "cold start ≤ 1.05× the do-nothing plugin (floor)", Measured: fmt.Sprintf("%.3f (CPU %.3f)", f.Ratio, f.cpu().Ratio), Met: f.Ratio <= 1.05}
+		t.Margin = fmt.Sprintf("%+.1f%% vs the goal", (f.Ratio/1.05-1)*100)
+		out = append(out, t)
+	}
 	for _, pct := range []int{0, 50, 100} {
 		a, b := r.cell(4094, pct), r.cell(65534, pct)
 		if a == nil || b == nil || a.InProc.Median == 0 {
@@ -113,6 +139,27 @@ func (r *Results) targets() []Target {
 		out = append(out, t)
 	}
 	return out
+}
+
+// floorGoal bounds the plugin's added cost per verb (A−B) as a multiple of
+// the floor plugin's (C−B).
+const floorGoal = 1.3
+
+// fmtRatio prints an AddedCost ratio, "n/a" where the floor was not above
+// zero.
+func fmtRatio(r *float64) string {
+	if r == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", *r)
+}
+
+// timesRatio is fmtRatio for prose: "×1.27" or "ratio n/a".
+func timesRatio(r *float64) string {
+	if r == nil {
+		return "ratio n/a"
+	}
+	return fmt.Sprintf("×%.2f", *r)
 }
 
 func over(v, goal float64, unit string) string {
@@ -143,26 +190,58 @@ func renderMarkdown(w io.Writer, r *Results) {
 	}
 	p("")
 	if len(r.Latency) > 0 {
-		p("**1. Latency, Nomad's chain (loopback, bridge, firewall, portmap), A = `nomad-bridge-cni`, B = bare `bridge`** — %d pairs A B A B, fresh namespace per container, driven through libcni; ms.", r.Pairs)
+		floor := len(r.LatencyFloor) == len(r.Latency)
+		head := "| verb | A median | A p90 | B median | B p90 | A/B (medians) | A/B (median of pairs) | CPU A | CPU B | CPU A/B |"
+		rule := "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+		if floor {
+			p("**1. Latency, Nomad's chain (loopback, bridge, firewall, portmap), A = `nomad-bridge-cni`, B = bare `bridge`, C = `bridge` behind the floor plugin** — %d rounds A B C, fresh namespace per container, driven through libcni; ms.", r.Pairs)
+			head += " C median | A−B | C−B | (A−B)/(C−B) | CPU C | CPU A−B | CPU C−B | CPU (A−B)/(C−B) |"
+			rule += "---:|---:|---:|---:|---:|---:|---:|---:|"
+		} else {
+			p("**1. Latency, Nomad's chain (loopback, bridge, firewall, portmap), A = `nomad-bridge-cni`, B = bare `bridge`** — %d pairs A B A B, fresh namespace per container, driven through libcni; ms.", r.Pairs)
+		}
 		p("")
-		p("| verb | A median | A p90 | B median | B p90 | A/B (medians) | A/B (median of pairs) | CPU A | CPU B | CPU A/B |")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-		for _, x := range r.Latency {
+		p("%s", head)
+		p("%s", rule)
+		for i, x := range r.Latency {
 			c := x.cpu()
-			p("| %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.1f | %.1f | %.3f |", x.Name, x.A.Median, x.A.P90, x.B.Median, x.B.P90, x.Ratio, x.PairedRatio, c.A.Median, c.B.Median, c.Ratio)
+			row := fmt.Sprintf("| %s | %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %.1f | %.1f | %.3f |", x.Name, x.A.Median, x.A.P90, x.B.Median, x.B.P90, x.Ratio, x.PairedRatio, c.A.Median, c.B.Median, c.Ratio)
+			if floor {
+				f := r.LatencyFloor[i]
+				row += fmt.Sprintf(" %.1f | %+.1f | %+.1f | %s | %.1f | %+.1f | %+.1f | %s |", f.Floor.A.Median, f.PluginMs, f.FloorMs, fmtRatio(f.Ratio), f.Floor.cpu().A.Median, f.PluginCPUMs, f.FloorCPUMs, fmtRatio(f.CPURatio))
+			}
+			p("%s", row)
 		}
 		p("")
 		p("CPU = median user + system time of every process the verb ran (plugins and their iptables), from RUSAGE_CHILDREN.")
+		if floor {
+			p("C is B's chain with `nbc-floor` (test/bench/cmd/floor, a plugin that only passes its stdin to bridge) in bridge's place: C−B is one more exec of a do-nothing delegating plugin, the floor of what any wrapper adds. A−B and C−B are differences of medians; (A−B)/(C−B) is n/a where C−B ≤ 0.")
+		}
 		p("")
 	}
 	if len(r.Restore) > 0 {
-		p("**1b. Restore** — N containers added, then one CHECK each, back to back, as a Nomad client restart sends them (A = `nomad-bridge-cni` with its default checkSweepInterval, B = bare `bridge`); total ms of the N CHECKs, reps interleaved A B A B.")
+		floor := r.Restore[0].Floor != nil
+		order := "A B A B"
+		if floor {
+			order = "A B C (C = B's chain with the floor plugin in bridge's place, see 1)"
+		}
+		p("**1b. Restore** — N containers added, then one CHECK each, back to back, as a Nomad client restart sends them (A = `nomad-bridge-cni` with its default checkSweepInterval, B = bare `bridge`); total ms of the N CHECKs, reps interleaved %s.", order)
 		p("")
-		p("| N | reps | A total | B total | A/B | A ms per CHECK | B ms per CHECK | CPU A/B |")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|")
+		head := "| N | reps | A total | B total | A/B | A ms per CHECK | B ms per CHECK | CPU A/B |"
+		rule := "|---:|---:|---:|---:|---:|---:|---:|---:|"
+		if floor {
+			head += " C total | (A−B)/(C−B) | CPU (A−B)/(C−B) |"
+			rule += "---:|---:|---:|"
+		}
+		p("%s", head)
+		p("%s", rule)
 		for _, c := range r.Restore {
 			x, n := c.Pair, float64(c.N)
-			p("| %d | %d | %.0f | %.0f | %.3f | %.1f | %.1f | %.3f |", c.N, x.A.N, x.A.Median, x.B.Median, x.Ratio, x.A.Median/n, x.B.Median/n, x.cpu().Ratio)
+			row := fmt.Sprintf("| %d | %d | %.0f | %.0f | %.3f | %.1f | %.1f | %.3f |", c.N, x.A.N, x.A.Median, x.B.Median, x.Ratio, x.A.Median/n, x.B.Median/n, x.cpu().Ratio)
+			if f := c.Floor; floor && f != nil {
+				row += fmt.Sprintf(" %.0f | %s | %s |", f.Floor.A.Median, fmtRatio(f.Ratio), fmtRatio(f.CPURatio))
+			}
+			p("%s", row)
 		}
 		p("")
 	}
@@ -230,37 +309,93 @@ func (p Pair) cpu() Pair {
 }
 
 // writeCold prints the cold-start table: the plugin against bridge and,
-// when measured, against a minimal Go binary, with each one's page faults
-// and package init.
+// when measured, against a minimal Go binary and the floor plugin, with
+// each one's page faults and package init.
 func writeCold(p func(string, ...any), r *Results) {
-	x, f := r.ColdStart, r.ColdFloor
-	if f == nil {
-		p("**5. Cold start** — `CNI_COMMAND=VERSION`, exec to exit, %d pairs interleaved; ms.", x.A.N)
-		p("")
-		p("| | A: nomad-bridge-cni | B: bridge | A/B |")
-		p("|---|---:|---:|---:|")
-		c := x.cpu()
-		p("| median | %.2f | %.2f | %.3f |", x.A.Median, x.B.Median, x.Ratio)
-		p("| p90 | %.2f | %.2f | |", x.A.P90, x.B.P90)
-		p("| CPU median | %.2f | %.2f | %.3f |", c.A.Median, c.B.Median, c.Ratio)
-		p("")
-		return
+	x := r.ColdStart
+	// One column per binary after the plugin (A), each a Pair of A against
+	// it from the same interleaved rounds, lettered B, C, ... in run order.
+	type column struct {
+		name string
+		vs   Pair
 	}
-	p("**5. Cold start** — `CNI_COMMAND=VERSION`, exec to exit, %d rounds A B C interleaved; C is test/bench/cmd/minimal, a static Go binary that only prints the answer (the floor of any Go program); ms. Package init from %d runs each with `GODEBUG=inittrace=1` (sums over all packages, medians).", x.A.N, tracedRuns)
+	cols := []column{{"bridge", *x}}
+	var about []string
+	if f := r.ColdFloor; f != nil {
+		cols = append(cols, column{"minimal Go", *f})
+		about = append(about, fmt.Sprintf("%c is test/bench/cmd/minimal, a static Go binary that only prints the answer (the floor of any Go program)", 'A'+len(cols)))
+	}
+	if f := r.ColdFloorPlugin; f != nil {
+		cols = append(cols, column{"nbc-floor", *f})
+		about = append(about, fmt.Sprintf("%c is test/bench/cmd/floor, the do-nothing delegating plugin of 1 (the floor of any plugin on the CNI library)", 'A'+len(cols)))
+	}
+	letters := "A"
+	for i := range cols {
+		letters += fmt.Sprintf(" %c", 'B'+i)
+	}
+	intro := fmt.Sprintf("**5. Cold start** — `CNI_COMMAND=VERSION`, exec to exit, %d rounds %s interleaved", x.A.N, letters)
+	for _, a := range about {
+		intro += "; " + a
+	}
+	intro += "; ms."
+	traced := len(r.Startup) == 1+len(cols)
+	if traced {
+		intro += fmt.Sprintf(" Package init from %d runs each with `GODEBUG=inittrace=1` (sums over all packages, medians).", tracedRuns)
+	}
+	p("%s", intro)
 	p("")
-	p("| | A: nomad-bridge-cni | B: bridge | C: minimal Go | A/B | A/C |")
-	p("|---|---:|---:|---:|---:|---:|")
-	c, fc := x.cpu(), f.cpu()
-	p("| median | %.2f | %.2f | %.2f | %.3f | %.3f |", x.A.Median, x.B.Median, f.B.Median, x.Ratio, f.Ratio)
-	p("| p90 | %.2f | %.2f | %.2f | | |", x.A.P90, x.B.P90, f.B.P90)
-	p("| CPU median | %.2f | %.2f | %.2f | %.3f | %.3f |", c.A.Median, c.B.Median, fc.B.Median, c.Ratio, fc.Ratio)
-	if len(r.Startup) == 3 {
+	head, rule := "| | A: nomad-bridge-cni |", "|---|---:|"
+	for i, c := range cols {
+		head += fmt.Sprintf(" %c: %s |", 'B'+i, c.name)
+		rule += "---:|"
+	}
+	for i := range cols {
+		head += fmt.Sprintf(" A/%c |", 'B'+i)
+		rule += "---:|"
+	}
+	p("%s", head)
+	p("%s", rule)
+	// row prints one line: A's value, each column's, then A's ratio to each
+	// (blank where ratio is nil).
+	row := func(label, format string, a float64, others []float64, ratio func(i int) float64) {
+		line := fmt.Sprintf("| %s | "+format+" |", label, a)
+		for _, v := range others {
+			line += fmt.Sprintf(" "+format+" |", v)
+		}
+		for i := range others {
+			if ratio == nil {
+				line += " |"
+			} else {
+				line += fmt.Sprintf(" %.3f |", ratio(i))
+			}
+		}
+		p("%s", line)
+	}
+	each := func(f func(c column) float64) []float64 {
+		var out []float64
+		for _, c := range cols {
+			out = append(out, f(c))
+		}
+		return out
+	}
+	row("median", "%.2f", x.A.Median, each(func(c column) float64 { return c.vs.B.Median }), func(i int) float64 { return cols[i].vs.Ratio })
+	row("p90", "%.2f", x.A.P90, each(func(c column) float64 { return c.vs.B.P90 }), nil)
+	row("CPU median", "%.2f", x.cpu().A.Median, each(func(c column) float64 { return c.vs.cpu().B.Median }), func(i int) float64 { return cols[i].vs.cpu().Ratio })
+	if traced {
 		s := r.Startup
-		p("| page faults | %.0f | %.0f | %.0f | %.3f | %.3f |", s[0].PageFaults, s[1].PageFaults, s[2].PageFaults, s[0].PageFaults/s[1].PageFaults, s[0].PageFaults/s[2].PageFaults)
-		p("| packages initialised | %d | %d | %d | | |", s[0].Packages, s[1].Packages, s[2].Packages)
-		p("| init clock, ms | %.3f | %.3f | %.3f | | |", s[0].InitMs, s[1].InitMs, s[2].InitMs)
-		p("| init allocations | %.0f | %.0f | %.0f | | |", s[0].InitAllocs, s[1].InitAllocs, s[2].InitAllocs)
-		p("| init KiB | %.1f | %.1f | %.1f | | |", s[0].InitKiB, s[1].InitKiB, s[2].InitKiB)
+		stat := func(f func(StartupStat) float64) []float64 {
+			var out []float64
+			for _, t := range s[1:] {
+				out = append(out, f(t))
+			}
+			return out
+		}
+		faults := stat(func(t StartupStat) float64 { return t.PageFaults })
+		row("page faults", "%.0f", s[0].PageFaults, faults, func(i int) float64 { return s[0].PageFaults / faults[i] })
+		row("packages initialised", "%.0f", float64(s[0].Packages), stat(func(t StartupStat) float64 { return float64(t.Packages) }), nil)
+		row("init clock, ms", "%.3f", s[0].InitMs, stat(func(t StartupStat) float64 { return t.InitMs }), nil)
+		row("init allocations", "%.0f", s[0].InitAllocs, stat(func(t StartupStat) float64 { return t.InitAllocs }), nil)
+		row("init KiB", "%.1f", s[0].InitKiB, stat(func(t StartupStat) float64 { return t.InitKiB }), nil)
 	}
 	p("")
 }

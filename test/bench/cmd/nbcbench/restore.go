@@ -11,42 +11,49 @@ import (
 )
 
 // RestoreCell is one restore size: N allocations restored, one CHECK each,
-// one after another, total wall and CPU time of the N CHECKs, A against B.
+// one after another, total wall and CPU time of the N CHECKs, A against B
+// and, with --floor, the plugin's added cost against the floor's (C).
 type RestoreCell struct {
-	N    int  `json:"n"`
-	Pair Pair `json:"pair"`
+	N     int        `json:"n"`
+	Pair  Pair       `json:"pair"`
+	Floor *AddedCost `json:"floor,omitempty"`
 }
 
 // benchRestore measures what a Nomad client restart costs: it sends one
 // CHECK per restored allocation, one after another, and every CHECK of the
 // plugin may sweep the whole network. For each size N, in interleaved reps
-// A B A B: N containers are added (untimed, a few at a time), the N CHECKs
-// are timed back to back, and everything is deleted again (untimed).
+// A B A B (A B C with --floor): N containers are added (untimed, a few at
+// a time), the N CHECKs are timed back to back, and everything is deleted
+// again (untimed).
 func (e *Env) benchRestore(res *Results) error {
 	sizes, reps, err := restorePlan(e.o.restoreSizes, e.o.restoreReps)
 	if err != nil {
 		return err
 	}
 	cfg := e.cni()
+	vs := e.variants()
 	for i, n := range sizes {
-		var a, b, ca, cb []float64
+		// wall[j], cpu[j]: the reps of vs[j].
+		wall, cpu := make([][]float64, len(vs)), make([][]float64, len(vs))
 		for r := range reps[i] {
-			for _, v := range []*variant{e.a, e.b} {
+			for j, v := range vs {
 				if err := e.canceled(); err != nil {
 					return err
 				}
-				wall, cpu, err := e.restoreOnce(cfg, v, n, fmt.Sprintf("rs%d-%d", n, r))
+				w, c, err := e.restoreOnce(cfg, v, n, fmt.Sprintf("rs%d-%d", n, r))
 				if err != nil {
 					return err
 				}
-				if v == e.a {
-					a, ca = append(a, wall), append(ca, cpu)
-				} else {
-					b, cb = append(b, wall), append(cb, cpu)
-				}
+				wall[j], cpu[j] = append(wall[j], w), append(cpu[j], c)
 			}
 		}
-		res.Restore = append(res.Restore, RestoreCell{N: n, Pair: makePair(fmt.Sprintf("restore N=%d", n), a, b).withCPU(ca, cb)})
+		name := fmt.Sprintf("restore N=%d", n)
+		cell := RestoreCell{N: n, Pair: makePair(name, wall[0], wall[1]).withCPU(cpu[0], cpu[1])}
+		if e.c != nil {
+			f := makeAddedCost(name, cell.Pair, makePair(name+" (floor)", wall[2], wall[1]).withCPU(cpu[2], cpu[1]))
+			cell.Floor = &f
+		}
+		res.Restore = append(res.Restore, cell)
 	}
 	return nil
 }

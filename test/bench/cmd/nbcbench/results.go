@@ -76,6 +76,49 @@ func makePair(name string, a, b []float64) Pair {
 	return p
 }
 
+// AddedCost is what the plugin adds over bare bridge (A−B) against what the
+// floor adds (C−B: bridge behind test/bench/cmd/floor, i.e. one more exec
+// of a do-nothing delegating plugin), from the same interleaved runs, as
+// differences of medians in ms: the floor is the least any plugin that
+// delegates to bridge, written on the CNI library, can add.
+type AddedCost struct {
+	Name string `json:"name"`
+	// Floor is C (in its A fields) against B.
+	Floor       Pair    `json:"floor"`
+	PluginMs    float64 `json:"pluginMs"`
+	FloorMs     float64 `json:"floorMs"`
+	PluginCPUMs float64 `json:"pluginCPUMs"`
+	FloorCPUMs  float64 `json:"floorCPUMs"`
+	// Ratio is PluginMs/FloorMs, CPURatio the same in CPU time; each is
+	// absent when its floor is not above zero (lost in the noise of too
+	// few samples), which no ratio describes.
+	Ratio    *float64 `json:"ratio,omitempty"`
+	CPURatio *float64 `json:"cpuRatio,omitempty"`
+}
+
+// makeAddedCost: ab is A against B, cb is C against B, over the same B.
+func makeAddedCost(name string, ab, cb Pair) AddedCost {
+	c := AddedCost{
+		Name:        name,
+		Floor:       cb,
+		PluginMs:    ab.A.Median - ab.B.Median,
+		FloorMs:     cb.A.Median - cb.B.Median,
+		PluginCPUMs: ab.cpu().A.Median - ab.cpu().B.Median,
+		FloorCPUMs:  cb.cpu().A.Median - cb.cpu().B.Median,
+	}
+	c.Ratio = ratioOver(c.PluginMs, c.FloorMs)
+	c.CPURatio = ratioOver(c.PluginCPUMs, c.FloorCPUMs)
+	return c
+}
+
+func ratioOver(v, floor float64) *float64 {
+	if floor <= 0 {
+		return nil
+	}
+	r := v / floor
+	return &r
+}
+
 // SweepCell is one (lease count, stale share) cell of the sweep benchmark.
 type SweepCell struct {
 	Leases int `json:"leases"`
@@ -102,6 +145,9 @@ type Results struct {
 	Latency []Pair            `json:"latency,omitempty"`
 	Pairs   int               `json:"pairs,omitempty"`
 	GCEmpty Stat              `json:"gcEmptyMs"`
+	// LatencyFloor is, per row of Latency, the plugin's added cost against
+	// the floor plugin's (variant C, with --floor).
+	LatencyFloor []AddedCost `json:"latencyFloor,omitempty"`
 	// RSSFloorKiB is the peak RSS execrss reports for /bin/true: the most
 	// of execrss's own RSS that can show in a measurement.
 	RSSFloorKiB int64       `json:"rssFloorKiB"`
@@ -117,6 +163,10 @@ type Results struct {
 	// ColdFloor compares the plugin's VERSION (A) with a minimal static Go
 	// binary's (B), from the same interleaved runs as ColdStart.
 	ColdFloor *Pair `json:"coldFloor,omitempty"`
+	// ColdFloorPlugin compares the plugin's VERSION (A) with the floor
+	// plugin's (B, test/bench/cmd/floor: a do-nothing delegating plugin on
+	// the CNI library), from the same interleaved runs.
+	ColdFloorPlugin *Pair `json:"coldFloorPlugin,omitempty"`
 	// Startup is each cold-start binary's page faults and package init.
 	Startup  []StartupStat `json:"startup,omitempty"`
 	LoadAvg  string        `json:"loadAvg"`

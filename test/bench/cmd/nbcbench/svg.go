@@ -12,8 +12,9 @@ import (
 )
 
 // The pictures of BENCHMARKS.md, written as plain SVG from a run's
-// results: the verb ratios against bare bridge, and the sweep's cost and
-// peak RSS against the lease count.
+// results: the verb ratios against bare bridge (and, with the floor
+// plugin, each verb's added cost against the floor's), and the sweep's
+// cost and peak RSS against the lease count.
 
 func cmdSVG(args []string) error {
 	fs := flag.NewFlagSet("svg", flag.ExitOnError)
@@ -52,7 +53,8 @@ func escapeXML(s string) string {
 }
 
 // drawVerbs: one bar per verb, the ratio of medians ours/bare (wall and
-// CPU), with the line at 1.0 (bare bridge).
+// CPU), with the line at 1.0 (bare bridge); below it, when the run had the
+// floor plugin, drawAdded.
 func drawVerbs(w io.Writer, r *Results) {
 	var bars []Pair
 	bars = append(bars, r.Latency...)
@@ -62,6 +64,11 @@ func drawVerbs(w io.Writer, r *Results) {
 		bars = append(bars, c)
 	}
 	const width, height, left, top, bottom = 720.0, 300.0, 60.0, 40.0, 60.0
+	const addedHeight = 280.0
+	total := height
+	if len(r.LatencyFloor) > 0 {
+		total += addedHeight
+	}
 	maxR := 1.2
 	for _, b := range bars {
 		maxR = math.Max(maxR, b.Ratio*1.05)
@@ -72,7 +79,7 @@ func drawVerbs(w io.Writer, r *Results) {
 	plotH := height - top - bottom
 	y := func(v float64) float64 { return top + plotH*(1-v/maxR) }
 	s := svg{w}
-	s.p(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f">`, width, height, width, height)
+	s.p(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f">`, width, total, width, total)
 	s.p(`<rect width="100%%" height="100%%" fill="white"/>`)
 	s.text(width/2, 20, "middle", "14", "nomad-bridge-cni / bare bridge, medians (blue: wall, grey: CPU) — "+r.Started)
 	for _, v := range []float64{0, 0.25, 0.5, 0.75, 1, 1.25} {
@@ -94,7 +101,62 @@ func drawVerbs(w io.Writer, r *Results) {
 		}
 		s.text(x+bw, height-bottom+16, "middle", "11", b.Name)
 	}
+	if len(r.LatencyFloor) > 0 {
+		drawAdded(s, r.LatencyFloor, height, width, addedHeight)
+	}
 	s.p(`</svg>`)
+}
+
+// drawAdded draws, in the band from y0 down by height, per verb the
+// plugin's added cost over bare bridge (A−B) next to the floor plugin's
+// (C−B), wall medians in ms, with the goal (floorGoal × C−B) dashed across
+// the plugin's bar and the ratios above. Costs below zero (noise) go below
+// the zero line.
+func drawAdded(s svg, costs []AddedCost, y0, width, height float64) {
+	const left, title, bottom = 60.0, 44.0, 40.0
+	lo, hi := 0.0, 0.0
+	for _, c := range costs {
+		for _, v := range []float64{c.PluginMs, c.FloorMs, floorGoal * c.FloorMs} {
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+		}
+	}
+	s.text(width/2, y0+16, "middle", "13", "added cost over bare bridge per verb, median ms (wall)")
+	s.text(width/2, y0+32, "middle", "11", fmt.Sprintf("blue: plugin (A−B), orange: floor plugin (C−B), dashed: %.1f × C−B (the goal); above: (A−B)/(C−B), wall (CPU)", floorGoal))
+	if hi == lo {
+		return
+	}
+	// Room above the bars for the ratio labels.
+	span := hi - lo
+	hi += span * 0.15
+	if lo < 0 {
+		lo -= span * 0.05
+	}
+	top, base := y0+title+10, y0+height-bottom
+	y := func(v float64) float64 { return top + (base-top)*(hi-v)/(hi-lo) }
+	ticks := []float64{0, hi / 2, hi}
+	if lo < 0 {
+		ticks = append(ticks, lo)
+	}
+	for _, v := range ticks {
+		s.p(`<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#ddd"/>`, left, width-10, y(v), y(v))
+		s.text(left-6, y(v)+4, "end", "11", fmt.Sprintf("%.1f", v))
+	}
+	s.p(`<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black"/>`, left, width-10, y(0), y(0))
+	bar := func(x, bw, v float64, fill string) {
+		s.p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, math.Min(y(0), y(v)), bw, math.Abs(y(0)-y(v)), fill)
+	}
+	slot := (width - left - 10) / float64(len(costs))
+	for i, c := range costs {
+		x := left + slot*float64(i) + slot*0.2
+		bw := slot * 0.3
+		bar(x, bw, c.PluginMs, "#3b73b9")
+		bar(x+bw, bw, c.FloorMs, "#e08a2c")
+		g := y(floorGoal * c.FloorMs)
+		s.p(`<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black" stroke-width="1.5" stroke-dasharray="4 3"/>`, x-3, x+bw+3, g, g)
+		label := fmt.Sprintf("%s (CPU %s)", timesRatio(c.Ratio), timesRatio(c.CPURatio))
+		s.text(x+bw, y(math.Max(math.Max(c.PluginMs, c.FloorMs), math.Max(0, floorGoal*c.FloorMs)))-6, "middle", "10", label)
+		s.text(x+bw, base+16, "middle", "11", c.Name)
+	}
 }
 
 // drawSweep: in-process sweep cost per lease, and the gc process's peak
