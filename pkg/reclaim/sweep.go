@@ -353,11 +353,7 @@ func (w *sweep) judged(a *Attachment) {
 	}
 	w.saw(a.Key, a.Record != nil)
 	if a.Verdict.State != Stale {
-		w.each(a.Key, func(i int, owner string) {
-			if w.backends[i].Shared() {
-				w.owners[i].alive.add(owner)
-			}
-		})
+		w.each(a.Key, w.shared, func(i int, owner string) { w.owners[i].alive.add(owner) })
 		return
 	}
 	if w.listNAT(); w.natUnknown {

@@ -49,11 +49,13 @@ func (w *sweep) listNAT() {
 	}
 }
 
-// each calls fn with the owner of k's rules in every tracked backend; an
-// owner that cannot be told makes that backend unsure.
-func (w *sweep) each(k records.Key, fn func(i int, owner string)) {
+// each calls fn with the owner of k's rules in every tracked backend that
+// want selects (nil: all); an owner that cannot be told makes that backend
+// unsure. An owner is asked for only where it is used: an nftables one is
+// a hash.
+func (w *sweep) each(k records.Key, want func(i int) bool, fn func(i int, owner string)) {
 	for i, b := range w.backends {
-		if !w.owners[i].tracked {
+		if !w.owners[i].tracked || (want != nil && !want(i)) {
 			continue
 		}
 		owner, ok := b.OwnerOf(w.req.Dir.Network, k.ContainerID, k.IfName)
@@ -65,16 +67,19 @@ func (w *sweep) each(k records.Key, fn func(i int, owner string)) {
 	}
 }
 
+// shared selects the backends whose owners attachments share (iptables).
+func (w *sweep) shared(i int) bool { return w.backends[i].Shared() }
+
 // saw remembers an attachment the network holds something of: its rules
 // are no orphans. A backend whose owners are attachments learns those
 // with a record from readRecordsAgain, which runs only when its rules
 // are examined for orphans (a hash each, saved on every other sweep).
 func (w *sweep) saw(k records.Key, recorded bool) {
-	w.each(k, func(i int, owner string) {
-		if w.backends[i].Shared() || !recorded {
-			w.owners[i].seen.add(owner)
-		}
-	})
+	want := w.shared
+	if !recorded {
+		want = nil
+	}
+	w.each(k, want, func(i int, owner string) { w.owners[i].seen.add(owner) })
 }
 
 // flushBatch releases the batch: its attachments' own NAT rules, then the
@@ -231,7 +236,7 @@ func (w *sweep) readRecordsAgain() {
 	}
 	w.recordsRead = true
 	temps, err := w.records.EachName(func(k records.Key) {
-		w.each(k, func(i int, owner string) { w.owners[i].recorded.add(owner) })
+		w.each(k, nil, func(i int, owner string) { w.owners[i].recorded.add(owner) })
 	})
 	if err != nil {
 		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
@@ -268,7 +273,7 @@ func (w *sweep) heldElsewhere(i int, owner string) bool {
 // the plugin's other data dirs.
 func (w *sweep) readElsewhere() {
 	hold := func(k records.Key) {
-		w.each(k, func(i int, owner string) { w.owners[i].elsewhere.add(owner) })
+		w.each(k, nil, func(i int, owner string) { w.owners[i].elsewhere.add(owner) })
 	}
 	unreadable := func(err error) {
 		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
