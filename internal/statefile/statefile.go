@@ -77,7 +77,7 @@ const DefaultLimit = 64 << 10
 // ReadFileNoFollow reads a small state file without following a symlink
 // planted in its place, and refuses files larger than DefaultLimit.
 func ReadFileNoFollow(path string) ([]byte, error) {
-	b, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", path, DefaultLimit, false)
+	b, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", path, DefaultLimit, 0)
 	return b, err
 }
 
@@ -96,12 +96,28 @@ func OpenAt(dirfd int, name string) (int, error) {
 	}
 }
 
+// ReadMode says how ReadSmallFileAt reads.
+type ReadMode uint8
+
+const (
+	// WithStat also returns the file's fstat.
+	WithStat ReadMode = 1 << iota
+	// ShortReadEnds takes a read that returns less than asked as the
+	// end of the file, saving the read that would return 0. A regular
+	// file on a local filesystem (tmpfs, ext4, xfs: where data dirs
+	// live) returns less only at its end; a /proc file may return less
+	// at any point, so its readers must not set it. For state files whose
+	// content is checked when decoded: what is cut short is reported as
+	// damaged, never taken for something else.
+	ShortReadEnds
+)
+
 // ReadSmallFileAt reads name, in the directory dir open as dirfd (openat:
 // no walk of the whole path per file; unix.AT_FDCWD and "" for a plain
 // path), if it holds at most limit bytes: OpenAt, read until EOF, close,
-// and fstat when withStat. dir only names the file in errors, joined when
-// one happens (a Join per file costs 10 % of a sweep).
-func ReadSmallFileAt(dirfd int, dir, name string, limit int, withStat bool) ([]byte, *unix.Stat_t, error) {
+// and fstat when mode has WithStat. dir only names the file in errors,
+// joined when one happens (a Join per file costs 10 % of a sweep).
+func ReadSmallFileAt(dirfd int, dir, name string, limit int, mode ReadMode) ([]byte, *unix.Stat_t, error) {
 	path := func() string { return filepath.Join(dir, name) }
 	fd, err := OpenAt(dirfd, name)
 	if err != nil {
@@ -109,7 +125,7 @@ func ReadSmallFileAt(dirfd int, dir, name string, limit int, withStat bool) ([]b
 	}
 	defer unix.Close(fd)
 	var st *unix.Stat_t
-	if withStat {
+	if mode&WithStat != 0 {
 		st = &unix.Stat_t{}
 		if err := unix.Fstat(fd, st); err != nil {
 			return nil, nil, &os.PathError{Op: "fstat", Path: path(), Err: err}
@@ -120,7 +136,8 @@ func ReadSmallFileAt(dirfd int, dir, name string, limit int, withStat bool) ([]b
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
 		}
-		n, err := unix.Read(fd, b[len(b):min(cap(b), limit+1)])
+		want := min(cap(b), limit+1) - len(b)
+		n, err := unix.Read(fd, b[len(b):len(b)+want])
 		if err == unix.EINTR {
 			continue
 		}
@@ -134,6 +151,9 @@ func ReadSmallFileAt(dirfd int, dir, name string, limit int, withStat bool) ([]b
 		if len(b) > limit {
 			return nil, nil, fmt.Errorf("%s: larger than %d bytes", path(), limit)
 		}
+		if n < want && mode&ShortReadEnds != 0 {
+			return b, st, nil
+		}
 	}
 }
 
@@ -143,11 +163,20 @@ func ReadSmallFileAt(dirfd int, dir, name string, limit int, withStat bool) ([]b
 // gc) comes in the same order on every filesystem, fully sorted up to
 // 1024 entries.
 func EachDirEntry(dir *os.File, fn func(fs.DirEntry)) error {
+	return EachDirBatch(dir, func(entries []fs.DirEntry) {
+		for _, e := range entries {
+			fn(e)
+		}
+	})
+}
+
+// EachDirBatch is EachDirEntry that hands over each sorted batch at once.
+func EachDirBatch(dir *os.File, fn func([]fs.DirEntry)) error {
 	for {
 		entries, err := dir.ReadDir(1024)
 		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-		for _, e := range entries {
-			fn(e)
+		if len(entries) > 0 {
+			fn(entries)
 		}
 		if errors.Is(err, io.EOF) {
 			return nil

@@ -2,6 +2,7 @@ package statefile
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,7 +77,36 @@ func TestReadSmallFileAtRefusesWhatWasPlanted(t *testing.T) {
 	if b, err := ReadFileNoFollow(filepath.Join(dir, "fifo")); err != nil || len(b) != 0 {
 		t.Errorf("FIFO: %q, %v", b, err)
 	}
-	if _, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", filepath.Join(dir, "big"), 99, false); err == nil || !strings.Contains(err.Error(), "larger than 99 bytes") {
+	if _, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", filepath.Join(dir, "big"), 99, 0); err == nil || !strings.Contains(err.Error(), "larger than 99 bytes") {
 		t.Errorf("oversized file: %v", err)
+	}
+}
+
+// ShortReadEnds saves the read that returns 0, and must still read every
+// size whole, buffer boundaries included, and refuse what is too large.
+func TestReadSmallFileAtReadsEverySizeWhole(t *testing.T) {
+	dir := t.TempDir()
+	const limit = 3000
+	for _, size := range []int{0, 1, 511, 512, 513, 1023, 1024, 1025, 2048, limit} {
+		name := fmt.Sprintf("f%d", size)
+		want := strings.Repeat("r", size)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(want), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, mode := range []ReadMode{0, ShortReadEnds, WithStat | ShortReadEnds} {
+			b, st, err := ReadSmallFileAt(unix.AT_FDCWD, "", filepath.Join(dir, name), limit, mode)
+			if err != nil || string(b) != want {
+				t.Errorf("size %d, mode %d: read %d bytes, %v", size, mode, len(b), err)
+			}
+			if (st != nil) != (mode&WithStat != 0) || (st != nil && st.Size != int64(size)) {
+				t.Errorf("size %d, mode %d: stat %+v", size, mode, st)
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "over"), []byte(strings.Repeat("r", limit+1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", filepath.Join(dir, "over"), limit, ShortReadEnds); err == nil {
+		t.Error("a file one byte over the limit was read")
 	}
 }

@@ -7,10 +7,12 @@ package reclaim
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,6 +48,25 @@ type Lease struct {
 type leaseDir struct {
 	path string
 	f    *os.File
+	// listed is the directory listed once, at the first holds: a CHECK's
+	// sweep asks about every live address, and one listing costs less
+	// than an fstatat each; each then walks it instead of reading the
+	// directory again. remove keeps it current; nothing else writes the
+	// directory while the caller holds host-local's lock.
+	listed *leaseListing
+}
+
+// leaseListing is a lease directory's entries: the addresses of its
+// reservations named as host-local names them (ip.String()), and its
+// other entries but host-local's bookkeeping.
+type leaseListing struct {
+	regular map[[16]byte]struct{}
+	others  []leaseEntry
+}
+
+type leaseEntry struct {
+	name    string
+	regular bool
 }
 
 func openLeaseDir(path string) (*leaseDir, error) {
@@ -76,14 +97,51 @@ func (d *leaseDir) read(ip net.IP) (Lease, error) {
 }
 
 // holds reports whether a regular file is named after ip, without reading
-// it (one fstatat, never following a symlink).
+// it (never following a symlink). The first call lists the directory; if
+// that fails, each call asks the file itself.
 func (d *leaseDir) holds(ip net.IP) bool {
 	if d == nil {
 		return false
 	}
+	if d.listed == nil {
+		d.listed = d.list()
+	}
+	if d.listed != nil {
+		_, ok := d.listed.regular[ip16(ip)]
+		return ok
+	}
 	var st unix.Stat_t
 	err := unix.Fstatat(int(d.f.Fd()), ip.String(), &st, unix.AT_SYMLINK_NOFOLLOW)
 	return err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
+}
+
+// list lists the directory, or returns nil if it cannot be read.
+func (d *leaseDir) list() *leaseListing {
+	l := &leaseListing{regular: map[[16]byte]struct{}{}}
+	err := d.eachEntry(func(e fs.DirEntry) {
+		name := e.Name()
+		if ipamdir.IsHostLocalBookkeeping(name) {
+			return
+		}
+		regular := e.Type().IsRegular()
+		if ip := net.ParseIP(name); regular && ip != nil && ip.String() == name {
+			l.regular[ip16(ip)] = struct{}{}
+			return
+		}
+		l.others = append(l.others, leaseEntry{name, regular})
+	})
+	if err != nil {
+		return nil
+	}
+	return l
+}
+
+// eachEntry lists the directory from its start: it is read more than once.
+func (d *leaseDir) eachEntry(fn func(fs.DirEntry)) error {
+	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return statefile.EachDirEntry(d.f, fn)
 }
 
 // each calls fn with every reservation of the directory, read one at a
@@ -91,43 +149,59 @@ func (d *leaseDir) holds(ip net.IP) bool {
 // Files that are not reservations (lock, last_reserved_ip.N) are passed
 // over silently; damaged ones are reported to bad and never to fn.
 // host-local treats every other regular file as a reservation, so each one
-// is read, even if its name is not an address.
+// is read, even if its name is not an address. Once the directory was
+// listed (holds), the listing is walked, sorted by name.
 func (d *leaseDir) each(skip func(net.IP) bool, fn func(Lease), bad func(error)) error {
 	if d == nil {
 		return nil
 	}
-	dirfd := int(d.f.Fd())
-	err := statefile.EachDirEntry(d.f, func(e fs.DirEntry) {
-		name := e.Name()
-		if ipamdir.IsHostLocalBookkeeping(name) {
-			return // host-local's own, never a reservation
+	if d.listed != nil {
+		entries := slices.Clone(d.listed.others)
+		for a := range d.listed.regular {
+			if ip := net.IP(a[:]); skip == nil || !skip(ip) {
+				entries = append(entries, leaseEntry{ip.String(), true})
+			}
 		}
-		if !e.Type().IsRegular() {
-			// disk.Store skips these too; nothing here removes them.
-			bad(fmt.Errorf("%s: not a regular file", filepath.Join(d.path, name)))
-			return
+		slices.SortFunc(entries, func(a, b leaseEntry) int { return strings.Compare(a.name, b.name) })
+		for _, e := range entries {
+			d.visit(e.name, e.regular, skip, fn, bad)
 		}
-		ip := net.ParseIP(name)
-		if ip != nil && skip != nil && skip(ip) {
-			return
-		}
-		l, err := readLease(dirfd, d.path, name)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			// Released since the directory was read.
-		case err != nil:
-			bad(err)
-		case ip == nil:
-			bad(fmt.Errorf("%s: not named after an address", l.Path))
-		default:
-			l.IP = ip
-			fn(l)
+		return nil
+	}
+	err := d.eachEntry(func(e fs.DirEntry) {
+		if !ipamdir.IsHostLocalBookkeeping(e.Name()) {
+			d.visit(e.Name(), e.Type().IsRegular(), skip, fn, bad)
 		}
 	})
 	if err != nil {
 		return fmt.Errorf("list leases in %s: %w", d.path, err)
 	}
 	return nil
+}
+
+// visit is each's work on one entry but host-local's bookkeeping.
+func (d *leaseDir) visit(name string, regular bool, skip func(net.IP) bool, fn func(Lease), bad func(error)) {
+	if !regular {
+		// disk.Store skips these too; nothing here removes them.
+		bad(fmt.Errorf("%s: not a regular file", filepath.Join(d.path, name)))
+		return
+	}
+	ip := net.ParseIP(name)
+	if ip != nil && skip != nil && skip(ip) {
+		return
+	}
+	l, err := readLease(int(d.f.Fd()), d.path, name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Released since the directory was read.
+	case err != nil:
+		bad(err)
+	case ip == nil:
+		bad(fmt.Errorf("%s: not named after an address", l.Path))
+	default:
+		l.IP = ip
+		fn(l)
+	}
 }
 
 // remove removes lease files of the directory, each only if it still is
@@ -143,6 +217,7 @@ func (d *leaseDir) remove(leases []Lease) error {
 		name := filepath.Base(l.Path)
 		again, err := readLease(dirfd, d.path, name)
 		if errors.Is(err, fs.ErrNotExist) {
+			d.gone(l)
 			continue
 		}
 		if err != nil || again.content != l.content {
@@ -152,9 +227,18 @@ func (d *leaseDir) remove(leases []Lease) error {
 		crashpoint.Step("unlink lease " + l.Path)
 		if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
 			errs = append(errs, fmt.Errorf("release lease %s: %w", l.Path, err))
+			continue
 		}
+		d.gone(l)
 	}
 	return errors.Join(errs...)
+}
+
+// gone forgets a lease that is no longer in the directory.
+func (d *leaseDir) gone(l Lease) {
+	if d.listed != nil && l.IP != nil && filepath.Base(l.Path) == l.IP.String() {
+		delete(d.listed.regular, ip16(l.IP))
+	}
 }
 
 // leaseList is every reservation of a directory at once, for the
@@ -201,7 +285,7 @@ func releaseLeases(path string, list *leaseList, doomed map[records.Key]bool) er
 // unix.AT_FDCWD and dir "", the path name).
 func readLease(dirfd int, dir, name string) (Lease, error) {
 	path := filepath.Join(dir, name)
-	b, st, err := statefile.ReadSmallFileAt(dirfd, dir, name, maxLeaseSize, true)
+	b, st, err := statefile.ReadSmallFileAt(dirfd, dir, name, maxLeaseSize, statefile.WithStat|statefile.ShortReadEnds)
 	if err != nil {
 		return Lease{}, fmt.Errorf("read lease: %w", err)
 	}

@@ -2,6 +2,7 @@ package reclaim
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -170,5 +171,63 @@ func TestNFTablesRulesOfStaleAttachmentsOnly(t *testing.T) {
 		if !slices.Contains(rel.What, "nftables ipMasq rules "+net1+"|eth0:"+rel.Key.ContainerID) {
 			t.Errorf("the release of %s does not name its nftables rules: %v", rel.Key, rel.What)
 		}
+	}
+}
+
+// A network read on several goroutines, chunk after chunk, with its
+// namespaces looked up there (judge.prefetch): exactly the attachments
+// whose namespace is gone go, and a namespace replaced since is caught.
+func TestSweepOfALargeNetworkJudgesEveryAttachmentByItsOwnNamespace(t *testing.T) {
+	w := newWorld(t)
+	const n = 600
+	var wantLeft []string
+	for i := range n {
+		cid, ip := fmt.Sprintf("c%03d", i), fmt.Sprintf("10.0.%d.%d", i/250, i%250+1)
+		w.container(cid, ip)
+		switch i % 3 {
+		case 0:
+			delete(w.host.Namespaces, "/run/netns/"+cid)
+		case 1:
+			id := w.host.Namespaces["/run/netns/"+cid]
+			id.Ino += 100000 // the path names another namespace now
+			w.host.Namespaces["/run/netns/"+cid] = id
+		default:
+			wantLeft = append(wantLeft, ip)
+		}
+	}
+	rep := w.sweep(Request{})
+	if rep.Released != 2*n/3 {
+		t.Errorf("released %d, want %d", rep.Released, 2*n/3)
+	}
+	slices.Sort(wantLeft)
+	left := w.leases()
+	slices.Sort(left)
+	equal(t, "leases left", left, wantLeft)
+}
+
+// A prefetched namespace answers its record's verdict once; a later
+// verdict of the same record looks again.
+func TestPrefetchedNamespaceIsTakenOnce(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.2")
+	store := records.NewStore(w.dir())
+	r, err := store.Read(records.Key{ContainerID: "c1", IfName: "eth0"})
+	if err != nil || r == nil {
+		t.Fatal(r, err)
+	}
+	j, err := newJudge(w.host, store, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.prefetch(r)
+	delete(w.host.Namespaces, "/run/netns/c1")
+	if v := j.recordVerdict(r); v.State != Live {
+		t.Errorf("verdict on the prefetched look = %v, want live", v)
+	}
+	if v := j.recordVerdict(r); v.State != Stale {
+		t.Errorf("second verdict = %v, want stale: the namespace is gone", v)
+	}
+	if len(j.prefetched) != 0 {
+		t.Errorf("%d lookups left", len(j.prefetched))
 	}
 }

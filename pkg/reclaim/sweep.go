@@ -185,6 +185,8 @@ type sweep struct {
 	rules                 []netfilter.Rules
 	owners                []ownerSets
 	natListed, natUnknown bool
+	// listing is the listing under way or made (startListing).
+	listing *natListing
 	// natWait holds the stale attachments whose rules a shared owner
 	// holds (a container's iptables rules), released at the end, once it
 	// is known whether any attachment of it is left that is not stale;
@@ -237,13 +239,15 @@ const natBatch = 1024
 
 func (w *sweep) run() error {
 	w.startNAT()
+	// The listing under way never outlives the sweep (nor its lock).
+	defer w.waitNAT()
 	listing, err := w.records.WalkStreaming(w.record, func(err error, k records.Key, named bool) {
 		w.problem(err)
 		if named {
 			// A record that cannot be read may be a live container's.
 			w.saw(k, true) // its file is named for it
 		}
-	})
+	}, w.judge.prefetch)
 	if err != nil {
 		return err
 	}
@@ -255,6 +259,8 @@ func (w *sweep) run() error {
 		return err
 	}
 	w.claimed = nil
+	// Record-less attachments are judged by what the listing tracks.
+	w.waitNAT()
 	for _, a := range sortedAttachments(w.later) {
 		if a.Record == nil && a.Key.IfName != "" {
 			// A record that could not be read was reported by pass 1;
@@ -282,6 +288,7 @@ func (w *sweep) record(r *records.Record) {
 		return
 	}
 	a.Verdict = w.judge.verdict(a)
+	w.judge.forget(r)
 	trust := !w.req.DryRun && !w.req.GC && a.Verdict.State != Stale
 	for _, cidr := range r.IPs {
 		ip, _, err := net.ParseCIDR(cidr)

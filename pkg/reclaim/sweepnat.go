@@ -13,8 +13,11 @@ import (
 // attachment, record or other data dir holds are orphans, released on a
 // network proved the plugin's.
 
-// startNAT finds the backends; an owned network's rules are listed now,
-// so that what the orphans need is gathered only where there are rules.
+// startNAT finds the backends; an owned network's rules are listed from
+// the start, on another goroutine while the records are read (the
+// listing is an iptables and an ip6tables exec: about as long as reading
+// a thousand records), so that what the orphans need is gathered only
+// where there are rules.
 func (w *sweep) startNAT() {
 	if w.Netfilter != nil {
 		w.backends = w.Netfilter.Backends()
@@ -24,28 +27,66 @@ func (w *sweep) startNAT() {
 		w.owners[i].tracked = b.Shared()
 	}
 	if w.owned {
-		w.listNAT()
+		w.startListing()
 	}
 }
 
-// listNAT lists the network's rules in every backend, once.
+// natListing is the listing of the network's rules, made once on its own
+// goroutine; listNAT waits for it and takes it in.
+type natListing struct {
+	done  chan struct{}
+	rules []netfilter.Rules
+	errs  []error
+}
+
+// startListing lists the network's rules in every backend, once, on a
+// goroutine of its own: Backend.List touches nothing of the sweep.
+func (w *sweep) startListing() {
+	if w.listing != nil {
+		return
+	}
+	l := &natListing{done: make(chan struct{}), rules: make([]netfilter.Rules, len(w.backends)), errs: make([]error, len(w.backends))}
+	w.listing = l
+	backends, network := w.backends, w.req.Dir.Network
+	go func() {
+		defer close(l.done)
+		for i, b := range backends {
+			l.rules[i], l.errs[i] = b.List(network)
+		}
+	}()
+}
+
+// listNAT makes the network's listing (or waits for the one under way)
+// and takes it in, once. Until then, a backend whose owners are
+// attachments (nftables) is not tracked: only record-less attachments
+// need it (saw), and those are judged after the listing is in.
 func (w *sweep) listNAT() {
 	if w.natListed {
 		return
 	}
+	w.startListing()
+	<-w.listing.done
 	w.natListed = true
 	w.rules = make([]netfilter.Rules, len(w.backends))
 	for i, b := range w.backends {
-		rules, err := b.List(w.req.Dir.Network)
-		if err != nil {
+		if err := w.listing.errs[i]; err != nil {
 			w.errs = append(w.errs, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
 			w.natUnknown = true
 			continue
 		}
+		rules := w.listing.rules[i]
 		w.rules[i] = rules
 		if !b.Shared() && w.owned && len(rules.Owners()) > 0 {
 			w.owners[i].tracked = true
 		}
+	}
+}
+
+// waitNAT takes in a listing under way, if any: what is judged from here
+// on may need it.
+func (w *sweep) waitNAT() {
+	if w.listing != nil {
+		w.listNAT()
 	}
 }
 

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -290,4 +292,74 @@ func walkAll(s *Store) (*listing, error) {
 		return nil, err
 	}
 	return &listing{Listing: l, Records: recs}, nil
+}
+
+// Records are read ahead on several goroutines, a chunk at a time; the
+// caller still gets every entry once, in name order (within the
+// directory's batches of 1024), each damaged file where a one-by-one walk
+// would report it, and prepare has run on each record before fn gets it.
+func TestWalkStreamingDeliversInNameOrderAfterPrepare(t *testing.T) {
+	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
+	const n = 700 // several chunks (walkChunk), one directory batch
+	var want []string
+	for i := range n {
+		name := fmt.Sprintf("c%04d@eth0", i)
+		switch {
+		case i%97 == 5: // damaged, across chunk boundaries
+			if err := os.WriteFile(filepath.Join(s.Dir(), name), []byte("{"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, "damaged "+name)
+			continue
+		case i%101 == 7: // a temp file of a dead writer, then a boot marker
+			if err := os.WriteFile(filepath.Join(s.Dir(), fmt.Sprintf(".tmp-%d-1", 4000000+i)), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := sample()
+		r.ContainerID = fmt.Sprintf("c%04d", i)
+		if err := s.Write(r); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, "record "+name)
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir(), ".migrated"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	prepared := map[*Record]bool{}
+	var got []string
+	l, err := s.WalkStreaming(func(r *Record) {
+		mu.Lock()
+		ok := prepared[r]
+		mu.Unlock()
+		if !ok {
+			t.Errorf("%s reached fn before prepare", r.Key())
+		}
+		got = append(got, "record "+fileName(r.Key()))
+	}, func(err error, k Key, named bool) {
+		got = append(got, "damaged "+fileName(k))
+	}, func(r *Record) {
+		mu.Lock()
+		prepared[r] = true
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("walk delivered %d entries, want %d in name order; first difference at %d", len(got), len(want), firstDiff(got, want))
+	}
+	if len(l.Temps) != 7 {
+		t.Errorf("temps = %d, want 7", len(l.Temps))
+	}
+}
+
+func firstDiff(a, b []string) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -40,7 +41,8 @@ type Host interface {
 	Now() time.Time
 	// Netns identifies the namespace at path. A missing path gives an error
 	// satisfying errors.Is(err, fs.ErrNotExist); a path that is not nsfs
-	// gives ErrNotNetns.
+	// gives ErrNotNetns. It may be called from several goroutines at once
+	// (a sweep asks on the goroutines that read its records).
 	Netns(path string) (NetnsID, error)
 	// NetnsCookie is the namespace's SO_NETNS_COOKIE (Linux 5.14+): unlike
 	// its inode number, which the kernel hands out again once a namespace
@@ -78,7 +80,7 @@ type Real struct {
 	bootTime time.Time
 	// nsfsDev is the device of nsfs, once a statfs proved it: nsfs has a
 	// single superblock, so a file on that device is a namespace file.
-	nsfsDev uint64
+	nsfsDev atomic.Uint64
 	// ProcRoot is where processes are read from; "" means /proc.
 	ProcRoot string
 }
@@ -130,13 +132,13 @@ func (r *Real) Now() time.Time { return time.Now() }
 
 func (r *Real) Netns(path string) (NetnsID, error) {
 	var st unix.Stat_t
-	if r.nsfsDev != 0 {
+	if dev := r.nsfsDev.Load(); dev != 0 {
 		// One stat instead of statfs + stat: same device as a proven
 		// nsfs file means nsfs.
 		if err := unix.Stat(path, &st); err != nil {
 			return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
 		}
-		if st.Dev == r.nsfsDev {
+		if st.Dev == dev {
 			return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
 		}
 	}
@@ -150,7 +152,7 @@ func (r *Real) Netns(path string) (NetnsID, error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	r.nsfsDev = st.Dev
+	r.nsfsDev.Store(st.Dev)
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 

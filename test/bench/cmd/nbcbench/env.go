@@ -29,6 +29,7 @@ type options struct {
 	command                   string
 	pairs, rounds, parallel   int
 	coldPairs, releaseReps    int
+	nodeReps                  int
 	sizes, reps, only         string
 	restoreSizes, restoreReps string
 	budget                    time.Duration

@@ -152,8 +152,11 @@ type Results struct {
 	// of execrss's own RSS that can show in a measurement.
 	RSSFloorKiB int64       `json:"rssFloorKiB"`
 	Sweep       []SweepCell `json:"sweep,omitempty"`
-	Release     *Pair       `json:"release,omitempty"`
-	Parallel    int         `json:"parallel,omitempty"`
+	// Node is the sweep at a node's sizes (benchNode): 1023 live leases
+	// (a CHECK's sweep), then 3000 stale ones (one gc).
+	Node     []SweepCell `json:"node,omitempty"`
+	Release  *Pair       `json:"release,omitempty"`
+	Parallel int         `json:"parallel,omitempty"`
 	// Throughput holds containers/s per round (A = plugin, B = bridge);
 	// its Ratio is A/B throughput.
 	Throughput *Pair `json:"throughput,omitempty"`

@@ -34,6 +34,7 @@ func (e *Env) runAll() (*Results, error) {
 		{"concurrent", e.benchConcurrent},
 		{"cold", e.benchCold},
 		{"release", e.benchRelease},
+		{"node", e.benchNode},
 		{"sweep", e.benchSweep},
 	}
 	for _, s := range steps {

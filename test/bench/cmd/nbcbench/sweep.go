@@ -262,3 +262,59 @@ func (e *Env) benchRelease(res *Results) error {
 	res.Release = &p
 	return nil
 }
+
+// Sizes a node really holds: bridge gives a bridge at most 1024 ports, so
+// a CHECK sweeps at most 1023 live attachments besides its own; a /20
+// leaked for a while (containers that died without a DEL) is 3000 stale
+// leases for one gc.
+const (
+	nodeLiveLeases  = 1023
+	nodeStaleLeases = 3000
+)
+
+// benchNode measures the sweep at a node's sizes, reps interleaved: the
+// sweep a CHECK adds over 1023 live attachments (in-process, as in a CHECK
+// process, and as a gc process), and one gc that releases 3000 stale
+// leases (wall time and peak RSS; the network is rebuilt for each rep).
+func (e *Env) benchNode(res *Results) error {
+	if err := e.ensureLiveNetns(); err != nil {
+		return err
+	}
+	// Owned, as a network the plugin has added to: its sweeps list the
+	// NAT rules from the start.
+	live := e.synthNet("node-live", nodeLiveLeases, 0)
+	stale := e.synthNet("node-stale", nodeStaleLeases, 100)
+	live.spec.Owned, stale.spec.Owned = true, true
+	defer synth.Remove(live.spec.DataDir, live.spec.Network)
+	defer synth.Remove(stale.spec.DataDir, stale.spec.Network)
+	liveCell := SweepCell{Leases: nodeLiveLeases, Stale: 0}
+	staleCell := SweepCell{Leases: nodeStaleLeases, Stale: 100}
+	var in, inCPU, proc, procCPU, sproc, sprocCPU []float64
+	for range e.o.nodeReps {
+		if err := e.canceled(); err != nil {
+			return err
+		}
+		d, c, err := e.sweepInProc(live)
+		if err != nil {
+			return err
+		}
+		in, inCPU = append(in, d), append(inCPU, c)
+		d, rss, c, err := e.sweepProcess(live)
+		if err != nil {
+			return err
+		}
+		proc, procCPU = append(proc, d), append(procCPU, c)
+		liveCell.MaxRSSKiB = max(liveCell.MaxRSSKiB, rss)
+		d, rss, c, err = e.sweepProcess(stale)
+		if err != nil {
+			return err
+		}
+		sproc, sprocCPU = append(sproc, d), append(sprocCPU, c)
+		staleCell.MaxRSSKiB = max(staleCell.MaxRSSKiB, rss)
+	}
+	liveCell.InProc, liveCell.InProcCPU = summarize(in), summarize(inCPU)
+	liveCell.Process, liveCell.ProcessCPU = summarize(proc), summarize(procCPU)
+	staleCell.Process, staleCell.ProcessCPU = summarize(sproc), summarize(sprocCPU)
+	res.Node = []SweepCell{liveCell, staleCell}
+	return nil
+}

@@ -42,6 +42,10 @@ type Spec struct {
 	GonePrefix string
 	// Seed makes container IDs differ between builds.
 	Seed string
+	// Owned writes the marker an ADD of the plugin writes first
+	// (ipamdir.OwnedMarker): a sweep of an owned network lists its NAT
+	// rules from the start, for the orphans, as on a real node.
+	Owned bool
 }
 
 // Result says what was written.
@@ -98,6 +102,12 @@ func Build(s Spec) (*Result, error) {
 	// The migration marker a real network carries after its first ADD.
 	if err := os.WriteFile(filepath.Join(store.Dir(), ".migrated"), []byte(bootID), 0o600); err != nil {
 		return nil, err
+	}
+	if s.Owned {
+		d := ipamdir.New(s.DataDir, s.Network)
+		if err := os.WriteFile(d.Marker(ipamdir.OwnedMarker), []byte(s.Network+"\n"), 0o600); err != nil {
+			return nil, err
+		}
 	}
 	res := &Result{}
 	created := time.Now().Add(-time.Minute).UTC()
