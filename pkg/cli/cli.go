@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -52,7 +55,7 @@ Examples:
 Flags:
 `
 
-const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D] [--network N] [--conf-dir DIR]... [--dry-run] [--orphan-rules] [--json]
+const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D | --all-data-dirs] [--network N] [--conf-dir DIR]... [--dry-run] [--orphan-rules] [--json]
 
 Runs exactly what a CNI CHECK runs after its delegate: the migration of the
 network's legacy leases (once per boot; from the ipam.dataDir its conflist
@@ -66,11 +69,14 @@ plugin used before it marked networks): only where you know the network's
 rules are the plugin's. Whatever the flags, a container that holds a lease
 or record in another data dir (the default one, the legacy one, or one that
 a conflist in the runtimes' directories or in --conf-dir uses) keeps its
-rules. Exit status 0 on success, 1 when a network could not
-be swept.
+rules. --all-data-dirs sweeps --data-dir and every dataDir that the
+host's conflists (and --conf-dir) give the plugin, one after the other; a
+data dir that does not exist holds nothing: what the packaged timer and boot
+sweep run. Exit status 0 on success, 1 when a network could not be swept.
 
 Examples:
   nomad-bridge-cni gc --dry-run
+  nomad-bridge-cni gc --all-data-dirs
   nomad-bridge-cni gc --network nomad
   nomad-bridge-cni gc --orphan-rules --json
 
@@ -187,25 +193,56 @@ func (c *cli) gc(args []string) (code int) {
 	f := c.common(flags)
 	dryRun := flags.Bool("dry-run", false, "change nothing; print what would be released")
 	orphans := flags.Bool("orphan-rules", false, "release NAT rules that no lease or record holds even on a network no ADD through the plugin marked as its own")
+	allDataDirs := flags.Bool("all-data-dirs", false, "sweep --data-dir and every dataDir the host's conflists give the plugin (one that does not exist holds nothing)")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("gc takes no arguments, got %q", flags.Args()), "gc")
 	}
-	dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
-	if err != nil {
-		return c.fail(1, err, "")
+	if !*allDataDirs {
+		dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
+		if err != nil {
+			return c.fail(1, err, "")
+		}
+		defer c.reportSkipped(skipped, &code)
+		var sink operator.GCSink = &operator.GCText{W: c.stdout, DryRun: *dryRun}
+		if f.json {
+			sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)
+		}
+		if err := operator.GC(c.sweeper(), f.scope(dirs), *dryRun, *orphans, sink); err != nil {
+			return c.fail(1, err, "")
+		}
+		return 0
 	}
-	defer c.reportSkipped(skipped, &code)
-	var sink operator.GCSink = &operator.GCText{W: c.stdout, DryRun: *dryRun}
 	if f.json {
-		sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)
+		return c.fail(2, errors.New("--json prints one data dir's document: run gc --json --data-dir D for each data dir"), "gc")
 	}
-	if err := operator.GC(c.sweeper(), f.scope(dirs), *dryRun, *orphans, sink); err != nil {
-		return c.fail(1, err, "")
+	nets := conflists.Networks(conflists.Read(withDefaultConfDirs(f.confDirs)))
+	for _, dataDir := range conflists.PluginDataDirs(f.dataDir, nets) {
+		if _, err := os.Stat(dataDir); errors.Is(err, fs.ErrNotExist) {
+			fmt.Fprintf(c.stdout, "data dir %s: does not exist, nothing to sweep\n", dataDir)
+			continue
+		}
+		fmt.Fprintf(c.stdout, "data dir %s:\n", dataDir)
+		dirs, skipped, err := ipamdir.List(dataDir, "")
+		if err == nil && f.network != "" {
+			dirs = slices.DeleteFunc(dirs, func(d ipamdir.Dir) bool { return d.Network != f.network })
+		}
+		if err != nil {
+			// The others are still swept; the failure is the exit status.
+			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
+			code = 1
+			continue
+		}
+		c.reportSkipped(skipped, &code)
+		sink := &operator.GCText{W: c.stdout, DryRun: *dryRun}
+		if err := operator.GC(c.sweeper(), operator.NewScope(dataDir, dirs, nets), *dryRun, *orphans, sink); err != nil {
+			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
+			code = 1
+		}
 	}
-	return 0
+	return code
 }
 
 // withDefaultConfDirs is where runtimes keep conflists, and extra.

@@ -2,11 +2,17 @@ package cli
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 const about = "CNI nomad-bridge-cni plugin v0.0.0-test"
@@ -89,5 +95,87 @@ func TestCLISkipsOnlyTheBadNetwork(t *testing.T) {
 		if code != 1 || !strings.Contains(stderr, "network planted skipped") || !strings.Contains(stdout, tc.good) {
 			t.Errorf("%v: exit %d\nstdout: %s\nstderr: %s\nwant exit 1, planted skipped, and %q", tc.args, code, stdout, stderr, tc.good)
 		}
+	}
+}
+
+// fakeNATCLI is the CLI with the real host but fake NAT tables: a sweep
+// that releases lists no real iptables.
+func fakeNATCLI() (*cli, *bytes.Buffer, *bytes.Buffer) {
+	var stdout, stderr bytes.Buffer
+	nat := &netfilter.Cleaner{Tables: []netfilter.Table{fakenat.New()}}
+	sweeper := func() *reclaim.Sweeper {
+		return &reclaim.Sweeper{Env: reclaim.Env{Host: &sysinfo.Real{}, Netfilter: nat, Log: io.Discard}}
+	}
+	return &cli{stdout: &stdout, stderr: &stderr, sweeper: sweeper, about: about}, &stdout, &stderr
+}
+
+// gc --all-data-dirs (what the boot sweep and the timer run) sweeps the
+// default data dir and every one the host's conflists give the plugin: a
+// lease left on a persistent data dir before the reboot goes; a data dir
+// that does not exist (the tmpfs one, early at boot) is no failure.
+func TestGCAllDataDirsSweepsEveryDataDirTheConflistsUse(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "not-yet")
+	persistent := t.TempDir()
+	confDir := t.TempDir()
+	conf := `{"cniVersion":"1.0.0","name":"pers","plugins":[{"type":"nomad-bridge-cni","bridge":"nbcpers0","dataDir":"` + persistent +
+		`","ipam":{"type":"host-local","ranges":[[{"subnet":"10.99.0.0/24"}]]}}]}`
+	if err := os.WriteFile(filepath.Join(confDir, "10-pers.conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(persistent, "pers", "10.99.0.5")
+	if err := os.MkdirAll(filepath.Dir(lease), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(lease, old, old); err != nil {
+		t.Fatal(err)
+	}
+
+	c, stdout, stderr := fakeNATCLI()
+	code := c.run([]string{"gc", "--all-data-dirs", "--data-dir", missing, "--conf-dir", confDir})
+	out := stdout.String()
+	if code != 0 || !strings.Contains(out, "data dir "+missing+": does not exist, nothing to sweep") ||
+		!strings.Contains(out, "data dir "+persistent+":\nreleased pers c1/eth0 10.99.0.5") {
+		t.Errorf("exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
+	}
+	if _, err := os.Lstat(lease); err == nil {
+		t.Error("the stale lease is still there")
+	}
+
+	c, _, stderr = fakeNATCLI()
+	if code := c.run([]string{"gc", "--all-data-dirs", "--json"}); code != 2 || !strings.Contains(stderr.String(), "--json prints one data dir's document") {
+		t.Errorf("--all-data-dirs --json: exit %d, %s", code, stderr)
+	}
+}
+
+// metrics --textfile replaces the file whole, readable by node_exporter's
+// user, and leaves it as it was when the collection fails.
+func TestMetricsTextfileIsWrittenAtomically(t *testing.T) {
+	dataDir, out := t.TempDir(), filepath.Join(t.TempDir(), "nbc.prom")
+	if err := os.WriteFile(out, []byte("old\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, _, stderr := fakeNATCLI()
+	if code := c.run([]string{"metrics", "--data-dir", dataDir, "--textfile", out}); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	b, err := os.ReadFile(out)
+	fi, _ := os.Stat(out)
+	if err != nil || !strings.Contains(string(b), "# TYPE nomad_bridge_cni_") || fi.Mode().Perm() != 0o644 {
+		t.Errorf("textfile %v %v:\n%s", fi.Mode(), err, b)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(out))
+	if len(entries) != 1 {
+		t.Errorf("left %d files beside it", len(entries)-1)
+	}
+	c, _, _ = fakeNATCLI()
+	if code := c.run([]string{"metrics", "--data-dir", filepath.Join(dataDir, "missing"), "--textfile", out}); code != 1 {
+		t.Errorf("metrics of a missing data dir: exit %d, want 1", code)
+	}
+	if b2, _ := os.ReadFile(out); !bytes.Equal(b, b2) {
+		t.Error("a failed collection changed the textfile")
 	}
 }

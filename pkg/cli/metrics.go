@@ -1,25 +1,29 @@
 package cli
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/metrics"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 )
 
-const metricsUsage = `Usage: nomad-bridge-cni metrics [--data-dir D] [--conf-dir DIR]...
+const metricsUsage = `Usage: nomad-bridge-cni metrics [--data-dir D] [--conf-dir DIR]... [--textfile PATH]
 
 Prints the state of every network under the data dir in the Prometheus text
 exposition format, for node_exporter's textfile collector: attachments by
 state, leases, the size of each network's ranges (from its conflist, found as
 doctor finds them), containers with orphan NAT rules, and the seconds since a
-CHECK last swept the network. Changes nothing. Write the file atomically, e.g.
-from a systemd timer or cron every minute:
+CHECK last swept the network. Changes nothing. --textfile writes them to PATH
+instead of stdout, atomically (a temp file beside it, renamed over it), mode
+0644 for node_exporter to read; on a failure PATH is left as it was. The
+packaged nomad-bridge-cni-metrics.timer runs it every minute:
 
-  nomad-bridge-cni metrics > /var/lib/node_exporter/textfile/nbc.prom.$$ &&
-    mv /var/lib/node_exporter/textfile/nbc.prom.$$ /var/lib/node_exporter/textfile/nbc.prom
+  nomad-bridge-cni metrics --textfile /var/lib/prometheus/node-exporter/nomad-bridge-cni.prom
 
 Flags:
 `
@@ -28,6 +32,7 @@ func (c *cli) metrics(args []string) (code int) {
 	flags := c.flagSet("metrics", metricsUsage)
 	dataDir := flags.String("data-dir", ipamdir.DefaultDataDir, "the plugin's dataDir")
 	confDirs := flags.StringArray("conf-dir", nil, "also look for conflists here (repeatable)")
+	textfile := flags.String("textfile", "", "write to this file, atomically, instead of stdout (node_exporter's textfile collector reads *.prom)")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
@@ -44,8 +49,20 @@ func (c *cli) metrics(args []string) (code int) {
 	if err != nil {
 		return c.fail(1, err, "")
 	}
-	if err := metrics.Write(c.stdout, nets); err != nil {
+	if *textfile == "" {
+		if err := metrics.Write(c.stdout, nets); err != nil {
+			return c.fail(1, err, "")
+		}
+		return 0
+	}
+	var b bytes.Buffer
+	if err := metrics.Write(&b, nets); err != nil {
 		return c.fail(1, err, "")
+	}
+	// node_exporter runs as its own user: the file is for everyone to read.
+	readable := func(tmp string) error { return os.Chmod(tmp, 0o644) }
+	if err := statefile.WriteAtomic(*textfile, b.Bytes(), readable); err != nil {
+		return c.fail(1, fmt.Errorf("write %s: %w", *textfile, err), "")
 	}
 	return 0
 }

@@ -367,6 +367,21 @@ func RangeAddresses(nets []*Network) map[string]float64 {
 	return out
 }
 
+// PluginDataDirs are dataDir, then the data dirs the plugin's entries among
+// nets use, each once: every data dir a sweep of the host must cover.
+func PluginDataDirs(dataDir string, nets []*Network) []string {
+	out := []string{filepath.Clean(dataDir)}
+	for _, n := range nets {
+		if !n.Ours || n.Conf == nil {
+			continue
+		}
+		if d := filepath.Clean(n.Conf.DataDir); filepath.IsAbs(d) && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // DataDirsOf are the data dirs where nets keep their leases (the plugin's
 // entries' and bare bridge's), each once, in the order found: what a sweep
 // of some other directory must check before it calls NAT rules orphans.
