@@ -2,20 +2,30 @@
 # scripts/release/release.sh: build the release artifacts (what `make release`
 # runs). Users install them without Go.
 #
-#   dist/nomad-bridge-cni-linux-amd64-<version>.tgz   ./nomad-bridge-cni, ./README.md,
-#   dist/nomad-bridge-cni-linux-arm64-<version>.tgz   ./SECURITY.md, ./LICENSE (when the
-#                                                      tree has one), ./THIRD_PARTY_LICENSES
-#                                                      (the Go standard library's and every
-#                                                      linked module's, from the module
-#                                                      cache), laid out like the reference
-#                                                      cni-plugins tarballs
-#   dist/nomad-bridge-cni_<debversion>_amd64.deb      /opt/cni/bin/nomad-bridge-cni and
-#   dist/nomad-bridge-cni_<debversion>_arm64.deb      /usr/share/doc/nomad-bridge-cni/ (README.md,
-#                                                      SECURITY.md, THIRD_PARTY_LICENSES,
-#                                                      copyright); no maintainer scripts
-#   dist/nomad-bridge-cni-<debversion>-1.x86_64.rpm   the same binary and docs, LICENSE as
-#   dist/nomad-bridge-cni-<debversion>-1.aarch64.rpm  %license in /usr/share/licenses/
-#                                                      nomad-bridge-cni/; no scriptlets
+#   dist/nomad-bridge-cni-linux-amd64-<version>.tgz   rooted at /, to extract with tar -C /
+#   dist/nomad-bridge-cni-linux-arm64-<version>.tgz   (as containerd's cri-containerd-cni
+#                                                      tarballs): opt/cni/bin/nomad-bridge-cni,
+#                                                      usr/lib/systemd/system/ (the units),
+#                                                      usr/share/doc/nomad-bridge-cni/ (README.md,
+#                                                      SECURITY.md, LICENSE, THIRD_PARTY_LICENSES:
+#                                                      the Go standard library's and every linked
+#                                                      module's, from the module cache; docs/,
+#                                                      examples/ (the conflists), and the units'
+#                                                      options file, nomad-bridge-cni.default, to
+#                                                      copy to /etc/default); nothing lands in
+#                                                      /opt/cni/bin but the binary
+#   dist/nomad-bridge-cni_<debversion>_amd64.deb      the binary, the units in
+#   dist/nomad-bridge-cni_<debversion>_arm64.deb      /usr/lib/systemd/system, the conffile
+#                                                      /etc/default/nomad-bridge-cni, the docs in
+#                                                      /usr/share/doc/nomad-bridge-cni/ (with a
+#                                                      DEP-5 copyright); postinst, prerm and postrm
+#                                                      enable, start, stop and forget the units as
+#                                                      dh_installsystemd does (packaging/deb)
+#   dist/nomad-bridge-cni-<debversion>-1.x86_64.rpm   the same, with /etc/sysconfig/nomad-bridge-cni,
+#   dist/nomad-bridge-cni-<debversion>-1.aarch64.rpm  a systemd preset enabling the units, LICENSE as
+#                                                      %license in /usr/share/licenses/nomad-bridge-cni/,
+#                                                      and %post, %preun, %postun as the %systemd_*
+#                                                      macros (packaging/rpm)
 #   dist/SHA256SUMS                                    sha256sum format, all of the above
 #
 # The .deb and .rpm packages are written by nfpm (github.com/goreleaser/nfpm/v2,
@@ -92,7 +102,7 @@ derive_version() {
 tree_dirty() {
 	[[ -n $(git_ status --porcelain --untracked-files=no) ]] ||
 		[[ -n $(git_ status --porcelain --untracked-files=all -- \
-			go.mod go.sum cmd pkg internal README.md SECURITY.md LICENSE scripts/release) ]]
+			go.mod go.sum cmd pkg internal README.md SECURITY.md LICENSE scripts/release packaging docs conflist) ]]
 }
 
 # deb_version maps a binary version to a Debian version (no revision: a
@@ -195,6 +205,16 @@ fi
 for f in "${DOCS[@]}"; do
 	[[ -f $ROOT/$f ]] || die "$ROOT/$f is missing"
 done
+# Shipped under /usr/share/doc/<name>/: the guides (docs/*.md) and the example
+# conflists (conflist/*), and the systemd units with their options file.
+mapfile -t GUIDES < <(cd "$ROOT" && find docs -maxdepth 1 -type f -name '*.md' | sort)
+mapfile -t EXAMPLES < <(cd "$ROOT" && find conflist -maxdepth 1 -type f \( -name '*.conflist' -o -name '*.json' -o -name '*.conf' \) | sort)
+mapfile -t UNITS < <(cd "$ROOT/packaging/systemd" && find . -maxdepth 1 -type f \( -name '*.service' -o -name '*.timer' \) -printf '%f\n' | sort)
+[[ ${#GUIDES[@]} -gt 0 && ${#EXAMPLES[@]} -gt 0 && ${#UNITS[@]} -gt 0 ]] || die "docs/*.md, conflist/* or packaging/systemd/* missing"
+for f in packaging/nomad-bridge-cni.default packaging/nomad-bridge-cni.preset packaging/deb/postinst packaging/deb/prerm \
+	packaging/deb/postrm packaging/rpm/post.sh packaging/rpm/preun.sh packaging/rpm/postun.sh; do
+	[[ -f $ROOT/$f ]] || die "$ROOT/$f is missing"
+done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/$NAME-release.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -253,14 +273,23 @@ license_files() { # $1: what, $2: its source directory
 write_third_party_licenses "$WORK/THIRD_PARTY_LICENSES"
 
 # --------------------------------------------------------------- tarballs ---
+# Rooted at /: nothing but the binary lands in /opt/cni/bin (the reference
+# plugins' tarball has its own README.md and LICENSE there), and the options
+# file is an example, never extracted over /etc/default's.
 for arch in "${ARCHES[@]}"; do
 	tgz=$NAME-linux-$arch-$V.tgz
 	step "$tgz"
 	st=$WORK/tar-$arch
+	doc=$st/usr/share/doc/$NAME
 	mkdir -m 0755 "$st"
-	install -m 0755 "$WORK/bin/$arch/$NAME" "$st/$NAME"
-	for f in "${DOCS[@]}"; do install -m 0644 "$ROOT/$f" "$st/$f"; done
-	install -m 0644 "$WORK/THIRD_PARTY_LICENSES" "$st/THIRD_PARTY_LICENSES"
+	install -D -m 0755 "$WORK/bin/$arch/$NAME" "$st/opt/cni/bin/$NAME"
+	for f in "${DOCS[@]}"; do install -D -m 0644 "$ROOT/$f" "$doc/$f"; done
+	install -m 0644 "$WORK/THIRD_PARTY_LICENSES" "$doc/THIRD_PARTY_LICENSES"
+	for f in "${GUIDES[@]}"; do install -D -m 0644 "$ROOT/$f" "$doc/docs/${f#docs/}"; done
+	for f in "${EXAMPLES[@]}"; do install -D -m 0644 "$ROOT/$f" "$doc/examples/${f#conflist/}"; done
+	install -m 0644 "$ROOT/packaging/nomad-bridge-cni.default" "$doc/nomad-bridge-cni.default"
+	for f in "${UNITS[@]}"; do install -D -m 0644 "$ROOT/packaging/systemd/$f" "$st/usr/lib/systemd/system/$f"; done
+	find "$st" -type d -exec chmod 0755 {} +
 	tar --format=gnu --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" \
 		-C "$st" -cf - . | gzip -9n >"$WORK/out/$tgz"
 	tar -tvzf "$WORK/out/$tgz" | sed 's/^/    /'
@@ -272,16 +301,19 @@ write_copyright() { # $1: destination
 	{
 		printf 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n'
 		printf 'Upstream-Name: %s\nSource: %s\n' "$NAME" "$HOMEPAGE"
+		printf 'Comment: The binary statically links the Go standard library and these Go\n'
+		printf ' modules, each under its own license (their texts are in\n'
+		printf ' /usr/share/doc/%s/THIRD_PARTY_LICENSES):\n' "$NAME"
+		for m in "${LINKED_MODULES[@]}"; do printf ' %s\n' "$m"; done
 		if [[ -f $ROOT/LICENSE ]]; then
-			printf '\nFiles: *\nCopyright: the %s authors\nLicense: see below\n' "$NAME"
-			sed 's/^$/./; s/^/ /' "$ROOT/LICENSE"
+			printf '\nFiles: *\nCopyright: the %s authors\nLicense: %s\n' "$NAME" "$LICENSE_ID"
+			printf '\nLicense: %s\n' "$LICENSE_ID"
+			sed 's/^[[:space:]]*$/./; s/^/ /' "$ROOT/LICENSE"
 		else
-			printf 'Comment: The source tree of this release has no LICENSE file: no license\n'
+			printf '\nFiles: *\nCopyright: the %s authors\nLicense: NOASSERTION\n' "$NAME"
+			printf ' The source tree of this release has no LICENSE file: no license\n'
 			printf ' has been declared for %s itself.\n' "$NAME"
 		fi
-		printf '\nThe binary statically links the Go standard library and these Go modules,\n'
-		printf 'each under its own license (see the module source):\n'
-		for m in "${LINKED_MODULES[@]}"; do printf ' %s\n' "$m"; done
 	} >"$1"
 }
 
@@ -309,15 +341,30 @@ nfpm_content() { # $1: source, $2: destination, $3: mode, $4: packager or '', $5
 	[[ -z $5 ]] || printf '    type: %s\n' "$5"
 }
 
-# write_nfpm_config writes one nfpm config for both packages of an arch. The
-# .deb keeps Debian's layout (LICENSE in copyright); the .rpm marks its docs
-# %doc and puts the license texts in /usr/share/licenses/<name>/ (%license),
-# as rpmbuild does, and owns those two directories.
-write_nfpm_config() { # $1: arch, $2: destination
-	local arch=$1 doc=/usr/share/doc/$NAME lic=/usr/share/licenses/$NAME f
+# write_nfpm_config writes the nfpm config of one package. The .deb keeps
+# Debian's layout (LICENSE in copyright, /etc/default); the .rpm marks its
+# docs %doc and puts the license texts in /usr/share/licenses/<name>/
+# (%license), as rpmbuild does, reads /etc/sysconfig, ships a preset that
+# enables the units, and owns its directories.
+write_nfpm_config() { # $1: arch, $2: packager (deb or rpm), $3: destination
+	local arch=$1 pkg=$2 doc=/usr/share/doc/$NAME lic=/usr/share/licenses/$NAME f doctype=''
+	local units=/usr/lib/systemd/system plugins_where options scripts
+	if [[ $pkg == deb ]]; then
+		options=/etc/default/$NAME scripts=$ROOT/packaging/deb
+		plugins_where="Debian's containernetworking-plugins package installs them to
+  /usr/lib/cni, which runtimes do not search by default: add /usr/lib/cni to
+  the runtime's CNI plugin path, or put the upstream cni-plugins release in
+  /opt/cni/bin."
+	else
+		options=/etc/sysconfig/$NAME scripts=$ROOT/packaging/rpm doctype=doc
+		plugins_where="The containernetworking-plugins package of Fedora and RHEL
+  installs them to /usr/libexec/cni, which Nomad and containerd do not search
+  by default: add it to the runtime's CNI plugin path, or put the upstream
+  cni-plugins release in /opt/cni/bin."
+	fi
 	{
 		cat <<EOF
-# Generated by scripts/release/release.sh for linux/$arch.
+# Generated by scripts/release/release.sh for linux/$arch ($pkg).
 name: $NAME
 arch: $arch
 platform: linux
@@ -341,13 +388,16 @@ description: |-
 
   The plugin is installed to /opt/cni/bin, the CNI bin directory of Nomad,
   containerd, CRI-O and nerdctl. It calls the reference "bridge" and
-  "host-local" plugins, looked up in the runtime's CNI_PATH. Debian's
-  containernetworking-plugins package installs them to /usr/lib/cni, which
-  runtimes do not search by default: add /usr/lib/cni to the runtime's CNI
-  plugin path, or put the upstream cni-plugins release in /opt/cni/bin.
+  "host-local" plugins, looked up in the runtime's CNI_PATH.
+  $plugins_where
 
-  The package has no maintainer scripts: installing, upgrading or removing it
-  touches no running container and no network configuration.
+  The package enables three systemd units: a timer that releases the leases
+  and NAT rules of dead containers every 5 minutes, a timer that writes
+  metrics for node_exporter's textfile collector every minute (skipped until
+  its directory exists), and a sweep at boot, before the container runtimes
+  start. Their options are in $options.
+  Installing, upgrading or removing the package touches no running container
+  and no network configuration.
 deb:
   # xz: dpkg on Debian < 12 cannot read zstd, Ubuntu's dpkg defaults to it.
   compression: xz
@@ -356,19 +406,33 @@ rpm:
   compression: xz
   # The default is this machine's hostname.
   buildhost: reproducible
-contents:
 EOF
+		if [[ $pkg == deb ]]; then
+			printf 'scripts:\n  postinstall: %s\n  preremove: %s\n  postremove: %s\n' \
+				"$(yaml_quote "$scripts/postinst")" "$(yaml_quote "$scripts/prerm")" "$(yaml_quote "$scripts/postrm")"
+		else
+			printf 'scripts:\n  postinstall: %s\n  preremove: %s\n  postremove: %s\n' \
+				"$(yaml_quote "$scripts/post.sh")" "$(yaml_quote "$scripts/preun.sh")" "$(yaml_quote "$scripts/postun.sh")"
+		fi
+		printf 'contents:\n'
 		nfpm_content "$WORK/bin/$arch/$NAME" "/opt/cni/bin/$NAME" 755 '' ''
-		for f in README.md SECURITY.md; do
-			nfpm_content "$ROOT/$f" "$doc/$f" 644 deb ''
-			nfpm_content "$ROOT/$f" "$doc/$f" 644 rpm doc
-		done
-		nfpm_content "$WORK/THIRD_PARTY_LICENSES" "$doc/THIRD_PARTY_LICENSES" 644 deb ''
-		nfpm_content "$WORK/copyright" "$doc/copyright" 644 deb ''
-		nfpm_content "$WORK/THIRD_PARTY_LICENSES" "$lic/THIRD_PARTY_LICENSES" 644 rpm license
-		[[ ! -f $ROOT/LICENSE ]] || nfpm_content "$ROOT/LICENSE" "$lic/LICENSE" 644 rpm license
-		printf '  - dst: %s\n    type: dir\n    packager: rpm\n    file_info: {mode: 0755}\n' "$doc" "$lic"
-	} >"$2"
+		for f in "${UNITS[@]}"; do nfpm_content "$ROOT/packaging/systemd/$f" "$units/$f" 644 '' ''; done
+		nfpm_content "$ROOT/packaging/nomad-bridge-cni.default" "$options" 644 '' 'config|noreplace'
+		for f in README.md SECURITY.md; do nfpm_content "$ROOT/$f" "$doc/$f" 644 '' "$doctype"; done
+		for f in "${GUIDES[@]}"; do nfpm_content "$ROOT/$f" "$doc/docs/${f#docs/}" 644 '' "$doctype"; done
+		for f in "${EXAMPLES[@]}"; do nfpm_content "$ROOT/$f" "$doc/examples/${f#conflist/}" 644 '' "$doctype"; done
+		if [[ $pkg == deb ]]; then
+			nfpm_content "$WORK/THIRD_PARTY_LICENSES" "$doc/THIRD_PARTY_LICENSES" 644 '' ''
+			nfpm_content "$WORK/copyright" "$doc/copyright" 644 '' ''
+		else
+			nfpm_content "$ROOT/packaging/nomad-bridge-cni.preset" "/usr/lib/systemd/system-preset/80-$NAME.preset" 644 '' ''
+			nfpm_content "$WORK/THIRD_PARTY_LICENSES" "$lic/THIRD_PARTY_LICENSES" 644 '' license
+			[[ ! -f $ROOT/LICENSE ]] || nfpm_content "$ROOT/LICENSE" "$lic/LICENSE" 644 '' license
+			for f in "$doc" "$doc/docs" "$doc/examples" "$lic"; do
+				printf '  - dst: %s\n    type: dir\n    file_info: {mode: 0755}\n' "$f"
+			done
+		fi
+	} >"$3"
 }
 
 # nfpm runs for the build machine (not GOOS/GOARCH), at the version go.mod pins.
@@ -379,12 +443,12 @@ write_copyright "$WORK/copyright"
 step "nfpm $(GOFLAGS=-mod=readonly "$GO" list -m -f '{{.Version}}' github.com/goreleaser/nfpm/v2)"
 declare -A RPM_ARCH=([amd64]=x86_64 [arm64]=aarch64)
 for arch in "${ARCHES[@]}"; do
-	write_nfpm_config "$arch" "$WORK/nfpm-$arch.yaml"
 	deb=${NAME}_${DEBV}_$arch.deb
 	rpm=$NAME-$DEBV-1.${RPM_ARCH[$arch]}.rpm
 	for pkg in "deb:$deb" "rpm:$rpm"; do
 		step "${pkg#*:}"
-		if ! nfpm package --config "$WORK/nfpm-$arch.yaml" --packager "${pkg%%:*}" \
+		write_nfpm_config "$arch" "${pkg%%:*}" "$WORK/nfpm-$arch-${pkg%%:*}.yaml"
+		if ! nfpm package --config "$WORK/nfpm-$arch-${pkg%%:*}.yaml" --packager "${pkg%%:*}" \
 			--target "$WORK/out/${pkg#*:}" >"$WORK/nfpm.log" 2>&1; then
 			cat "$WORK/nfpm.log" >&2
 			die "nfpm failed for ${pkg#*:}"

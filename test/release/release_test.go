@@ -240,18 +240,14 @@ func TestRelease(t *testing.T) {
 
 	t.Run("SHA256SUMS", func(t *testing.T) { checkSums(t, distA, artifacts) })
 
-	// Docs shipped: README.md, SECURITY.md, LICENSE when the tree has one.
-	docs := []string{"README.md", "SECURITY.md"}
-	if _, err := os.Stat(filepath.Join(root, "LICENSE")); err == nil {
-		docs = append(docs, "LICENSE")
-	} else {
+	if _, err := os.Stat(filepath.Join(root, "LICENSE")); err != nil {
 		t.Logf("no LICENSE in %s: the release ships without one", root)
 	}
 
 	bins := map[string][]byte{}
 	for _, arch := range []string{"amd64", "arm64"} {
 		t.Run("tarball-"+arch, func(t *testing.T) {
-			bins[arch] = checkTarball(t, root, filepath.Join(distA, tgz(arch)), docs, commitTime)
+			bins[arch] = checkTarball(t, root, filepath.Join(distA, tgz(arch)), commitTime)
 		})
 	}
 	t.Run("amd64-binary-runs", func(t *testing.T) {
@@ -277,28 +273,19 @@ func TestRelease(t *testing.T) {
 	t.Run("deb-amd64-dpkg-x", func(t *testing.T) {
 		dir := t.TempDir()
 		run(t, dir, cleanEnv(), nil, "dpkg", "-x", filepath.Join(distA, deb("amd64")), dir)
-		checkTree(t, dir, map[string]fs.FileMode{
-			"opt": fs.ModeDir | 0o755, "opt/cni": fs.ModeDir | 0o755, "opt/cni/bin": fs.ModeDir | 0o755,
-			"opt/cni/bin/" + name: 0o755,
-			"usr":                 fs.ModeDir | 0o755, "usr/share": fs.ModeDir | 0o755, "usr/share/doc": fs.ModeDir | 0o755,
-			"usr/share/doc/" + name:                           fs.ModeDir | 0o755,
-			"usr/share/doc/" + name + "/README.md":            0o644,
-			"usr/share/doc/" + name + "/SECURITY.md":          0o644,
-			"usr/share/doc/" + name + "/copyright":            0o644,
-			"usr/share/doc/" + name + "/THIRD_PARTY_LICENSES": 0o644,
-		})
+		checkTree(t, dir, treeWants(shipped(t, root, "deb")))
 		checkRuns(t, filepath.Join(dir, "opt", "cni", "bin", name), version)
 	})
 	t.Run("deb-amd64-dpkg-root", func(t *testing.T) {
-		checkDpkgRoot(t, filepath.Join(distA, deb("amd64")), debVersion, version)
+		checkDpkgRoot(t, root, filepath.Join(distA, deb("amd64")), debVersion, version)
 	})
 	for _, arch := range []string{"amd64", "arm64"} {
 		t.Run("rpm-"+arch, func(t *testing.T) {
-			checkRpm(t, root, filepath.Join(distA, rpm(arch)), arch, debVersion, bins[arch], docs, commitTime)
+			checkRpm(t, root, filepath.Join(distA, rpm(arch)), arch, debVersion, bins[arch], commitTime)
 		})
 	}
 	t.Run("rpm-amd64-rpm-root", func(t *testing.T) {
-		checkRpmRoot(t, filepath.Join(distA, rpm("amd64")), debVersion, version)
+		checkRpmRoot(t, root, filepath.Join(distA, rpm("amd64")), debVersion, version)
 	})
 
 	// A second build of the same commit, now with VERSION and SOURCE_DATE_EPOCH
@@ -397,6 +384,18 @@ type want struct {
 // modes, owner 0:0 (names empty or root), one timestamp, the commit time.
 func checkEntries(t *testing.T, what string, es []entry, wants map[string]want, owner string, commitTime string) map[string][]byte {
 	t.Helper()
+	got, names := checkEntriesAnyOrder(t, what, es, wants, owner, commitTime)
+	if !slices.IsSorted(names) {
+		t.Errorf("%s: entries not sorted by name: %v", what, names)
+	}
+	return got
+}
+
+// checkEntriesAnyOrder is checkEntries for a tar whose order is its
+// writer's (nfpm's control archive: control, md5sums, conffiles, then the
+// maintainer scripts), and returns the names in that order.
+func checkEntriesAnyOrder(t *testing.T, what string, es []entry, wants map[string]want, owner string, commitTime string) (map[string][]byte, []string) {
+	t.Helper()
 	got := map[string][]byte{}
 	var names []string
 	for _, e := range es {
@@ -431,10 +430,7 @@ func checkEntries(t *testing.T, what string, es []entry, wants map[string]want, 
 	if !sameSet(names, wantNames) {
 		t.Errorf("%s holds %v, want %v", what, names, wantNames)
 	}
-	if !slices.IsSorted(names) {
-		t.Errorf("%s: entries not sorted by name: %v", what, names)
-	}
-	return got
+	return got, names
 }
 
 func readRepo(t *testing.T, root, file string) []byte {
@@ -446,9 +442,10 @@ func readRepo(t *testing.T, root, file string) []byte {
 	return b
 }
 
-// checkTarball checks the layout of the cni-plugins tarballs: the binary and
-// the docs at the top level, and returns the binary.
-func checkTarball(t *testing.T, root, path string, docs []string, commitTime string) []byte {
+// checkTarball checks the tarball's layout: rooted at /, what shipped
+// lists for it (nothing but the binary in /opt/cni/bin), and returns the
+// binary.
+func checkTarball(t *testing.T, root, path string, commitTime string) []byte {
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -461,17 +458,12 @@ func checkTarball(t *testing.T, root, path string, docs []string, commitTime str
 	if zr.Name != "" || !zr.ModTime.IsZero() {
 		t.Errorf("gzip header records name %q, time %v (want gzip -n)", zr.Name, zr.ModTime)
 	}
-	wants := map[string]want{
-		"./":                     {mode: 0o755, dir: true},
-		"./" + name:              {mode: 0o755},
-		"./THIRD_PARTY_LICENSES": {mode: 0o644},
-	}
-	for _, d := range docs {
-		wants["./"+d] = want{mode: 0o644, data: readRepo(t, root, d)}
-	}
+	wants := tarWants(t, root, shipped(t, root, "tgz"), "./")
+	wants["./"] = want{mode: 0o755, dir: true}
 	got := checkEntries(t, filepath.Base(path), readTar(t, zr), wants, "", commitTime)
-	checkThirdPartyLicenses(t, got["./"+name], got["./THIRD_PARTY_LICENSES"])
-	return got["./"+name]
+	bin := got["./opt/cni/bin/"+name]
+	checkThirdPartyLicenses(t, bin, got["./usr/share/doc/"+name+"/THIRD_PARTY_LICENSES"])
+	return bin
 }
 
 // checkThirdPartyLicenses checks that the shipped licenses cover what the
@@ -521,7 +513,7 @@ func checkDeb(t *testing.T, root, path, arch, debVersion string, bin []byte, com
 			t.Errorf("control field %s missing", k)
 		}
 	}
-	for _, k := range []string{"Depends", "Pre-Depends", "Conflicts", "Breaks", "Replaces", "Essential", "Conffiles"} {
+	for _, k := range []string{"Depends", "Pre-Depends", "Conflicts", "Breaks", "Replaces", "Essential"} {
 		if v, ok := fields[k]; ok {
 			t.Errorf("control has %s: %q, want none", k, v)
 		}
@@ -530,27 +522,27 @@ func checkDeb(t *testing.T, root, path, arch, debVersion string, bin []byte, com
 		t.Errorf("Description does not tell where Debian's containernetworking-plugins are:\n%s", fields["Description"])
 	}
 
-	// Control archive: control and md5sums, no maintainer script of any kind
-	// (nfpm writes no "./" entry here and leaves the owner names empty).
-	ctrl := checkEntries(t, "control.tar of "+filepath.Base(path),
+	// Control archive: control, md5sums, the conffile, and the maintainer
+	// scripts of packaging/deb (nfpm writes no "./" entry here and leaves
+	// the owner names empty).
+	ctrl, _ := checkEntriesAnyOrder(t, "control.tar of "+filepath.Base(path),
 		readTar(t, pipe(t, "dpkg-deb", "--ctrl-tarfile", path)),
-		map[string]want{"./control": {mode: 0o644}, "./md5sums": {mode: 0o644}},
+		map[string]want{
+			"./control": {mode: 0o644}, "./md5sums": {mode: 0o644},
+			"./conffiles": {mode: 0o644, data: []byte("/etc/default/" + name + "\n")},
+			"./postinst":  {mode: 0o755, data: readRepo(t, root, "packaging/deb/postinst")},
+			"./prerm":     {mode: 0o755, data: readRepo(t, root, "packaging/deb/prerm")},
+			"./postrm":    {mode: 0o755, data: readRepo(t, root, "packaging/deb/postrm")},
+		},
 		"", commitTime)
 
-	// Data archive: exactly these, root:root (no "./" entry: nfpm writes none).
+	// Data archive: exactly what shipped lists, root:root (no "./" entry:
+	// nfpm writes none).
 	doc := "./usr/share/doc/" + name + "/"
+	wants := tarWants(t, root, shipped(t, root, "deb"), "./")
+	wants["./opt/cni/bin/"+name] = want{mode: 0o755, data: bin}
 	data := checkEntries(t, "data.tar of "+filepath.Base(path),
-		readTar(t, pipe(t, "dpkg-deb", "--fsys-tarfile", path)),
-		map[string]want{
-			"./opt/": {mode: 0o755, dir: true}, "./opt/cni/": {mode: 0o755, dir: true},
-			"./opt/cni/bin/": {mode: 0o755, dir: true}, "./opt/cni/bin/" + name: {mode: 0o755, data: bin},
-			"./usr/": {mode: 0o755, dir: true}, "./usr/share/": {mode: 0o755, dir: true},
-			"./usr/share/doc/": {mode: 0o755, dir: true}, doc: {mode: 0o755, dir: true},
-			doc + "README.md":            {mode: 0o644, data: readRepo(t, root, "README.md")},
-			doc + "SECURITY.md":          {mode: 0o644, data: readRepo(t, root, "SECURITY.md")},
-			doc + "copyright":            {mode: 0o644},
-			doc + "THIRD_PARTY_LICENSES": {mode: 0o644},
-		}, "root", commitTime)
+		readTar(t, pipe(t, "dpkg-deb", "--fsys-tarfile", path)), wants, "root", commitTime)
 	checkThirdPartyLicenses(t, bin, data[doc+"THIRD_PARTY_LICENSES"])
 
 	// md5sums covers every file, with the right sums.
@@ -574,9 +566,7 @@ func checkDeb(t *testing.T, root, path, arch, debVersion string, bin []byte, com
 	if len(sums) > 0 {
 		t.Errorf("md5sums lists files not in the package: %v", sums)
 	}
-	if c := string(data[doc+"copyright"]); !strings.Contains(c, "Upstream-Name: "+name) {
-		t.Errorf("copyright:\n%s", c)
-	}
+	checkCopyright(t, root, string(data[doc+"copyright"]))
 }
 
 // parseControl parses one deb822 paragraph; continuation lines are kept.
@@ -675,7 +665,11 @@ func checkELF(t *testing.T, path, arch string, version string) {
 // checkDpkgRoot installs the package with dpkg into a throw-away root (its own
 // admin dir: the host's dpkg database is not touched), verifies it, runs the
 // installed plugin, and purges it: nothing may be left outside dpkg's own dir.
-func checkDpkgRoot(t *testing.T, deb, debVersion, version string) {
+// The maintainer scripts run (chrootless, with DPKG_ROOT set: they touch only
+// the root): the install enables the units there as deb-systemd-helper does,
+// the purge takes them back.
+func checkDpkgRoot(t *testing.T, repo, deb, debVersion, version string) {
+	need(t, "deb-systemd-helper")
 	root := t.TempDir()
 	admin := filepath.Join(root, "var", "lib", "dpkg")
 	for _, d := range []string{"updates", "info"} {
@@ -700,14 +694,29 @@ func checkDpkgRoot(t *testing.T, deb, debVersion, version string) {
 	if out := dpkg("--verify", name); out != "" {
 		t.Errorf("dpkg --verify:\n%s", out)
 	}
-	for _, s := range []string{"preinst", "postinst", "prerm", "postrm", "config", "triggers"} {
-		if _, err := os.Stat(filepath.Join(admin, "info", name+"."+s)); err == nil {
-			t.Errorf("package installed a %s", s)
+	for _, s := range []string{"postinst", "prerm", "postrm"} {
+		if _, err := os.Stat(filepath.Join(admin, "info", name+"."+s)); err != nil {
+			t.Errorf("package installed no %s: %v", s, err)
 		}
 	}
+	for _, link := range []string{
+		"etc/systemd/system/timers.target.wants/nomad-bridge-cni-gc.timer",
+		"etc/systemd/system/timers.target.wants/nomad-bridge-cni-metrics.timer",
+		"etc/systemd/system/multi-user.target.wants/nomad-bridge-cni-boot.service",
+	} {
+		target, err := os.Readlink(filepath.Join(root, link))
+		if err != nil || target != "/usr/lib/systemd/system/"+filepath.Base(link) {
+			t.Errorf("postinst did not enable %s: %q, %v", filepath.Base(link), target, err)
+		}
+	}
+	checkUnitsVerify(t, root)
 	checkRuns(t, filepath.Join(root, "opt", "cni", "bin", name), version)
 
 	dpkg("--purge", name)
+	// deb-systemd-helper makes the directories of its symlinks and state
+	// when the root has none (on a host, systemd's package owns them), and
+	// leaves them: empty directories, nothing else.
+	helperDirs := []string{"etc", "etc/systemd", "etc/systemd/system", "var/lib/systemd"}
 	var left []string
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -716,9 +725,11 @@ func checkDpkgRoot(t *testing.T, deb, debVersion, version string) {
 		if p == admin {
 			return filepath.SkipDir
 		}
-		if rel, _ := filepath.Rel(root, p); !slices.Contains([]string{".", "var", "var/lib"}, rel) {
-			left = append(left, rel)
+		rel, _ := filepath.Rel(root, p)
+		if slices.Contains([]string{".", "var", "var/lib"}, rel) || (d.IsDir() && slices.Contains(helperDirs, rel)) {
+			return nil
 		}
+		left = append(left, rel)
 		return nil
 	})
 	if len(left) > 0 {

@@ -3,9 +3,11 @@ package release
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,10 +34,11 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// checkRpm checks an .rpm with rpm itself: its digests, its metadata, no
-// scriptlets, no dependency but rpm's own features, and exactly the expected
-// files with their modes, owners, dates, %doc/%license flags and contents.
-func checkRpm(t *testing.T, root, path, arch, version string, bin []byte, docs []string, commitTime string) {
+// checkRpm checks an .rpm with rpm itself: its digests, its metadata, the
+// scriptlets of packaging/rpm and no trigger, no dependency but rpm's own
+// features, and exactly the files shipped lists, with their modes, owners,
+// dates, %doc/%license/%config flags and contents.
+func checkRpm(t *testing.T, root, path, arch, version string, bin []byte, commitTime string) {
 	need(t, "rpm")
 	env := cleanEnv()
 	if out := run(t, "", env, nil, "rpm", "--checksig", "--nosignature", path); !strings.HasSuffix(out, ": digests OK\n") {
@@ -62,12 +65,22 @@ func checkRpm(t *testing.T, root, path, arch, version string, bin []byte, docs [
 	if h, _ := os.Hostname(); fields[10] == h {
 		t.Errorf("rpm build host is this machine's name %q: two builders would differ", h)
 	}
-	if d := rpmQuery(t, path, "%{DESCRIPTION}"); !strings.Contains(d, "/usr/lib/cni") {
-		t.Errorf("Description does not tell where Debian's containernetworking-plugins are:\n%s", d)
+	if d := rpmQuery(t, path, "%{DESCRIPTION}"); !strings.Contains(d, "/usr/libexec/cni") || strings.Contains(d, "/usr/lib/cni") || strings.Contains(d, "Debian") {
+		t.Errorf("Description does not tell where an RPM distribution's containernetworking-plugins are, or names Debian's:\n%s", d)
 	}
 
-	if out := run(t, "", env, nil, "rpm", "-qp", "--scripts", "--triggers", path); out != "" {
-		t.Errorf("rpm has scriptlets or triggers:\n%s", out)
+	if out := run(t, "", env, nil, "rpm", "-qp", "--triggers", path); out != "" {
+		t.Errorf("rpm has triggers:\n%s", out)
+	}
+	for tag, file := range map[string]string{"POSTIN": "post.sh", "PREUN": "preun.sh", "POSTUN": "postun.sh", "PREIN": ""} {
+		got := rpmQuery(t, path, "%{"+tag+"}")
+		want := "(none)"
+		if file != "" {
+			want = strings.TrimSuffix(string(readRepo(t, root, "packaging/rpm/"+file)), "\n")
+		}
+		if strings.TrimSuffix(got, "\n") != want {
+			t.Errorf("rpm %s scriptlet:\n%s\nwant:\n%s", tag, got, want)
+		}
 	}
 	for line := range strings.Lines(run(t, "", env, nil, "rpm", "-qpR", path)) {
 		if !strings.HasPrefix(line, "rpmlib(") {
@@ -83,8 +96,7 @@ func checkRpm(t *testing.T, root, path, arch, version string, bin []byte, docs [
 		}
 	}
 
-	// The files: the binary, the docs (%doc), the license texts (%license)
-	// where rpmbuild puts them, and the two directories the package owns.
+	// The files of shipped, and the directories the package owns.
 	doc, lic := "/usr/share/doc/"+name, "/usr/share/licenses/"+name
 	got := map[string]rpmFile{}
 	for line := range strings.Lines(rpmQuery(t, path,
@@ -95,19 +107,18 @@ func checkRpm(t *testing.T, root, path, arch, version string, bin []byte, docs [
 		}
 		got[f[0]] = rpmFile{mode: f[1], user: f[2], group: f[3], mtime: f[4], flags: f[5], digest: f[6]}
 	}
-	wants := map[string]rpmFile{
-		"/opt/cni/bin/" + name: {mode: "100755", digest: sha256Hex(bin)},
-		doc:                    {mode: "40755"},
-		lic:                    {mode: "40755"},
-	}
-	for _, d := range docs {
-		if d == "LICENSE" {
-			wants[lic+"/LICENSE"] = rpmFile{mode: "100644", flags: "l", digest: sha256Hex(readRepo(t, root, d))}
-		} else {
-			wants[doc+"/"+d] = rpmFile{mode: "100644", flags: "d", digest: sha256Hex(readRepo(t, root, d))}
+	wants := map[string]rpmFile{}
+	for p, f := range shipped(t, root, "rpm") {
+		w := rpmFile{mode: fmt.Sprintf("100%o", f.mode), flags: f.flags}
+		if f.src != "" {
+			w.digest = sha256Hex(readRepo(t, root, f.src))
 		}
+		wants[p] = w
 	}
-	wants[lic+"/THIRD_PARTY_LICENSES"] = rpmFile{mode: "100644", flags: "l"} // its text: checked in the tarball
+	wants["/opt/cni/bin/"+name] = rpmFile{mode: "100755", digest: sha256Hex(bin)}
+	for _, d := range []string{doc, doc + "/docs", doc + "/examples", lic} {
+		wants[d] = rpmFile{mode: "40755"}
+	}
 	for p, w := range wants {
 		w.user, w.group, w.mtime = "root", "root", commitTime
 		g, ok := got[p]
@@ -130,9 +141,11 @@ func checkRpm(t *testing.T, root, path, arch, version string, bin []byte, docs [
 
 // checkRpmRoot installs the package with rpm into a throw-away root (its own
 // database inside it: the host's is not touched), verifies it, runs the
-// installed plugin, and erases it: only the parent directories the package
-// does not own may be left.
-func checkRpmRoot(t *testing.T, pkg, rpmVersion, version string) {
+// installed plugin, checks its units with systemd-analyze, and erases it:
+// only the parent directories the package does not own may be left. The
+// scriptlets do not run: rpm runs them chrooted, and the root has no shell
+// (checkRpm compares them with packaging/rpm).
+func checkRpmRoot(t *testing.T, repo, pkg, rpmVersion, version string) {
 	need(t, "rpm")
 	if os.Geteuid() != 0 {
 		testhost.SkipOrFail(t, "installing the .rpm into a throw-away root needs root (rpm sets owners)")
@@ -144,7 +157,7 @@ func checkRpmRoot(t *testing.T, pkg, rpmVersion, version string) {
 	}
 	rpm("--initdb")
 	// --nodeps: the throw-away root has no packages; Recommends is weak anyway.
-	rpm("--install", "--nodeps", pkg)
+	rpm("--install", "--nodeps", "--noscripts", pkg)
 	if out := rpm("--query", "--queryformat", "%{VERSION}-%{RELEASE}", name); out != rpmVersion+"-1" {
 		t.Errorf("rpm --query %s: %q, want %s-1", name, out, rpmVersion)
 	}
@@ -152,8 +165,9 @@ func checkRpmRoot(t *testing.T, pkg, rpmVersion, version string) {
 		t.Errorf("rpm --verify:\n%s", out)
 	}
 	checkRuns(t, filepath.Join(root, "opt", "cni", "bin", name), version)
+	checkUnitsVerify(t, root)
 
-	rpm("--erase", name)
+	rpm("--erase", "--noscripts", name)
 	var left []string
 	db := filepath.Join(root, "var", "lib", "rpm")
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -168,7 +182,15 @@ func checkRpmRoot(t *testing.T, pkg, rpmVersion, version string) {
 		}
 		return nil
 	})
-	unowned := []string{"opt", "opt/cni", "opt/cni/bin", "usr", "usr/share", "usr/share/doc", "usr/share/licenses", "var", "var/lib"}
+	files := shipped(t, repo, "rpm")
+	owned := []string{"/usr/share/doc/" + name, "/usr/share/doc/" + name + "/docs", "/usr/share/doc/" + name + "/examples", "/usr/share/licenses/" + name}
+	var unowned []string
+	for _, d := range parentsOf(files) {
+		if !slices.Contains(owned, d) {
+			unowned = append(unowned, strings.TrimPrefix(d, "/"))
+		}
+	}
+	unowned = append(unowned, "var", "var/lib")
 	if !sameSet(left, unowned) {
 		t.Errorf("erase left %v, want only the unowned parents %v", left, unowned)
 	}
