@@ -7,8 +7,11 @@
 #                (virtio_pci, virtio_blk, ext4 and their dependencies); its /init
 #                mounts /dev/vda and switches to /sbin/nbc-init
 #   rootfs.img   ext4 image (`mkfs.ext4 -d`) of `debootstrap --variant=minbase` with
-#                iproute2, iptables, iputils-ping, kmod, busybox-static and jq, the kernel's
-#                modules (display, sound, media... pruned) and /sbin/nbc-init as PID 1
+#                systemd (PID 1: the package's units run as on a real host), iproute2,
+#                iptables, iputils-ping, kmod, busybox-static and jq, the kernel's modules
+#                (display, sound, media... pruned), and /sbin/nbc-init run at every boot
+#                by /etc/systemd/system/nomad.service: the test driver stands in for the
+#                Nomad agent, which the plugin's boot sweep is ordered before
 #
 # Called by run.sh on a cache miss, as root (debootstrap and chroot need it). Everything
 # it needs on the host (debootstrap, e2fsprogs, cpio, apt lists) run.sh has installed.
@@ -24,7 +27,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # Packages of the root filesystem, on top of minbase (bash, coreutils, util-linux, mawk,
 # sed, grep...). busybox-static gives `reboot -f`/`poweroff -f` (no systemd here) and
 # httpd/wget for the port-mapping check; jq parses cnitool's results.
-ROOT_PACKAGES=iproute2,iptables,iputils-ping,kmod,busybox-static,jq
+ROOT_PACKAGES=systemd,init-system-helpers,iproute2,iptables,iputils-ping,kmod,busybox-static,jq
 # Modules the initramfs loads, in this order (dependencies are added before each one).
 INITRAMFS_MODULES="virtio_pci virtio_blk crc32c_generic ext4"
 
@@ -102,9 +105,38 @@ chroot "$ROOT" /sbin/depmod -a "$KVER" 2>"$WORK/depmod.log" || {
 
 # ------------------------------------------------------ root settings ---
 install -m 0755 "$HERE/guest-init.sh" "$ROOT/sbin/nbc-init"
+# systemd is PID 1. The driver runs as nomad.service, on the serial console; what a
+# test VM does not need is masked: logins on the console would write over the
+# driver's output, and the timers of apt, dpkg and e2fsprogs must not run mid-test.
+UNITS=$ROOT/etc/systemd/system
+mkdir -p "$UNITS/multi-user.target.wants"
+cat >"$UNITS/nomad.service" <<'UNIT'
+[Unit]
+Description=the reboot test's driver, in place of the Nomad agent
+After=local-fs.target
+
+[Service]
+Type=simple
+ExecStart=/sbin/nbc-init
+StandardInput=null
+StandardOutput=tty
+StandardError=inherit
+TTYPath=/dev/ttyS0
+TTYReset=no
+TTYVHangup=no
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+ln -sf ../nomad.service "$UNITS/multi-user.target.wants/nomad.service"
+for u in serial-getty@ttyS0.service getty@tty1.service getty.target systemd-logind.service \
+	apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer e2scrub_reap.service \
+	fstrim.timer systemd-tmpfiles-clean.timer; do
+	ln -sf /dev/null "$UNITS/$u"
+done
 echo nbc-reboot >"$ROOT/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\tnbc-reboot\n' >"$ROOT/etc/hosts"
-printf '# the root is mounted rw by the initramfs; /run is mounted by /sbin/nbc-init\n' >"$ROOT/etc/fstab"
+printf '# the root is mounted rw by the initramfs; systemd mounts /run (a tmpfs)\n' >"$ROOT/etc/fstab"
 mkdir -p "$ROOT/mnt/nbc/bin" "$ROOT/mnt/nbc/test"
 # Smaller image, faster mkfs: nothing in the guest reads these.
 rm -rf "$ROOT"/var/cache/apt/* "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* \

@@ -1,7 +1,18 @@
 #!/bin/bash
-# test/reboot/guest-driver.sh: the reboot test's driver, run INSIDE the guest by its
-# PID 1 (/sbin/nbc-init, see guest-init.sh) at every boot, from the read-only share
-# /mnt/nbc/test; the plugins come from the read-only share /mnt/nbc/bin.
+# test/reboot/guest-driver.sh: the reboot test's driver, run INSIDE the guest at every
+# boot by /sbin/nbc-init (see guest-init.sh), which systemd runs as nomad.service, from
+# the read-only share /mnt/nbc/test; the plugins come from the read-only share
+# /mnt/nbc/bin, the release's .deb from the test share.
+#
+# The package steps, under systemd:
+#   phase 1  dpkg -i the .deb: its postinst enables the gc and metrics timers and the
+#            boot sweep, and starts the timers; /etc/default/nomad-bridge-cni points
+#            the units' gc at a third persistent dataDir (/var/lib/nbc-bootsweep), where
+#            an allocation on network nomad-boot is ADDed and left for the reboot.
+#   phase 2  nomad-bridge-cni-boot.service ran, succeeded and ended before nomad.service
+#            (this driver) started; the allocation's lease and record were gone before
+#            the driver's first ADD; this boot's journal has the release; the timers
+#            are listed.
 #
 # A phase marker on the guest's persistent disk (/var/lib/nbc-reboot-test/phase) tells
 # the boots apart:
@@ -68,6 +79,18 @@ P_DATA_DIR=/var/lib/nbc-persist
 P_LEASES=$P_DATA_DIR/$P_NET
 P_RECORDS=$P_DATA_DIR/.nomad-bridge-cni/$P_NET # our attachment records
 EARLIER_BOOT="recorded in an earlier boot"     # the reason a sweep gives for them
+# The package's units, under systemd (PID 1 of the guest; this driver runs as
+# nomad.service, which the boot sweep is ordered before). The boot sweep's network:
+# the same chain, its dataDir on the persistent disk, and /etc/default/nomad-bridge-cni
+# pointing the units' gc at that dataDir only (nomad-persist's stale state is for the
+# plugin's own sweeps of phase 2).
+B_NET=nomad-boot
+B_BRIDGE=nomadbt
+B_SUBNET=172.26.128.0/20
+B_DATA_DIR=/var/lib/nbc-bootsweep
+B_LEASES=$B_DATA_DIR/$B_NET
+B_RECORDS=$B_DATA_DIR/.nomad-bridge-cni/$B_NET
+NBC_UNITS="nomad-bridge-cni-gc.timer nomad-bridge-cni-metrics.timer nomad-bridge-cni-boot.service"
 
 # Allocation IDs, used as netns names as Nomad does; cnitool derives the container ID
 # from the netns path, so a netns re-created at the same path gets the same ID.
@@ -76,6 +99,7 @@ ALLOC_B=7f3b9a2e-51c4-4d0b-9e1a-2c6d8f4e0b17 # the one with a port mapping
 ALLOC_C=c0a1c0a1-0000-4000-8000-00000000c0de # the control (bare bridge)
 ALLOC_P1=5e1f0c2d-6a7b-4c8d-9e0f-1a2b3c4d5e61  # nomad-persist, restored after the reboot
 ALLOC_P2=5e1f0c2d-6a7b-4c8d-9e0f-1a2b3c4d5e62  # nomad-persist, never restored (job stopped)
+ALLOC_BOOT=b0075eed-0000-4000-8000-0000000b0075 # nomad-boot, left for the boot sweep
 HOST_PORT=8080
 PORTMAP_B='{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}'
 
@@ -249,17 +273,17 @@ stop_tasks() { # alloc...: kill what runs in the netns (before DEL, as Nomad sto
 }
 
 # ------------------------------------------- GC steps: the persistent network ---
-p_cni() { # op, alloc: cnitool on $P_NET, stdout in $OUT, stderr (the plugin's log) in $ERR
-	run_split 60 cnitool "$1" "$P_NET" "$(netns_path "$2")"
+p_cni() { # op, alloc, [network]: cnitool on $P_NET (or network), stdout in $OUT, stderr (the plugin's log) in $ERR
+	run_split 60 cnitool "$1" "${3:-$P_NET}" "$(netns_path "$2")"
 }
-p_add() { # alloc; like add_alloc, on $P_NET, keeping the plugin's stderr apart from the result
-	local a=$1
+p_add() { # alloc, [network]; like add_alloc, on $P_NET (or network), keeping the plugin's stderr apart from the result
+	local a=$1 net=${2:-$P_NET}
 	run 10 ip netns add "$a" || return 1
-	p_cni add "$a" || return 1
+	p_cni add "$a" "$net" || return 1
 	IP[$a]=$(result_ip "$OUT")
 	GW[$a]=$(result_gw "$OUT")
 	[[ -n ${IP[$a]} && ${IP[$a]} != null ]] || {
-		fail "ADD $P_NET/$a printed no IP address"
+		fail "ADD $net/$a printed no IP address"
 		return 1
 	}
 	echo "    $a: container ID $(cid "$a"), IP ${IP[$a]}, gateway ${GW[$a]}"
@@ -325,6 +349,12 @@ setup_host() { # plugins at Nomad's cni_path, conflists at its cni_config_dir
 		fatal "cannot write the $P_NET conflist"
 	echo "    $NETCONFPATH/30-$P_NET.conflist (the plugin's part):"
 	jq '.plugins[] | select(.type == "nomad-bridge-cni")' "$NETCONFPATH/30-$P_NET.conflist" | indent
+	jq --arg name "$B_NET" --arg br "$B_BRIDGE" --arg subnet "$B_SUBNET" --arg dd "$B_DATA_DIR" '
+		.name = $name
+		| .plugins |= map(if .type == "nomad-bridge-cni"
+			then (.bridge = $br | .dataDir = $dd | .ipam.ranges = [[{subnet: $subnet}]])
+			else . end)' "$SHARE/nomad.conflist" >"$NETCONFPATH/40-$B_NET.conflist" ||
+		fatal "cannot write the $B_NET conflist"
 	run 5 "$CNI_PATH/nomad-bridge-cni" # the version line Nomad fingerprints
 }
 
@@ -340,8 +370,31 @@ phase1() {
 	[[ $(stat -f -c %T /run) == tmpfs ]] || fatal "/run is not a tmpfs in the guest"
 	[[ $(readlink -f /var/run) == /run ]] || fatal "/var/run is not /run in the guest"
 
+	step "install the .deb under systemd: its postinst enables and starts the units"
+	run 5 cat /proc/1/comm
+	[[ $OUT == systemd ]] || fatal "PID 1 is not systemd: the package's units prove nothing"
+	local deb
+	deb=$(ls "$SHARE"/nomad-bridge-cni_*_amd64.deb 2>/dev/null | head -n1)
+	[[ -n $deb ]] || fatal "no .deb in the test share"
+	run 120 dpkg -i "$deb" || fatal "dpkg -i $deb failed"
+	run 10 systemctl is-enabled $NBC_UNITS
+	if [[ $(tr '\n' ' ' <<<"$OUT") == "enabled enabled enabled " ]]; then pass "postinst enabled $NBC_UNITS"; else fail "postinst did not enable the units: $OUT"; fi
+	run 10 systemctl list-timers --all --no-pager 'nomad-bridge-cni-*'
+	for t in nomad-bridge-cni-gc.timer nomad-bridge-cni-metrics.timer; do
+		if grep -qF "$t" <<<"$OUT" && [[ $(systemctl is-active "$t") == active ]]; then pass "$t is listed and active"; else fail "$t is not listed or not active after the install"; fi
+	done
+	# An administrator's setting, in the package's conffile.
+	printf 'NBC_GC_FLAGS="--data-dir %s"\n' "$B_DATA_DIR" >/etc/default/nomad-bridge-cni
+
 	step "install the plugins at $CNI_PATH and the conflists at $NETCONFPATH"
 	setup_host
+
+	step "boot sweep: an allocation on $B_NET ($B_DATA_DIR, persistent) left running across the reboot"
+	p_add "$ALLOC_BOOT" "$B_NET" || fatal "ADD $B_NET/$ALLOC_BOOT failed: $(cni_error)"
+	[[ -f $B_LEASES/${IP[$ALLOC_BOOT]} && -f $B_RECORDS/$(cid "$ALLOC_BOOT")@eth0 ]] ||
+		fatal "no lease or record of $ALLOC_BOOT in $B_DATA_DIR: the boot sweep proves nothing"
+	echo "$ALLOC_BOOT ${IP[$ALLOC_BOOT]}" >"$STATE/boot-sweep-ip"
+	pass "$ALLOC_BOOT holds ${IP[$ALLOC_BOOT]} in $B_LEASES"
 
 	step "ADD two allocations through Nomad's chain ($NET, with nomad-bridge-cni)"
 	add_alloc "$ALLOC_A" "$NET" || fatal "ADD $NET/$ALLOC_A failed before any reboot: $(cni_error)"
@@ -461,6 +514,32 @@ phase2() {
 	run 5 ls -la "$CNI_CACHE/results" "$CTL_LEASES"
 	[[ -n $(ls -A "$CNI_CACHE/results" 2>/dev/null) ]] || fatal "$CNI_CACHE/results did not survive the reboot"
 	[[ -n $(lease_files "$CTL_LEASES") ]] || fatal "the control's lease did not survive the reboot"
+
+	step "boot sweep: nomad-bridge-cni-boot.service ran before this driver (nomad.service) and released $B_NET's lease"
+	local b_alloc b_ip done_at started_at
+	read -r b_alloc b_ip <"$STATE/boot-sweep-ip"
+	run 10 systemctl show -p ActiveState -p Result -p ExecMainExitTimestampMonotonic nomad-bridge-cni-boot.service
+	if grep -qx 'ActiveState=active' <<<"$OUT" && grep -qx 'Result=success' <<<"$OUT"; then pass "the boot sweep ran and succeeded"; else fail "the boot sweep did not run or failed: $(tr '\n' ' ' <<<"$OUT")"; fi
+	done_at=$(sed -n 's/^ExecMainExitTimestampMonotonic=//p' <<<"$OUT")
+	started_at=$(systemctl show -p ExecMainStartTimestampMonotonic --value nomad.service)
+	if [[ $done_at =~ ^[0-9]+$ && $started_at =~ ^[0-9]+$ && $done_at -gt 0 && $done_at -le $started_at ]]; then
+		pass "the boot sweep ended (${done_at} µs) before nomad.service started (${started_at} µs)"
+	else
+		fail "the boot sweep did not end before nomad.service started ($done_at, $started_at)"
+	fi
+	if [[ -n $b_ip && ! -e $B_LEASES/$b_ip && ! -e $B_RECORDS/$(cid "$b_alloc")@eth0 ]]; then
+		pass "$b_alloc's lease $b_ip and record were gone before this driver's first ADD"
+	else
+		fail "$b_alloc's lease ${b_ip:-?} or record is still in $B_DATA_DIR after the boot sweep"
+	fi
+	run 10 journalctl -b --no-pager -o cat -u nomad-bridge-cni-boot.service
+	if grep -qF "released $B_NET $(cid "$b_alloc")/eth0 $b_ip: $EARLIER_BOOT" <<<"$OUT"; then
+		pass "the journal of this boot has the boot sweep's release of $b_alloc ($b_ip: $EARLIER_BOOT)"
+	else
+		fail "the boot sweep's journal has no \"released $B_NET $(cid "$b_alloc")/eth0 $b_ip: $EARLIER_BOOT\" line"
+	fi
+	run 10 systemctl list-timers --all --no-pager 'nomad-bridge-cni-*'
+	if grep -qF nomad-bridge-cni-gc.timer <<<"$OUT" && grep -qF nomad-bridge-cni-metrics.timer <<<"$OUT"; then pass "both timers are listed after the reboot"; else fail "the timers are not listed after the reboot"; fi
 
 	# ---- GC steps (phase 2, before the restore) ---------------------------------------
 	# What the persistent dataDir kept: P1's and P2's leases and records of the first

@@ -1,15 +1,17 @@
 #!/bin/bash
-# /sbin/nbc-init: PID 1 of the reboot test's guest, at every boot (see build-image.sh).
-#
-# Does what an init system does for the parts that matter to the bug (/run is a fresh,
-# empty tmpfs at every boot, /var/run -> /run, /var/lib is on the persistent root disk),
-# mounts the host's shares read-only (9p: the plugin binaries on tag "nbcbin" and the
-# test driver on tag "nbctest"), runs the driver, then does what the driver asked for:
+# /sbin/nbc-init: the reboot test's guest at every boot, run by systemd (PID 1) as
+# /etc/systemd/system/nomad.service (see build-image.sh): the driver stands in for the
+# Nomad agent, so the plugin's units ordered before nomad.service have run by now.
+# systemd did what an init system does for the parts that matter to the bug (/run is a
+# fresh, empty tmpfs at every boot, /var/run -> /run, /var/lib is on the persistent root
+# disk); this mounts the host's shares read-only (9p: the plugin binaries on tag
+# "nbcbin" and the test driver and the package on tag "nbctest"), runs the driver, then
+# does what the driver asked for:
 #   exit 100  reboot for real (reboot(2): the kernel restarts, every namespace, link,
 #             iptables rule and tmpfs is gone; the disk keeps its writes: qemu runs
 #             with -no-reboot, so it exits, and run.sh boots the same disk again)
 #   else      power off (qemu exits)
-# It never returns (PID 1 must not exit) and never waits for input.
+# It never waits for input.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8
 cd /
@@ -19,22 +21,14 @@ say() { echo "nbc-init: $*"; }
 halt_vm() { # reboot|poweroff
 	sync
 	umount /mnt/nbc/test /mnt/nbc/bin 2>/dev/null
-	mount -o remount,ro / 2>/dev/null
 	sync
+	# -f: reboot(2) at once, as a power cut would, not systemd's orderly shutdown.
 	busybox "$1" -f
 	sleep 5
 	echo o >/proc/sysrq-trigger # poweroff if reboot(2) somehow returned
 	sleep infinity
 }
 
-mount -t proc -o nosuid,nodev,noexec proc /proc
-mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
-mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
-mount -t tmpfs -o nosuid,nodev,mode=0755 tmpfs /run
-mkdir -p /dev/pts /dev/shm /run/lock
-mount -t devpts -o nosuid,noexec devpts /dev/pts
-mount -t tmpfs -o nosuid,nodev tmpfs /dev/shm
-mount -o remount,rw / 2>/dev/null
 hostname nbc-reboot
 ip link set lo up
 

@@ -2,7 +2,7 @@
 # shellcheck shell=dash
 # /init of the reboot test's initramfs (see build-image.sh): load the modules the root
 # disk needs (the Debian kernel has virtio and ext4 as modules), mount /dev/vda and hand
-# over to /sbin/nbc-init on it. On any failure it says so on the console and powers the
+# over to systemd on it (which runs /sbin/nbc-init as nomad.service). On any failure it says so on the console and powers the
 # VM off, so the host sees qemu exit instead of waiting for its timeout.
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -29,11 +29,11 @@ while [ ! -b /dev/vda ]; do
 	sleep 0.1
 done
 mount -t ext4 -o rw /dev/vda /root || fail "cannot mount /dev/vda"
-[ -x /root/sbin/nbc-init ] || fail "/sbin/nbc-init missing on the root disk"
+[ -x /root/lib/systemd/systemd ] || fail "/lib/systemd/systemd missing on the root disk"
 
 mount --move /dev /root/dev
 umount /sys
 umount /proc
 # shellcheck disable=SC2093 # exec only returns if switch_root failed
-exec switch_root /root /sbin/nbc-init
+exec switch_root /root /lib/systemd/systemd
 fail "switch_root failed"

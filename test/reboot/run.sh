@@ -12,10 +12,13 @@
 #      the image (the cache stays pristine), sharing $BIN and the test driver read-only
 #      over 9p; the guest reboots itself (reboot -f), -no-reboot turns that reset into
 #      qemu's exit, and the second boot is a new qemu on the same disk;
-#   3. the guest runs guest-driver.sh by itself at each boot: phase 1 ADDs Nomad's chain
-#      (and a copy of it whose dataDir is on the persistent disk) and reboots for real,
-#      phase 2 restores, sweeps what the old boot left (leases, gc, CHECK), checks, DELs
-#      and verifies nothing is left;
+#   3. the guest boots systemd, which runs guest-driver.sh at each boot as nomad.service
+#      (standing in for the Nomad agent): phase 1 installs the release's .deb (built here
+#      by scripts/release/release.sh; its postinst enables the units), ADDs Nomad's chain
+#      (and copies of it whose dataDir is on the persistent disk, one of them for the
+#      package's boot sweep) and reboots for real; phase 2 checks that the boot sweep ran
+#      before nomad.service and released what it was given, restores, sweeps what the old
+#      boot left (leases, gc, CHECK), checks, DELs and verifies nothing is left;
 #   4. watches the serial console for the driver's markers, each boot and phase under its
 #      own timeout, and prints the verdict; on failure, the whole guest log.
 # qemu is always killed on exit (trap, and `timeout` around it as a last resort).
@@ -197,6 +200,13 @@ trap 'exit 143' TERM
 
 mkdir -p "$RUN/share"
 cp "$HERE/guest-driver.sh" "$CONFLIST" "$RUN/share/"
+# The guest installs the .deb, as a user would: its units run under the guest's systemd.
+say "$(elapsed) building the .deb the guest installs (scripts/release/release.sh)"
+if ! DIST=$RUN/dist bash "$REPO/scripts/release/release.sh" >"$RUN/release.log" 2>&1; then
+	tail -n 30 "$RUN/release.log" >&2
+	die "building the release failed"
+fi
+cp "$RUN"/dist/nomad-bridge-cni_*_amd64.deb "$RUN/share/"
 LOG=$RUN/serial.log
 : >"$LOG"
 # The guest's persistent disk for this run: a sparse copy of the cached image, so the
