@@ -9,7 +9,10 @@
 #           "... has been allocated to <id>, duplicate allocation is not allowed"
 #   part 2  the same chain with "type": "nomad-bridge-cni" keeps the leases on a
 #           tmpfs; after the same "reboot" the container gets its network back,
-#           pings its gateway, CHECK passes and DEL releases the lease.
+#           pings its gateway and CHECK passes; a second container that dies
+#           without a DEL is released by what the packages' gc timer runs
+#           (`gc --all-data-dirs`: lease, masquerade rule, record); DEL releases
+#           the first one's lease.
 #
 # Exits 0 only if part 1 failed the upstream way AND part 2 succeeded.
 # Everything it creates (namespaces, links, iptables rules and chains, cnitool
@@ -81,6 +84,7 @@ BR_BARE=nbcd${SUFFIX}b               # bridge names (<= 15 chars)
 BR_PLUGIN=nbcd${SUFFIX}p
 NS_BARE=nbc-demo-$SUFFIX-ctr1        # the "containers"
 NS_PLUGIN=nbc-demo-$SUFFIX-ctr2
+NS_DEAD=nbc-demo-$SUFFIX-ctr3        # dies without a DEL; the timer's gc releases it
 
 # Two adjacent /24s in 10/8 that nothing on this host uses yet.
 pick_subnets() {
@@ -105,6 +109,7 @@ container_id() { printf 'cnitool-%s' "$(printf '%s' "$NETNS_DIR/$1" | sha512sum 
 masq_chain() { printf 'CNI-%s' "$(printf '%s%s' "$1" "$2" | sha512sum | cut -c1-24)"; }
 CID_BARE=$(container_id "$NS_BARE")
 CID_PLUGIN=$(container_id "$NS_PLUGIN")
+CID_DEAD=$(container_id "$NS_DEAD")
 
 # ------------------------------------------- state recorded for clean-up ---
 WORK=''
@@ -355,7 +360,7 @@ step "Prepare: a tmpfs for the plugin's dataDir, a plain on-disk dir for the con
 mount -t tmpfs -o size=16m,mode=0755 "nbc-demo-$SUFFIX" "$RUN_MNT"
 say "tmpfs mounted at $RUN_MNT (filesystem: $(stat -f -c %T "$RUN_MNT")): stands in for /var/run/cni, emptied by every boot"
 say "on-disk dir   $PERSIST (filesystem: $(stat -f -c %T "$PERSIST")): stands in for /var/lib/cni/networks, host-local's default"
-CLEAN_NETS+=("$NET_BARE $SUBNET_BARE $CID_BARE" "$NET_PLUGIN $SUBNET_PLUGIN $CID_PLUGIN")
+CLEAN_NETS+=("$NET_BARE $SUBNET_BARE $CID_BARE" "$NET_PLUGIN $SUBNET_PLUGIN $CID_PLUGIN" "$NET_PLUGIN $SUBNET_PLUGIN $CID_DEAD")
 write_conflists
 say "both are $TEMPLATE (Nomad's bridge chain: loopback, bridge, firewall, portmap; cniVersion 0.4.0)"
 say "with the name, bridge, subnet and dataDir made unique to this run:"
@@ -457,6 +462,29 @@ if ! OUT=$(cnitool check "$NET_PLUGIN" "$NS_PLUGIN" 2>&1); then
 	die "CHECK failed on the restored container"
 fi
 ok "CHECK passed (loopback, nomad-bridge-cni, firewall and portmap all agree)"
+
+step "A second container dies without a DEL (a runtime that crashed): what nomad-bridge-cni-gc.timer runs releases it"
+create_netns "$NS_DEAD"
+cnitool add "$NET_PLUGIN" "$NS_DEAD" >"$WORK/add3.json" || die "the ADD of a second container through nomad-bridge-cni failed (see the error above)"
+IP3=$(ns_addr "$NS_DEAD")
+[[ -n $IP3 && -f $RUN_MNT/$NET_PLUGIN/${IP3%/*} ]] || die "no address or no lease for the second container"
+ok "the second container got $IP3; its namespace is deleted, and nobody sends DEL"
+cmdline "ip netns delete $NS_DEAD"
+ip netns delete "$NS_DEAD"
+say "the packages' nomad-bridge-cni-gc.timer runs this every 5 minutes (here with the demo's dataDir):"
+cmdline "nomad-bridge-cni gc --all-data-dirs --data-dir $RUN_MNT"
+if ! OUT=$("$BIN/nomad-bridge-cni" gc --all-data-dirs --data-dir "$RUN_MNT" 2>&1); then
+	printf '%s\n' "$OUT" | evidence
+	die "the timer's gc failed"
+fi
+printf '%s\n' "$OUT" | evidence
+grep -qF "released $NET_PLUGIN $CID_DEAD/eth0 ${IP3%/*}: namespace" <<<"$OUT" || die "the timer's gc did not release the dead container"
+[[ ! -e $RUN_MNT/$NET_PLUGIN/${IP3%/*} ]] || die "the dead container's lease ${IP3%/*} is still there after the gc"
+if iptables -w -t nat -S POSTROUTING | grep -qF -- "id: \"$CID_DEAD\""; then
+	die "the gc left bridge's masquerade rule of the dead container"
+fi
+ok "its lease ${IP3%/*} and its masquerade rule are gone; the live container keeps $IP2B"
+[[ -f $RUN_MNT/$NET_PLUGIN/${IP2B%/*} ]] || die "the gc released the live container's lease"
 
 step "Stop the container: DEL releases the lease"
 if ! OUT=$(cnitool del "$NET_PLUGIN" "$NS_PLUGIN" 2>&1); then
