@@ -162,6 +162,9 @@ func (c *cli) leases(args []string) (code int) {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("leases takes no arguments, got %q", flags.Args()), "leases")
 	}
+	if err := checkConfDirs(f.confDirs); err != nil {
+		return c.fail(2, err, "leases")
+	}
 	dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
 	if err != nil {
 		return c.fail(1, err, "")
@@ -199,6 +202,9 @@ func (c *cli) gc(args []string) (code int) {
 	}
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("gc takes no arguments, got %q", flags.Args()), "gc")
+	}
+	if err := checkConfDirs(f.confDirs); err != nil {
+		return c.fail(2, err, "gc")
 	}
 	if !*allDataDirs {
 		dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
@@ -243,6 +249,21 @@ func (c *cli) gc(args []string) (code int) {
 		}
 	}
 	return code
+}
+
+// checkConfDirs refuses a --conf-dir that is not a directory: a typo must
+// not read as a host with nothing to report.
+func checkConfDirs(dirs []string) error {
+	for _, d := range dirs {
+		fi, err := os.Stat(d)
+		switch {
+		case err != nil:
+			return fmt.Errorf("--conf-dir %s: %w", d, err)
+		case !fi.IsDir():
+			return fmt.Errorf("--conf-dir %s: not a directory", d)
+		}
+	}
+	return nil
 }
 
 // withDefaultConfDirs is where runtimes keep conflists, and extra.

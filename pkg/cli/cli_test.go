@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mattn/go-shellwords"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -177,5 +179,64 @@ func TestMetricsTextfileIsWrittenAtomically(t *testing.T) {
 	}
 	if b2, _ := os.ReadFile(out); !bytes.Equal(b, b2) {
 		t.Error("a failed collection changed the textfile")
+	}
+}
+
+// A --conf-dir that is not there is a usage error of every command that
+// takes one, not a host with nothing to report.
+func TestMissingConfDirIsAUsageError(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "typo")
+	for _, cmd := range []string{"doctor", "gc", "leases", "metrics"} {
+		args := []string{cmd, "--conf-dir", missing}
+		if cmd != "doctor" {
+			args = append(args, "--data-dir", t.TempDir())
+		}
+		c, _, stderr := fakeNATCLI()
+		code := c.run(args)
+		if code != 2 || !strings.Contains(stderr.String(), "--conf-dir "+missing) {
+			t.Errorf("%s --conf-dir %s: exit %d, %s", cmd, missing, code, stderr)
+		}
+	}
+}
+
+// The fix doctor prints for stale attachments can be pasted as it is: run
+// as printed, it releases them.
+func TestDoctorsGCFixCanBePasted(t *testing.T) {
+	dataDir, confDir, bin := filepath.Join(t.TempDir(), "data dir"), t.TempDir(), t.TempDir()
+	conf := `{"cniVersion":"1.0.0","name":"web","plugins":[{"type":"nomad-bridge-cni","bridge":"nbcweb0","dataDir":"` + dataDir +
+		`","ipam":{"type":"host-local","ranges":[[{"subnet":"10.98.0.0/24"}]]}}]}`
+	if err := os.WriteFile(filepath.Join(confDir, "10-web.conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(dataDir, "web", "10.98.0.7")
+	if err := os.MkdirAll(filepath.Dir(lease), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(lease, old, old); err != nil {
+		t.Fatal(err)
+	}
+	c, stdout, _ := fakeNATCLI()
+	c.run([]string{"doctor", "--conf-dir", confDir, "--cni-path", bin})
+	var fix string
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if f, ok := strings.CutPrefix(strings.TrimSpace(line), "fix: nomad-bridge-cni gc "); ok {
+			fix = f
+		}
+	}
+	if fix == "" {
+		t.Fatalf("doctor printed no gc fix:\n%s", stdout)
+	}
+	cmd, _, _ := strings.Cut(fix, " (see ")
+	args, err := shellwords.Parse(cmd)
+	if err != nil {
+		t.Fatalf("the fix %q is not a shell command: %v", cmd, err)
+	}
+	c, stdout, stderr := fakeNATCLI()
+	if code := c.run(append([]string{"gc"}, args...)); code != 0 || !strings.Contains(stdout.String(), "released web c1/eth0 10.98.0.7") {
+		t.Errorf("pasted %q: exit %d\n%s%s", cmd, code, stdout, stderr)
 	}
 }

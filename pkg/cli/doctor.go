@@ -35,6 +35,9 @@ func (c *cli) doctor(args []string) int {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("doctor takes no arguments, got %q", flags.Args()), "doctor")
 	}
+	if err := checkConfDirs(*confDirs); err != nil {
+		return c.fail(2, err, "doctor")
+	}
 	o := doctor.HostOptions()
 	o.ConfDirs = withDefaultConfDirs(*confDirs)
 	o.CNIPath = filepath.SplitList(*cniPath)

@@ -39,6 +39,9 @@ func (c *cli) metrics(args []string) (code int) {
 	if flags.NArg() > 0 {
 		return c.fail(2, fmt.Errorf("metrics takes no arguments, got %q", flags.Args()), "metrics")
 	}
+	if err := checkConfDirs(*confDirs); err != nil {
+		return c.fail(2, err, "metrics")
+	}
 	dirs, skipped, err := ipamdir.List(*dataDir, "")
 	if err != nil {
 		return c.fail(1, err, "")

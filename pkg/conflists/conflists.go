@@ -71,7 +71,12 @@ type Network struct {
 
 // Read reads every configuration file (.conflist, .conf, .json) in dirs; a
 // directory that does not exist is a runtime not installed here.
-func Read(dirs []string) []File {
+func Read(dirs []string) []File { return ReadAs(dirs, false) }
+
+// ReadAs is Read on a host where, when bridgeIsPlugin, the plugin is
+// installed as "bridge" in front of the reference plugins: an entry of
+// type "bridge" with host-local is then the plugin's too.
+func ReadAs(dirs []string, bridgeIsPlugin bool) []File {
 	var files []File
 	for _, dir := range dirs {
 		entries, err := os.ReadDir(dir)
@@ -83,7 +88,7 @@ func Read(dirs []string) []File {
 			if e.IsDir() || (ext != ".conflist" && ext != ".conf" && ext != ".json") {
 				continue
 			}
-			files = append(files, readFile(filepath.Join(dir, e.Name())))
+			files = append(files, readFile(filepath.Join(dir, e.Name()), bridgeIsPlugin))
 		}
 	}
 	return files
@@ -129,7 +134,7 @@ func ReadConfFile(path string) ([]byte, error) {
 	return raw, nil
 }
 
-func readFile(path string) File {
+func readFile(path string, bridgeIsPlugin bool) File {
 	file := File{Path: path}
 	raw, err := ReadConfFile(path)
 	if err != nil {
@@ -159,7 +164,7 @@ func readFile(path string) File {
 		types = append(types, t.Type)
 	}
 	for i, e := range entries {
-		entry, ours := bridgeEntry(e)
+		entry, ours := bridgeEntry(e, bridgeIsPlugin)
 		if entry == nil {
 			continue
 		}
@@ -186,10 +191,10 @@ func readFile(path string) File {
 }
 
 // bridgeEntry returns the entry that configures a bridge with host-local,
-// and whether it is the plugin's: "type" nomad-bridge-cni or bridge, or
-// flannel's "delegate" (flannel passes it to its delegate type, bridge by
-// default).
-func bridgeEntry(raw json.RawMessage) (map[string]any, bool) {
+// and whether it is the plugin's: "type" nomad-bridge-cni (or bridge, when
+// bridgeIsPlugin), or flannel's "delegate" (flannel passes it to its
+// delegate type, bridge by default).
+func bridgeEntry(raw json.RawMessage, bridgeIsPlugin bool) (map[string]any, bool) {
 	var e map[string]any
 	if json.Unmarshal(raw, &e) != nil {
 		return nil, false
@@ -199,14 +204,14 @@ func bridgeEntry(raw json.RawMessage) (map[string]any, bool) {
 		if !ok {
 			return nil, false
 		}
-		return d, d["type"] == PluginName
+		return d, d["type"] == PluginName || (bridgeIsPlugin && d["type"] == "bridge")
 	}
 	switch e["type"] {
 	case PluginName:
 		return e, true
 	case "bridge":
 		if ipam, ok := e["ipam"].(map[string]any); ok && ipam["type"] == netconf.HostLocal {
-			return e, false
+			return e, bridgeIsPlugin
 		}
 	}
 	return nil, false

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -40,9 +41,68 @@ func firstVersion(out string) (string, [3]int, bool) {
 	return "", [3]int{}, false
 }
 
+// front is the plugin installed as "bridge" first in the CNI path (path),
+// and the reference bridge it delegates to (real: the first "bridge" past
+// it that is not the plugin).
+type front struct{ path, real string }
+
+// isPlugin: what the binary printed with no arguments has the plugin's
+// version line. Installed as bridge, the plugin prints the reference
+// bridge's lines first (what Nomad's fingerprint reads), then its own.
+func isPlugin(out string) bool {
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "CNI "+pluginName+" plugin") {
+			return true
+		}
+	}
+	return false
+}
+
+// findFront tells whether the first "bridge" in the CNI path is the
+// plugin, and which reference bridge it then calls.
+func findFront(o Options) (front, []Finding) {
+	first, err := invoke.FindInPath("bridge", o.CNIPath)
+	if err != nil {
+		return front{}, nil
+	}
+	if out, _ := o.Version(first); !isPlugin(out) {
+		return front{}, nil
+	}
+	f := front{path: first}
+	for _, dir := range o.CNIPath {
+		cand := filepath.Join(dir, "bridge")
+		if fi, err := os.Stat(cand); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 || cand == first {
+			continue
+		}
+		if out, _ := o.Version(cand); !isPlugin(out) {
+			f.real = cand
+			break
+		}
+	}
+	if f.real == "" {
+		return f, []Finding{{Level: Error, Check: "plugin", Subject: first, Message: fmt.Sprintf("%s installed as bridge, with no reference bridge after it in %s: every ADD through it fails", pluginName, strings.Join(o.CNIPath, ":")),
+			Fix: fmt.Sprintf("install the reference CNI plugins (the cni-plugins release of github.com/containernetworking/plugins, or make plugins) into a directory after %s in the runtime's CNI path", filepath.Dir(first))}}
+	}
+	return f, []Finding{{Level: OK, Check: "plugin", Subject: first, Message: fmt.Sprintf("%s installed as bridge: the conflists' \"type\": \"bridge\" entries with host-local are its; it delegates to %s", pluginName, f.real)}}
+}
+
+// referencePlugins are the plugins of github.com/containernetworking/plugins.
+var referencePlugins = []string{"bandwidth", "bridge", "dhcp", "dummy", "firewall", "host-device", "host-local", "ipvlan", "loopback", "macvlan", "portmap", "ptp", "sbr", "static", "tap", "tuning", "vlan", "vrf"}
+
+// installFix says what to install where for a plugin not found.
+func installFix(name, where string) string {
+	switch {
+	case name == pluginName:
+		return fmt.Sprintf("install %s into one of %s (the .deb or .rpm, the release tarball, or make install)", pluginName, where)
+	case slices.Contains(referencePlugins, name):
+		return fmt.Sprintf("install the reference CNI plugins (the cni-plugins release of github.com/containernetworking/plugins, or make plugins, stamped) into one of %s", where)
+	}
+	return fmt.Sprintf("install the %q CNI plugin into one of %s", name, where)
+}
+
 // checkPlugins finds every plugin the plugin's chains need in the CNI bin
 // dirs, and reads its version as Nomad does.
-func checkPlugins(o Options, ours []*conflists.Network) []Finding {
+func checkPlugins(o Options, ours []*conflists.Network, fr front) []Finding {
 	var need []string
 	for _, n := range ours {
 		for _, t := range append(slices.Clone(n.Plugins), n.Conf.Delegate, netconf.HostLocal) {
@@ -58,9 +118,15 @@ func checkPlugins(o Options, ours []*conflists.Network) []Finding {
 		if name == pluginName {
 			find = invoke.FindInPath
 		}
+		if name == "bridge" && fr.path != "" {
+			if fr.real == "" {
+				continue // findFront said so
+			}
+			find = func(string, []string) (string, error) { return fr.real, nil }
+		}
 		path, err := find(name, o.CNIPath)
 		if err != nil {
-			fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s: %v", where, err), Fix: "install the reference CNI plugins there (make plugins builds them, stamped)"})
+			fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s: %v", where, err), Fix: installFix(name, where)})
 			continue
 		}
 		out, err := o.Version(path)
@@ -94,7 +160,9 @@ func checkDataDirs(o Options, ours []*conflists.Network) []Finding {
 	seen := map[string]bool{}
 	for _, n := range ours {
 		d := n.Conf.DataDir
-		if err := ipamdir.New(d, n.Name).Check(); err != nil {
+		// Check compares owners with this process's user: only root's
+		// answer is the plugin's.
+		if err := ipamdir.New(d, n.Name).Check(); err != nil && o.EUID == 0 {
 			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: fmt.Sprintf("unsafe for network %q: %v", n.Name, err), Fix: "remove what was planted, or chown it to root: every verb refuses it"})
 		}
 		if seen[d] {
@@ -178,7 +246,7 @@ func checkState(o Options, ours, nets []*conflists.Network) []Finding {
 		if k := countLeases(legacy); k > 0 && n.Conf.LegacyDataDir != n.Conf.DataDir {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
 		}
-		if o.Sweeper == nil {
+		if o.Sweeper == nil || o.EUID != 0 {
 			continue
 		}
 		if _, err := os.Stat(n.Conf.DataDir); err != nil {
@@ -192,7 +260,7 @@ func checkState(o Options, ours, nets []*conflists.Network) []Finding {
 		msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
 		switch {
 		case count["stale"] > 0 || count["orphan-rules"] > 0:
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --network %s --orphan-rules (see `leases`)", n.Name)})
+			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))})
 		case count["detached"] > 0:
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"})
 		case count["unknown"] > 0:
@@ -236,6 +304,15 @@ type stateCounter map[string]int
 
 func (c stateCounter) Row(r operator.Row)           { c[r.State]++ }
 func (c stateCounter) End(*operator.Problems) error { return nil }
+
+// shellQuote quotes s for a POSIX shell when it needs it, so that a fix can
+// be pasted as it is printed.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=:,@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
 
 // exists is the sweep's test: what cannot be inspected counts as there,
 // and the sweep reports why.

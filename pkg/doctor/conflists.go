@@ -9,10 +9,12 @@ import (
 // readConflists reads every configuration file in dirs and returns the
 // bridge networks it found, with a finding for each file that uses the
 // plugin (valid or not) and for each file that cannot be read.
-func readConflists(dirs []string) ([]*conflists.Network, []Finding) {
+// With bridgeIsPlugin (the plugin installed as "bridge" in front), an
+// entry of type "bridge" with host-local is the plugin's.
+func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []Finding) {
 	var nets []*conflists.Network
 	var fs []Finding
-	for _, f := range conflists.Read(dirs) {
+	for _, f := range conflists.ReadAs(dirs, bridgeIsPlugin) {
 		switch {
 		case f.NotCNI:
 			fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("not a CNI configuration (%v)", f.Err), Fix: "runtimes skip it too; remove it or fix it"})
@@ -25,7 +27,11 @@ func readConflists(dirs []string) ([]*conflists.Network, []Finding) {
 				fs = append(fs, Finding{Level: Error, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("entry %d of network %q: %v", n.Entry, n.Name, n.Err), Fix: "fix the entry: every ADD fails the same way"})
 				continue
 			case n.Ours:
-				fs = append(fs, Finding{Level: OK, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("network %q uses %s (dataDir %s, delegate %s)", n.Name, pluginName, n.Conf.DataDir, n.Conf.Delegate)})
+				how := pluginName
+				if n.Conf.Type != pluginName {
+					how = fmt.Sprintf("%s (installed as %q)", pluginName, n.Conf.Type)
+				}
+				fs = append(fs, Finding{Level: OK, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("network %q uses %s (dataDir %s, delegate %s)", n.Name, how, n.Conf.DataDir, n.Conf.Delegate)})
 			}
 			nets = append(nets, n)
 		}

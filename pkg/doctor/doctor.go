@@ -56,11 +56,21 @@ type Options struct {
 	// FreeBytes is the space left for a directory.
 	FreeBytes func(dir string) (uint64, error)
 	Sweeper   *reclaim.Sweeper
+	// EUID is the doctor's effective user: the plugin runs as root, and
+	// what it owns cannot be judged by another user.
+	EUID int
 }
 
 // Run checks the host.
 func Run(o Options) *Report {
-	nets, fs := readConflists(o.ConfDirs)
+	var fs []Finding
+	if o.EUID != 0 {
+		fs = append(fs, Finding{Level: Warn, Check: "doctor", Subject: fmt.Sprintf("uid %d", o.EUID), Message: "not run as root: the plugin runs as root, so its data dirs, leases and NAT rules are not judged from here", Fix: "sudo nomad-bridge-cni doctor"})
+	}
+	front, ffs := findFront(o)
+	fs = append(fs, ffs...)
+	nets, cfs := readConflists(o.ConfDirs, front.path != "")
+	fs = append(fs, cfs...)
 	var ours []*conflists.Network
 	for _, n := range nets {
 		if n.Ours && n.Conf != nil {
@@ -70,7 +80,7 @@ func Run(o Options) *Report {
 	if len(ours) == 0 && !slices.ContainsFunc(fs, func(f Finding) bool { return f.Level == Error }) {
 		fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: strings.Join(o.ConfDirs, ", "), Message: "no conflist uses " + pluginName, Fix: "change \"type\": \"bridge\" to \"type\": \"" + pluginName + "\" in one, or pass --conf-dir"})
 	}
-	fs = append(fs, checkPlugins(o, ours)...)
+	fs = append(fs, checkPlugins(o, ours, front)...)
 	fs = append(fs, checkDataDirs(o, ours)...)
 	fs = append(fs, checkClashes(o, nets)...)
 	fs = append(fs, checkState(o, ours, nets)...)

@@ -29,6 +29,9 @@ type host struct {
 	versions              map[string]string
 	tmpfs                 bool
 	nomad                 bool
+	// front are bin dirs before bin in the CNI path; euid the doctor's user.
+	front []string
+	euid  int
 }
 
 func newHost(t *testing.T) *host {
@@ -78,9 +81,13 @@ func (h *host) run() *Report {
 	sw := &reclaim.Sweeper{Env: reclaim.Env{Host: fakehost.New(boot)}}
 	return Run(Options{
 		ConfDirs: []string{h.conf, filepath.Join(h.root, "absent")},
-		CNIPath:  []string{h.bin},
+		CNIPath:  append(slices.Clone(h.front), h.bin),
 		Nomad:    h.nomad,
+		EUID:     h.euid,
 		Version: func(path string) (string, error) {
+			if v, ok := h.versions[path]; ok {
+				return v, nil
+			}
 			return h.versions[filepath.Base(path)], nil
 		},
 		OnTmpfs:   func(string) (bool, error) { return h.tmpfs, nil },
@@ -225,4 +232,97 @@ func TestDoctorOnPlantedAndHugeConflists(t *testing.T) {
 	if !fifo || !big {
 		t.Errorf("findings %+v; want an error for the FIFO and one for the huge conflist", r.Findings)
 	}
+}
+
+// Installed as bridge in front of the reference plugins, the plugin owns
+// the conflists' "type": "bridge" entries: the doctor checks them as its
+// own (dataDir, state) and the reference bridge past the front copy. With
+// no reference bridge after it, every ADD fails: an error.
+func TestFrontMode(t *testing.T) {
+	h := newHost(t)
+	front := filepath.Join(h.root, "front")
+	if err := os.MkdirAll(front, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	frontBridge := filepath.Join(front, "bridge")
+	if err := os.WriteFile(frontBridge, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// As it prints with no arguments: the reference bridge's lines first.
+	h.versions[frontBridge] = "CNI bridge plugin v1.10.0\nCNI protocol versions supported: 0.1.0, 1.1.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
+	h.front = []string{front}
+	h.conflist("10-web.conflist", conf("web", "bridge", "web0", "172.26.80.0/20", "host-local"))
+	h.tmpfs = false
+	r := h.run()
+	has := func(level Level, check, subject, message string) bool {
+		return slices.ContainsFunc(r.Findings, func(f Finding) bool {
+			return f.Level == level && f.Check == check && f.Subject == subject && strings.Contains(f.Message, message)
+		})
+	}
+	for _, want := range []struct {
+		level                   Level
+		check, subject, message string
+	}{
+		{OK, "plugin", frontBridge, "installed as bridge: the conflists' \"type\": \"bridge\" entries with host-local are its; it delegates to " + filepath.Join(h.bin, "bridge")},
+		{OK, "conflist", filepath.Join(h.conf, "10-web.conflist"), `network "web" uses nomad-bridge-cni (installed as "bridge")`},
+		{OK, "plugin", filepath.Join(h.bin, "bridge"), "version v1.10.0"},
+		{Warn, "dataDir", h.data, "not a tmpfs"},
+		{OK, "state", "web", "0 live"},
+	} {
+		if !has(want.level, want.check, want.subject, want.message) {
+			t.Errorf("no %s %s %s %q in:\n%s", want.level, want.check, want.subject, want.message, findings(r))
+		}
+	}
+	if has(Warn, "conflist", strings.Join([]string{h.conf, filepath.Join(h.root, "absent")}, ", "), "no conflist uses") {
+		t.Errorf("front mode still says no conflist uses the plugin:\n%s", findings(r))
+	}
+
+	if err := os.Remove(filepath.Join(h.bin, "bridge")); err != nil {
+		t.Fatal(err)
+	}
+	r = h.run()
+	if r.OK || !has(Error, "plugin", frontBridge, "no reference bridge after it") {
+		t.Errorf("front copy with no reference bridge after it: OK=%v\n%s", r.OK, findings(r))
+	}
+}
+
+// Run as another user, the doctor says so once, and does not call root's
+// directories unsafe (their owner is the plugin's) nor read their state.
+func TestNotRoot(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	leases := ipamdir.New(h.data, "web").Leases()
+	if err := os.MkdirAll(leases, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Owned by another uid than this process's, as root's directories are
+	// to a user who runs the doctor: ipamdir's check calls them unsafe.
+	for _, d := range []string{h.data, leases} {
+		if err := os.Chown(d, 4242, 4242); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("chown needs root: %v", err)
+			}
+			t.Skipf("chown needs root (%v): not checked here", err)
+		}
+	}
+	h.euid = 4242
+	r := h.run()
+	if !r.OK {
+		t.Errorf("not OK as another user:\n%s", findings(r))
+	}
+	want := Finding{Level: Warn, Check: "doctor", Subject: "uid 4242", Message: "not run as root: the plugin runs as root, so its data dirs, leases and NAT rules are not judged from here", Fix: "sudo nomad-bridge-cni doctor"}
+	if len(r.Findings) == 0 || r.Findings[0] != want {
+		t.Errorf("first finding is not %+v:\n%s", want, findings(r))
+	}
+	for _, f := range r.Findings {
+		if strings.Contains(f.Message, "unsafe") || strings.Contains(f.Fix, "chown") || f.Check == "state" {
+			t.Errorf("as another user: %+v", f)
+		}
+	}
+}
+
+func findings(r *Report) string {
+	var b bytes.Buffer
+	WriteText(&b, r)
+	return b.String()
 }

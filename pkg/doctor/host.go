@@ -15,7 +15,7 @@ import (
 // what each plugin prints when Nomad fingerprints it, whether a directory
 // is a tmpfs and how much room it has. The caller adds what to read.
 func HostOptions() Options {
-	return Options{Nomad: nomadInstalled(), Version: pluginVersion, OnTmpfs: onTmpfs, FreeBytes: freeBytes}
+	return Options{Nomad: nomadInstalled(), Version: pluginVersion, OnTmpfs: onTmpfs, FreeBytes: freeBytes, EUID: os.Geteuid()}
 }
 
 // nomadInstalled: a Nomad binary in PATH or its configuration directory.

@@ -90,7 +90,7 @@ func TestDoctor(t *testing.T) {
 			setup: func(t *testing.T, e *testEnv, h *doctorHost) { h.binWithout(t, e, "bridge") },
 			want: []doctorFinding{{"error", "plugin", "bridge",
 				`not found in TMP/cni-bin: failed to find plugin "bridge" in path [TMP/cni-bin]`,
-				"install the reference CNI plugins there (make plugins builds them, stamped)"}},
+				"install the reference CNI plugins (the cni-plugins release of github.com/containernetworking/plugins, or make plugins, stamped) into one of TMP/cni-bin"}},
 			code: 1,
 		},
 		{
@@ -98,7 +98,7 @@ func TestDoctor(t *testing.T) {
 			setup: func(t *testing.T, e *testEnv, h *doctorHost) { h.binWithout(t, e, "host-local") },
 			want: []doctorFinding{{"error", "plugin", "host-local",
 				`not found in TMP/cni-bin: failed to find plugin "host-local" in path [TMP/cni-bin]`,
-				"install the reference CNI plugins there (make plugins builds them, stamped)"}},
+				"install the reference CNI plugins (the cni-plugins release of github.com/containernetworking/plugins, or make plugins, stamped) into one of TMP/cni-bin"}},
 			code: 1,
 		},
 		{
@@ -196,7 +196,7 @@ func TestDoctor(t *testing.T) {
 			},
 			want: []doctorFinding{{"warn", "state", "NET",
 				"0 live, 0 pending, 1 stale, 0 detached, 0 unknown, 0 orphan NAT rule set(s)",
-				"nomad-bridge-cni gc --network NET --orphan-rules (see `leases`)"}},
+				"nomad-bridge-cni gc --data-dir DATA --network NET --orphan-rules (see nomad-bridge-cni leases --data-dir DATA)"}},
 			golden: true,
 		},
 		{
@@ -252,7 +252,7 @@ func TestDoctor(t *testing.T) {
 			},
 			want: []doctorFinding{{"warn", "state", "NET",
 				"1 live, 0 pending, 0 stale, 0 detached, 0 unknown, 1 orphan NAT rule set(s)",
-				"nomad-bridge-cni gc --network NET --orphan-rules (see `leases`)"}},
+				"nomad-bridge-cni gc --data-dir DATA --network NET --orphan-rules (see nomad-bridge-cni leases --data-dir DATA)"}},
 		},
 		{
 			// The same in a network whose directories are gone: found in
@@ -263,7 +263,7 @@ func TestDoctor(t *testing.T) {
 			},
 			want: []doctorFinding{{"warn", "state", "NET",
 				"0 live, 0 pending, 0 stale, 0 detached, 0 unknown, 1 orphan NAT rule set(s)",
-				"nomad-bridge-cni gc --network NET --orphan-rules (see `leases`)"}},
+				"nomad-bridge-cni gc --data-dir DATA --network NET --orphan-rules (see nomad-bridge-cni leases --data-dir DATA)"}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -603,6 +603,35 @@ func (e *testEnv) orphanMasq(t *testing.T, cid string) {
 	} {
 		if err := run("iptables", append([]string{"-w", "-t", "nat"}, args...)...); err != nil {
 			t.Fatalf("create orphan rules: %v", err)
+		}
+	}
+}
+
+// Installed as bridge in front of the reference plugins (make
+// install-as-bridge), the plugin owns the conflists' "type": "bridge"
+// entries: doctor, run with the runtime's plugin path, says so, checks the
+// network as the plugin's, and names the reference bridge the front copy
+// calls (the one whose version Nomad's CHECK depends on).
+func TestDoctorKnowsThePluginInstalledAsBridge(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	conf := e.reclaimConf(t, "nomad.conflist")
+	entryOfType(t, conf, pluginType)["type"] = "bridge"
+	e.writeConflist(t, conf)
+	front := e.frontDir(t)
+	stdout, stderr, err := e.operator(t, "doctor", "--conf-dir", e.confDir, "--cni-path", front+":"+e.bin)
+	var exitErr *exec.ExitError
+	if err != nil && (!errors.As(err, &exitErr) || exitErr.ExitCode() != 1) {
+		t.Fatalf("doctor: %v\n%s", err, stderr)
+	}
+	for _, want := range []string{
+		"✓ plugin: " + filepath.Join(front, "bridge") + `: nomad-bridge-cni installed as bridge: the conflists' "type": "bridge" entries with host-local are its; it delegates to ` + filepath.Join(e.bin, "bridge"),
+		`network "` + e.netName + `" uses nomad-bridge-cni (installed as "bridge")`,
+		"✓ plugin: " + filepath.Join(e.bin, "bridge") + ": version v1.10.0",
+		"✓ state: " + e.netName + ": 0 live",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("doctor's output has no %q:\n%s", want, stdout)
 		}
 	}
 }
