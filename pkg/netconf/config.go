@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/eventlog"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
@@ -50,6 +51,8 @@ const (
 	keyDataDir            = "dataDir"
 	keyDelegateTimeout    = "delegateTimeout"
 	keyCheckSweepInterval = "checkSweepInterval"
+	keyLogFile            = "logFile"
+	keyLogLevel           = "logLevel"
 	keyType               = "type"
 	keyIPAM               = "ipam"
 )
@@ -74,6 +77,10 @@ type Config struct {
 	// CheckSweepInterval is how long after a sweep of the network a CHECK
 	// skips its own; 0 sweeps on every CHECK.
 	CheckSweepInterval time.Duration
+	// LogFile, when set, is the file the verb writes its events to, one
+	// JSON line each, at LogLevel (pkg/eventlog).
+	LogFile  string
+	LogLevel eventlog.Level
 	// Passthrough marks an entry the plugin does not manage (installed
 	// under its delegate's name, an IPAM other than host-local): every
 	// verb hands it to the delegate unchanged, and nothing else is done.
@@ -142,6 +149,9 @@ func Parse(stdin []byte) (*Config, error) {
 	if c.CheckSweepInterval, err = intervalKey(raw, keyCheckSweepInterval, DefaultCheckSweepInterval, maxCheckSweepInterval); err != nil {
 		return nil, err
 	}
+	if err := c.parseLog(raw); err != nil {
+		return nil, err
+	}
 
 	ipamRaw, ok := raw[keyIPAM]
 	if !ok || isNull(ipamRaw) {
@@ -170,6 +180,36 @@ func Parse(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// parseLog reads "logFile" and "logLevel": off unless logFile is set, a
+// logLevel alone is a mistake to report, not to ignore.
+func (c *Config) parseLog(raw map[string]json.RawMessage) error {
+	var err error
+	if c.LogFile, err = stringKey(raw, keyLogFile, ""); err != nil {
+		return err
+	}
+	level, err := stringKey(raw, keyLogLevel, "")
+	if err != nil {
+		return err
+	}
+	if c.LogFile == "" {
+		if level != "" {
+			return invalidConfig(`"logLevel" is set without a "logFile" to write to`)
+		}
+		return nil
+	}
+	if err := validateDir(keyLogFile, c.LogFile); err != nil {
+		return err
+	}
+	if strings.HasSuffix(c.LogFile, "/") {
+		return invalidConfig(fmt.Sprintf("%q %q names a directory, not a file", keyLogFile, c.LogFile))
+	}
+	c.LogFile = filepath.Clean(c.LogFile)
+	if c.LogLevel, err = eventlog.ParseLevel(level); err != nil {
+		return invalidConfig(fmt.Sprintf("%q: %v", keyLogLevel, err))
+	}
+	return nil
 }
 
 // checkPrevResult makes sure a prevResult parses as a result of the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/eventlog"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
@@ -218,6 +219,12 @@ func TestParseRejectsBadInput(t *testing.T) {
 		{"checkSweepInterval too long", `{"name":"n","checkSweepInterval":"25h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"checkSweepInterval"`},
 		{"checkSweepInterval not a string", `{"name":"n","checkSweepInterval":10,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"checkSweepInterval" must be a string`},
 		{"delegateTimeout negative", `{"name":"n","delegateTimeout":"-1s",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
+		{"logFile relative", `{"name":"n","logFile":"nbc.log",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"logFile" "nbc.log" must be an absolute path`},
+		{"logFile a directory", `{"name":"n","logFile":"/var/log/",` + ipam + `}`, types.ErrInvalidNetworkConfig, `names a directory`},
+		{"logFile with dotdot", `{"name":"n","logFile":"/var/log/../../etc/passwd",` + ipam + `}`, types.ErrInvalidNetworkConfig, `".."`},
+		{"logFile not a string", `{"name":"n","logFile":1,` + ipam + `}`, types.ErrInvalidNetworkConfig, `"logFile" must be a string`},
+		{"logLevel without logFile", `{"name":"n","logLevel":"debug",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"logLevel" is set without a "logFile"`},
+		{"logLevel unknown", `{"name":"n","logFile":"/var/log/nbc.log","logLevel":"verbose",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"logLevel": "verbose" is not one of error, info, debug`},
 		// Every call, and the rollback after it, would fail.
 		{"delegateTimeout 1ns", `{"name":"n","delegateTimeout":"1ns",` + ipam + `}`, types.ErrInvalidNetworkConfig, `between 1s and`},
 		{"delegateTimeout too long", `{"name":"n","delegateTimeout":"100h",` + ipam + `}`, types.ErrInvalidNetworkConfig, `"delegateTimeout"`},
@@ -367,5 +374,20 @@ func TestCheckSweepIntervalIsReadAndNotDelegated(t *testing.T) {
 	out, err := conf.DelegateConfig()
 	if err != nil || strings.Contains(string(out), "checkSweepInterval") {
 		t.Errorf("the delegate gets %s (%v)", out, err)
+	}
+}
+
+func TestLogKeysAreReadAndNotDelegated(t *testing.T) {
+	conf, err := Parse([]byte(`{"name":"n","type":"nomad-bridge-cni","logFile":"/var/log//nbc.log","logLevel":"debug","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`))
+	if err != nil || conf.LogFile != "/var/log/nbc.log" || conf.LogLevel != eventlog.Debug {
+		t.Fatalf("Parse = %+v, %v; want /var/log/nbc.log at debug", conf, err)
+	}
+	out, err := conf.DelegateConfig()
+	if err != nil || strings.Contains(string(out), "logFile") || strings.Contains(string(out), "logLevel") {
+		t.Errorf("the delegate gets %s (%v)", out, err)
+	}
+	conf, err = Parse([]byte(`{"name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`))
+	if err != nil || conf.LogFile != "" {
+		t.Errorf("no logFile: %+v, %v", conf, err)
 	}
 }

@@ -38,6 +38,8 @@ func (c *Config) render(pluginType, cniVersion, dataDir string) ([]byte, error) 
 	delete(out, keyDataDir)
 	delete(out, keyDelegateTimeout)
 	delete(out, keyCheckSweepInterval)
+	delete(out, keyLogFile)
+	delete(out, keyLogLevel)
 
 	ipam := maps.Clone(c.ipam)
 	if err := setJSON(ipam, keyDataDir, dataDir); err != nil {

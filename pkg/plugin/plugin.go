@@ -10,11 +10,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/eventlog"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -63,24 +65,69 @@ func (p *Plugin) GC(args *skel.CmdArgs) error     { return p.run("gc", args, p.g
 // verb is one CNI verb on an entry the plugin manages, parsed once.
 type verb func(args *skel.CmdArgs, conf *netconf.Config) error
 
-// run refuses the plugin's own namespace, whatever the verb (bridge's DEL
-// would delete a host link before skel noticed), parses the entry, and
-// runs the verb on the entries the plugin manages; every other entry goes
+// run parses the entry, refuses the plugin's own namespace, whatever the
+// verb (bridge's DEL would delete a host link before skel noticed), and
+// runs the verb on the entries the plugin manages (with the entry's log
+// file, when it names one); every other entry goes
 // to the delegate as it came (see netconf.Config's Passthrough): installed
 // as `bridge`, the plugin receives the runtime's dhcp or static bridge
 // networks too, and must be invisible there.
 func (p *Plugin) run(name string, args *skel.CmdArgs, v verb) error {
-	if err := p.refuseOwnNamespace(args.Netns); err != nil {
-		return err
-	}
 	conf, err := netconf.Parse(args.StdinData)
 	if err != nil {
 		return err
 	}
-	if conf.Passthrough {
-		return p.passThrough(name, conf, args.StdinData)
+	// Parsing touches nothing; this refusal comes before anything else
+	// does, and is logged like the verb's own.
+	checked := func(args *skel.CmdArgs, conf *netconf.Config) error {
+		if err := p.refuseOwnNamespace(args.Netns); err != nil {
+			return err
+		}
+		if conf.Passthrough {
+			return p.passThrough(name, conf, args.StdinData)
+		}
+		return v(args, conf)
 	}
-	return v(args, conf)
+	if conf.LogFile == "" {
+		return checked(args, conf)
+	}
+	return p.runLogged(name, args, conf, checked)
+}
+
+// runLogged is run with the entry's log file: what the verb writes to
+// stderr goes there too, one JSON line each, and so does its refusal.
+func (p *Plugin) runLogged(name string, args *skel.CmdArgs, conf *netconf.Config, v verb) error {
+	log, err := eventlog.Open(conf.LogFile, conf.LogLevel, eventlog.Attachment{
+		Command: strings.ToUpper(name), Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns})
+	if err != nil {
+		p.warnf("warning: %v; nothing is logged there", err)
+		return v(args, conf)
+	}
+	defer log.Close()
+	stderr, reclaimLog := p.Stderr, p.Reclaim.Log
+	defer func() { p.Stderr, p.Reclaim.Log = stderr, reclaimLog }()
+	p.Stderr = teeTo(stderr, log.Lines())
+	p.Reclaim.Log = teeTo(reclaimLog, log.Lines())
+	log.Event(eventlog.Debug, "start", name, nil)
+	verr := v(args, conf)
+	var cniErr *types.Error
+	switch {
+	case errors.As(verr, &cniErr):
+		log.Event(eventlog.Error, "refusal", cniErr.Msg, map[string]any{"code": cniErr.Code, "details": cniErr.Details})
+	case verr != nil:
+		log.Event(eventlog.Error, "refusal", verr.Error(), nil)
+	default:
+		log.Event(eventlog.Debug, "done", name, nil)
+	}
+	return verr
+}
+
+// teeTo writes to w (when set) and to log.
+func teeTo(w, log io.Writer) io.Writer {
+	if w == nil {
+		return log
+	}
+	return io.MultiWriter(w, log)
 }
 
 // load makes sure the entry's delegate can be found and its directories

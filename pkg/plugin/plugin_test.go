@@ -539,3 +539,54 @@ func TestDelListsNATOnlyWhenBridgeCouldNotTearItDown(t *testing.T) {
 		})
 	}
 }
+
+// With "logFile", a verb's refusal and (at debug) its start and end are
+// JSON lines in the file, each naming the attachment; without it, nothing
+// is opened; a log file that cannot be opened never fails the verb.
+func TestLogFileGetsTheVerbsEvents(t *testing.T) {
+	h := newHarness(t, "bridge")
+	logFile := filepath.Join(t.TempDir(), "nbc.log")
+	h.exec.fail["bridge ADD"] = types.NewError(types.ErrTryAgainLater, "failed to allocate for range 0: 172.26.64.12 has been allocated to c1, duplicate allocation is not allowed", "d")
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", `,"logFile":"`+logFile+`","logLevel":"debug"`))); err == nil {
+		t.Fatal("Add succeeded")
+	}
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	for line := range strings.Lines(string(b)) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if m["command"] != "ADD" || m["network"] != "nomad" || m["containerID"] != "c1" || m["ifName"] != "eth0" {
+			t.Errorf("line without the attachment: %v", m)
+		}
+		events = append(events, fmt.Sprint(m["event"]))
+		if m["event"] == "refusal" && (m["code"] != float64(types.ErrTryAgainLater) || !strings.Contains(fmt.Sprint(m["message"]), "duplicate allocation is not allowed")) {
+			t.Errorf("refusal line: %v", m)
+		}
+	}
+	// The harness's dataDir is no tmpfs: the once-per-boot warning is an
+	// event too.
+	if strings.Join(events, " ") != "start warning refusal" || !strings.Contains(string(b), "is not on tmpfs") {
+		t.Errorf("events %v, want start, the tmpfs warning, then the refusal:\n%s", events, b)
+	}
+
+	// The stderr lines go on reaching stderr; a log that cannot be
+	// opened is a warning there, and the verb runs.
+	delete(h.exec.fail, "bridge ADD")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	link := filepath.Join(t.TempDir(), "link.log")
+	if err := os.Symlink(logFile, link); err != nil {
+		t.Fatal(err)
+	}
+	h.stderr.Reset()
+	if err := h.plugin.Add(h.args(h.conf("1.0.0", `,"logFile":"`+link+`"`))); err != nil {
+		t.Fatalf("Add with an unopenable log: %v", err)
+	}
+	if !strings.Contains(h.stderr.String(), "not a regular file; nothing is logged there") {
+		t.Errorf("stderr: %q", h.stderr.String())
+	}
+}

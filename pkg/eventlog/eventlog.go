@@ -1,0 +1,159 @@
+// Package eventlog is the plugin's optional log file (the entry's "logFile"
+// and "logLevel", as multus has them): every release, refusal and recovery
+// as one JSON line, in a file whose size lumberjack bounds and rotates.
+// Off unless configured: a verb without it opens nothing.
+package eventlog
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"gopkg.in/natefinch/lumberjack.v2"
+)
+
+// Level is how much the log says.
+type Level int
+
+const (
+	// Error: refusals and errors only.
+	Error Level = iota
+	// Info (the default): also releases, recoveries and warnings.
+	Info
+	// Debug: also each verb's start and end.
+	Debug
+)
+
+// Levels are the "logLevel" values, by Level.
+var Levels = []string{"error", "info", "debug"}
+
+// ParseLevel reads a "logLevel" value; "" is Info.
+func ParseLevel(s string) (Level, error) {
+	if s == "" {
+		return Info, nil
+	}
+	for i, name := range Levels {
+		if s == name {
+			return Level(i), nil
+		}
+	}
+	return Info, fmt.Errorf("%q is not one of %s", s, strings.Join(Levels, ", "))
+}
+
+// Size bounds of the file: each process appends; once the file passes
+// MaxSizeMB, the process that notices renames it to a timestamped backup
+// and starts a new one, keeping MaxBackups of them. Two plugins rotating at
+// once make one more, smaller, backup: no line is lost, since each line is
+// one write(2) on an O_APPEND descriptor.
+const (
+	MaxSizeMB  = 10
+	MaxBackups = 5
+)
+
+// maxSizeMB is MaxSizeMB; tests make it smaller.
+var maxSizeMB = MaxSizeMB
+
+// Log is one verb's log: its lines carry the verb's attachment.
+type Log struct {
+	mu    sync.Mutex
+	out   io.WriteCloser
+	level Level
+	base  map[string]string
+	now   func() time.Time
+}
+
+// Attachment is what each line of a verb says it is about.
+type Attachment struct {
+	Command, Network, ContainerID, IfName, Netns string
+}
+
+// Open opens (creating) the log file at path. A path that exists and is
+// not a regular file (a symlink, a device, a directory) is refused: the
+// plugin runs as root, and a careless "logFile" must not make it append to
+// whatever it names.
+func Open(path string, level Level, a Attachment) (*Log, error) {
+	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("log file %s is not a regular file", path)
+	} else if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("log file: %w", err)
+	}
+	return newLog(&lumberjack.Logger{Filename: path, MaxSize: maxSizeMB, MaxBackups: MaxBackups}, level, a), nil
+}
+
+func newLog(out io.WriteCloser, level Level, a Attachment) *Log {
+	base := map[string]string{"command": a.Command, "network": a.Network, "containerID": a.ContainerID, "ifName": a.IfName, "netns": a.Netns}
+	return &Log{out: out, level: level, base: base, now: time.Now}
+}
+
+// Event writes one line, if the log's level takes it. extra adds fields;
+// writing never fails a verb, so its errors are dropped.
+func (l *Log) Event(level Level, event, message string, extra map[string]any) {
+	if l == nil || level > l.level {
+		return
+	}
+	line := map[string]any{"time": l.now().UTC().Format(time.RFC3339Nano), "level": Levels[level], "event": event, "message": message, "pid": os.Getpid()}
+	for k, v := range l.base {
+		if v != "" {
+			line[k] = v
+		}
+	}
+	for k, v := range extra {
+		line[k] = v
+	}
+	b, err := json.Marshal(line)
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = l.out.Write(append(b, '\n'))
+}
+
+// Close closes the file.
+func (l *Log) Close() error {
+	if l == nil {
+		return nil
+	}
+	return l.out.Close()
+}
+
+// Lines is a writer for the plugin's stderr lines ("nomad-bridge-cni:
+// <message>", one per write): each becomes an event, its kind told by what
+// it says (see kindOf).
+func (l *Log) Lines() io.Writer { return lineWriter{l} }
+
+type lineWriter struct{ l *Log }
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	for line := range strings.Lines(string(p)) {
+		msg := strings.TrimSpace(strings.TrimPrefix(line, "nomad-bridge-cni: "))
+		if msg == "" {
+			continue
+		}
+		event, level := kindOf(msg)
+		w.l.Event(level, event, msg, nil)
+	}
+	return len(p), nil
+}
+
+// kindOf sorts a line the plugin writes to stderr: a release of what a
+// dead attachment held, a recovery (the plugin finished or undid what
+// something else left), a warning, or other news.
+func kindOf(msg string) (event string, level Level) {
+	switch {
+	case strings.HasPrefix(msg, "warning:"):
+		return "warning", Info
+	case strings.Contains(msg, ": released "):
+		return "release", Info
+	case strings.Contains(msg, "removed what bridge left"), strings.Contains(msg, "abandoned by a writer"),
+		strings.Contains(msg, ": migrated "), strings.Contains(msg, "then it succeeded"),
+		strings.Contains(msg, "released by the plugin"), strings.Contains(msg, "nothing to delete"),
+		strings.Contains(msg, "legacy lease is removed instead"), strings.Contains(msg, "ended"):
+		return "recovery", Info
+	}
+	return "info", Info
+}
