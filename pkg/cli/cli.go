@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 )
 
 const usage = `nomad-bridge-cni: a CNI plugin that wraps "bridge" and keeps host-local's
@@ -55,7 +58,7 @@ Examples:
 Flags:
 `
 
-const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D | --all-data-dirs] [--network N] [--conf-dir DIR]... [--dry-run] [--orphan-rules] [--json]
+const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D | --all-data-dirs] [--network N] [--conf-dir DIR]... [--runtime R [--grace D]] [--dry-run] [--orphan-rules] [--json]
 
 Runs exactly what a CNI CHECK runs after its delegate: the migration of the
 network's legacy leases (once per boot; from the ipam.dataDir its conflist
@@ -72,11 +75,20 @@ a conflist in the runtimes' directories or in --conf-dir uses) keeps its
 rules. --all-data-dirs sweeps --data-dir and every dataDir that the
 host's conflists (and --conf-dir) give the plugin, one after the other; a
 data dir that does not exist holds nothing: what the packaged timer and boot
-sweep run. Exit status 0 on success, 1 when a network could not be swept.
+sweep run. --runtime podman|nomad also asks the runtime what it runs (podman
+ps; the local Nomad agent's API at NOMAD_ADDR with NOMAD_TOKEN, as the nomad
+CLI): an attachment of a container it does not list is released once it is
+older than --grace and was missing from a list taken at least --grace before
+(gc remembers each run's list), even while a leaked mount keeps its
+namespace alive (the mount is named, not removed); never one a process still
+holds, nor a pending ADD's. Nothing is released when the runtime cannot be
+asked. Exit status 0 on success, 1 when a network could not be swept (or the
+runtime not asked).
 
 Examples:
   nomad-bridge-cni gc --dry-run
   nomad-bridge-cni gc --all-data-dirs
+  nomad-bridge-cni gc --runtime podman --grace 10m
   nomad-bridge-cni gc --network nomad
   nomad-bridge-cni gc --orphan-rules --json
 
@@ -197,6 +209,8 @@ func (c *cli) gc(args []string) (code int) {
 	dryRun := flags.Bool("dry-run", false, "change nothing; print what would be released")
 	orphans := flags.Bool("orphan-rules", false, "release NAT rules that no lease or record holds even on a network no ADD through the plugin marked as its own")
 	allDataDirs := flags.Bool("all-data-dirs", false, "sweep --data-dir and every dataDir the host's conflists give the plugin (one that does not exist holds nothing)")
+	runtime := flags.String("runtime", "", "also release what this runtime ("+strings.Join(runtimes.Names, ", ")+") no longer lists, past --grace")
+	grace := flags.Duration("grace", operator.DefaultGrace, "with --runtime: how old an unlisted attachment must be, and how long it must have been missing")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
@@ -205,6 +219,23 @@ func (c *cli) gc(args []string) (code int) {
 	}
 	if err := checkConfDirs(f.confDirs); err != nil {
 		return c.fail(2, err, "gc")
+	}
+	var rec *operator.Reconcile
+	if *runtime != "" {
+		if *grace < time.Minute {
+			return c.fail(2, fmt.Errorf("--grace %s: at least 1m (a runtime's list lags behind its ADDs)", *grace), "gc")
+		}
+		lister, err := runtimes.New(*runtime)
+		if err != nil {
+			return c.fail(2, err, "gc")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		listing, err := lister.List(ctx)
+		cancel()
+		if err != nil {
+			return c.fail(1, fmt.Errorf("cannot ask %s what it runs, so nothing is released: %w", *runtime, err), "")
+		}
+		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now()}
 	}
 	if !*allDataDirs {
 		dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
@@ -216,7 +247,7 @@ func (c *cli) gc(args []string) (code int) {
 		if f.json {
 			sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)
 		}
-		if err := operator.GC(c.sweeper(), f.scope(dirs), *dryRun, *orphans, sink); err != nil {
+		if err := operator.GCReconciled(c.sweeper(), f.scope(dirs), *dryRun, *orphans, rec, sink); err != nil {
 			return c.fail(1, err, "")
 		}
 		return 0
@@ -243,7 +274,7 @@ func (c *cli) gc(args []string) (code int) {
 		}
 		c.reportSkipped(skipped, &code)
 		sink := &operator.GCText{W: c.stdout, DryRun: *dryRun}
-		if err := operator.GC(c.sweeper(), operator.NewScope(dataDir, dirs, nets), *dryRun, *orphans, sink); err != nil {
+		if err := operator.GCReconciled(c.sweeper(), operator.NewScope(dataDir, dirs, nets), *dryRun, *orphans, rec, sink); err != nil {
 			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
 			code = 1
 		}

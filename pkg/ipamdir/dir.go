@@ -111,6 +111,9 @@ const (
 	// wrong, new or empty data dir releases no rule. Its content does not
 	// matter, and it is kept across boots.
 	OwnedMarker Marker = ".owned"
+	// UnlistedMarker is `gc --runtime`'s memory: since when each
+	// attachment has been missing from the runtime's list.
+	UnlistedMarker Marker = ".unlisted"
 )
 
 // Marker is the path of one of the network's markers.

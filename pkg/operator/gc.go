@@ -45,6 +45,13 @@ type GCSink interface {
 // is made: a network of 65534 stale attachments is never held at once.
 // Every network is swept even if an earlier one failed.
 func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, sink GCSink) error {
+	return GCReconciled(s, scope, dryRun, orphanRules, nil, sink)
+}
+
+// GCReconciled is GC that also releases what the runtime no longer lists
+// (rec, when set; see Reconcile), and remembers what it did not list
+// (not in a dry run).
+func GCReconciled(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcile, sink GCSink) error {
 	res := &GCResult{Problems: &Problems{}}
 	defer res.Problems.Close()
 	var errs []error
@@ -57,9 +64,15 @@ func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, sink GCSink) 
 		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
 		req := scope.Request(d)
 		req.DryRun, req.Orphans, req.Released, req.Problem = dryRun, orphanRules, emit, problem
+		if rec != nil {
+			req.Unlisted = rec.For(d)
+		}
 		if _, err := s.CheckSweep(req, 0); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
+	}
+	if rec != nil && !dryRun {
+		errs = append(errs, rec.Save())
 	}
 	return errors.Join(append(errs, sink.End(res))...)
 }

@@ -52,9 +52,11 @@ const (
 	CauseLeaseOld      = "lease-before-boot"
 	CauseNamespaceGone = "namespace-gone"
 	CauseNotListed     = "not-in-gc-list"
-	CauseAddDied       = "add-died"
-	CauseMigratedDel   = "migrated-released"
-	CauseOrphanRules   = "orphan-rules"
+	// CauseRuntimeUnlisted: gc --runtime's list lacked it, past the grace.
+	CauseRuntimeUnlisted = "not-listed-by-runtime"
+	CauseAddDied         = "add-died"
+	CauseMigratedDel     = "migrated-released"
+	CauseOrphanRules     = "orphan-rules"
 )
 
 func (v Verdict) String() string {
@@ -100,6 +102,8 @@ type judge struct {
 	// its record's deadline (never in a dry run); logf says so.
 	endOverdue bool
 	logf       func(format string, args ...any)
+	// unlisted is Request.Unlisted.
+	unlisted func(a *Attachment) (string, bool)
 	// prefetched are namespace lookups made by prefetch on the goroutines
 	// that read the records, each taken by its record's verdict.
 	prefetchMu sync.Mutex
@@ -183,10 +187,30 @@ func (j *judge) verdict(a *Attachment) Verdict {
 			// What the release says: the ADD's delegate was ended here.
 			v = j.verdictOfDeadADD(a)
 			v.Reason += "; " + ended
-			return v
+			return j.orUnlisted(a, v)
 		}
 	}
-	return j.verdictOfDeadADD(a)
+	return j.orUnlisted(a, j.verdictOfDeadADD(a))
+}
+
+// orUnlisted is v, or stale when the runtime proved the attachment gone
+// (Request.Unlisted). A namespace a process still holds is never taken
+// from it: something runs there. One only a mount holds (a runtime that
+// crashed before its clean-up) is released, and the mount is named.
+func (j *judge) orUnlisted(a *Attachment, v Verdict) Verdict {
+	// An unknown attachment (a lease with no record) may be another
+	// runtime's, which this one cannot speak for.
+	if j.unlisted == nil || (v.State != Live && v.State != Detached) || (v.State == Detached && (v.Holder == nil || v.Holder.PID != 0)) {
+		return v
+	}
+	reason, release := j.unlisted(a)
+	if !release {
+		return v
+	}
+	if v.State == Detached {
+		reason += fmt.Sprintf("; its namespace is still held by mount %s (not removed: umount it once nothing needs it)", v.Holder.Mount)
+	}
+	return Verdict{State: Stale, Reason: reason, Cause: CauseRuntimeUnlisted}
 }
 
 // verdictOfDeadADD is verdict for an attachment no ADD is running for.

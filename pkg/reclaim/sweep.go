@@ -53,6 +53,12 @@ type Request struct {
 	// Problem, when set, takes each file the sweep skipped (a damaged or
 	// foreign file) instead of Report.Problems, which then stays empty.
 	Problem func(error)
+	// Unlisted, when set, is asked about each attachment the rules keep
+	// (live, detached by a mount, unknown), never about a pending ADD's
+	// or one a process still holds: release reports whether the runtime
+	// proved it gone (gc --runtime: not listed, past the grace), and
+	// reason says why.
+	Unlisted func(a *Attachment) (reason string, release bool)
 }
 
 // Release is one stale attachment (or orphan rule set) released, or that
@@ -123,7 +129,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	j.endOverdue, j.logf = !req.DryRun, s.logf
+	j.endOverdue, j.logf, j.unlisted = !req.DryRun, s.logf, req.Unlisted
 	leases, err := openLeaseDir(req.Dir.Leases())
 	if err != nil {
 		return nil, err

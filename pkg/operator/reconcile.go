@@ -1,0 +1,119 @@
+package operator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
+)
+
+// DefaultGrace is gc --runtime's default grace period.
+const DefaultGrace = 5 * time.Minute
+
+// Reconcile is what `gc --runtime` adds to a sweep: an attachment whose
+// container the runtime does not list is released once it is older than
+// the grace period and has been missing from the runtime's lists for at
+// least that long (this run's, and one taken at least a grace earlier,
+// remembered in ipamdir.UnlistedMarker). Nothing is released while the
+// runtime started less than a grace ago (it may still be restoring); the
+// caller lists nothing at all when the runtime cannot be asked.
+type Reconcile struct {
+	Runtime string
+	Listing *runtimes.Listing
+	Grace   time.Duration
+	Now     time.Time
+	// missing is, per network, this run's view: since when each unlisted
+	// attachment has been missing.
+	missing map[ipamdir.Dir]map[string]time.Time
+}
+
+// unlistedState is ipamdir.UnlistedMarker's content.
+type unlistedState struct {
+	Runtime      string               `json:"runtime"`
+	MissingSince map[string]time.Time `json:"missingSince"`
+}
+
+// For is the sweep's Request.Unlisted for the network of d.
+func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool) {
+	before := r.load(d)
+	if r.missing == nil {
+		r.missing = map[ipamdir.Dir]map[string]time.Time{}
+	}
+	now := map[string]time.Time{}
+	r.missing[d] = now
+	restoring := !r.Listing.Started.IsZero() && r.Now.Sub(r.Listing.Started) < r.Grace
+	return func(a *reclaim.Attachment) (string, bool) {
+		if r.Listing.IDs[a.Key.ContainerID] {
+			return "", false
+		}
+		key := a.Key.ContainerID + "@" + a.Key.IfName
+		since, seen := before[key]
+		if !seen {
+			since = r.Now
+		}
+		now[key] = since
+		born := created(a)
+		switch {
+		case restoring, !seen, r.Now.Sub(since) < r.Grace, born.IsZero(), r.Now.Sub(born) < r.Grace:
+			return "", false
+		}
+		return fmt.Sprintf("not listed by %s since %s (grace %s)", r.Runtime, since.UTC().Format(time.RFC3339), r.Grace), true
+	}
+}
+
+// created is when the attachment was made: its record's time, else its
+// oldest lease's.
+func created(a *reclaim.Attachment) time.Time {
+	if a.Record != nil && !a.Record.Created.IsZero() {
+		return a.Record.Created
+	}
+	var t time.Time
+	for _, l := range a.Leases {
+		if t.IsZero() || l.ModTime.Before(t) {
+			t = l.ModTime
+		}
+	}
+	return t
+}
+
+func (r *Reconcile) load(d ipamdir.Dir) map[string]time.Time {
+	b, err := statefile.ReadFileNoFollow(d.Marker(ipamdir.UnlistedMarker))
+	var st unlistedState
+	if err != nil || json.Unmarshal(b, &st) != nil || st.Runtime != r.Runtime {
+		return map[string]time.Time{}
+	}
+	return st.MissingSince
+}
+
+// Save remembers, per network swept, the attachments missing from this
+// run's list (those listed again, or gone, are forgotten).
+func (r *Reconcile) Save() error {
+	var errs []error
+	for d, missing := range r.missing {
+		path := d.Marker(ipamdir.UnlistedMarker)
+		if len(missing) == 0 {
+			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if _, err := os.Stat(d.Records()); err != nil {
+			continue // a network without a record directory keeps no state
+		}
+		b, err := json.Marshal(unlistedState{Runtime: r.Runtime, MissingSince: missing})
+		if err == nil {
+			err = statefile.WriteFileAtomic(path, b)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remember what %s did not list: %w", r.Runtime, err))
+		}
+	}
+	return errors.Join(errs...)
+}

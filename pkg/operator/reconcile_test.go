@@ -1,0 +1,126 @@
+package operator
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+)
+
+// gc --runtime: the fixture's live attachments "web" (its namespace there)
+// and "detached" (held by a running process) are not listed by the
+// runtime. The first run only remembers them; a run a grace later releases
+// web, never detached (a process runs there), never the pending ADD's; a
+// namespace only a mount holds is released, and the mount named.
+func TestGCReleasesWhatTheRuntimeStoppedListingPastTheGrace(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	host := s.Host.(*fakehost.Host)
+	// A namespace a leaked mount keeps: its path is gone, no process is in it.
+	host.Holders[sysinfo.NetnsID{Dev: 4, Ino: 106}] = []sysinfo.Holder{{Mount: "/run/netns-leaked/m1"}}
+	writeAttachment(t, dataDir, host, "mounted", "172.26.64.7", 106, host.Clock.Add(-time.Hour))
+
+	listing := &runtimes.Listing{IDs: map[string]bool{"starting": true}}
+	run := func(now time.Time, dryRun bool) string {
+		t.Helper()
+		host.Clock = now
+		rec := &Reconcile{Runtime: "podman", Listing: listing, Grace: 5 * time.Minute, Now: now}
+		var text bytes.Buffer
+		if err := GCReconciled(s, scopeOf(dataDir, []string{"nomad"}), dryRun, false, rec, &GCText{W: &text, DryRun: dryRun}); err != nil {
+			t.Fatal(err)
+		}
+		return text.String()
+	}
+	first := host.Clock
+	out := run(first, false)
+	if strings.Contains(out, "not listed by podman") {
+		t.Errorf("the first list released on the runtime's account:\n%s", out)
+	}
+	if _, err := os.Stat(ipamdir.New(dataDir, "nomad").Marker(ipamdir.UnlistedMarker)); err != nil {
+		t.Fatalf("the first run remembered nothing: %v", err)
+	}
+	// Within the grace: still nothing.
+	if out := run(first.Add(4*time.Minute), false); strings.Contains(out, "not listed by podman") {
+		t.Errorf("released within the grace:\n%s", out)
+	}
+	out = run(first.Add(6*time.Minute), false)
+	since := first.UTC().Format(time.RFC3339)
+	for _, want := range []string{
+		"released nomad web/eth0 172.26.64.2: not listed by podman since " + since + " (grace 5m0s); removed lease 172.26.64.2",
+		"released nomad mounted/eth0 172.26.64.7: not listed by podman since " + since + " (grace 5m0s); its namespace is still held by mount /run/netns-leaked/m1 (not removed",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	for _, kept := range []string{"detached/eth0", "starting/eth0"} {
+		if strings.Contains(out, kept) {
+			t.Errorf("released %s (a process holds it, or its ADD runs):\n%s", kept, out)
+		}
+	}
+}
+
+// Right after the runtime started it may still be restoring: nothing is
+// released on its account; nor is an attachment younger than the grace.
+func TestGCReleasesNothingWhileTheRuntimeRestoresOrTheAttachmentIsYoung(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	host := s.Host.(*fakehost.Host)
+	first := host.Clock
+	young := first.Add(4 * time.Minute)
+	writeAttachment(t, dataDir, host, "young", "172.26.64.8", 107, young)
+	for _, started := range []time.Time{first.Add(4 * time.Minute), {}} {
+		listing := &runtimes.Listing{IDs: map[string]bool{}, Started: started}
+		for _, now := range []time.Time{first, first.Add(6 * time.Minute)} {
+			host.Clock = now
+			rec := &Reconcile{Runtime: "nomad", Listing: listing, Grace: 5 * time.Minute, Now: now}
+			var text bytes.Buffer
+			if err := GCReconciled(s, scopeOf(dataDir, []string{"nomad"}), false, false, rec, &GCText{W: &text}); err != nil {
+				t.Fatal(err)
+			}
+			out := text.String()
+			if !started.IsZero() && strings.Contains(out, "not listed by nomad") {
+				t.Errorf("released while nomad restores (started %s):\n%s", started, out)
+			}
+			if strings.Contains(out, "young/eth0") {
+				t.Errorf("released an attachment younger than the grace:\n%s", out)
+			}
+		}
+	}
+}
+
+func writeAttachment(t *testing.T, dataDir string, host *fakehost.Host, cid, ip string, ino uint64, created time.Time) {
+	t.Helper()
+	d := ipamdir.New(dataDir, "nomad")
+	if err := os.WriteFile(d.Lease(netipOf(t, ip)), []byte(cid+"\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeRecord(t, d, cid, "/var/run/netns/"+cid, ino, created)
+	if ino != 106 {
+		host.Namespaces["/var/run/netns/"+cid] = sysinfo.NetnsID{Dev: 4, Ino: ino}
+	}
+}
+
+func netipOf(t *testing.T, s string) net.IP {
+	t.Helper()
+	ip := net.ParseIP(s)
+	if ip == nil {
+		t.Fatalf("bad IP %q", s)
+	}
+	return ip
+}
+
+func writeRecord(t *testing.T, d ipamdir.Dir, cid, netns string, ino uint64, created time.Time) {
+	t.Helper()
+	r := &records.Record{Version: records.FormatVersion, Network: d.Network, ContainerID: cid, IfName: "eth0", Netns: netns,
+		NetnsID: sysinfo.NetnsID{Dev: 4, Ino: ino}, BootID: "boot-1", Created: created, State: records.Complete, IPs: nil}
+	if err := records.NewStore(d).Write(r); err != nil {
+		t.Fatal(err)
+	}
+}

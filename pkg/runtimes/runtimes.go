@@ -1,0 +1,157 @@
+// Package runtimes asks a container runtime which containers it has, for
+// `gc --runtime`: the attachments of containers it does not list, past a
+// grace period, are released even while the kernel still keeps their
+// namespace (a mount a crashed runtime leaked). The operator's command uses
+// it; the CNI verbs never do.
+package runtimes
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Listing is what a runtime said it has.
+type Listing struct {
+	// IDs are the CNI container IDs of what it runs or is setting up.
+	IDs map[string]bool
+	// Started is when the runtime itself started, when it says: right
+	// after a start it may still be restoring, and its list is not whole.
+	Started time.Time
+}
+
+// Lister asks one runtime.
+type Lister interface {
+	Name() string
+	List(ctx context.Context) (*Listing, error)
+}
+
+// Names are the runtimes gc --runtime knows.
+var Names = []string{"podman", "nomad"}
+
+// New is the lister of a runtime, configured from the environment the way
+// the runtime's own CLI is (NOMAD_ADDR, NOMAD_TOKEN).
+func New(name string) (Lister, error) {
+	switch name {
+	case "podman":
+		return &Podman{Command: "podman"}, nil
+	case "nomad":
+		addr := os.Getenv("NOMAD_ADDR")
+		if addr == "" {
+			addr = "http://127.0.0.1:4646"
+		}
+		return &Nomad{Addr: strings.TrimRight(addr, "/"), Token: os.Getenv("NOMAD_TOKEN"), Client: &http.Client{Timeout: 10 * time.Second}}, nil
+	case "cri":
+		return nil, errors.New(`runtime "cri" is not supported yet (containerd and CRI-O send CHECK and GC themselves): use "podman" or "nomad"`)
+	}
+	return nil, fmt.Errorf("unknown runtime %q: one of %s", name, strings.Join(Names, ", "))
+}
+
+// Podman lists podman's containers (podman ps --all): the ID podman gives
+// CNI is the container's (a pod's infra container's). One that exited has
+// had its network torn down, or should have: it is not listed.
+type Podman struct{ Command string }
+
+func (p *Podman) Name() string { return "podman" }
+
+func (p *Podman) List(ctx context.Context) (*Listing, error) {
+	cmd := exec.CommandContext(ctx, p.Command, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.State}}")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("podman ps: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	l := &Listing{IDs: map[string]bool{}}
+	for line := range strings.Lines(string(out)) {
+		id, state, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok || id == "" {
+			return nil, fmt.Errorf("podman ps printed %q, not \"<id> <state>\"", strings.TrimSpace(line))
+		}
+		switch strings.ToLower(state) {
+		case "exited", "stopped", "dead", "removing":
+		default: // created, initialized, running, paused, stopping, unknown
+			l.IDs[id] = true
+		}
+	}
+	return l, nil
+}
+
+// Nomad lists the allocations the local agent's node runs, through its
+// HTTP API as the nomad CLI does: the allocation ID is the container ID
+// Nomad gives CNI. A pending or running allocation is listed; one that is
+// complete, failed or lost is not.
+type Nomad struct {
+	Addr, Token string
+	Client      *http.Client
+}
+
+func (n *Nomad) Name() string { return "nomad" }
+
+func (n *Nomad) List(ctx context.Context) (*Listing, error) {
+	var self struct {
+		Stats struct {
+			Client struct {
+				NodeID string `json:"node_id"`
+			} `json:"client"`
+		} `json:"stats"`
+	}
+	if err := n.get(ctx, "/v1/agent/self", &self); err != nil {
+		return nil, err
+	}
+	node := self.Stats.Client.NodeID
+	if node == "" {
+		return nil, fmt.Errorf("nomad agent at %s runs no client (no stats.client.node_id): it has no allocations here", n.Addr)
+	}
+	var allocs []struct {
+		ID           string `json:"ID"`
+		ClientStatus string `json:"ClientStatus"`
+	}
+	if err := n.get(ctx, "/v1/node/"+node+"/allocations", &allocs); err != nil {
+		return nil, err
+	}
+	l := &Listing{IDs: map[string]bool{}}
+	for _, a := range allocs {
+		if a.ID == "" {
+			return nil, errors.New("nomad listed an allocation without an ID")
+		}
+		if a.ClientStatus == "pending" || a.ClientStatus == "running" {
+			l.IDs[a.ID] = true
+		}
+	}
+	return l, nil
+}
+
+func (n *Nomad) get(ctx context.Context, path string, into any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.Addr+path, nil)
+	if err != nil {
+		return err
+	}
+	if n.Token != "" {
+		req.Header.Set("X-Nomad-Token", n.Token)
+	}
+	resp, err := n.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("nomad: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("nomad %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("nomad %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.Unmarshal(body, into); err != nil {
+		return fmt.Errorf("nomad %s: %w", path, err)
+	}
+	return nil
+}

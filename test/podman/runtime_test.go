@@ -1,0 +1,115 @@
+package podman
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// gc --runtime podman against real podman: the ID podman gives CNI is the
+// one `podman ps` lists, so a running container's attachment is kept,
+// whatever the grace; an attachment of a container podman does not have
+// (its namespace kept alive by a mount, as a crashed runtime leaves it) is
+// remembered on the first list and released by a list a grace later.
+func TestGCRuntimePodman(t *testing.T) {
+	e := newEnv(t, oneWord)
+	n := e.addNetwork(t, "a")
+	c := e.run(t, "web", n)
+	addr := e.checkServes(t, c, n, "eth0")
+
+	// The leaked attachment: a namespace only its bind mount keeps, a
+	// record and a lease of an ID podman never had, made an hour ago.
+	leaked := "nbc-leak-" + strings.ReplaceAll(n.name, "_", "-")
+	if out, err := exec.Command("ip", "netns", "add", leaked).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", leaked).Run() })
+	nsPath := "/var/run/netns/" + leaked
+	var st unix.Stat_t
+	if err := unix.Stat(nsPath, &st); err != nil {
+		t.Fatal(err)
+	}
+	d := ipamdir.New(e.tmpfs, n.name)
+	leakedIP := n.gateway.Next().Next().Next().Next().Next()
+	bootID, err := (&sysinfo.Real{}).BootID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const leakedID = "0000000000000000000000000000000000000000000000000000000000001eak"
+	created := time.Now().Add(-time.Hour)
+	if err := records.NewStore(d).Write(&records.Record{Version: records.FormatVersion, Network: n.name, ContainerID: leakedID, IfName: "eth0",
+		Netns: nsPath, NetnsID: sysinfo.NetnsID{Dev: st.Dev, Ino: st.Ino}, BootID: bootID, Created: created, State: records.Complete,
+		IPs: []string{netip.PrefixFrom(leakedIP, n.subnet.Bits()).String()}}); err != nil {
+		t.Fatal(err)
+	}
+	lease := d.Lease(leakedIP.AsSlice())
+	if err := os.WriteFile(lease, []byte(leakedID+"\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	gc := func() string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, e.operatorBin(), "gc", "--runtime", "podman", "--grace", "1m", "--data-dir", e.tmpfs, "--network", n.name)
+		cmd.Env = e.environ() // podman's configuration: the test's store
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("gc --runtime podman: %v\n%s%s", err, stdout.String(), stderr.String())
+		}
+		t.Logf("gc --runtime podman:\n%s%s", stdout.String(), stderr.String())
+		return stdout.String()
+	}
+	if out := gc(); strings.Contains(out, "released") {
+		t.Fatalf("the first list released something:\n%s", out)
+	}
+	// The first list was taken two minutes ago.
+	marker := d.Marker(ipamdir.UnlistedMarker)
+	b, err := os.ReadFile(marker)
+	if err != nil {
+		t.Fatalf("the first run remembered nothing: %v", err)
+	}
+	var state struct {
+		Runtime      string               `json:"runtime"`
+		MissingSince map[string]time.Time `json:"missingSince"`
+	}
+	if err := json.Unmarshal(b, &state); err != nil || state.Runtime != "podman" || len(state.MissingSince) != 1 {
+		t.Fatalf("remembered %s (%v): want only the leaked attachment", b, err)
+	}
+	for k := range state.MissingSince {
+		if k != leakedID+"@eth0" {
+			t.Fatalf("remembered %s as missing: podman runs it", k)
+		}
+		state.MissingSince[k] = time.Now().Add(-2 * time.Minute)
+	}
+	b, _ = json.Marshal(state)
+	if err := os.WriteFile(marker, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out := gc()
+	if !strings.Contains(out, "released "+n.name+" "+leakedID+"/eth0 "+leakedIP.String()+": not listed by podman since") {
+		t.Errorf("the leaked attachment was not released:\n%s", out)
+	}
+	if _, err := os.Lstat(lease); err == nil {
+		t.Error("the leaked lease is still there")
+	}
+	if strings.Contains(out, c.id) {
+		t.Errorf("released the running container %s:\n%s", c.id, out)
+	}
+	e.assertLease(t, n, addr, c.id, "eth0")
+	e.checkServes(t, c, n, "eth0")
+}
