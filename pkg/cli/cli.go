@@ -80,7 +80,7 @@ ps; the local Nomad agent's API at NOMAD_ADDR with NOMAD_TOKEN, as the nomad
 CLI): an attachment of a container it does not list is released once it is
 older than --grace and was missing from a list taken at least --grace before
 (gc remembers each run's list), even while a leaked mount keeps its
-namespace alive (the mount is named, not removed); never one a process still
+namespace alive (the mount is named; --remove-mounts unmounts it); never one a process still
 holds, nor a pending ADD's. Nothing is released when the runtime cannot be
 asked. Exit status 0 on success, 1 when a network could not be swept (or the
 runtime not asked).
@@ -211,6 +211,7 @@ func (c *cli) gc(args []string) (code int) {
 	allDataDirs := flags.Bool("all-data-dirs", false, "sweep --data-dir and every dataDir the host's conflists give the plugin (one that does not exist holds nothing)")
 	runtime := flags.String("runtime", "", "also release what this runtime ("+strings.Join(runtimes.Names, ", ")+") no longer lists, past --grace")
 	grace := flags.Duration("grace", operator.DefaultGrace, "with --runtime: how old an unlisted attachment must be, and how long it must have been missing")
+	removeMounts := flags.Bool("remove-mounts", false, "with --runtime: also unmount the nsfs mount that alone kept a released attachment's namespace")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
@@ -235,7 +236,7 @@ func (c *cli) gc(args []string) (code int) {
 		if err != nil {
 			return c.fail(1, fmt.Errorf("cannot ask %s what it runs, so nothing is released: %w", *runtime, err), "")
 		}
-		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now()}
+		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now(), RemoveMounts: *removeMounts}
 	}
 	if !*allDataDirs {
 		dirs, skipped, err := ipamdir.List(f.dataDir, f.network)

@@ -59,6 +59,13 @@ func GCReconciled(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec
 		network := d.Network
 		emit := func(rel reclaim.Release) {
 			res.Released++
+			if rel.HeldBy != nil && rec != nil {
+				if note := rec.leakedMount(rel.HeldBy.Mount, dryRun); note != "" {
+					rel.Reason += " (" + note + ")"
+				} else {
+					rel.What = append(rel.What, "mount "+rel.HeldBy.Mount)
+				}
+			}
 			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
 		}
 		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -29,6 +31,9 @@ type Reconcile struct {
 	Listing *runtimes.Listing
 	Grace   time.Duration
 	Now     time.Time
+	// RemoveMounts unmounts the mount that alone still kept a released
+	// attachment's namespace (a leaked nsfs bind mount).
+	RemoveMounts bool
 	// missing is, per network, this run's view: since when each unlisted
 	// attachment has been missing.
 	missing map[ipamdir.Dir]map[string]time.Time
@@ -66,6 +71,26 @@ func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool
 		}
 		return fmt.Sprintf("not listed by %s since %s (grace %s)", r.Runtime, since.UTC().Format(time.RFC3339), r.Grace), true
 	}
+}
+
+// leakedMount removes (with RemoveMounts) the nsfs mount that alone kept
+// a released attachment's namespace; it returns why not, or "" when it
+// went (or, in a dry run, would go).
+func (r *Reconcile) leakedMount(mount string, dryRun bool) string {
+	switch {
+	case !r.RemoveMounts:
+		return "not removed: --remove-mounts unmounts it"
+	case dryRun:
+		return ""
+	}
+	if err := unix.Unmount(mount, unix.MNT_DETACH); err != nil {
+		return fmt.Sprintf("not removed: %v", err)
+	}
+	// ip netns leaves an empty file as the mount point.
+	if fi, err := os.Lstat(mount); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+		os.Remove(mount)
+	}
+	return ""
 }
 
 // created is when the attachment was made: its record's time, else its

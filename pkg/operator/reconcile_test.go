@@ -54,7 +54,7 @@ func TestGCReleasesWhatTheRuntimeStoppedListingPastTheGrace(t *testing.T) {
 	since := first.UTC().Format(time.RFC3339)
 	for _, want := range []string{
 		"released nomad web/eth0 172.26.64.2: not listed by podman since " + since + " (grace 5m0s); removed lease 172.26.64.2",
-		"released nomad mounted/eth0 172.26.64.7: not listed by podman since " + since + " (grace 5m0s); its namespace is still held by mount /run/netns-leaked/m1 (not removed",
+		"released nomad mounted/eth0 172.26.64.7: not listed by podman since " + since + " (grace 5m0s); its namespace is still held by mount /run/netns-leaked/m1 (not removed: --remove-mounts unmounts it); removed lease 172.26.64.7, record",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)

@@ -30,6 +30,9 @@ func releaseFiles(leases *leaseDir, recs *records.Store, a *Attachment, dryRun b
 // to What as they go, in that order.
 func releaseOf(a *Attachment) Release {
 	rel := Release{Key: a.Key, Reason: a.Verdict.Reason}
+	if h := a.Verdict.Holder; a.Verdict.State == Stale && h != nil && h.Mount != "" {
+		rel.HeldBy = h
+	}
 	for _, l := range a.Leases {
 		rel.IPs = append(rel.IPs, l.IP.String())
 		rel.What = append(rel.What, "lease "+l.IP.String())

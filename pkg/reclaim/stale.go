@@ -208,7 +208,8 @@ func (j *judge) orUnlisted(a *Attachment, v Verdict) Verdict {
 		return v
 	}
 	if v.State == Detached {
-		reason += fmt.Sprintf("; its namespace is still held by mount %s (not removed: umount it once nothing needs it)", v.Holder.Mount)
+		reason += fmt.Sprintf("; its namespace is still held by mount %s", v.Holder.Mount)
+		return Verdict{State: Stale, Reason: reason, Cause: CauseRuntimeUnlisted, Holder: v.Holder}
 	}
 	return Verdict{State: Stale, Reason: reason, Cause: CauseRuntimeUnlisted}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 // Sweeper judges every attachment of a network and releases the stale
@@ -67,6 +68,9 @@ type Release struct {
 	Key    records.Key
 	IPs    []string
 	Reason string
+	// HeldBy is the mount that still keeps the released attachment's
+	// namespace alive (gc --runtime), if any: the sweep leaves it.
+	HeldBy *sysinfo.Holder
 	// What lists what went: "lease 10.0.0.2", "chain CNI-...", "record".
 	What []string
 	// Orphan marks NAT rules of a container the network holds no lease or

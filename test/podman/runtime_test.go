@@ -59,11 +59,34 @@ func TestGCRuntimePodman(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A second one whose recorded path is gone, its namespace kept only by
+	// a bind mount elsewhere: what a runtime that crashed mid-teardown
+	// leaves. --remove-mounts takes the mount too.
+	mounted := leaked + "-m"
+	if out, err := exec.Command("ip", "netns", "add", mounted).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", mounted).Run() })
+	mountPath := "/var/run/netns/" + mounted
+	if err := unix.Stat(mountPath, &st); err != nil {
+		t.Fatal(err)
+	}
+	const mountedID = "00000000000000000000000000000000000000000000000000000000000m0unt"
+	mountedIP := leakedIP.Next()
+	if err := records.NewStore(d).Write(&records.Record{Version: records.FormatVersion, Network: n.name, ContainerID: mountedID, IfName: "eth0",
+		Netns: mountPath + "-gone", NetnsID: sysinfo.NetnsID{Dev: st.Dev, Ino: st.Ino}, BootID: bootID, Created: created, State: records.Complete,
+		IPs: []string{netip.PrefixFrom(mountedIP, n.subnet.Bits()).String()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.Lease(mountedIP.AsSlice()), []byte(mountedID+"\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	gc := func() string {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, e.operatorBin(), "gc", "--runtime", "podman", "--grace", "1m", "--data-dir", e.tmpfs, "--network", n.name)
+		cmd := exec.CommandContext(ctx, e.operatorBin(), "gc", "--runtime", "podman", "--grace", "1m", "--remove-mounts", "--data-dir", e.tmpfs, "--network", n.name)
 		cmd.Env = e.environ() // podman's configuration: the test's store
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -86,11 +109,11 @@ func TestGCRuntimePodman(t *testing.T) {
 		Runtime      string               `json:"runtime"`
 		MissingSince map[string]time.Time `json:"missingSince"`
 	}
-	if err := json.Unmarshal(b, &state); err != nil || state.Runtime != "podman" || len(state.MissingSince) != 1 {
-		t.Fatalf("remembered %s (%v): want only the leaked attachment", b, err)
+	if err := json.Unmarshal(b, &state); err != nil || state.Runtime != "podman" || len(state.MissingSince) != 2 {
+		t.Fatalf("remembered %s (%v): want the two leaked attachments", b, err)
 	}
 	for k := range state.MissingSince {
-		if k != leakedID+"@eth0" {
+		if k != leakedID+"@eth0" && k != mountedID+"@eth0" {
 			t.Fatalf("remembered %s as missing: podman runs it", k)
 		}
 		state.MissingSince[k] = time.Now().Add(-2 * time.Minute)
@@ -106,6 +129,13 @@ func TestGCRuntimePodman(t *testing.T) {
 	}
 	if _, err := os.Lstat(lease); err == nil {
 		t.Error("the leaked lease is still there")
+	}
+	if !strings.Contains(out, "released "+n.name+" "+mountedID+"/eth0 "+mountedIP.String()+": not listed by podman since") ||
+		!strings.Contains(out, "its namespace is still held by mount /run/netns/"+mounted) || !strings.Contains(out, "record, mount /run/netns/"+mounted) {
+		t.Errorf("the attachment a mount kept was not released with its mount:\n%s", out)
+	}
+	if _, err := os.Lstat(mountPath); err == nil {
+		t.Errorf("%s is still there", mountPath)
 	}
 	if strings.Contains(out, c.id) {
 		t.Errorf("released the running container %s:\n%s", c.id, out)
