@@ -42,14 +42,18 @@ Usage:
 Flags:
 `
 
-const leasesUsage = `Usage: nomad-bridge-cni leases [--data-dir D] [--network N] [--conf-dir DIR]... [--json]
+const leasesUsage = `Usage: nomad-bridge-cni leases [--data-dir D] [--network N] [--conf-dir DIR]... [--runtime R] [--json]
 
 One row per lease: network, IP, container ID, ifname, netns path, age, and
 state: live, stale (<reason>), pending (ADD in progress), detached (its
 namespace path was replaced or removed, but a process or mount still holds the
 namespace: kept, and a re-ADD is refused), unknown (no record).
 NAT rules (bridge ipMasq, portmap) that no lease or record holds are listed as
-orphan-rules. Sorted by network, then IP. Changes nothing.
+orphan-rules. Sorted by network, then IP. Changes nothing. --runtime
+podman|nomad marks each row the runtime does not list ("not listed by the
+runtime"; in JSON, "runtime": "listed" or "not listed"), then names the
+containers it lists that hold nothing on these networks (on stderr with
+--json).
 
 Examples:
   nomad-bridge-cni leases
@@ -168,6 +172,7 @@ func (f *commonFlags) scope(dirs []ipamdir.Dir) operator.Scope {
 func (c *cli) leases(args []string) (code int) {
 	flags := c.flagSet("leases", leasesUsage)
 	f := c.common(flags)
+	runtime := flags.String("runtime", "", "mark what this runtime ("+strings.Join(runtimes.Names, ", ")+") does not list, and name what it lists that holds nothing here")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
@@ -177,14 +182,25 @@ func (c *cli) leases(args []string) (code int) {
 	if err := checkConfDirs(f.confDirs); err != nil {
 		return c.fail(2, err, "leases")
 	}
+	var listing *runtimes.Listing
+	if *runtime != "" {
+		var code int
+		if listing, code = c.askRuntime(*runtime, "leases"); listing == nil {
+			return code
+		}
+	}
 	dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
 	if err != nil {
 		return c.fail(1, err, "")
 	}
 	defer c.reportSkipped(skipped, &code)
 	var sink operator.LeasesSink = operator.NewLeasesTable(c.stdout)
+	note := c.stdout
 	if f.json {
-		sink = operator.NewLeasesJSON(c.stdout, f.dataDir)
+		sink, note = operator.NewLeasesJSON(c.stdout, f.dataDir), c.stderr
+	}
+	if listing != nil {
+		sink = &operator.Drift{Sink: sink, Runtime: *runtime, Listing: listing, Note: note}
 	}
 	if err := operator.Leases(c.sweeper(), f.scope(dirs), sink); err != nil {
 		return c.fail(1, err, "")
@@ -226,15 +242,9 @@ func (c *cli) gc(args []string) (code int) {
 		if *grace < time.Minute {
 			return c.fail(2, fmt.Errorf("--grace %s: at least 1m (a runtime's list lags behind its ADDs)", *grace), "gc")
 		}
-		lister, err := runtimes.New(*runtime)
-		if err != nil {
-			return c.fail(2, err, "gc")
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		listing, err := lister.List(ctx)
-		cancel()
-		if err != nil {
-			return c.fail(1, fmt.Errorf("cannot ask %s what it runs, so nothing is released: %w", *runtime, err), "")
+		listing, code := c.askRuntime(*runtime, "gc")
+		if listing == nil {
+			return code
 		}
 		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now(), RemoveMounts: *removeMounts}
 	}
@@ -281,6 +291,22 @@ func (c *cli) gc(args []string) (code int) {
 		}
 	}
 	return code
+}
+
+// askRuntime lists what the runtime runs, for cmd's --runtime; nil and
+// the exit status when it cannot (2: no such runtime; 1: not reachable).
+func (c *cli) askRuntime(name, cmd string) (*runtimes.Listing, int) {
+	lister, err := runtimes.New(name)
+	if err != nil {
+		return nil, c.fail(2, err, cmd)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	listing, err := lister.List(ctx)
+	if err != nil {
+		return nil, c.fail(1, fmt.Errorf("cannot ask %s what it runs, so nothing is done on its account: %w", name, err), "")
+	}
+	return listing, 0
 }
 
 // checkConfDirs refuses a --conf-dir that is not a directory: a typo must

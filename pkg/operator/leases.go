@@ -30,6 +30,9 @@ type Row struct {
 	HeldBy *sysinfo.Holder `json:"heldBy,omitempty"`
 	// Rules lists NAT chains and jumps, for orphan-rules rows.
 	Rules []string `json:"rules,omitempty"`
+	// Runtime, with leases --runtime, is "listed" or "not listed": whether
+	// the runtime says it has the row's container.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // LeasesOutput is the whole `leases --json` document. As a LeasesSink it
@@ -156,6 +159,9 @@ func (t *LeasesTable) Row(r Row) {
 	if r.State == "orphan-rules" {
 		state = fmt.Sprintf("orphan-rules: %s", strings.Join(r.Rules, ", "))
 		ageText = "-"
+	}
+	if r.Runtime == "not listed" {
+		state += "; not listed by the runtime"
 	}
 	t.printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Network, r.IP, r.ContainerID, dash(r.IfName), dash(r.Netns), ageText, state)
 	if t.n++; t.n%tableBlock == 0 && t.err == nil {

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -141,4 +143,46 @@ func (r *Reconcile) Save() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Drift is leases --runtime: it marks each row listed or not listed by
+// the runtime (one way of drift), and at the end names the containers the
+// runtime lists that hold nothing on these networks (the other way: on
+// another network, or without a network, or their attachment was lost)
+// to Note, one line each.
+type Drift struct {
+	Sink    LeasesSink
+	Runtime string
+	Listing *runtimes.Listing
+	Note    io.Writer
+	seen    map[string]bool
+}
+
+func (d *Drift) Row(r Row) {
+	if d.seen == nil {
+		d.seen = map[string]bool{}
+	}
+	d.seen[r.ContainerID] = true
+	r.Runtime = "not listed"
+	if d.Listing.IDs[r.ContainerID] {
+		r.Runtime = "listed"
+	}
+	d.Sink.Row(r)
+}
+
+func (d *Drift) End(problems *Problems) error {
+	err := d.Sink.End(problems)
+	var only []string
+	for id := range d.Listing.IDs {
+		if !d.seen[id] {
+			only = append(only, id)
+		}
+	}
+	slices.Sort(only)
+	for _, id := range only {
+		if _, werr := fmt.Fprintf(d.Note, "listed by %s, holding nothing on these networks: %s\n", d.Runtime, id); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return err
 }

@@ -124,3 +124,32 @@ func writeRecord(t *testing.T, d ipamdir.Dir, cid, netns string, ino uint64, cre
 		t.Fatal(err)
 	}
 }
+
+// leases --runtime: each row says whether the runtime lists its
+// container; what it lists that holds nothing here is named after.
+func TestLeasesDriftBothWays(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	var rows []Row
+	var note bytes.Buffer
+	sink := &Drift{Sink: &rowCollector{rows: &rows}, Runtime: "nomad", Listing: &runtimes.Listing{IDs: map[string]bool{"web": true, "elsewhere": true}}, Note: &note}
+	if err := Leases(s, scopeOf(dataDir, []string{"nomad"}), sink); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		want := "not listed"
+		if r.ContainerID == "web" {
+			want = "listed"
+		}
+		if r.Runtime != want {
+			t.Errorf("row %s %s: runtime %q, want %q", r.ContainerID, r.IP, r.Runtime, want)
+		}
+	}
+	if note.String() != "listed by nomad, holding nothing on these networks: elsewhere\n" {
+		t.Errorf("note = %q", note.String())
+	}
+}
+
+type rowCollector struct{ rows *[]Row }
+
+func (c *rowCollector) Row(r Row)             { *c.rows = append(*c.rows, r) }
+func (c *rowCollector) End(p *Problems) error { return nil }

@@ -96,6 +96,35 @@ func TestGCRuntimePodman(t *testing.T) {
 		t.Logf("gc --runtime podman:\n%s%s", stdout.String(), stderr.String())
 		return stdout.String()
 	}
+	// leases --runtime podman: the running container is listed, the
+	// leaked ones are not.
+	{
+		cmd := exec.Command(e.operatorBin(), "leases", "--runtime", "podman", "--data-dir", e.tmpfs, "--network", n.name, "--json")
+		cmd.Env = e.environ()
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("leases --runtime podman: %v", err)
+		}
+		var doc struct {
+			Leases []struct {
+				ContainerID string `json:"containerID"`
+				Runtime     string `json:"runtime"`
+			} `json:"leases"`
+		}
+		if err := json.Unmarshal(out, &doc); err != nil {
+			t.Fatalf("leases --json: %v\n%s", err, out)
+		}
+		want := map[string]string{c.id: "listed", leakedID: "not listed", mountedID: "not listed"}
+		for _, r := range doc.Leases {
+			if want[r.ContainerID] != r.Runtime {
+				t.Errorf("leases --runtime: %s is %q, want %q", r.ContainerID, r.Runtime, want[r.ContainerID])
+			}
+			delete(want, r.ContainerID)
+		}
+		if len(want) > 0 {
+			t.Errorf("leases --runtime has no row of %v:\n%s", want, out)
+		}
+	}
 	if out := gc(); strings.Contains(out, "released") {
 		t.Fatalf("the first list released something:\n%s", out)
 	}
