@@ -50,7 +50,7 @@ namespace path was replaced or removed, but a process or mount still holds the
 namespace: kept, and a re-ADD is refused), unknown (no record).
 NAT rules (bridge ipMasq, portmap) that no lease or record holds are listed as
 orphan-rules. Sorted by network, then IP. Changes nothing. --runtime
-podman|nomad marks each row the runtime does not list ("not listed by the
+podman|nomad|cri marks each row the runtime does not list ("not listed by the
 runtime"; in JSON, "runtime": "listed" or "not listed"), then names the
 containers it lists that hold nothing on these networks (on stderr with
 --json).
@@ -79,9 +79,9 @@ a conflist in the runtimes' directories or in --conf-dir uses) keeps its
 rules. --all-data-dirs sweeps --data-dir and every dataDir that the
 host's conflists (and --conf-dir) give the plugin, one after the other; a
 data dir that does not exist holds nothing: what the packaged timer and boot
-sweep run. --runtime podman|nomad also asks the runtime what it runs (podman
-ps; the local Nomad agent's API at NOMAD_ADDR with NOMAD_TOKEN, as the nomad
-CLI): an attachment of a container it does not list is released once it is
+sweep run. --runtime podman|nomad|cri also asks the runtime what it runs
+(podman ps; the local Nomad agent's API at NOMAD_ADDR with NOMAD_TOKEN, as
+the nomad CLI; crictl pods, for containerd and CRI-O): an attachment of a container it does not list is released once it is
 older than --grace and was missing from a list taken at least --grace before
 (gc remembers each run's list), even while a leaked mount keeps its
 namespace alive (the mount is named; --remove-mounts unmounts it); never one a process still

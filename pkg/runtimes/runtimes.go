@@ -35,7 +35,7 @@ type Lister interface {
 }
 
 // Names are the runtimes gc --runtime knows.
-var Names = []string{"podman", "nomad"}
+var Names = []string{"podman", "nomad", "cri"}
 
 // New is the lister of a runtime, configured from the environment the way
 // the runtime's own CLI is (NOMAD_ADDR, NOMAD_TOKEN).
@@ -50,7 +50,7 @@ func New(name string) (Lister, error) {
 		}
 		return &Nomad{Addr: strings.TrimRight(addr, "/"), Token: os.Getenv("NOMAD_TOKEN"), Client: &http.Client{Timeout: 10 * time.Second}}, nil
 	case "cri":
-		return nil, errors.New(`runtime "cri" is not supported yet (containerd and CRI-O send CHECK and GC themselves): use "podman" or "nomad"`)
+		return &CRI{Command: "crictl"}, nil
 	}
 	return nil, fmt.Errorf("unknown runtime %q: one of %s", name, strings.Join(Names, ", "))
 }
@@ -81,6 +81,38 @@ func (p *Podman) List(ctx context.Context) (*Listing, error) {
 		default: // created, initialized, running, paused, stopping, unknown
 			l.IDs[id] = true
 		}
+	}
+	return l, nil
+}
+
+// CRI lists the pod sandboxes of a CRI runtime (containerd, CRI-O) through
+// crictl, which reads its endpoint as it always does (CONTAINER_RUNTIME_ENDPOINT,
+// /etc/crictl.yaml): a CRI client linked into the plugin would cost every
+// CNI verb its start-up. The sandbox ID is the container ID the runtime
+// gives CNI; a sandbox that is not ready has had its network torn down, or
+// should have: it is not listed.
+type CRI struct{ Command string }
+
+func (c *CRI) Name() string { return "cri" }
+
+func (c *CRI) List(ctx context.Context) (*Listing, error) {
+	cmd := exec.CommandContext(ctx, c.Command, "pods", "--state", "ready", "--quiet", "--no-trunc")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("crictl pods: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	l := &Listing{IDs: map[string]bool{}}
+	for line := range strings.Lines(string(out)) {
+		id := strings.TrimSpace(line)
+		if id == "" {
+			continue
+		}
+		if strings.ContainsAny(id, " \t") {
+			return nil, fmt.Errorf("crictl pods printed %q, not a sandbox ID", id)
+		}
+		l.IDs[id] = true
 	}
 	return l, nil
 }

@@ -84,8 +84,29 @@ func TestPodmanListsWhatIsNotExited(t *testing.T) {
 	}
 }
 
+// The CRI lister reads crictl's ready sandboxes; a failing crictl (no
+// endpoint) is an error.
+func TestCRIListsReadySandboxes(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "crictl")
+	script := "#!/bin/sh\n[ \"$*\" = 'pods --state ready --quiet --no-trunc' ] || exit 3\nprintf '%s\\n' 0f1e2d3c4b5a 9a8b7c6d5e4f\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := (&CRI{Command: fake}).List(context.Background())
+	if err != nil || len(got.IDs) != 2 || !got.IDs["0f1e2d3c4b5a"] || !got.IDs["9a8b7c6d5e4f"] {
+		t.Errorf("listed %v, %v", got, err)
+	}
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'connect: no such file' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&CRI{Command: fake}).List(context.Background()); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Errorf("a failing crictl: %v", err)
+	}
+}
+
 func TestNewRefusesWhatItCannotAsk(t *testing.T) {
-	for _, name := range []string{"cri", "docker", ""} {
+	for _, name := range []string{"docker", ""} {
 		if _, err := New(name); err == nil {
 			t.Errorf("New(%q) succeeded", name)
 		}
