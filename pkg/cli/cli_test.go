@@ -117,24 +117,8 @@ func fakeNATCLI() (*cli, *bytes.Buffer, *bytes.Buffer) {
 // that does not exist (the tmpfs one, early at boot) is no failure.
 func TestGCAllDataDirsSweepsEveryDataDirTheConflistsUse(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "not-yet")
-	persistent := t.TempDir()
-	confDir := t.TempDir()
-	conf := `{"cniVersion":"1.0.0","name":"pers","plugins":[{"type":"nomad-bridge-cni","bridge":"nbcpers0","dataDir":"` + persistent +
-		`","ipam":{"type":"host-local","ranges":[[{"subnet":"10.99.0.0/24"}]]}}]}`
-	if err := os.WriteFile(filepath.Join(confDir, "10-pers.conflist"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	lease := filepath.Join(persistent, "pers", "10.99.0.5")
-	if err := os.MkdirAll(filepath.Dir(lease), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-	if err := os.Chtimes(lease, old, old); err != nil {
-		t.Fatal(err)
-	}
+	persistent, confDir := t.TempDir(), t.TempDir()
+	lease := networkWithOldLease(t, confDir, persistent, "pers", "10.99.0.5")
 
 	c, stdout, stderr := fakeNATCLI()
 	code := c.run([]string{"gc", "--all-data-dirs", "--data-dir", missing, "--conf-dir", confDir})
@@ -203,22 +187,7 @@ func TestMissingConfDirIsAUsageError(t *testing.T) {
 // as printed, it releases them.
 func TestDoctorsGCFixCanBePasted(t *testing.T) {
 	dataDir, confDir, bin := filepath.Join(t.TempDir(), "data dir"), t.TempDir(), t.TempDir()
-	conf := `{"cniVersion":"1.0.0","name":"web","plugins":[{"type":"nomad-bridge-cni","bridge":"nbcweb0","dataDir":"` + dataDir +
-		`","ipam":{"type":"host-local","ranges":[[{"subnet":"10.98.0.0/24"}]]}}]}`
-	if err := os.WriteFile(filepath.Join(confDir, "10-web.conflist"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	lease := filepath.Join(dataDir, "web", "10.98.0.7")
-	if err := os.MkdirAll(filepath.Dir(lease), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-	if err := os.Chtimes(lease, old, old); err != nil {
-		t.Fatal(err)
-	}
+	networkWithOldLease(t, confDir, dataDir, "web", "10.98.0.7")
 	c, stdout, _ := fakeNATCLI()
 	c.run([]string{"doctor", "--conf-dir", confDir, "--cni-path", bin})
 	var fix string
@@ -239,4 +208,29 @@ func TestDoctorsGCFixCanBePasted(t *testing.T) {
 	if code := c.run(append([]string{"gc"}, args...)); code != 0 || !strings.Contains(stdout.String(), "released web c1/eth0 10.98.0.7") {
 		t.Errorf("pasted %q: exit %d\n%s%s", cmd, code, stdout, stderr)
 	}
+}
+
+// networkWithOldLease writes a conflist of the plugin for network, its
+// dataDir dataDir and a /24 around ip, and a lease of container c1 at ip
+// written before this boot (a sweep releases it); it returns the lease.
+func networkWithOldLease(t *testing.T, confDir, dataDir, network, ip string) string {
+	t.Helper()
+	subnet := ip[:strings.LastIndex(ip, ".")] + ".0/24"
+	conf := `{"cniVersion":"1.0.0","name":"` + network + `","plugins":[{"type":"nomad-bridge-cni","bridge":"nbc` + network + `0","dataDir":"` + dataDir +
+		`","ipam":{"type":"host-local","ranges":[[{"subnet":"` + subnet + `"}]]}}]}`
+	if err := os.WriteFile(filepath.Join(confDir, "10-"+network+".conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(dataDir, network, ip)
+	if err := os.MkdirAll(filepath.Dir(lease), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(lease, old, old); err != nil {
+		t.Fatal(err)
+	}
+	return lease
 }

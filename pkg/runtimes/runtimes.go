@@ -63,18 +63,15 @@ type Podman struct{ Command string }
 func (p *Podman) Name() string { return "podman" }
 
 func (p *Podman) List(ctx context.Context) (*Listing, error) {
-	cmd := exec.CommandContext(ctx, p.Command, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.State}}")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	lines, err := outputLines(ctx, p.Command, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.State}}")
 	if err != nil {
-		return nil, fmt.Errorf("podman ps: %w: %s", err, strings.TrimSpace(stderr.String()))
+		return nil, err
 	}
 	l := &Listing{IDs: map[string]bool{}}
-	for line := range strings.Lines(string(out)) {
-		id, state, ok := strings.Cut(strings.TrimSpace(line), " ")
+	for _, line := range lines {
+		id, state, ok := strings.Cut(line, " ")
 		if !ok || id == "" {
-			return nil, fmt.Errorf("podman ps printed %q, not \"<id> <state>\"", strings.TrimSpace(line))
+			return nil, fmt.Errorf("podman ps printed %q, not \"<id> <state>\"", line)
 		}
 		switch strings.ToLower(state) {
 		case "exited", "stopped", "dead", "removing":
@@ -96,25 +93,37 @@ type CRI struct{ Command string }
 func (c *CRI) Name() string { return "cri" }
 
 func (c *CRI) List(ctx context.Context) (*Listing, error) {
-	cmd := exec.CommandContext(ctx, c.Command, "pods", "--state", "ready", "--quiet", "--no-trunc")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	lines, err := outputLines(ctx, c.Command, "pods", "--state", "ready", "--quiet", "--no-trunc")
 	if err != nil {
-		return nil, fmt.Errorf("crictl pods: %w: %s", err, strings.TrimSpace(stderr.String()))
+		return nil, err
 	}
 	l := &Listing{IDs: map[string]bool{}}
-	for line := range strings.Lines(string(out)) {
-		id := strings.TrimSpace(line)
-		if id == "" {
-			continue
-		}
+	for _, id := range lines {
 		if strings.ContainsAny(id, " \t") {
 			return nil, fmt.Errorf("crictl pods printed %q, not a sandbox ID", id)
 		}
 		l.IDs[id] = true
 	}
 	return l, nil
+}
+
+// outputLines runs a runtime's CLI and returns the lines it printed, blank
+// ones left out; a failure carries what it said on stderr.
+func outputLines(ctx context.Context, command string, args ...string) ([]string, error) {
+	cmd := exec.CommandContext(ctx, command, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", command, args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	var lines []string
+	for line := range strings.Lines(string(out)) {
+		if line = strings.TrimSpace(line); line != "" {
+			lines = append(lines, line)
+		}
+	}
+	return lines, nil
 }
 
 // Nomad lists the allocations the local agent's node runs, through its

@@ -320,6 +320,13 @@ tree_state() { # dir: every entry (type, mode, size) and every file's sha256
 	(cd "$1" && find . -printf '%p %y %m %s\n' | sort && find . -type f -exec sha256sum {} + | sort -k2) 2>&1
 }
 
+persistent_conflist() { # name, bridge, subnet, dataDir, file: Nomad's chain with the plugin's dataDir there
+	jq --arg name "$1" --arg br "$2" --arg subnet "$3" --arg dd "$4" '
+		.name = $name
+		| .plugins |= map(if .type == "nomad-bridge-cni"
+			then (.bridge = $br | .dataDir = $dd | .ipam.ranges = [[{subnet: $subnet}]])
+			else . end)' "$SHARE/nomad.conflist" >"$5" || fatal "cannot write the $1 conflist"
+}
 setup_host() { # plugins at Nomad's cni_path, conflists at its cni_config_dir
 	mkdir -p "$CNI_PATH" "$NETCONFPATH"
 	local p
@@ -341,20 +348,10 @@ setup_host() { # plugins at Nomad's cni_path, conflists at its cni_config_dir
 	indent <"$NETCONFPATH/20-$CTL_NET.conflist"
 	# The GC steps' network: Nomad's chain with our plugin, its own name, bridge and
 	# subnet, and the plugin's dataDir on the persistent disk.
-	jq --arg name "$P_NET" --arg br "$P_BRIDGE" --arg subnet "$P_SUBNET" --arg dd "$P_DATA_DIR" '
-		.name = $name
-		| .plugins |= map(if .type == "nomad-bridge-cni"
-			then (.bridge = $br | .dataDir = $dd | .ipam.ranges = [[{subnet: $subnet}]])
-			else . end)' "$SHARE/nomad.conflist" >"$NETCONFPATH/30-$P_NET.conflist" ||
-		fatal "cannot write the $P_NET conflist"
+	persistent_conflist "$P_NET" "$P_BRIDGE" "$P_SUBNET" "$P_DATA_DIR" "$NETCONFPATH/30-$P_NET.conflist"
 	echo "    $NETCONFPATH/30-$P_NET.conflist (the plugin's part):"
 	jq '.plugins[] | select(.type == "nomad-bridge-cni")' "$NETCONFPATH/30-$P_NET.conflist" | indent
-	jq --arg name "$B_NET" --arg br "$B_BRIDGE" --arg subnet "$B_SUBNET" --arg dd "$B_DATA_DIR" '
-		.name = $name
-		| .plugins |= map(if .type == "nomad-bridge-cni"
-			then (.bridge = $br | .dataDir = $dd | .ipam.ranges = [[{subnet: $subnet}]])
-			else . end)' "$SHARE/nomad.conflist" >"$NETCONFPATH/40-$B_NET.conflist" ||
-		fatal "cannot write the $B_NET conflist"
+	persistent_conflist "$B_NET" "$B_BRIDGE" "$B_SUBNET" "$B_DATA_DIR" "$NETCONFPATH/40-$B_NET.conflist"
 	run 5 "$CNI_PATH/nomad-bridge-cni" # the version line Nomad fingerprints
 }
 
