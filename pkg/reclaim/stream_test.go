@@ -3,11 +3,13 @@ package reclaim
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -229,5 +231,34 @@ func TestPrefetchedNamespaceIsTakenOnce(t *testing.T) {
 	}
 	if len(j.prefetched) != 0 {
 		t.Errorf("%d lookups left", len(j.prefetched))
+	}
+}
+
+// An owned network's rules are listed from the start of its sweep, while
+// its records are read. An ADD whose last process added the container's
+// NAT rules after that listing, and then let go of the record's lock (so
+// that the attachment is judged stale), left rules the early listing does
+// not have: the release must list again after the verdict, and take them.
+// (Seen as "CHAIN_DEL failed (Device or resource busy)" with real
+// iptables: a jump the listing missed.)
+func TestReleaseListsTheRulesAgainAfterTheVerdict(t *testing.T) {
+	w := newWorld(t)
+	if err := os.MkdirAll(w.dir().Records(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(w.dir().Marker(ipamdir.OwnedMarker), []byte(net1+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.container("late", "10.0.0.9")
+	delete(w.host.Namespaces, "/run/netns/late")
+	listed := make(chan struct{}, 4)
+	w.nat.OnList = func() { listed <- struct{}{} }
+	w.host.OnHolderScan = func() {
+		<-listed // the early listing is made: the rules come after it
+		w.nat.AddContainer(net1, "late", "10.0.0.9", 8080)
+	}
+	rep := w.sweep(Request{})
+	if len(rep.Releases) != 1 || w.nat.Owns(net1, "late") {
+		t.Errorf("releases %v; rules of late left: %v", rep.Releases, w.nat.Owns(net1, "late"))
 	}
 }

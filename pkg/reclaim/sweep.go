@@ -195,8 +195,10 @@ type sweep struct {
 	rules                 []netfilter.Rules
 	owners                []ownerSets
 	natListed, natUnknown bool
-	// listing is the listing under way or made (startListing).
-	listing *natListing
+	// listing is the listing under way or made (startListing); relisted:
+	// a listing was started after the first stale verdict.
+	listing  *natListing
+	relisted bool
 	// natWait holds the stale attachments whose rules a shared owner
 	// holds (a container's iptables rules), released at the end, once it
 	// is known whether any attachment of it is left that is not stale;
@@ -373,7 +375,7 @@ func (w *sweep) judged(a *Attachment) {
 		w.each(a.Key, w.shared, func(i int, owner string) { w.owners[i].alive.add(owner) })
 		return
 	}
-	if w.listNAT(); w.natUnknown {
+	if w.listNATForRelease(); w.natUnknown {
 		return // kept whole for the next sweep; the listing's error is reported
 	}
 	w.causes[a.Verdict.Cause]++

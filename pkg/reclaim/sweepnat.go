@@ -82,6 +82,29 @@ func (w *sweep) listNAT() {
 	}
 }
 
+// listNATForRelease is listNAT for the release of a stale attachment. Its
+// verdict proved that nothing of its ADD still runs (no process holds the
+// record's lock); a listing started before that may miss rules the ADD's
+// last process made just before it let go. So the release takes a listing
+// started after its first stale verdict: the one under way (the owned
+// network's, from the start) is taken in, then made again. It serves the
+// orphans too: the records are still read again after it.
+func (w *sweep) listNATForRelease() {
+	if w.relisted {
+		return
+	}
+	w.relisted = true
+	if w.listing == nil {
+		w.listNAT() // started now, after the verdict
+		return
+	}
+	if w.listNAT(); w.natUnknown {
+		return
+	}
+	w.listing, w.natListed = nil, false
+	w.listNAT()
+}
+
 // waitNAT takes in a listing under way, if any: what is judged from here
 // on may need it.
 func (w *sweep) waitNAT() {

@@ -18,6 +18,8 @@ import (
 type Table struct {
 	Chains map[string][]string // chain -> "-A chain ..." lines
 	Calls  []string
+	// OnList, when set, runs after each listing, with its output made.
+	OnList func()
 }
 
 var _ netfilter.Table = (*Table)(nil)
@@ -58,6 +60,9 @@ func (f *Table) ListNAT() ([]string, error) {
 		if !builtin[ch] {
 			out = append(out, f.Chains[ch]...)
 		}
+	}
+	if f.OnList != nil {
+		f.OnList()
 	}
 	return out, nil
 }

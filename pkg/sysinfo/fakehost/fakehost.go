@@ -35,8 +35,10 @@ type Host struct {
 	// HolderErrs makes confirming a holder of that namespace fail: the
 	// namespace cannot be entered.
 	HolderErrs map[sysinfo.NetnsID]error
-	// HolderScans counts NetnsHolders calls.
-	HolderScans int
+	// HolderScans counts NetnsHolders calls; OnHolderScan, when set, runs
+	// at each.
+	HolderScans  int
+	OnHolderScan func()
 	// LockHolders maps a path to the pids that have it open; KillLockHolders
 	// kills them (OnKill runs with the path, then they are gone) and
 	// records them in Killed.
@@ -93,6 +95,9 @@ func (h *Host) ProcessStart(pid int) (uint64, bool) {
 
 func (h *Host) NetnsHolders() (sysinfo.Holders, error) {
 	h.HolderScans++
+	if h.OnHolderScan != nil {
+		h.OnHolderScan()
+	}
 	return h.Holders, nil
 }
 
