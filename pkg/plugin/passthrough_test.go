@@ -88,3 +88,38 @@ func TestOwnNamespaceRefusedByEveryVerb(t *testing.T) {
 		}
 	}
 }
+
+// Installed as bridge and called by the plugin itself (its environment
+// says so), a host-local entry the copy would manage otherwise is passed
+// to the next bridge as it came: the caller manages the network, and a
+// second wrap would keep a second set of records. The plugin sets the
+// mark for its own delegates, and only while it runs.
+func TestCalledByThePluginItActsAsTheDelegate(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	stdin := []byte(`{"cniVersion":"1.0.0","name":"nomad","type":"bridge","bridge":"nomad","ipam":{"type":"host-local","subnet":"172.26.64.0/20","dataDir":"` + h.dataDir + `"}}`)
+	t.Setenv(EnvDelegating, "1")
+	if err := h.plugin.Add(h.args(stdin)); err != nil {
+		t.Fatal(err)
+	}
+	if call := h.exec.only(t); call.Stdin != string(stdin) {
+		t.Errorf("bridge got %s, want the entry as it came", call.Stdin)
+	}
+	if _, err := os.Stat(h.dataDir); !os.IsNotExist(err) {
+		t.Errorf("the stand-in wrote state: %s (%v)", h.dataDir, err)
+	}
+
+	// As "nomad-bridge-cni" it manages the network, marking its delegates.
+	os.Unsetenv(EnvDelegating)
+	h2 := newHarness(t, "bridge")
+	h2.exec.reply["bridge ADD"] = bridgeResult100
+	if err := h2.plugin.Add(h2.args(h2.conf("1.0.0", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if call := h2.exec.only(t); call.Env[EnvDelegating] != "1" {
+		t.Errorf("the delegate's environment lacks %s: %v", EnvDelegating, call.Env)
+	}
+	if _, had := os.LookupEnv(EnvDelegating); had {
+		t.Errorf("%s outlived the verb", EnvDelegating)
+	}
+}

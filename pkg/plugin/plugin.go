@@ -83,8 +83,17 @@ func (p *Plugin) run(name string, args *skel.CmdArgs, v verb) error {
 		if err := p.refuseOwnNamespace(args.Netns); err != nil {
 			return err
 		}
-		if conf.Passthrough {
+		if conf.Passthrough || (conf.Type == conf.Delegate && os.Getenv(EnvDelegating) != "") {
+			// Installed under its delegate's name and called by the
+			// plugin itself (both install modes on one host): the
+			// caller does the work, this copy is the delegate's stand-in.
 			return p.passThrough(name, conf, args.StdinData)
+		}
+		if prev, had := os.LookupEnv(EnvDelegating); !had {
+			os.Setenv(EnvDelegating, "1")
+			defer os.Unsetenv(EnvDelegating)
+		} else {
+			defer os.Setenv(EnvDelegating, prev)
 		}
 		return v(args, conf)
 	}
@@ -121,6 +130,14 @@ func (p *Plugin) runLogged(name string, args *skel.CmdArgs, conf *netconf.Config
 	}
 	return verr
 }
+
+// EnvDelegating is set in the environment of the plugin's delegates: a
+// copy of the plugin installed as its delegate ("bridge") that the
+// delegate lookup finds (the front copy's directory first in CNI_PATH,
+// while a conflist names "nomad-bridge-cni") then passes its entry to the
+// next delegate of that name as it came, instead of managing the network
+// a second time.
+const EnvDelegating = "NOMAD_BRIDGE_CNI_DELEGATING"
 
 // teeTo writes to w (when set) and to log.
 func teeTo(w, log io.Writer) io.Writer {

@@ -244,3 +244,41 @@ func TestInstalledAsBridgePassesOtherIPAMThrough(t *testing.T) {
 		t.Fatalf("ADD with no other bridge in CNI_PATH = %v, want the loop refused", err)
 	}
 }
+
+// Both install modes on one host: with the front copy first in CNI_PATH, a
+// one-word conflist's delegate "bridge" is the front copy. It must act as
+// the reference bridge it stands in front of (the plugin calling it is
+// doing the work), not wrap the network a second time: one lease, one
+// record, both in the conflist's dataDir, nothing under the front copy's
+// default dataDir, and DEL leaves nothing.
+func TestOneWordConflistBehindTheFrontCopy(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	front := e.frontDir(t)
+	conf := e.reclaimConf(t, "nomad.conflist")
+	e.writeConflist(t, conf)
+	ns := e.addNetns(t, "both")
+	path := "CNI_PATH=" + front + ":" + e.bin
+	stdout, stderr, err := e.cnitoolEnv("add", ns, path)
+	if err != nil {
+		t.Fatalf("ADD: %v\n%s", err, stderr)
+	}
+	p, gw := parseResult(t, stdout).addrIn(t, e.subnet4)
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{p.Addr(): leaseContent(ns.cid)})
+	e.assertRecord(t, ns, p.Addr())
+	ping(t, ns, gw)
+	for _, dir := range []string{filepath.Join(pluginDefaultDataDir, e.netName), filepath.Join(pluginDefaultDataDir, recordDirName, e.netName)} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("the front copy wrapped the network again: %s exists (%v)", dir, err)
+		}
+	}
+	if _, stderr, err := e.cnitoolEnv("check", ns, path); err != nil {
+		t.Fatalf("CHECK: %v\n%s", err, stderr)
+	}
+	if _, stderr, err := e.cnitoolEnv("del", ns, path); err != nil {
+		t.Fatalf("DEL: %v\n%s", err, stderr)
+	}
+	assertLeases(t, e.leaseDir(), nil)
+	e.assertNoRecord(t, ns.cid)
+	e.assertNetworkNATEmpty(t)
+}
