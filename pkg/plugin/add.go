@@ -97,7 +97,9 @@ func beginAddError(err error) error {
 	case errors.Is(err, reclaim.ErrRecordWrite):
 		code = types.ErrIOFailure
 	}
-	return types.NewError(code, refused.Msg, refused.Detail)
+	// Installed as bridge, the runtime's event says "plugin type=bridge
+	// failed": the message says first who refused.
+	return types.NewError(code, "nomad-bridge-cni refused the ADD: "+refused.Msg, refused.Detail)
 }
 
 // maxKeyLength bounds containerID + ifname: the record's file name

@@ -431,6 +431,10 @@ func TestBeginAddErrorsKeepTheirCNICode(t *testing.T) {
 			t.Errorf("beginAddError(%v) = %v, want code %d", tc.err, err, tc.code)
 		} else if cniErr.Msg == "" || cniErr.Details == "" {
 			t.Errorf("beginAddError(%v) lost the message or detail: %+v", tc.err, cniErr)
+		} else if _, refusal := tc.err.(*reclaim.AddError); refusal && !strings.HasPrefix(cniErr.Msg, "nomad-bridge-cni refused the ADD: ") {
+			// Installed as bridge, the runtime names "bridge": the
+			// message's first words say who refused.
+			t.Errorf("a refusal does not lead with the plugin's name: %q", cniErr.Msg)
 		}
 	}
 }

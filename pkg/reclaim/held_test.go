@@ -133,7 +133,7 @@ func TestReAddIsRefusedWhileTheOldNamespaceIsHeld(t *testing.T) {
 	if !errors.Is(err, ErrStillAttached) {
 		t.Fatalf("re-ADD with the old namespace held = %v, want ErrStillAttached", err)
 	}
-	for _, want := range []string{"c1/eth0 is still attached to " + net1, "net:[" + itoa(id.Ino) + "]", "pid 20420 (python3)", "stop that container, then DEL"} {
+	for _, want := range []string{"c1/eth0 is still attached to " + net1, "net:[" + itoa(id.Ino) + "]", "pid 20420 (python3)", "Nothing to do by hand: the runtime stops the container and sends DEL"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

@@ -93,7 +93,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 				if err == nil {
 					t.Fatalf("re-ADD %d while pid %d holds the old namespace succeeded:\n%s", try+1, task.pid, out)
 				}
-				for _, want := range []string{fmt.Sprintf("held by pid %d (sleep)", task.pid), fmt.Sprintf("net:[%d]", oldIno), "stop that container, then DEL"} {
+				for _, want := range []string{fmt.Sprintf("held by pid %d (sleep)", task.pid), fmt.Sprintf("net:[%d]", oldIno), "nomad-bridge-cni refused the ADD: ", "Nothing to do by hand: the runtime stops the container and sends DEL"} {
 					if !strings.Contains(err.Error(), want) {
 						t.Errorf("re-ADD error does not say %q: %v", want, err)
 					}
