@@ -80,8 +80,8 @@ rules. --all-data-dirs sweeps --data-dir and every dataDir that the
 host's conflists (and --conf-dir) give the plugin, one after the other; a
 data dir that does not exist holds nothing: what the packaged timer and boot
 sweep run. --runtime podman|nomad|cri also asks the runtime what it runs
-(podman ps; the local Nomad agent's API at NOMAD_ADDR with NOMAD_TOKEN, as
-the nomad CLI; crictl pods, for containerd and CRI-O): an attachment of a container it does not list is released once it is
+(podman ps; the local Nomad agent's API through nomad operator api, which
+reads NOMAD_ADDR and NOMAD_TOKEN; crictl pods, for containerd and CRI-O): an attachment of a container it does not list is released once it is
 older than --grace and was missing from a list taken at least --grace before
 (gc remembers each run's list), even while a leaked mount keeps its
 namespace alive (the mount is named; --remove-mounts unmounts it); never one a process still

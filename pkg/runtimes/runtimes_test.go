@@ -2,45 +2,43 @@ package runtimes
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// The Nomad lister asks the local agent as the nomad CLI does, with its
-// token: the node's pending and running allocations are listed, the
-// others not; an error status is an error, never an empty list.
+// The Nomad lister asks the local agent through the nomad CLI (which
+// reads NOMAD_ADDR, NOMAD_TOKEN and TLS as it always does), here a
+// stand-in answering with recorded API responses: the node's pending and
+// running allocations are listed, the others not; an error of the CLI (a
+// refused token, no agent) is an error, never an empty list.
 func TestNomadListsTheNodesLiveAllocations(t *testing.T) {
 	const node = "f7b9a5e2-1c3d-4e5f-8a9b-0c1d2e3f4a5b"
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Nomad-Token") != "secret" {
-			http.Error(w, "Permission denied", http.StatusForbidden)
-			return
+	dir := t.TempDir()
+	// Recorded from a Nomad client agent (trimmed).
+	self := `{"config":{"Client":{"Enabled":true}},"member":{"Name":"nbc"},"stats":{"client":{"node_id":"` + node + `","known_servers":"127.0.0.1:4647","num_allocations":"4"},"nomad":{"server":"true"}}}`
+	allocs := `[{"ID":"0dc525f4-c491-7e25-a67d-0121069ad55e","ClientStatus":"running","DesiredStatus":"run"},
+ {"ID":"7f3b9a2e-51c4-4d0b-9e1a-2c6d8f4e0b17","ClientStatus":"pending","DesiredStatus":"run"},
+ {"ID":"c0a1c0a1-0000-4000-8000-00000000c0de","ClientStatus":"complete","DesiredStatus":"stop"},
+ {"ID":"5e1f0c2d-6a7b-4c8d-9e0f-1a2b3c4d5e61","ClientStatus":"lost","DesiredStatus":"stop"}]`
+	for name, body := range map[string]string{"self.json": self, "allocs.json": allocs} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		switch r.URL.Path {
-		case "/v1/agent/self":
-			// Recorded from a Nomad 1.10 client agent (trimmed).
-			w.Write([]byte(`{"config":{"Client":{"Enabled":true}},"member":{"Name":"nbc"},"stats":{"client":{"node_id":"` + node + `","known_servers":"127.0.0.1:4647","num_allocations":"3"},"nomad":{"server":"true"}}}`))
-		case "/v1/node/" + node + "/allocations":
-			w.Write([]byte(`[{"ID":"0dc525f4-c491-7e25-a67d-0121069ad55e","ClientStatus":"running","DesiredStatus":"run"},
-				{"ID":"7f3b9a2e-51c4-4d0b-9e1a-2c6d8f4e0b17","ClientStatus":"pending","DesiredStatus":"run"},
-				{"ID":"c0a1c0a1-0000-4000-8000-00000000c0de","ClientStatus":"complete","DesiredStatus":"stop"},
-				{"ID":"5e1f0c2d-6a7b-4c8d-9e0f-1a2b3c4d5e61","ClientStatus":"lost","DesiredStatus":"stop"}]`))
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	defer srv.Close()
-	t.Setenv("NOMAD_ADDR", srv.URL+"/")
-	t.Setenv("NOMAD_TOKEN", "secret")
-	l, err := New("nomad")
-	if err != nil {
+	}
+	fake := filepath.Join(dir, "nomad")
+	script := "#!/bin/sh\n" +
+		"[ \"$NOMAD_TOKEN\" = secret ] || { echo 'Error: Unexpected response code: 403 (Permission denied)' >&2; exit 1; }\n" +
+		"case \"$*\" in\n" +
+		"'operator api /v1/agent/self') cat " + filepath.Join(dir, "self.json") + " ;;\n" +
+		"'operator api /v1/node/" + node + "/allocations') cat " + filepath.Join(dir, "allocs.json") + " ;;\n" +
+		"*) echo \"unexpected: $*\" >&2; exit 2 ;;\nesac\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	got, err := l.List(context.Background())
+	t.Setenv("NOMAD_TOKEN", "secret")
+	got, err := (&Nomad{Command: fake}).List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,13 +47,14 @@ func TestNomadListsTheNodesLiveAllocations(t *testing.T) {
 	}
 
 	t.Setenv("NOMAD_TOKEN", "wrong")
-	l, _ = New("nomad")
-	if _, err := l.List(context.Background()); err == nil || !strings.Contains(err.Error(), "403") {
+	if _, err := (&Nomad{Command: fake}).List(context.Background()); err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("with a wrong token: %v, want the 403", err)
 	}
-	srv.Close()
-	if _, err := l.List(context.Background()); err == nil {
-		t.Error("an unreachable agent listed nothing without an error")
+	if _, err := (&Nomad{Command: filepath.Join(dir, "no-nomad")}).List(context.Background()); err == nil {
+		t.Error("no nomad CLI listed nothing without an error")
+	}
+	if l, err := New("nomad"); err != nil || l.(*Nomad).Command != "nomad" {
+		t.Errorf("New(nomad) = %v, %v", l, err)
 	}
 }
 
