@@ -89,11 +89,9 @@ func (p *Plugin) run(name string, args *skel.CmdArgs, v verb) error {
 			// caller does the work, this copy is the delegate's stand-in.
 			return p.passThrough(name, conf, args.StdinData)
 		}
-		if prev, had := os.LookupEnv(EnvDelegating); !had {
+		if _, had := os.LookupEnv(EnvDelegating); !had {
 			os.Setenv(EnvDelegating, "1")
 			defer os.Unsetenv(EnvDelegating)
-		} else {
-			defer os.Setenv(EnvDelegating, prev)
 		}
 		return v(args, conf)
 	}

@@ -54,6 +54,8 @@ type leaseDir struct {
 	// directory again. remove keeps it current; nothing else writes the
 	// directory while the caller holds host-local's lock.
 	listed *leaseListing
+	// unlistable: the listing failed once; holds asks each file instead.
+	unlistable bool
 }
 
 // leaseListing is a lease directory's entries: the addresses of its
@@ -103,8 +105,9 @@ func (d *leaseDir) holds(ip net.IP) bool {
 	if d == nil {
 		return false
 	}
-	if d.listed == nil {
+	if d.listed == nil && !d.unlistable {
 		d.listed = d.list()
+		d.unlistable = d.listed == nil
 	}
 	if d.listed != nil {
 		_, ok := d.listed.regular[ip16(ip)]

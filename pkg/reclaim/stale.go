@@ -207,11 +207,12 @@ func (j *judge) orUnlisted(a *Attachment, v Verdict) Verdict {
 	if !release {
 		return v
 	}
+	stale := Verdict{State: Stale, Reason: reason, Cause: CauseRuntimeUnlisted}
 	if v.State == Detached {
-		reason += fmt.Sprintf("; its namespace is still held by mount %s", v.Holder.Mount)
-		return Verdict{State: Stale, Reason: reason, Cause: CauseRuntimeUnlisted, Holder: v.Holder}
+		stale.Reason += fmt.Sprintf("; its namespace is still held by mount %s", v.Holder.Mount)
+		stale.Holder = v.Holder
 	}
-	return Verdict{State: Stale, Reason: reason, Cause: CauseRuntimeUnlisted}
+	return stale
 }
 
 // verdictOfDeadADD is verdict for an attachment no ADD is running for.

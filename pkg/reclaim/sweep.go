@@ -55,8 +55,8 @@ type Request struct {
 	// foreign file) instead of Report.Problems, which then stays empty.
 	Problem func(error)
 	// Unlisted, when set, is asked about each attachment the rules keep
-	// (live, detached by a mount, unknown), never about a pending ADD's
-	// or one a process still holds: release reports whether the runtime
+	// live or detached by a mount only, never about a pending ADD's, an
+	// unknown one, or one a process still holds: release reports whether the runtime
 	// proved it gone (gc --runtime: not listed, past the grace), and
 	// reason says why.
 	Unlisted func(a *Attachment) (reason string, release bool)

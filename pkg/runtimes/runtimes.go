@@ -34,8 +34,9 @@ type Lister interface {
 // Names are the runtimes gc --runtime knows.
 var Names = []string{"podman", "nomad", "cri"}
 
-// New is the lister of a runtime, configured from the environment the way
-// the runtime's own CLI is (NOMAD_ADDR, NOMAD_TOKEN).
+// New is the lister of a runtime: its own CLI, which reads its settings
+// from the environment as it always does (NOMAD_ADDR, NOMAD_TOKEN,
+// CONTAINER_RUNTIME_ENDPOINT, podman's containers.conf).
 func New(name string) (Lister, error) {
 	switch name {
 	case "podman":
