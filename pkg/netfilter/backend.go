@@ -55,6 +55,36 @@ func (c *Cleaner) Backends() []Backend {
 	return []Backend{iptablesBackend{c}, c.NFTables}
 }
 
+// Prober is a backend that can name a network's owners of rules for less
+// than List costs, without what Release needs: a sweep that finds no owner
+// to release needs no more; one that does lists.
+type Prober interface {
+	// Probe names the owners List(network).Owners() would; ErrNoProbe
+	// when this host's rules cannot be probed (List them).
+	Probe(network string) ([]RuleOwner, error)
+}
+
+func (b iptablesBackend) Probe(network string) ([]RuleOwner, error) {
+	probe := b.c.Probe
+	if b.c.ProbeFunc != nil {
+		probe = b.c.ProbeFunc
+	}
+	cids, err := probe(network)
+	if err != nil {
+		return nil, err
+	}
+	return containerOwners(cids), nil
+}
+
+// containerOwners are iptables owners: container IDs.
+func containerOwners(cids []string) []RuleOwner {
+	out := make([]RuleOwner, len(cids))
+	for i, cid := range cids {
+		out[i] = RuleOwner{Owner: cid, ContainerID: cid}
+	}
+	return out
+}
+
 // teardowner is a backend that releases one owner's rules without a prior
 // listing, cheaper than List and Release (nftables).
 type teardowner interface {
@@ -134,14 +164,7 @@ type iptablesRules struct {
 
 func (r iptablesRules) Owned(owner string) []string { return r.snap.Owned(owner) }
 
-func (r iptablesRules) Owners() []RuleOwner {
-	cids := r.snap.Containers()
-	out := make([]RuleOwner, len(cids))
-	for i, cid := range cids {
-		out[i] = RuleOwner{Owner: cid, ContainerID: cid}
-	}
-	return out
-}
+func (r iptablesRules) Owners() []RuleOwner { return containerOwners(r.snap.Containers()) }
 
 func (r iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
 	removed, failed := map[string][]string{}, map[string]error{}

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/userdata"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
@@ -181,8 +180,8 @@ func eachIPMasqRule(doomed func(comment string) bool) error {
 	}
 	n := 0
 	for _, r := range rules {
-		comment, ok := userdata.GetString(r.UserData, userdata.TypeComment)
-		if !ok || !doomed(comment) {
+		comment, ok := udataComment(r.UserData)
+		if !ok || !doomed(string(comment)) {
 			continue
 		}
 		if err := conn.DelRule(&nftables.Rule{Table: chain.Table, Chain: chain, Handle: r.Handle}); err != nil {

@@ -57,6 +57,8 @@ type Cleaner struct {
 	// NFTables is bridge's nftables ipMasq backend; nil leaves nftables
 	// alone.
 	NFTables Backend
+	// ProbeFunc, if set, stands for Probe (tests' fake tables).
+	ProbeFunc func(network string) ([]string, error)
 }
 
 // New returns a Cleaner for every iptables family present on this host and

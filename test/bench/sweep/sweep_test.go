@@ -67,11 +67,22 @@ func BenchmarkSweep(b *testing.B) {
 	}
 }
 
+// BenchmarkSweepNode is make bench's cell 2b in-process, for profiling:
+// a CHECK's sweep of a network the plugin owns (its NAT rules are listed
+// from the start) holding bridge's maximum of 1023 other live attachments.
+func BenchmarkSweepNode(b *testing.B) {
+	benchSweepOwned(b, 1023, 0, true)
+}
+
 func benchSweep(b *testing.B, n, pct int) {
+	benchSweepOwned(b, n, pct, false)
+}
+
+func benchSweepOwned(b *testing.B, n, pct int, owned bool) {
 	dataDir := benchDir(b)
 	const network = "bench"
 	spec := synth.Spec{
-		DataDir: dataDir, Network: network, Leases: n, StalePercent: pct,
+		DataDir: dataDir, Network: network, Leases: n, StalePercent: pct, Owned: owned,
 		Base: netip.MustParseAddr("10.0.0.0"), LiveNetns: liveNetns(),
 		GonePrefix: "/var/run/netns/nbc-bench-gone", Seed: "bench",
 	}

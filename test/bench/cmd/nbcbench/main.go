@@ -10,6 +10,8 @@
 //	nbcbench svg     --in results.json --out-dir docs  (the pictures)
 //	nbcbench synth   --data-dir D --network N --leases 4094 --stale 50 --live-netns /var/run/netns/X
 //	                                          (writes one synthetic network, for profiling by hand)
+//	nbcbench node-live ...                    (the node cell's live network, run by run itself
+//	                                          under unshare --net: nodenat.go)
 package main
 
 import (
@@ -43,6 +45,8 @@ func main() {
 		err = cmdSVG(os.Args[2:])
 	case "synth":
 		err = cmdSynth(os.Args[2:])
+	case "node-live":
+		err = cmdNodeLive(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}

@@ -133,6 +133,9 @@ type SweepCell struct {
 	ProcessCPU Stat `json:"processCPUMs"`
 	// MaxRSSKiB is the largest peak RSS of the gc process over the reps.
 	MaxRSSKiB int64 `json:"maxRSSKiB"`
+	// NATRules are the iptables rules the network's containers hold
+	// (bridge's ipMasq: three each), swept with it (the node cell).
+	NATRules int `json:"natRules,omitempty"`
 }
 
 // Results is everything one run measured.
