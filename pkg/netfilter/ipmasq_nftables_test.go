@@ -13,6 +13,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"sigs.k8s.io/knftables"
 )
 
@@ -215,5 +217,59 @@ func TestParseNFTComment(t *testing.T) {
 	}
 	if _, ok := parseNFTComment("other", nftComment("nomad", "eth0", cid)); ok {
 		t.Error("another network's comment was read as this one's")
+	}
+}
+
+// A rule in bridge's ipMasq chain whose userdata is malformed (anyone with
+// CAP_NET_ADMIN writes it) is no one's: the release of an attachment's
+// rules passes it by instead of panicking (userdata.Get slices past the
+// end of such a TLV).
+func TestNFTablesReleaseSurvivesMalformedUserdata(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "nftables in a namespace needs root")
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		skipOrFail(t, "bridge's nftables ipMasq needs the nft binary (.ci/run installs nftables)")
+	}
+	netns, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	backend := "nftables"
+	err = netns.Do(func(ns.NetNS) error {
+		ipn := &net.IPNet{IP: net.IPv4(10, 9, 0, 2), Mask: net.CIDRMask(24, 32)}
+		if err := ip.SetupIPMasqForNetworks(&backend, []*net.IPNet{ipn}, "net", "eth0", "c1"); err != nil {
+			t.Fatalf("bridge's ipMasq setup: %v", err)
+		}
+		conn, err := nftables.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		chain := ipMasqChainOf(conn)
+		if chain == nil {
+			t.Fatal("bridge made no ipMasq chain")
+		}
+		conn.AddRule(&nftables.Rule{Table: chain.Table, Chain: chain,
+			Exprs:    []expr.Any{&expr.Counter{}},
+			UserData: []byte{0, 200, 'x'}, // a comment TLV longer than itself
+		})
+		if err := conn.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var nft nftBackend
+		owner, _ := nft.OwnerOf("net", "c1", "eth0")
+		removed, err := nft.Teardown(owner)
+		if err != nil || len(removed) != 1 {
+			t.Fatalf("teardown: %v %v, want c1's rule", removed, err)
+		}
+		rules, err := conn.GetRules(chain.Table, chain)
+		if err != nil || len(rules) != 1 {
+			t.Fatalf("left in the chain: %d rules (%v), want the malformed one", len(rules), err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
