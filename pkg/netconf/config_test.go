@@ -391,3 +391,53 @@ func TestLogKeysAreReadAndNotDelegated(t *testing.T) {
 		t.Errorf("no logFile: %+v, %v", conf, err)
 	}
 }
+
+// Asking for addresses adds args.cni.ips and changes nothing else (the
+// entry's other args included); an entry that asks itself is left alone.
+func TestDelegateConfigRequesting(t *testing.T) {
+	conf, err := Parse([]byte(bridgeEntry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := conf.DelegateConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	asking, ok, err := conf.DelegateConfigRequesting([]string{"172.26.64.12", "fd00::5"})
+	if err != nil || !ok {
+		t.Fatalf("DelegateConfigRequesting: %v %v", ok, err)
+	}
+	var p, a map[string]json.RawMessage
+	mustUnmarshal(t, plain, &p)
+	mustUnmarshal(t, asking, &a)
+	for key := range p {
+		if key != "args" && compact(t, p[key]) != compact(t, a[key]) {
+			t.Errorf("key %q changed: %s, was %s", key, a[key], p[key])
+		}
+	}
+	if len(a) != len(p) {
+		t.Errorf("%d keys, want %d", len(a), len(p))
+	}
+	if got, want := compact(t, a["args"]), compact(t, []byte(`{"cni":{"ips":["172.26.64.12","fd00::5"],"mac":"00:11:22:33:44:55"}}`)); got != want {
+		t.Errorf("args = %s, want %s", got, want)
+	}
+
+	for _, own := range []string{
+		`"args": {"cni": {"ips": ["172.26.64.9"]}}`,
+		`"runtimeConfig": {"ips": ["172.26.64.9/20"]}`,
+		`"args": {"cni": {"ips": "not a list"}}`,
+		`"args": ["not", "an", "object"]`,
+		`"args": {"cni": 5}`,
+	} {
+		entry := strings.Replace(bridgeEntry, `"dns":`, own+`, "dns":`, 1)
+		entry = strings.Replace(entry, `"args": {"cni": {"mac": "00:11:22:33:44:55"}},`, "", 1)
+		entry = strings.Replace(entry, `"runtimeConfig": {"mac": "00:11:22:33:44:55", "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]},`, "", 1)
+		c, err := Parse([]byte(entry))
+		if err != nil {
+			t.Fatalf("%s: %v", own, err)
+		}
+		if _, ok, err := c.DelegateConfigRequesting([]string{"172.26.64.12"}); ok || err != nil {
+			t.Errorf("%s: asked anyway (%v)", own, err)
+		}
+	}
+}

@@ -74,3 +74,68 @@ func setJSON(m map[string]json.RawMessage, key string, v any) error {
 	m[key] = b
 	return nil
 }
+
+// DelegateConfigRequesting is DelegateConfig asking host-local for ips
+// (addresses without prefix) through args.cni.ips, the convention
+// host-local reads (as it reads CNI_ARGS IP= and runtimeConfig.ips).
+// ok is false, and nothing is asked, when the entry already asks for
+// addresses itself or its args are not an object: the runtime's or the
+// user's request wins.
+func (c *Config) DelegateConfigRequesting(ips []string) (conf []byte, ok bool, err error) {
+	if c.Passthrough || len(ips) == 0 || c.requestsIPs() {
+		return nil, false, nil
+	}
+	plain, err := c.DelegateConfig()
+	if err != nil {
+		return nil, false, err
+	}
+	var out map[string]json.RawMessage
+	if err := json.Unmarshal(plain, &out); err != nil {
+		return nil, false, err
+	}
+	args := map[string]json.RawMessage{}
+	if raw, found := out["args"]; found && !isNull(raw) {
+		if err := json.Unmarshal(raw, &args); err != nil || args == nil {
+			return nil, false, nil
+		}
+	}
+	cni := map[string]json.RawMessage{}
+	if raw, found := args["cni"]; found && !isNull(raw) {
+		if err := json.Unmarshal(raw, &cni); err != nil || cni == nil {
+			return nil, false, nil
+		}
+	}
+	if err := setJSON(cni, "ips", ips); err != nil {
+		return nil, false, err
+	}
+	if err := setJSON(args, "cni", cni); err != nil {
+		return nil, false, err
+	}
+	if err := setJSON(out, "args", args); err != nil {
+		return nil, false, err
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, false, fmt.Errorf("encode configuration for %s: %w", c.Delegate, err)
+	}
+	return b, true, nil
+}
+
+// requestsIPs reports whether the entry asks for addresses itself:
+// args.cni.ips or runtimeConfig.ips (the "ips" capability), non-empty.
+func (c *Config) requestsIPs() bool {
+	asks := func(raw json.RawMessage, path ...string) bool {
+		for _, key := range path {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(raw, &m) != nil {
+				return false
+			}
+			if raw = m[key]; raw == nil {
+				return false
+			}
+		}
+		var ips []json.RawMessage
+		return json.Unmarshal(raw, &ips) != nil || len(ips) > 0
+	}
+	return asks(c.raw["args"], "cni", "ips") || asks(c.raw["runtimeConfig"], "ips")
+}

@@ -1,10 +1,14 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -54,7 +58,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
 	defer cancel()
 	// The delegate and all it runs hold the record's lock: a sweep counts
 	// the ADD as running while any of them does, even once we are killed.
-	result, err := invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, p.execHolding(attach.LockFile()))
+	result, err := p.delegateAdd(ctx, args, conf, delegateConf, attach)
 	if err != nil {
 		addErr := delegateError(ctx, conf.Delegate, "add", err)
 		if !answered(err) {
@@ -77,6 +81,64 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
 		p.warnf("warning: %v", err)
 	}
 	return p.printResult(result, conf.CNIVersion)
+}
+
+// delegateAdd delegates the ADD. After BeginAdd released a stale earlier
+// attachment of the same container ID and ifname (a restore in place:
+// Nomad re-created the namespace and ADDs again), its addresses are asked
+// for again where no lease holds them, so the restored container keeps
+// its address; if bridge fails with them (taken since the check, or
+// outside the ranges now), what it made is undone and the ADD is made
+// asking for nothing. One context bounds all of it, as one delegate call.
+func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netconf.Config, delegateConf []byte, attach *reclaim.PendingAdd) (types.Result, error) {
+	exec := p.execHolding(attach.LockFile())
+	free := freeAddresses(conf.Dir().Leases(), attach.Previous)
+	if len(free) == 0 || asksForIP(args.Args) {
+		return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)
+	}
+	requesting, ok, err := conf.DelegateConfigRequesting(free)
+	if err != nil || !ok {
+		return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)
+	}
+	result, err := invoke.DelegateAdd(ctx, conf.Delegate, requesting, exec)
+	if err == nil || ctx.Err() != nil {
+		return result, err
+	}
+	p.warnf("%s: %s: the earlier address %s could not be had again (%v): taking any free one", conf.Name, attach.Record.Key(), strings.Join(free, ", "), err)
+	if derr := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, exec); derr != nil {
+		p.warnf("warning: undoing the ADD that asked for %s: %v", strings.Join(free, ", "), derr)
+		return nil, err
+	}
+	return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)
+}
+
+// freeAddresses are the addresses of cidrs (as records keep them) that no
+// lease file in leaseDir holds: host-local names each lease after its
+// address. What cannot be told is not free.
+func freeAddresses(leaseDir string, cidrs []string) []string {
+	var free []string
+	for _, c := range cidrs {
+		prefix, err := netip.ParsePrefix(c)
+		if err != nil {
+			continue
+		}
+		addr := prefix.Addr().Unmap()
+		if _, err := os.Lstat(filepath.Join(leaseDir, addr.String())); errors.Is(err, fs.ErrNotExist) {
+			free = append(free, addr.String())
+		}
+	}
+	return free
+}
+
+// asksForIP reports whether CNI_ARGS asks host-local for an address (IP=):
+// the runtime's request wins.
+func asksForIP(cniArgs string) bool {
+	for pair := range strings.SplitSeq(cniArgs, ";") {
+		if key, _, _ := strings.Cut(pair, "="); key == "IP" {
+			return true
+		}
+	}
+	return false
 }
 
 // beginAddError gives a refused or failed BeginAdd the CNI code a runtime

@@ -29,6 +29,8 @@ type fakeExec struct {
 	// hang maps "plugin VERB" to delegates that never answer: they return
 	// only when the context ends, as a killed process would.
 	hang map[string]bool
+	// failIf, when set, fails the calls it returns an error for.
+	failIf func(call execCall) error
 }
 
 type execCall struct {
@@ -88,6 +90,11 @@ func (f *fakeExec) exec(ctx context.Context, pluginPath string, stdin []byte, en
 	}
 	if err := f.fail[key]; err != nil {
 		return nil, err
+	}
+	if f.failIf != nil {
+		if err := f.failIf(call); err != nil {
+			return nil, err
+		}
 	}
 	return []byte(f.reply[key]), nil
 }

@@ -49,6 +49,10 @@ type PendingAdd struct {
 	// until Complete or Abort: a sweep counts the ADD as running while
 	// any process holds it.
 	lock *os.File
+	// Previous are the addresses (CIDR, as recorded) of the stale earlier
+	// attachment of the same key that BeginAdd released: a restore in
+	// place, whose address the ADD may ask for again.
+	Previous []string
 }
 
 // BeginAdd prepares an ADD of key into the namespace at netnsPath. If the
@@ -72,10 +76,13 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 		s.logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
 		old = nil
 	}
+	var previous []string
 	if old != nil {
 		if err := s.replaceEarlier(d, old, netnsPath, nsID, cookie); err != nil {
 			return nil, err
 		}
+		// Not an error: the earlier attachment was stale and is released.
+		previous = old.IPs
 	}
 
 	bootID, err := s.Host.BootID()
@@ -100,7 +107,7 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 	if err != nil {
 		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to write the attachment record", Detail: err.Error()}
 	}
-	return &PendingAdd{attacher: s, dir: d, store: recStore, Record: rec, lock: lock}, nil
+	return &PendingAdd{attacher: s, dir: d, store: recStore, Record: rec, lock: lock, Previous: previous}, nil
 }
 
 // replaceEarlier decides what an existing record for the same attachment

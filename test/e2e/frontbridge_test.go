@@ -164,6 +164,9 @@ func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
 				t.Fatalf("re-ADD after the namespace was lost: %v", err)
 			}
 			p2, gw := goCNIResult(t, res).addrIn(t, e.subnet4)
+			if p2 != p1 {
+				t.Errorf("restored with %s, first %s: a restore in place keeps its free address", p2, p1)
+			}
 			assertLeases(t, leaseDir, map[netip.Addr]string{p2.Addr(): leaseContent(alloc)})
 			ping(t, ns, gw)
 			e.assertReaches(t, ns, netip.AddrPortFrom(gw, uint16(port)))

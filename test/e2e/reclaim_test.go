@@ -160,6 +160,9 @@ func TestRestoreReAdd(t *testing.T) {
 				t.Fatalf("re-ADD into the re-created namespace: %v\nstderr: %s", err, stderr)
 			}
 			p2, gw := parseResult(t, out).addrIn(t, e.subnet4)
+			if p2 != p1 {
+				t.Errorf("re-ADD gave %s, first ADD %s: a restore in place keeps its free address", p2, p1)
+			}
 			e.assertReleased(t, stderr, ns.cid)
 			assertLeases(t, e.leaseDir(), map[netip.Addr]string{p2.Addr(): leaseContent(ns.cid)})
 			e.assertRecord(t, ns, p2.Addr())

@@ -1,0 +1,113 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	gocni "github.com/containerd/go-cni"
+)
+
+// TestRestoreInPlaceKeepsTheAddress is Nomad's lost-namespace restore
+// through go-cni as Nomad calls it (Setup with its CNI_ARGS and port
+// mappings, the namespace re-created at the same path, Setup again, no
+// Remove between): the allocation gets its old address back when it is
+// still free. When another lease holds it, or it is outside the range
+// now, the allocation gets another one, and nothing of the attempt that
+// asked for it is left (one lease, one address in the namespace, the NAT
+// rules of the new address only).
+func TestRestoreInPlaceKeepsTheAddress(t *testing.T) {
+	for _, tc := range []string{"kept", "taken", "out-of-range"} {
+		t.Run(tc, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			conf := e.confFor(t, "nomad.conflist")
+			alloc := podUID(t)
+			ns := e.podNetns(t, "alloc", alloc)
+			port := randomHostPort()
+			ctx := runtimeCtx(t)
+			nomad := e.goCNI(t, gocni.WithConfListBytes(mustJSON(t, conf)))
+
+			res, err := nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+			if err != nil {
+				t.Fatalf("Setup: %v", err)
+			}
+			p1, _ := goCNIResult(t, res).addrIn(t, e.subnet4)
+
+			e.mustKillNetns(t, ns)
+			if err := run("ip", "netns", "add", ns.name); err != nil {
+				t.Fatal(err)
+			}
+			want := map[netip.Addr]string{}
+			switch tc {
+			case "taken":
+				// Its lease names another container now (as if handed out
+				// in between): the release leaves it.
+				planted := filepath.Join(e.leaseDir(), p1.Addr().String())
+				if err := os.WriteFile(planted, []byte(leaseContent("someone-else")), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { os.Remove(planted) })
+				want[p1.Addr()] = leaseContent("someone-else")
+			case "out-of-range":
+				var again map[string]any
+				if err := json.Unmarshal(mustJSON(t, conf), &again); err != nil {
+					t.Fatal(err)
+				}
+				setRange(t, again, e.hostAddr(100), e.hostAddr(120))
+				nomad = e.goCNI(t, gocni.WithConfListBytes(mustJSON(t, again)))
+			}
+			res, err = nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+			if err != nil {
+				t.Fatalf("Setup after the namespace was lost: %v", err)
+			}
+			p2, gw := goCNIResult(t, res).addrIn(t, e.subnet4)
+			if kept := p2 == p1; kept != (tc == "kept") {
+				t.Errorf("restored with %s, first %s: want the same address only when it was free and in range", p2, p1)
+			}
+			want[p2.Addr()] = leaseContent(alloc)
+			assertLeases(t, e.leaseDir(), want)
+			assertOnlyAddrOnIf(t, ns, p2)
+			ping(t, ns, gw)
+			e.assertNAT(t, alloc, natWant{Masq: []netip.Addr{p2.Addr()}, DNAT: []portMap{{port, p2.Addr()}}})
+
+			if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil {
+				t.Fatalf("Remove: %v", err)
+			}
+			delete(want, p2.Addr())
+			assertLeases(t, e.leaseDir(), want)
+			e.assertRecordsExactly(t)
+			e.assertNetworkNATEmpty(t)
+		})
+	}
+}
+
+// assertOnlyAddrOnIf checks that the namespace's interface carries addr
+// and no other IPv4 address: an attempt that was undone left none.
+func assertOnlyAddrOnIf(t *testing.T, ns netns, addr netip.Prefix) {
+	t.Helper()
+	assertAddrOnIf(t, ns, addr)
+	enter := ns.enter()
+	out, err := output(enter[0], append(enter[1:], "ip", "-j", "-4", "addr", "show")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links []struct {
+		IfName   string `json:"ifname"`
+		AddrInfo []struct {
+			Local string `json:"local"`
+		} `json:"addr_info"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil {
+		t.Fatalf("parse ip addr: %v", err)
+	}
+	for _, l := range links {
+		for _, a := range l.AddrInfo {
+			if l.IfName != "lo" && a.Local != addr.Addr().String() {
+				t.Errorf("%s in %s also carries %s", l.IfName, ns.name, a.Local)
+			}
+		}
+	}
+}
