@@ -94,12 +94,18 @@ func Write(w io.Writer, nets []Network) error {
 	for _, n := range nets {
 		causes := make([]string, 0, len(n.Releases))
 		for c := range n.Releases {
-			causes = append(causes, c)
+			if c != reclaim.ForwardKeptCount {
+				causes = append(causes, c)
+			}
 		}
 		sort.Strings(causes)
 		for _, c := range causes {
 			ew.printf("nomad_bridge_cni_releases_total{network=%q,reason=%q} %d\n", n.Name, c, n.Releases[c])
 		}
+	}
+	ew.printf("# HELP nomad_bridge_cni_firewall_rules_kept_total Addresses of released attachments whose firewall plugin rules (CNI-FORWARD) were kept because another network leases the address, counted across runs.\n# TYPE nomad_bridge_cni_firewall_rules_kept_total counter\n")
+	for _, n := range nets {
+		ew.printf("nomad_bridge_cni_firewall_rules_kept_total{network=%q} %d\n", n.Name, n.Releases[reclaim.ForwardKeptCount])
 	}
 	return ew.err
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,7 +60,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 	if err := os.WriteFile(d.Marker(ipamdir.LastSweepMarker), []byte(fmt.Sprintf("%s %d", host.ID, host.Clock.UnixNano())), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(d.Marker(ipamdir.ReleasesMarker), []byte(`{"earlier-boot":4,"namespace-gone":2}`), 0o600); err != nil {
+	if err := os.WriteFile(d.Marker(ipamdir.ReleasesMarker), []byte(`{"earlier-boot":4,"namespace-gone":2,"firewall-rules-kept":1}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	host.Clock = host.Clock.Add(90 * time.Second)
@@ -112,6 +113,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 		{value("last_check_sweep_age_seconds", map[string]string{"network": "web"}), 90},
 		{value("releases_total", map[string]string{"network": "web", "reason": "earlier-boot"}), 4},
 		{value("releases_total", map[string]string{"network": "web", "reason": "namespace-gone"}), 2},
+		{value("firewall_rules_kept_total", map[string]string{"network": "web"}), 1},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %g, want %g\n%s", c.got, c.want, out.String())
@@ -119,7 +121,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 	}
 	for _, f := range families {
 		want := "GAUGE"
-		if f.GetName() == "nomad_bridge_cni_releases_total" {
+		if strings.HasSuffix(f.GetName(), "_total") {
 			want = "COUNTER"
 		}
 		if f.GetType().String() != want {

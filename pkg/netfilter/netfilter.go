@@ -103,6 +103,27 @@ func (t *natTable) ListNAT() ([]string, error) {
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
 
+// ListChain is the lines of chain in `iptables -w -t <table> -S`: the
+// whole table, as `-S <chain>` of a chain that does not exist fails
+// (iptables-nft 1.8.9 even calls it "incompatible").
+func (t *natTable) ListChain(table, chain string) ([]string, error) {
+	out, err := exec.Command(t.path, "-w", "-t", table, "-S").Output()
+	if err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			return nil, fmt.Errorf("%s -t %s -S: %w: %s", t.path, table, err, bytes.TrimSpace(exitErr.Stderr))
+		}
+		return nil, fmt.Errorf("%s -t %s -S: %w", t.path, table, err)
+	}
+	var lines []string
+	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		if strings.HasPrefix(line, "-A "+chain+" ") || line == "-N "+chain {
+			lines = append(lines, line)
+		}
+	}
+	return lines, nil
+}
+
 func (t *natTable) handle() (*iptables.IPTables, error) {
 	if t.ipt == nil {
 		ipt, err := iptables.NewWithProtocol(t.proto)

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"unsafe"
 
-	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 )
@@ -104,7 +103,7 @@ func (c *Cleaner) Probe(network string) ([]string, error) {
 }
 
 func (t *natTable) family() byte {
-	if t.proto == iptables.ProtocolIPv6 {
+	if t.IsIPv6() {
 		return unix.NFPROTO_IPV6
 	}
 	return unix.NFPROTO_IPV4

@@ -17,6 +17,8 @@ type GCRelease struct {
 	IPs         []string `json:"ips"`
 	Reason      string   `json:"reason"`
 	Removed     []string `json:"removed"`
+	// Kept is what of it stays, with why (omitted when nothing).
+	Kept []string `json:"kept,omitempty"`
 }
 
 // GCOutput is the whole `gc --json` document. GCJSON writes it as the
@@ -66,7 +68,7 @@ func GCReconciled(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec
 					rel.What = append(rel.What, "mount "+rel.HeldBy.Mount)
 				}
 			}
-			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What)})
+			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What), Kept: rel.Kept})
 		}
 		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
 		req := scope.Request(d)
@@ -101,7 +103,11 @@ func (t *GCText) Release(r GCRelease) {
 	if ips == "" {
 		ips = "(no lease)"
 	}
-	t.printf("%s %s %s/%s %s: %s; %s %s\n", verb, r.Network, r.ContainerID, dash(r.IfName), ips, r.Reason, removed, strings.Join(r.Removed, ", "))
+	kept := ""
+	if len(r.Kept) > 0 {
+		kept = "; " + strings.Join(r.Kept, "; ")
+	}
+	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", verb, r.Network, r.ContainerID, dash(r.IfName), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)
 }
 
 func (t *GCText) End(res *GCResult) error {

@@ -39,7 +39,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
 	// Its delegate, then maybe its rollback, each within delegateTimeout:
 	// past that, a sweep ends what still runs of this ADD.
 	bound := 2*conf.DelegateTimeout + addSlack
-	attach, err := (&reclaim.Attacher{Env: p.Reclaim, AddBound: bound}).BeginAdd(conf.Dir(), attachmentKey(args), args.Netns)
+	attach, err := (&reclaim.Attacher{Env: p.Reclaim, AddBound: bound, LegacyDataDir: conf.LegacyDataDir}).BeginAdd(conf.Dir(), attachmentKey(args), args.Netns)
 	if err != nil {
 		return beginAddError(err)
 	}

@@ -27,6 +27,10 @@ type Attacher struct {
 	// bound and its rollback's); past it, a sweep ends what still runs of
 	// it, even once the plugin is gone. Zero records no deadline.
 	AddBound time.Duration
+	// LegacyDataDir is the entry's legacy lease directory: a released
+	// attachment's firewall rules stay while a lease there holds its
+	// address (leaseRoots).
+	LegacyDataDir string
 	// TornDown are the addresses the delegate's DEL found on the
 	// attachment's interface before it succeeded: bridge then deleted
 	// their iptables rules and the container's chains (it fails while a
@@ -191,12 +195,24 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
+	kept := 0
+	if s.Netfilter != nil {
+		rules, err := s.Netfilter.ListForward()
+		if err != nil {
+			return errors.Join(append(errs, fmt.Errorf("read firewall rules: %w", err))...)
+		}
+		fr := releaseForwardOf(rules, leaseRoots(d, s.LegacyDataDir, nil), d, a, false)
+		rel.What, rel.Kept, kept = append(rel.What, fr.what...), fr.kept, len(fr.kept)
+		if fr.err != nil {
+			return errors.Join(append(errs, fr.err)...)
+		}
+	}
 	recordGone, err := releaseFiles(leases, records.NewStore(d), a, false)
 	errs = append(errs, err)
 	if recordGone {
 		rel.What = append(rel.What, "record")
 	}
-	s.countReleases(d, map[string]int{v.Cause: 1})
+	s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: kept})
 	s.logf("%s: released %s", d.Network, rel)
 	return errors.Join(errs...)
 }

@@ -76,6 +76,9 @@ type Release struct {
 	// Orphan marks NAT rules of a container the network holds no lease or
 	// record of.
 	Orphan bool
+	// Kept lists what of it stays, with why: the firewall rules of an
+	// address another network leases.
+	Kept []string
 }
 
 func (r Release) String() string {
@@ -83,7 +86,11 @@ func (r Release) String() string {
 	if ips == "" {
 		ips = "no lease"
 	}
-	return fmt.Sprintf("%s %s: %s; removed %s", r.Key, ips, r.Reason, strings.Join(r.What, ", "))
+	s := fmt.Sprintf("%s %s: %s; removed %s", r.Key, ips, r.Reason, strings.Join(r.What, ", "))
+	if len(r.Kept) > 0 {
+		s += "; " + strings.Join(r.Kept, "; ")
+	}
+	return s
 }
 
 // Report is what a sweep did; what it saw went to Request.Visit and
@@ -148,6 +155,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	if !req.DryRun {
 		s.countReleases(req.Dir, w.causes)
+		s.countReleases(req.Dir, map[string]int{ForwardKeptCount: w.forwardKept})
 	}
 	return report, errors.Join(w.errs...)
 }
@@ -207,6 +215,13 @@ type sweep struct {
 	// batch those whose rules are their own (nftables), released per
 	// natBatch (flushBatch).
 	natWait, batch []pendingRelease
+	// forward is the firewall plugin's CNI-FORWARD rules, listed at the
+	// first release (forwardListed); forwardUnknown: that listing failed,
+	// so no released attachment's files may go. forwardKept counts the
+	// addresses whose rules stayed (ForwardKeptCount).
+	forward                       *netfilter.ForwardRules
+	forwardListed, forwardUnknown bool
+	forwardKept                   int
 	// recordsRead: the records' names were read again for the orphans
 	// (readRecordsAgain); recordsUnsure: that read failed, or a live
 	// process was writing a record.
@@ -401,9 +416,13 @@ func (w *sweep) judged(a *Attachment) {
 	}
 }
 
-// releaseFiles ends a release, its NAT rules gone: the leases, then the
-// record.
+// releaseFiles ends a release, its NAT rules gone: its firewall rules,
+// then the leases, then the record. Firewall rules that could not go keep
+// the files, through which the next sweep finds them.
 func (w *sweep) releaseFiles(p pendingRelease) {
+	if !w.releaseForward(&p) {
+		return
+	}
 	recordGone, err := releaseFiles(w.leases, w.records, p.a, w.req.DryRun)
 	if err != nil {
 		w.errs = append(w.errs, err)
@@ -412,6 +431,35 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 		p.rel.What = append(p.rel.What, "record")
 	}
 	w.released(p.rel)
+}
+
+// releaseForward releases the firewall rules of p's free addresses, from
+// one listing per sweep.
+func (w *sweep) releaseForward(p *pendingRelease) bool {
+	if w.Netfilter == nil {
+		return true
+	}
+	if !w.forwardListed {
+		w.forwardListed = true
+		rules, err := w.Netfilter.ListForward()
+		if err != nil {
+			w.errs = append(w.errs, fmt.Errorf("read firewall rules: %w", err))
+			w.forwardUnknown = true
+		}
+		w.forward = rules
+	}
+	if w.forwardUnknown {
+		return false
+	}
+	fr := releaseForwardOf(w.forward, leaseRoots(w.req.Dir, w.req.LegacyDataDir, w.req.OtherDataDirs), w.req.Dir, p.a, w.req.DryRun)
+	p.rel.What = append(p.rel.What, fr.what...)
+	p.rel.Kept = append(p.rel.Kept, fr.kept...)
+	w.forwardKept += len(fr.kept)
+	if fr.err != nil {
+		w.errs = append(w.errs, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, fr.err))
+		return false
+	}
+	return true
 }
 
 func (w *sweep) released(rel Release) {

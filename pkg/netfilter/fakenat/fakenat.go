@@ -17,7 +17,11 @@ import (
 // Table models one iptables family's nat table.
 type Table struct {
 	Chains map[string][]string // chain -> "-A chain ..." lines
-	Calls  []string
+	// Filter is the filter table's chains, made on first use (AddForward).
+	Filter map[string][]string
+	// V6 makes it the ip6tables family's table.
+	V6    bool
+	Calls []string
 	// OnList, when set, runs after each listing, with its output made.
 	OnList func()
 }
@@ -67,16 +71,63 @@ func (f *Table) ListNAT() ([]string, error) {
 	return out, nil
 }
 
-func (f *Table) Delete(_, chain string, spec ...string) error {
-	f.Calls = append(f.Calls, "delete "+chain)
-	for i, line := range f.Chains[chain] {
+func (f *Table) Delete(table, chain string, spec ...string) error {
+	chains := f.Chains
+	if table == "filter" {
+		chains = f.Filter
+		f.Calls = append(f.Calls, "delete filter "+chain)
+	} else {
+		f.Calls = append(f.Calls, "delete "+chain)
+	}
+	for i, line := range chains[chain] {
 		words, err := shellwords.Parse(line)
 		if err == nil && reflect.DeepEqual(words[2:], spec) {
-			f.Chains[chain] = append(f.Chains[chain][:i:i], f.Chains[chain][i+1:]...)
+			chains[chain] = append(chains[chain][:i:i], chains[chain][i+1:]...)
 			return nil
 		}
 	}
 	return fmt.Errorf("no such rule in %s: %v", chain, spec)
+}
+
+// IsIPv6 reports whether the table is ip6tables'.
+func (f *Table) IsIPv6() bool { return f.V6 }
+
+// ListChain lists one chain as `iptables -t table -S chain` does; only the
+// filter table is modelled.
+func (f *Table) ListChain(table, chain string) ([]string, error) {
+	f.Calls = append(f.Calls, "list "+table+" "+chain)
+	rules, ok := f.Filter[chain]
+	if table != "filter" || !ok {
+		return nil, nil
+	}
+	return append([]string{"-N " + chain}, rules...), nil
+}
+
+// AddForward appends the firewall plugin's two CNI-FORWARD rules of addr
+// (an address without prefix), as `iptables -S` prints them.
+func (f *Table) AddForward(addr string) {
+	if f.Filter == nil {
+		f.Filter = map[string][]string{}
+	}
+	bits := "/32"
+	if strings.Contains(addr, ":") {
+		bits = "/128"
+	}
+	f.Filter["CNI-FORWARD"] = append(f.Filter["CNI-FORWARD"],
+		"-A CNI-FORWARD -d "+addr+bits+" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+		"-A CNI-FORWARD -s "+addr+bits+" -j ACCEPT")
+}
+
+// Forwards lists the addresses CNI-FORWARD has an ACCEPT rule for.
+func (f *Table) Forwards() []string {
+	var out []string
+	for _, r := range f.Filter["CNI-FORWARD"] {
+		if w := strings.Fields(r); len(w) >= 4 && w[2] == "-s" {
+			out = append(out, strings.Split(w[3], "/")[0])
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (f *Table) ClearAndDeleteChain(_, chain string) error {

@@ -1,0 +1,53 @@
+package netfilter_test
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
+)
+
+// Exactly the firewall plugin's two rules of each address go, each from
+// its family's table; rules of other addresses, and rules that only look
+// like them, stay.
+func TestReleaseForwardRemovesOnlyTheAddressesRules(t *testing.T) {
+	v4, v6 := fakenat.New(), fakenat.New()
+	v6.V6 = true
+	v4.AddForward("10.0.0.5")
+	v4.AddForward("10.0.0.50")
+	v4.Filter["CNI-FORWARD"] = append(v4.Filter["CNI-FORWARD"],
+		"-A CNI-FORWARD -s 10.0.0.5/32 -j DROP",
+		"-A CNI-FORWARD -s 10.0.0.5/32 -p tcp -j ACCEPT",
+		"-A CNI-FORWARD -m comment --comment \"CNI firewall plugin admin overrides\" -j CNI-ADMIN")
+	v6.AddForward("fd00::5")
+	c := &netfilter.Cleaner{Tables: []netfilter.Table{v4, v6}}
+	addrs := []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")}
+
+	dry, err := c.ReleaseForward(addrs, true)
+	if err != nil || len(dry) != 2 || len(v4.Filter["CNI-FORWARD"]) != 7 {
+		t.Fatalf("dry run: %q %v; chain %q", dry, err, v4.Filter["CNI-FORWARD"])
+	}
+	removed, err := c.ReleaseForward(addrs, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"firewall rules of 10.0.0.5 in CNI-FORWARD (2)", "firewall rules of fd00::5 in CNI-FORWARD (2)"}
+	if !slices.Equal(removed, want) {
+		t.Errorf("removed %q, want %q", removed, want)
+	}
+	if got := v4.Forwards(); !slices.Equal(got, []string{"10.0.0.5", "10.0.0.5", "10.0.0.50"}) {
+		t.Errorf("left %q: want 10.0.0.50's and the look-alikes", v4.Filter["CNI-FORWARD"])
+	}
+	if len(v4.Filter["CNI-FORWARD"]) != 5 || len(v6.Filter["CNI-FORWARD"]) != 0 {
+		t.Errorf("left v4 %q, v6 %q", v4.Filter["CNI-FORWARD"], v6.Filter["CNI-FORWARD"])
+	}
+	if again, err := c.ReleaseForward(addrs, false); err != nil || len(again) != 0 {
+		t.Errorf("second release: %q %v", again, err)
+	}
+	// A host without the firewall plugin's chain has nothing to release.
+	if got, err := (&netfilter.Cleaner{Tables: []netfilter.Table{fakenat.New()}}).ReleaseForward(addrs, false); err != nil || len(got) != 0 {
+		t.Errorf("without CNI-FORWARD: %q %v", got, err)
+	}
+}

@@ -1,0 +1,85 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+// TestFirewallRulesGoWithTheirAttachment: the firewall plugin's
+// per-address CNI-FORWARD rules (no comment: only the address names them)
+// of an attachment released without a DEL go with it when no other
+// network leases the address, and stay when one does: here a second
+// network, misconfigured onto the same subnet and data dir, whose first
+// container got the same address (a working container, whose rules they
+// are too). The release says so, `metrics` counts it.
+func TestFirewallRulesGoWithTheirAttachment(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		name := map[bool]string{false: "address-free", true: "address-leased-by-another-network"}[shared]
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			e.writeConflist(t, e.confFor(t, "nomad.conflist"))
+			ns := e.addNetns(t, "a")
+			p1, _ := parseResult(t, e.mustCNI(t, "add", ns, "")).addrIn(t, e.subnet4)
+			e.assertFirewall(t, p1.Addr())
+
+			var other libcniNet
+			var rt *libcni.RuntimeConf
+			if shared {
+				conf := e.confFor(t, "nomad.conflist")
+				conf["name"] = e.netName + "-twin"
+				bridge := "nbct" + e.id
+				entryOfType(t, conf, pluginType)["bridge"] = bridge
+				t.Cleanup(func() {
+					if linkExists(bridge) {
+						_ = run("ip", "link", "delete", bridge)
+					}
+				})
+				other = e.libcniNet(t, conf)
+				twin := e.addNetns(t, "twin")
+				cid := "twin-" + e.id
+				e.track(cid)
+				rt = &libcni.RuntimeConf{ContainerID: cid, NetNS: twin.path, IfName: ifName}
+				t.Cleanup(func() { _ = other.cfg.DelNetworkList(other.ctx, other.list, rt) })
+				addr, _ := other.mustAdd(t, rt).addrIn(t, e.subnet4)
+				if addr.Addr() != p1.Addr() {
+					t.Fatalf("the twin network's container got %s, the first %s: the test needs the same address", addr, p1)
+				}
+			}
+
+			e.mustKillNetns(t, ns)
+			out := e.operatorSweep(t)
+			assertLeases(t, e.leaseDir(), nil)
+			rules := firewallRules(t, p1.Addr())
+			if shared {
+				if len(rules) != 2 {
+					t.Errorf("the twin's firewall rules for %s went with the released attachment:\n%s", p1.Addr(), rulesString(rules))
+				}
+				if !strings.Contains(out, "firewall rules of "+p1.Addr().String()+" kept: "+p1.Addr().String()+" is leased in network "+e.netName+"-twin") {
+					t.Errorf("gc did not say what it kept:\n%s", out)
+				}
+				metrics, _, err := e.operator(t, "metrics", "--data-dir", e.dataDir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := `nomad_bridge_cni_firewall_rules_kept_total{network="` + e.netName + `"} 1`; !strings.Contains(metrics, want) {
+					t.Errorf("metrics lack %s:\n%s", want, metrics)
+				}
+				if err := other.cfg.DelNetworkList(other.ctx, other.list, rt); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if len(rules) != 0 {
+					t.Errorf("firewall rules of the released %s left:\n%s", p1.Addr(), rulesString(rules))
+				}
+				if !strings.Contains(out, "firewall rules of "+p1.Addr().String()+" in CNI-FORWARD (2)") {
+					t.Errorf("gc did not say it removed them:\n%s", out)
+				}
+			}
+			assertNoFirewall(t, p1.Addr())
+			e.assertNetworkEmpty(t, e.leaseDir())
+		})
+	}
+}
