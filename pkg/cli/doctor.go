@@ -41,6 +41,7 @@ func (c *cli) doctor(args []string) int {
 	o := doctor.HostOptions()
 	o.ConfDirs = withDefaultConfDirs(*confDirs)
 	o.CNIPath = filepath.SplitList(*cniPath)
+	o.CNIPathGiven = flags.Changed("cni-path") || os.Getenv("CNI_PATH") != ""
 	o.Sweeper = c.sweeper()
 	r := doctor.Run(o)
 	var err error

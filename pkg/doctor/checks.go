@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -130,28 +129,19 @@ func checkPlugins(o Options, ours []*conflists.Network, fr front) []Finding {
 			continue
 		}
 		out, err := o.Version(path)
-		tok, v, ok := firstVersion(out)
+		tok, _, ok := firstVersion(out)
 		switch {
 		case err != nil:
 			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("does not run with no arguments: %v", err), Fix: "reinstall it"})
 		case strings.Contains(out, "version unknown"):
-			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("version unknown (Nomad records %q, the first version in its output)", tok) + consequence(name), Fix: "install plugins stamped with their version: make plugins"})
+			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "version unknown: built without its version stamped", Fix: "install plugins stamped with their version: make plugins"})
 		case !ok:
-			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "prints no version" + consequence(name), Fix: "install plugins stamped with their version: make plugins"})
-		case name == "bridge" && (v[0] < 1 || (v[0] == 1 && v[1] < 3)):
-			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("version %s: Nomad sends CHECK only when bridge is 1.3.0 or later, so no CHECK-time sweep", tok), Fix: "install the reference plugins of go.mod (make plugins)"})
+			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "prints no version", Fix: "install plugins stamped with their version: make plugins"})
 		default:
 			fs = append(fs, Finding{Level: OK, Check: "plugin", Subject: path, Message: "version " + tok})
 		}
 	}
 	return fs
-}
-
-func consequence(name string) string {
-	if name == "bridge" {
-		return ": Nomad then reads bridge as 1.1.0 and never sends CHECK (no CHECK-time sweep)"
-	}
-	return ""
 }
 
 // checkDataDirs: each dataDir exists, is safe, lives in memory, has room.
@@ -188,20 +178,13 @@ func checkDataDirs(o Options, ours []*conflists.Network) []Finding {
 	return fs
 }
 
-// nomadBuiltin is the network Nomad's client builds in code for
-// `mode = "bridge"`.
-func nomadBuiltin() *conflists.Network {
-	return &conflists.Network{File: "Nomad's built-in bridge network", Name: "nomad", Bridge: "nomad",
-		Subnets: []netip.Prefix{netip.MustParsePrefix("172.26.64.0/20")}, Dir: ipamdir.New(ipamdir.DefaultDataDir, "nomad")}
-}
-
 // checkClashes: two networks with one name or one bridge, or overlapping
 // subnets kept in different lease directories (two host-local stores
 // handing out one range: duplicate addresses).
 func checkClashes(o Options, nets []*conflists.Network) []Finding {
 	all := slices.Clone(nets)
 	if o.Nomad {
-		all = append(all, nomadBuiltin())
+		all = append(all, nomadBuiltin(o.nomad))
 	}
 	var fs []Finding
 	for i, a := range all {
@@ -257,19 +240,39 @@ func checkState(o Options, ours, nets []*conflists.Network) []Finding {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("cannot read: %v", err)})
 			continue
 		}
-		msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
-		switch {
-		case count["stale"] > 0 || count["orphan-rules"] > 0:
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))})
-		case count["detached"] > 0:
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"})
-		case count["unknown"] > 0:
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"})
-		default:
-			fs = append(fs, Finding{Level: OK, Check: "state", Subject: n.Name, Message: msg})
-		}
+		fs = append(fs, stateFinding(n.Name, n.Dir, count))
 	}
 	return fs
+}
+
+// checkNomadBuiltinState is checkState for Nomad's built-in bridge
+// network, the plugin's when it is installed as bridge in cni_path.
+func checkNomadBuiltinState(o Options, nets []*conflists.Network) []Finding {
+	n := nomadBuiltin(o.nomad)
+	if o.Sweeper == nil || o.EUID != 0 || slices.ContainsFunc(nets, func(c *conflists.Network) bool { return c.Dir.Leases() == n.Dir.Leases() }) {
+		return nil
+	}
+	count, err := stateCounts(o.Sweeper, operator.NewScope(n.Dir.DataDir, []ipamdir.Dir{n.Dir}, nets))
+	if err != nil {
+		return []Finding{{Level: Warn, Check: "state", Subject: n.Name + " (Nomad's built-in bridge network)", Message: fmt.Sprintf("cannot read: %v", err)}}
+	}
+	f := stateFinding(n.Name, n.Dir, count)
+	f.Subject += " (Nomad's built-in bridge network)"
+	return []Finding{f}
+}
+
+// stateFinding says what a network's counts mean.
+func stateFinding(name string, d ipamdir.Dir, count map[string]int) Finding {
+	msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
+	switch {
+	case count["stale"] > 0 || count["orphan-rules"] > 0:
+		return Finding{Level: Warn, Check: "state", Subject: name, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(d.DataDir), shellQuote(name), shellQuote(d.DataDir))}
+	case count["detached"] > 0:
+		return Finding{Level: Warn, Check: "state", Subject: name, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"}
+	case count["unknown"] > 0:
+		return Finding{Level: Warn, Check: "state", Subject: name, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"}
+	}
+	return Finding{Level: OK, Check: "state", Subject: name, Message: msg}
 }
 
 // stateCounts counts the attachments of the one network of scope by the

@@ -46,9 +46,15 @@ type Report struct {
 type Options struct {
 	ConfDirs []string
 	CNIPath  []string
+	// CNIPathGiven: CNIPath is the user's (--cni-path, CNI_PATH), not a
+	// default; with Nomad, a default gives way to its cni_path.
+	CNIPathGiven bool
 	// Nomad is set when a Nomad agent may run here: its built-in bridge
-	// network then counts in the clash check.
+	// network then counts in the clash check, and its fingerprint of
+	// bridge decides whether it sends CHECK.
 	Nomad bool
+	// NomadClient reads the client's settings (nil: Nomad's defaults).
+	NomadClient func() NomadClient
 	// Version runs a plugin with no arguments and returns what it printed.
 	Version func(path string) (string, error)
 	// OnTmpfs tells whether a directory lives in memory.
@@ -59,6 +65,9 @@ type Options struct {
 	// EUID is the doctor's effective user: the plugin runs as root, and
 	// what it owns cannot be judged by another user.
 	EUID int
+
+	// nomad is the client's settings, read once by Run.
+	nomad NomadClient
 }
 
 // Run checks the host.
@@ -67,8 +76,23 @@ func Run(o Options) *Report {
 	if o.EUID != 0 {
 		fs = append(fs, Finding{Level: Warn, Check: "doctor", Subject: fmt.Sprintf("uid %d", o.EUID), Message: "not run as root: the plugin runs as root, so its data dirs, leases and NAT rules are not judged from here", Fix: "sudo nomad-bridge-cni doctor"})
 	}
+	if o.Nomad {
+		o.nomad = NomadDefaults()
+		if o.NomadClient != nil {
+			o.nomad = o.NomadClient()
+		}
+		if !o.CNIPathGiven {
+			o.CNIPath = o.nomad.CNIPath
+		}
+		if !slices.Contains(o.ConfDirs, o.nomad.CNIConfigDir) {
+			o.ConfDirs = append(slices.Clone(o.ConfDirs), o.nomad.CNIConfigDir)
+		}
+	}
 	front, ffs := findFront(o)
 	fs = append(fs, ffs...)
+	if o.Nomad {
+		fs = append(fs, checkNomad(o, o.nomad)...)
+	}
 	nets, cfs := readConflists(o.ConfDirs, front.path != "")
 	fs = append(fs, cfs...)
 	var ours []*conflists.Network
@@ -84,6 +108,9 @@ func Run(o Options) *Report {
 	fs = append(fs, checkDataDirs(o, ours)...)
 	fs = append(fs, checkClashes(o, nets)...)
 	fs = append(fs, checkState(o, ours, nets)...)
+	if o.Nomad && front.path != "" {
+		fs = append(fs, checkNomadBuiltinState(o, nets)...)
+	}
 	r := &Report{Findings: fs, OK: true}
 	for _, f := range fs {
 		if f.Level == Error {

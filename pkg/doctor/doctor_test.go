@@ -79,10 +79,17 @@ func conf(name, typ, bridge, subnet, ipam string) string {
 
 func (h *host) run() *Report {
 	sw := &reclaim.Sweeper{Env: reclaim.Env{Host: fakehost.New(boot)}}
+	path := append(slices.Clone(h.front), h.bin)
 	return Run(Options{
-		ConfDirs: []string{h.conf, filepath.Join(h.root, "absent")},
-		CNIPath:  append(slices.Clone(h.front), h.bin),
-		Nomad:    h.nomad,
+		ConfDirs:     []string{h.conf, filepath.Join(h.root, "absent")},
+		CNIPath:      path,
+		CNIPathGiven: true,
+		Nomad:        h.nomad,
+		NomadClient: func() NomadClient {
+			nc := NomadDefaults()
+			nc.Source, nc.CNIPath, nc.CNIConfigDir = "the test's client", path, h.conf
+			return nc
+		},
 		EUID:     h.euid,
 		Version: func(path string) (string, error) {
 			if v, ok := h.versions[path]; ok {

@@ -9,13 +9,44 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 )
 
 // HostOptions are the probes of the real host: whether Nomad is installed,
 // what each plugin prints when Nomad fingerprints it, whether a directory
 // is a tmpfs and how much room it has. The caller adds what to read.
 func HostOptions() Options {
-	return Options{Nomad: nomadInstalled(), Version: pluginVersion, OnTmpfs: onTmpfs, FreeBytes: freeBytes, EUID: os.Geteuid()}
+	return Options{Nomad: nomadInstalled(), NomadClient: nomadClient, Version: pluginVersion, OnTmpfs: onTmpfs, FreeBytes: freeBytes, EUID: os.Geteuid()}
+}
+
+// nomadConfigDir is where Nomad's packages keep the agent's configuration.
+const nomadConfigDir = "/etc/nomad.d"
+
+// nomadClient reads the client's settings from the running agent (its
+// API, through the nomad CLI and its NOMAD_ADDR and NOMAD_TOKEN), else
+// from the configuration files in /etc/nomad.d, else takes Nomad's
+// defaults; Source says which, and why not the API.
+func nomadClient() NomadClient {
+	why := "no nomad CLI in PATH"
+	if path, err := exec.LookPath("nomad"); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		b, err := (&runtimes.Nomad{Command: path}).API(ctx, "/v1/agent/self")
+		if err == nil {
+			nc, perr := parseAgentSelf(b)
+			if perr == nil {
+				return nc
+			}
+			err = perr
+		}
+		why = err.Error()
+	}
+	nc, ok := readNomadConfigDir(nomadConfigDir)
+	if !ok {
+		nc = NomadDefaults()
+	}
+	nc.Source += " (the agent's API: " + why + ")"
+	return nc
 }
 
 // nomadInstalled: a Nomad binary in PATH or its configuration directory.

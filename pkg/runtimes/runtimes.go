@@ -165,13 +165,22 @@ func (n *Nomad) List(ctx context.Context) (*Listing, error) {
 	return l, nil
 }
 
-func (n *Nomad) get(ctx context.Context, path string, into any) error {
+// API asks the agent's HTTP API for path (`nomad operator api`).
+func (n *Nomad) API(ctx context.Context, path string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, n.Command, "operator", "api", path)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("nomad operator api %s: %w: %s", path, err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("nomad operator api %s: %w: %s", path, err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+func (n *Nomad) get(ctx context.Context, path string, into any) error {
+	out, err := n.API(ctx, path)
+	if err != nil {
+		return err
 	}
 	if err := json.Unmarshal(out, into); err != nil {
 		return fmt.Errorf("nomad operator api %s: %w", path, err)

@@ -13,31 +13,32 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 )
 
-// defaultPluginDirs are where runtimes keep CNI plugins by default (Nomad,
-// containerd and CRI-O /opt/cni/bin; podman's list on Debian and Fedora).
-// Nomad fingerprints plugins without setting CNI_PATH: these are searched
-// for the delegate then.
-var defaultPluginDirs = []string{"/opt/cni/bin", "/usr/local/libexec/cni", "/usr/libexec/cni", "/usr/local/lib/cni", "/usr/lib/cni"}
-
 // aboutTimeout bounds the delegate's own about line (Nomad gives a
 // fingerprinted plugin 3 s).
 const aboutTimeout = 2 * time.Second
 
 // printAbout answers a run with no arguments, which is how Nomad
-// fingerprints every executable in cni_path: it records the first semver
-// printed. Under its own name the plugin prints its about line on stdout
-// and the spec versions on stderr. Installed under its delegate's name (as
-// `bridge`), it prints the delegate's own answer first, as the delegate
-// printed it, then its own line: a runtime then reads the delegate's
-// version, as it would without the plugin (Nomad sends CHECK only when
-// bridge is 1.3.0 or later).
+// fingerprints every executable in cni_path: it records the first token
+// that parses as a version, the last cni_path directory's winning, and
+// nothing for an output without one. Under its own name the plugin prints
+// its about line on stdout and the spec versions on stderr. Installed
+// under its delegate's name (as `bridge`) with CNI_PATH set, it prints the
+// delegate it would call first, as the delegate printed it, then its own
+// line: a runtime reads the delegate's version, as it would without the
+// plugin (Nomad sends CHECK only when bridge is 1.3.0 or later). Without
+// CNI_PATH (Nomad's fingerprint sets none) it cannot know which bridge the
+// runtime's path makes it call: it says so, in words no token of which
+// is a version, so that Nomad keeps the version of the reference bridge
+// in cni_path.
 func printAbout(invokedAs string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if invokedAs != PluginName && invokedAs != "" {
-		dirs := defaultPluginDirs
-		if p := getenv("CNI_PATH"); p != "" {
-			dirs = filepath.SplitList(p)
+		p := getenv("CNI_PATH")
+		if p == "" {
+			fmt.Fprintf(stdout, "CNI %s plugin (%s@%s) installed as %s: it calls the next %s in the runtime's CNI_PATH, and none is set here\n", PluginName, PluginName, Version, invokedAs, invokedAs)
+			fmt.Fprintf(stderr, "CNI protocol versions supported: %s.\n", strings.Join(SupportedVersions.SupportedVersions(), ", "))
+			return 0
 		}
-		if path, err := plugin.FindDelegate(invokedAs, dirs); err == nil {
+		if path, err := plugin.FindDelegate(invokedAs, filepath.SplitList(p)); err == nil {
 			return printDelegateAbout(path, stdout, stderr)
 		}
 	}

@@ -63,3 +63,26 @@ func TestAboutUnderAnotherNameWithoutADelegateIsItsOwn(t *testing.T) {
 		t.Errorf("exit %d, stdout %q; want the plugin's own about line", code, out.String())
 	}
 }
+
+// Without CNI_PATH (Nomad's fingerprint sets none) the front copy cannot
+// know which bridge the runtime's path makes it call: it names none and
+// prints no token that parses as a version, so Nomad keeps the version of
+// the reference bridge in cni_path; with a stamped bridge in what would
+// have been the default directories, it still names none.
+func TestAboutUnderTheDelegatesNameWithoutCNIPathNamesNoDelegate(t *testing.T) {
+	var combined bytes.Buffer
+	code := run("bridge", nil, func(string) string { return "" }, &combined, &combined)
+	out := combined.String()
+	if code != 0 || !strings.Contains(out, "installed as bridge") || !strings.Contains(out, "none is set here") {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	nomadSemver := regexp.MustCompile(`^v?[0-9]+(\.[0-9]+){0,2}(-[0-9A-Za-z\-~]+(\.[0-9A-Za-z\-~]+)*|-?[A-Za-z\-~]+[0-9A-Za-z\-~]*(\.[0-9A-Za-z\-~]+)*)?(\+[0-9A-Za-z\-~]+(\.[0-9A-Za-z\-~]+)*)?$`)
+	for _, tok := range strings.Fields(out) {
+		if nomadSemver.MatchString(tok) {
+			t.Errorf("token %q parses as a version (Nomad would record it):\n%s", tok, out)
+		}
+	}
+	if strings.Contains(out, "in front of") {
+		t.Errorf("names a delegate it cannot know:\n%s", out)
+	}
+}

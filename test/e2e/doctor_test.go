@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
 )
@@ -103,7 +106,7 @@ func TestDoctor(t *testing.T) {
 		},
 		{
 			// bridge built without the version stamp prints "version
-			// unknown" and, last, "1.1.0": the first version Nomad finds.
+			// unknown" (what Nomad then records is the nomad: check's).
 			name: "unstamped-bridge",
 			setup: func(t *testing.T, e *testEnv, h *doctorHost) {
 				dir := filepath.Join(filepath.Dir(e.dataDir), "unstamped")
@@ -111,7 +114,7 @@ func TestDoctor(t *testing.T) {
 				h.cniPath = []string{dir, e.bin}
 			},
 			want: []doctorFinding{{"warn", "plugin", "TMP/unstamped/bridge",
-				`version unknown (Nomad records "1.1.0", the first version in its output): Nomad then reads bridge as 1.1.0 and never sends CHECK (no CHECK-time sweep)`,
+				`version unknown: built without its version stamped`,
 				"install plugins stamped with their version: make plugins"}},
 		},
 		{
@@ -632,6 +635,38 @@ func TestDoctorKnowsThePluginInstalledAsBridge(t *testing.T) {
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("doctor's output has no %q:\n%s", want, stdout)
+		}
+	}
+}
+
+// TestDoctorReadsTheNomadClient: with a Nomad agent answering (a stand-in
+// nomad CLI serving /v1/agent/self as `nomad operator api` prints it),
+// doctor takes the client's cni_path (the front copy first, the reference
+// plugins last), computes the bridge version Nomad records from the last
+// directory, and reports the built-in network's state.
+func TestDoctorReadsTheNomadClient(t *testing.T) {
+	e := newEnv(t)
+	front := e.frontDir(t)
+	fake := filepath.Join(t.TempDir(), "fakebin")
+	if err := os.MkdirAll(fake, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self := fmt.Sprintf(`{"config": {"Client": {"CNIPath": %q, "CNIConfigDir": %q, "BridgeNetworkName": "nbn%s", "BridgeNetworkSubnet": %q}}}`,
+		front+":"+e.bin, e.confDir, e.id, otherSubnet(e.subnet4).String())
+	script := "#!/bin/sh\n[ \"$1 $2 $3\" = \"operator api /v1/agent/self\" ] || exit 1\ncat <<'JSON'\n" + self + "\nJSON\n"
+	if err := os.WriteFile(filepath.Join(fake, "nomad"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: []string{"doctor"}, env: []string{"PATH=" + fake + ":" + os.Getenv("PATH"), "CNI_PATH"}})
+	out := r.stdout
+	for _, want := range []string{
+		"✓ nomad: client: settings from the agent's API (/v1/agent/self): cni_path " + front + ":" + e.bin + ", cni_config_dir " + e.confDir + ", bridge nbn" + e.id,
+		"✓ nomad: bridge: Nomad records bridge v1.10.0 (from " + filepath.Join(e.bin, "bridge") + ", the last bridge of cni_path",
+		"✓ plugin: " + filepath.Join(front, "bridge") + ": nomad-bridge-cni installed as bridge",
+		"state: nomad (Nomad's built-in bridge network): ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s\nstderr: %s", want, out, r.stderr)
 		}
 	}
 }
