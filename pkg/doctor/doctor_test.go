@@ -90,7 +90,7 @@ func (h *host) run() *Report {
 			nc.Source, nc.CNIPath, nc.CNIConfigDir = "the test's client", path, h.conf
 			return nc
 		},
-		EUID:     h.euid,
+		EUID: h.euid,
 		Version: func(path string) (string, error) {
 			if v, ok := h.versions[path]; ok {
 				return v, nil
