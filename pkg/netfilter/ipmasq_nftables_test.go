@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
 )
 
@@ -266,6 +268,81 @@ func TestNFTablesReleaseSurvivesMalformedUserdata(t *testing.T) {
 		rules, err := conn.GetRules(chain.Table, chain)
 		if err != nil || len(rules) != 1 {
 			t.Fatalf("left in the chain: %d rules (%v), want the malformed one", len(rules), err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// portmap's nftables rules of an attachment go only when they carry its
+// container ID and name one of its addresses: the same container ID on
+// another network (another address) and other containers keep theirs.
+func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "nftables in a namespace needs root")
+	}
+	netns, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	err = netns.Do(func(ns.NetNS) error {
+		conn, err := nftables.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		table := conn.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: portmapNFTTable})
+		hostports := conn.AddChain(&nftables.Chain{Table: table, Name: "hostports"})
+		masq := conn.AddChain(&nftables.Chain{Table: table, Name: "masquerading"})
+		dnat := func(chain *nftables.Chain, cid string, ip net.IP) {
+			conn.AddRule(&nftables.Rule{Table: table, Chain: chain,
+				Exprs:    []expr.Any{&expr.Immediate{Register: 1, Data: ip.To4()}, &expr.Counter{}},
+				UserData: userdata.AppendString(nil, userdata.TypeComment, cid)})
+		}
+		saddr := func(cid string, ip net.IP) {
+			conn.AddRule(&nftables.Rule{Table: table, Chain: masq,
+				Exprs: []expr.Any{
+					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ip.To4()},
+					&expr.Counter{},
+				},
+				UserData: userdata.AppendString(nil, userdata.TypeComment, cid)})
+		}
+		dnat(hostports, "c1", net.IPv4(10, 0, 0, 5))
+		saddr("c1", net.IPv4(10, 0, 0, 5))
+		dnat(hostports, "c1", net.IPv4(10, 1, 0, 9)) // c1 on another network
+		dnat(hostports, "c2", net.IPv4(10, 0, 0, 6))
+		if err := conn.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		c := &Cleaner{PortmapNFT: true}
+		rules, err := c.ListPortmapNFT()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := []netip.Addr{netip.MustParseAddr("10.0.0.5")}
+		if what, err := rules.Release("c1", addr, true); err != nil || len(what) != 1 || what[0] != "portmap nftables rules of c1 (2)" {
+			t.Fatalf("dry run: %q %v", what, err)
+		}
+		if what, err := rules.Release("c1", addr, false); err != nil || len(what) != 1 {
+			t.Fatalf("release: %q %v", what, err)
+		}
+		left, err := c.ListPortmapNFT()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left.rules) != 2 {
+			t.Fatalf("%d rules left, want c1's on the other network and c2's", len(left.rules))
+		}
+		for _, r := range left.rules {
+			if cm, _ := udataComment(r.UserData); string(cm) == "c1" && namesAny(r, addr) {
+				t.Errorf("rule %d of c1 at 10.0.0.5 left", r.Handle)
+			}
+		}
+		if what, err := (&Cleaner{}).ListPortmapNFT(); err != nil || what.conn != nil {
+			t.Errorf("a cleaner without PortmapNFT listed: %v", err)
 		}
 		return nil
 	})

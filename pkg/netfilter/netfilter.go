@@ -59,13 +59,16 @@ type Cleaner struct {
 	NFTables Backend
 	// ProbeFunc, if set, stands for Probe (tests' fake tables).
 	ProbeFunc func(network string) ([]string, error)
+	// PortmapNFT releases portmap's nftables rules of released
+	// attachments (ListPortmapNFT); false leaves them alone.
+	PortmapNFT bool
 }
 
 // New returns a Cleaner for every iptables family present on this host and
 // bridge's own nftables GC. A missing iptables binary is not an error: the
 // host then only has nftables rules, if any.
 func New() *Cleaner {
-	return &Cleaner{NFTables: nftBackend{}, findTables: hostTables}
+	return &Cleaner{NFTables: nftBackend{}, findTables: hostTables, PortmapNFT: true}
 }
 
 // hostTables finds iptables and ip6tables in PATH without running them.

@@ -206,6 +206,15 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 		if fr.err != nil {
 			return errors.Join(append(errs, fr.err)...)
 		}
+		pm, err := s.Netfilter.ListPortmapNFT()
+		if err == nil {
+			var what []string
+			what, err = pm.Release(old.ContainerID, attachmentAddrs(a), false)
+			rel.What = append(rel.What, what...)
+		}
+		if err != nil {
+			return errors.Join(append(errs, fmt.Errorf("portmap's nftables rules: %w", err))...)
+		}
 	}
 	recordGone, err := releaseFiles(leases, records.NewStore(d), a, false)
 	errs = append(errs, err)

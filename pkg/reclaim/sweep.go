@@ -222,6 +222,9 @@ type sweep struct {
 	forward                       *netfilter.ForwardRules
 	forwardListed, forwardUnknown bool
 	forwardKept                   int
+	// portmapNFT is portmap's nftables rules, listed at the first release
+	// like forward.
+	portmapNFT *netfilter.PortmapNFTRules
 	// recordsRead: the records' names were read again for the orphans
 	// (readRecordsAgain); recordsUnsure: that read failed, or a live
 	// process was writing a record.
@@ -433,8 +436,10 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 	w.released(p.rel)
 }
 
-// releaseForward releases the firewall rules of p's free addresses, from
-// one listing per sweep.
+// releaseForward releases the rules that name p only by its addresses:
+// the firewall plugin's of its free addresses, and portmap's nftables
+// rules commented with its container ID that name one of them; each
+// from one listing per sweep.
 func (w *sweep) releaseForward(p *pendingRelease) bool {
 	if w.Netfilter == nil {
 		return true
@@ -457,6 +462,21 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 	w.forwardKept += len(fr.kept)
 	if fr.err != nil {
 		w.errs = append(w.errs, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, fr.err))
+		return false
+	}
+	if w.portmapNFT == nil {
+		rules, err := w.Netfilter.ListPortmapNFT()
+		if err != nil {
+			w.errs = append(w.errs, fmt.Errorf("read portmap's nftables rules: %w", err))
+			w.forwardUnknown = true
+			return false
+		}
+		w.portmapNFT = rules
+	}
+	what, err := w.portmapNFT.Release(p.a.Key.ContainerID, attachmentAddrs(p.a), w.req.DryRun)
+	p.rel.What = append(p.rel.What, what...)
+	if err != nil {
+		w.errs = append(w.errs, fmt.Errorf("release portmap's nftables rules of %s: %w", p.a.Key, err))
 		return false
 	}
 	return true
