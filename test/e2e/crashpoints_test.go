@@ -362,6 +362,9 @@ func (e *testEnv) assertOnlyB(t *testing.T, s *crashScene) {
 	if nat := e.networkNAT(t); strings.Contains(nat, s.addrA.String()+"/") || strings.Contains(nat, s.addrA.String()+":") {
 		t.Errorf("NAT rules name A's released address %s:\n%s", s.addrA, nat)
 	}
+	// The firewall plugin's rules of A's address went with it (before
+	// its files: a kill between leaves the files that find them).
+	assertNoFirewall(t, s.addrA)
 }
 
 // restoreAndDel is Nomad restoring A after it was lost: a new namespace at

@@ -3,7 +3,9 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -160,4 +162,118 @@ func TestNFTablesOnlyHost(t *testing.T) {
 	if pm := portmapNFTRules(t); countOf(pm, live.cid)+countOf(pm, dead.cid) != 0 {
 		t.Errorf("portmap's nftables rules left: %q", pm)
 	}
+}
+
+// legacyOnlyScript runs its arguments in a mount namespace of their own in
+// which iptables and ip6tables (and their -save and -restore) are
+// iptables-legacy, found first in PATH, and iptables-nft cannot run.
+const legacyOnlyScript = `set -e
+bin=$(mktemp -d)
+for c in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+	ln -s "/usr/sbin/${c%%-*}-legacy${c#${c%%-*}}" "$bin/$c"
+done
+for f in /usr/sbin/xtables-nft-multi /usr/bin/xtables-nft-multi; do
+	if [ -e "$f" ]; then mount --bind /dev/null "$f"; fi
+done
+export PATH="$bin:$PATH"
+case "$(iptables --version)" in *legacy*) ;; *) echo "legacyOnly: iptables is not legacy" >&2; exit 99;; esac
+exec "$@"`
+
+// TestIPTablesLegacyOnlyHost is the reverse of TestNFTablesOnlyHost: a
+// host whose iptables is iptables-legacy and which has no iptables-nft
+// (the plugins run in a network namespace of the test's, standing for the
+// host, so the legacy tables live and die there). The sweep lists the
+// legacy tables (no netlink probe: iptables is not iptables-nft), and gc
+// releases a lost container's ipMasq, portmap and firewall rules; DEL of
+// the live one leaves nothing.
+func TestIPTablesLegacyOnlyHost(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	if _, err := exec.LookPath("iptables-legacy"); err != nil {
+		t.Fatalf("iptables-legacy not found (.ci/run installs iptables)")
+	}
+	host := e.addNetns(t, "host")
+	e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+	inHost := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", host.name, "unshare", "--mount", "--propagation", "private", "sh", "-c", legacyOnlyScript, "sh"}, args...)...)
+		cmd.Env = e.cnitoolCmd(ctx, "add", host).Env
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		return out.String() + errb.String(), err
+	}
+	cni := func(verb string, ns netns, port int) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+		defer cancel()
+		args := []string{"netns", "exec", host.name, "unshare", "--mount", "--propagation", "private", "sh", "-c", legacyOnlyScript, "sh",
+			"env", "CAP_ARGS=" + portMappings(port), filepath.Join(e.bin, "cnitool"), verb, e.netName, ns.path}
+		cmd := exec.CommandContext(ctx, "ip", args...)
+		cmd.Env = e.cnitoolCmd(ctx, verb, ns).Env
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("cnitool %s %s with iptables-legacy: %v\n%s%s", verb, ns.name, err, out.String(), errb.String())
+		}
+		return out.String()
+	}
+	forwardRules := func(addr netip.Addr) int {
+		t.Helper()
+		out, err := exec.Command("ip", "netns", "exec", host.name, "iptables-legacy", "-w", "-t", "filter", "-S", "CNI-FORWARD").CombinedOutput()
+		if err != nil {
+			t.Fatalf("iptables-legacy -S CNI-FORWARD: %v: %s", err, out)
+		}
+		return strings.Count(string(out), " "+addr.String()+"/32 ")
+	}
+	legacyRulesOf := func(cid string) int {
+		t.Helper()
+		n := 0
+		for _, cmd := range []string{"iptables-legacy", "ip6tables-legacy"} {
+			for _, table := range []string{"nat", "filter"} {
+				out, err := exec.Command("ip", "netns", "exec", host.name, cmd, "-w", "-t", table, "-S").CombinedOutput()
+				if err != nil {
+					t.Fatalf("%s -t %s -S: %v: %s", cmd, table, err, out)
+				}
+				n += strings.Count(string(out), `id: \"`+cid+`\"`)
+			}
+		}
+		return n
+	}
+	live, dead := e.addNetns(t, "live"), e.addNetns(t, "dead")
+	livePort, deadPort := randomHostPort(), randomHostPort()
+	for deadPort == livePort {
+		deadPort = randomHostPort()
+	}
+	cni("add", live, livePort)
+	deadAddr, _ := parseResult(t, cni("add", dead, deadPort)).addrIn(t, e.subnet4)
+	if n := forwardRules(deadAddr.Addr()); n != 2 {
+		t.Fatalf("%d legacy firewall rules of %s, want 2", n, deadAddr)
+	}
+	if legacyRulesOf(live.cid) == 0 || legacyRulesOf(dead.cid) == 0 {
+		t.Fatalf("no legacy rules of the containers: live %d, dead %d", legacyRulesOf(live.cid), legacyRulesOf(dead.cid))
+	}
+	e.assertNAT(t, dead.cid, natWant{}) // nothing in the test's own (nft) tables
+
+	if err := run("ip", "netns", "delete", dead.name); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := inHost(e.binary(pluginType), "gc", "--data-dir", e.dataDir); err != nil || !strings.Contains(out, "released") {
+		t.Fatalf("gc with iptables-legacy: %v\n%s", err, out)
+	}
+	if n := legacyRulesOf(dead.cid); n != 0 {
+		t.Errorf("gc left %d legacy rules of the dead container", n)
+	}
+	if n := forwardRules(deadAddr.Addr()); n != 0 {
+		t.Errorf("gc left %d legacy firewall rules of %s", n, deadAddr)
+	}
+	if legacyRulesOf(live.cid) == 0 {
+		t.Error("gc took the live container's legacy rules")
+	}
+	cni("del", live, livePort)
+	if n := legacyRulesOf(live.cid); n != 0 {
+		t.Errorf("DEL left %d legacy rules", n)
+	}
+	assertLeases(t, e.leaseDir(), nil)
 }
