@@ -110,8 +110,8 @@ func leasedElsewhere(roots []string, own ipamdir.Dir, a *Attachment, addr netip.
 			return "", err
 		}
 		for _, n := range nets {
-			if !n.IsDir() && n.Type()&fs.ModeSymlink == 0 {
-				continue
+			if !n.IsDir() {
+				continue // a link is never followed out of a data dir
 			}
 			path := filepath.Join(root, n.Name(), addr.String())
 			if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {

@@ -39,7 +39,7 @@ func plantLease(t *testing.T, dataDir, net, ip string) {
 // dir, or the legacy one) keeps them, and the release and the counts say
 // so. The rest of the attachment goes either way.
 func TestReleaseTakesFirewallRulesOfFreeAddressesOnly(t *testing.T) {
-	for _, where := range []string{"nowhere", "same-data-dir", "legacy"} {
+	for _, where := range []string{"nowhere", "same-data-dir", "legacy", "behind-a-link"} {
 		t.Run(where, func(t *testing.T) {
 			w := newWorld(t)
 			w.container("live", "10.0.0.2")
@@ -51,13 +51,20 @@ func TestReleaseTakesFirewallRulesOfFreeAddressesOnly(t *testing.T) {
 				plantLease(t, w.dataDir, "other-net", "10.0.0.3")
 			case "legacy":
 				plantLease(t, legacy, "bare-net", "10.0.0.3")
+			case "behind-a-link":
+				// A planted link is never followed out of the data dir.
+				outside := t.TempDir()
+				plantLease(t, outside, "net", "10.0.0.3")
+				if err := os.Symlink(filepath.Join(outside, "net"), filepath.Join(w.dataDir, "linked-net")); err != nil {
+					t.Fatal(err)
+				}
 			}
 			rep := w.sweep(Request{LegacyDataDir: legacy})
 			if rep.Released != 1 || w.hasRecord("gone") || slices.Contains(w.leases(), "10.0.0.3") {
 				t.Fatalf("released %d; leases %v", rep.Released, w.leases())
 			}
 			rel := rep.Releases[0]
-			kept := where != "nowhere"
+			kept := where == "same-data-dir" || where == "legacy"
 			if got, want := w.nat.Forwards(), map[bool][]string{false: {"10.0.0.2"}, true: {"10.0.0.2", "10.0.0.3"}}[kept]; !slices.Equal(got, want) {
 				t.Errorf("firewall rules left for %q, want %q", got, want)
 			}

@@ -14,6 +14,20 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 )
 
+// leasesJSON runs `leases --json` on the test's network and decodes it.
+func (e *testEnv) leasesJSON(t *testing.T) leasesDoc {
+	t.Helper()
+	stdout, stderr, err := e.operator(t, "leases", "--data-dir", e.dataDir, "--network", e.netName, "--json")
+	if err != nil {
+		t.Fatalf("leases --json: %v\n%s", err, stderr)
+	}
+	var doc leasesDoc
+	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
+		t.Fatalf("leases --json is not JSON: %v\n%s", err, stdout)
+	}
+	return doc
+}
+
 // leasesDoc is the documented schema of `leases --json`.
 type leasesDoc struct {
 	DataDir string `json:"dataDir"`
@@ -49,14 +63,7 @@ func TestOperatorLeasesAndGC(t *testing.T) {
 	deadAddr, _ := parseResult(t, e.mustCNI(t, "add", dead, "")).addrIn(t, e.subnet4)
 	e.destroyNetns(t, dead)
 
-	stdout, stderr, err := e.operator(t, "leases", "--data-dir", e.dataDir, "--network", e.netName, "--json")
-	if err != nil {
-		t.Fatalf("leases --json: %v\n%s", err, stderr)
-	}
-	var doc leasesDoc
-	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
-		t.Fatalf("leases --json is not JSON: %v\n%s", err, stdout)
-	}
+	doc := e.leasesJSON(t)
 	states := map[string]string{}
 	for _, l := range doc.Leases {
 		states[l.ContainerID] = l.State + " " + l.Reason

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -54,14 +53,7 @@ func TestIPv6Sweeps(t *testing.T) {
 			e.assertNAT(t, dead.cid, nat(deadAddrs, deadPort))
 			e.destroyNetns(t, dead)
 
-			stdout, stderr, err := e.operator(t, "leases", "--data-dir", e.dataDir, "--network", e.netName, "--json")
-			if err != nil {
-				t.Fatalf("leases --json: %v\n%s", err, stderr)
-			}
-			var doc leasesDoc
-			if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
-				t.Fatalf("leases --json: %v\n%s", err, stdout)
-			}
+			doc := e.leasesJSON(t)
 			shown := map[string][]string{}
 			for _, l := range doc.Leases {
 				shown[l.ContainerID] = append(shown[l.ContainerID], l.IP+" "+l.State)
