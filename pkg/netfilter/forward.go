@@ -82,7 +82,7 @@ func (c *Cleaner) ListForward() (*ForwardRules, error) {
 // Has reports whether the listing holds a firewall rule of addr.
 func (f *ForwardRules) Has(addr netip.Addr) bool {
 	for _, ft := range f.tables {
-		if ft.v6 != addr.Is6() {
+		if ft.v6 != addr.Is6() || len(ft.lines) == 0 {
 			continue
 		}
 		for _, spec := range forwardSpecs(addr) {
@@ -92,6 +92,17 @@ func (f *ForwardRules) Has(addr netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// Empty reports whether the listing holds no rule at all: a host without
+// the firewall plugin, where a release has nothing to look for.
+func (f *ForwardRules) Empty() bool {
+	for _, ft := range f.tables {
+		if len(ft.lines) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Release deletes the listed firewall rules of addrs and describes what

@@ -64,7 +64,7 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 // Release deletes, in one batch, the rules commented containerID that
 // name one of addrs, and describes what went (dryRun: what would go).
 func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun bool) ([]string, error) {
-	if p == nil || p.conn == nil {
+	if p == nil || p.conn == nil || len(p.rules) == 0 {
 		return nil, nil
 	}
 	n := 0

@@ -53,6 +53,9 @@ type forwardRelease struct {
 // lease outside a's own holds under roots, from the listing rules.
 func releaseForwardOf(rules *netfilter.ForwardRules, roots []string, own ipamdir.Dir, a *Attachment, dryRun bool) forwardRelease {
 	var out forwardRelease
+	if rules.Empty() {
+		return out
+	}
 	var free []netip.Addr
 	for _, addr := range attachmentAddrs(a) {
 		if !rules.Has(addr) {
