@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
+	"strings"
 
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/mattn/go-shellwords"
@@ -50,10 +50,15 @@ type ForwardRules struct {
 }
 
 type forwardTable struct {
-	t     Table
-	v6    bool
-	lines []string
+	t  Table
+	v6 bool
+	// specs are the chain's rulespecs, as Delete takes them, joined by
+	// NUL: a release looks its address's two up instead of parsing the
+	// chain again (a busy node's chain holds two rules per container).
+	specs map[string]bool
 }
+
+func specKey(spec []string) string { return strings.Join(spec, "\x00") }
 
 // ListForward lists CNI-FORWARD in every family. A family without the
 // chain (no firewall plugin) has no rules.
@@ -74,7 +79,14 @@ func (c *Cleaner) ListForward() (*ForwardRules, error) {
 		if fam, ok := t.(interface{ IsIPv6() bool }); ok {
 			v6 = fam.IsIPv6()
 		}
-		f.tables = append(f.tables, forwardTable{t: t, v6: v6, lines: lines})
+		ft := forwardTable{t: t, v6: v6, specs: map[string]bool{}}
+		for _, line := range lines {
+			words, err := shellwords.Parse(line)
+			if err == nil && len(words) > 2 && words[0] == "-A" && words[1] == ForwardChain {
+				ft.specs[specKey(words[2:])] = true
+			}
+		}
+		f.tables = append(f.tables, ft)
 	}
 	return f, errors.Join(errs...)
 }
@@ -82,11 +94,11 @@ func (c *Cleaner) ListForward() (*ForwardRules, error) {
 // Has reports whether the listing holds a firewall rule of addr.
 func (f *ForwardRules) Has(addr netip.Addr) bool {
 	for _, ft := range f.tables {
-		if ft.v6 != addr.Is6() || len(ft.lines) == 0 {
+		if ft.v6 != addr.Is6() || len(ft.specs) == 0 {
 			continue
 		}
 		for _, spec := range forwardSpecs(addr) {
-			if hasRule(ft.lines, ForwardChain, spec) {
+			if ft.specs[specKey(spec)] {
 				return true
 			}
 		}
@@ -98,7 +110,7 @@ func (f *ForwardRules) Has(addr netip.Addr) bool {
 // the firewall plugin, where a release has nothing to look for.
 func (f *ForwardRules) Empty() bool {
 	for _, ft := range f.tables {
-		if len(ft.lines) > 0 {
+		if len(ft.specs) > 0 {
 			return false
 		}
 	}
@@ -117,7 +129,7 @@ func (f *ForwardRules) Release(addrs []netip.Addr, dryRun bool) ([]string, error
 				continue
 			}
 			for _, spec := range forwardSpecs(a) {
-				if !hasRule(ft.lines, ForwardChain, spec) {
+				if !ft.specs[specKey(spec)] {
 					continue
 				}
 				if !dryRun {
@@ -125,6 +137,7 @@ func (f *ForwardRules) Release(addrs []netip.Addr, dryRun bool) ([]string, error
 						errs = append(errs, fmt.Errorf("delete firewall rule of %s from %s: %w", a, ForwardChain, err))
 						continue
 					}
+					delete(ft.specs, specKey(spec))
 				}
 				n++
 			}
@@ -143,15 +156,4 @@ func (c *Cleaner) ReleaseForward(addrs []netip.Addr, dryRun bool) ([]string, err
 		return nil, err
 	}
 	return f.Release(addrs, dryRun)
-}
-
-// hasRule reports whether `iptables -S` lines hold exactly `-A chain spec`.
-func hasRule(lines []string, chain string, spec []string) bool {
-	for _, line := range lines {
-		words, err := shellwords.Parse(line)
-		if err == nil && len(words) == len(spec)+2 && words[0] == "-A" && words[1] == chain && slices.Equal(words[2:], spec) {
-			return true
-		}
-	}
-	return false
 }

@@ -1,6 +1,7 @@
 package netfilter_test
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -49,5 +50,27 @@ func TestReleaseForwardRemovesOnlyTheAddressesRules(t *testing.T) {
 	// A host without the firewall plugin's chain has nothing to release.
 	if got, err := (&netfilter.Cleaner{Tables: []netfilter.Table{fakenat.New()}}).ReleaseForward(addrs, false); err != nil || len(got) != 0 {
 		t.Errorf("without CNI-FORWARD: %q %v", got, err)
+	}
+}
+
+// Looking an address up costs the same whatever the chain holds: a busy
+// node's CNI-FORWARD has two rules per container, and a gc asks once per
+// released address (parsing the chain on each ask made a sweep of 2047
+// releases with 2000 such rules take 8.8 s instead of 0.16 s).
+func TestForwardLookupDoesNotParseTheChainAgain(t *testing.T) {
+	allocs := func(rules int) float64 {
+		v4 := fakenat.New()
+		for i := range rules {
+			v4.AddForward(fmt.Sprintf("192.0.%d.%d", 2+i/250, 1+i%250))
+		}
+		f, err := (&netfilter.Cleaner{Tables: []netfilter.Table{v4}}).ListForward()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := netip.MustParseAddr("10.0.0.5")
+		return testing.AllocsPerRun(50, func() { f.Has(addr) })
+	}
+	if few, many := allocs(2), allocs(2000); many > few {
+		t.Errorf("Has allocates %.0f times with 2000 rules in the chain, %.0f with 2: it parses the chain on each call", many, few)
 	}
 }

@@ -333,11 +333,11 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(left.rules) != 2 {
-			t.Fatalf("%d rules left, want c1's on the other network and c2's", len(left.rules))
+		if n := len(left.byComment["c1"]) + len(left.byComment["c2"]); n != 2 {
+			t.Fatalf("%d rules left, want c1's on the other network and c2's", n)
 		}
-		for _, r := range left.rules {
-			if cm, _ := udataComment(r.UserData); string(cm) == "c1" && namesAny(r, addr) {
+		for _, r := range left.byComment["c1"] {
+			if namesAny(r, addr) {
 				t.Errorf("rule %d of c1 at 10.0.0.5 left", r.Handle)
 			}
 		}

@@ -26,8 +26,10 @@ const portmapNFTTable = "cni_hostport"
 // PortmapNFTRules are portmap's nftables rules, listed once (a sweep's
 // releases share one listing).
 type PortmapNFTRules struct {
-	conn  *nftables.Conn
-	rules []*nftables.Rule
+	conn *nftables.Conn
+	// byComment are the rules by their comment (a container ID): a
+	// release looks at its container's only.
+	byComment map[string][]*nftables.Rule
 }
 
 // ListPortmapNFT lists the rules of both cni_hostport tables. A host
@@ -41,7 +43,7 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 	if err != nil {
 		return &PortmapNFTRules{}, nil
 	}
-	p := &PortmapNFTRules{conn: conn}
+	p := &PortmapNFTRules{conn: conn, byComment: map[string][]*nftables.Rule{}}
 	for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
 		chains, err := conn.ListChainsOfTableFamily(family)
 		if err != nil {
@@ -55,7 +57,11 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 			if err != nil {
 				return nil, fmt.Errorf("list rules of %s %s: %w", portmapNFTTable, ch.Name, err)
 			}
-			p.rules = append(p.rules, rules...)
+			for _, r := range rules {
+				if c, ok := udataComment(r.UserData); ok {
+					p.byComment[string(c)] = append(p.byComment[string(c)], r)
+				}
+			}
 		}
 	}
 	return p, nil
@@ -64,13 +70,12 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 // Release deletes, in one batch, the rules commented containerID that
 // name one of addrs, and describes what went (dryRun: what would go).
 func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun bool) ([]string, error) {
-	if p == nil || p.conn == nil || len(p.rules) == 0 {
+	if p == nil || p.conn == nil || len(p.byComment[containerID]) == 0 {
 		return nil, nil
 	}
 	n := 0
-	for _, r := range p.rules {
-		comment, ok := udataComment(r.UserData)
-		if !ok || string(comment) != containerID || !namesAny(r, addrs) {
+	for _, r := range p.byComment[containerID] {
+		if !namesAny(r, addrs) {
 			continue
 		}
 		if !dryRun {
