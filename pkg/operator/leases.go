@@ -93,8 +93,19 @@ func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 		if _, err := s.Sweep(req); err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
 		}
+		if k, ok := sink.(keptSink); ok {
+			if n := s.Releases(d)[reclaim.ForwardKeptCount]; n > 0 {
+				k.Kept(network, n)
+			}
+		}
 	}
 	return errors.Join(append(errs, sink.End(problems))...)
+}
+
+// keptSink is a LeasesSink that says, per network, how many released
+// addresses kept their firewall rules (another network leases them).
+type keptSink interface {
+	Kept(network string, addresses int)
 }
 
 func rowsOf(network string, a *reclaim.Attachment, now time.Time) []Row {
@@ -135,10 +146,11 @@ func age(now, t time.Time) int64 {
 // of tableBlock rows (a tabwriter holds the text of what it aligns): one
 // block up to that many rows, bounded memory beyond.
 type LeasesTable struct {
-	w   io.Writer
-	tw  *tabwriter.Writer
-	n   int
-	err error
+	w    io.Writer
+	tw   *tabwriter.Writer
+	n    int
+	kept []string
+	err  error
 }
 
 const tableBlock = 4096
@@ -169,9 +181,20 @@ func (t *LeasesTable) Row(r Row) {
 	}
 }
 
+// Kept notes, below the table, a network whose releases kept firewall
+// rules (reclaim.ForwardKeptCount).
+func (t *LeasesTable) Kept(network string, addresses int) {
+	t.kept = append(t.kept, fmt.Sprintf("kept: %s: the firewall rules of %d released address(es), which another network leases (see its releases in the log)", network, addresses))
+}
+
 func (t *LeasesTable) End(problems *Problems) error {
 	if err := t.tw.Flush(); err != nil && t.err == nil {
 		t.err = err
+	}
+	for _, k := range t.kept {
+		if t.err == nil {
+			_, t.err = fmt.Fprintln(t.w, k)
+		}
 	}
 	err := problems.Each(func(p string) {
 		if t.err == nil {

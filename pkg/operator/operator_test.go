@@ -475,3 +475,21 @@ func TestGCMigratesAndRemembersItsSweepAsCHECKDoes(t *testing.T) {
 		})
 	}
 }
+
+// A network whose releases kept firewall rules (another network leased
+// the address) says how many, below the table.
+func TestLeasesTableSaysWhatReleasesKept(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	d := ipamdir.New(dataDir, "nomad")
+	if err := os.WriteFile(d.Marker(ipamdir.ReleasesMarker), []byte(`{"namespace-gone":3,"firewall-rules-kept":2}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := Leases(s, scopeOf(dataDir, []string{"nomad", "other"}), NewLeasesTable(&table)); err != nil {
+		t.Fatal(err)
+	}
+	want := "kept: nomad: the firewall rules of 2 released address(es), which another network leases"
+	if !strings.Contains(table.String(), want) || strings.Contains(table.String(), "kept: other") {
+		t.Errorf("leases table lacks %q (or names other):\n%s", want, table.String())
+	}
+}
