@@ -148,12 +148,3 @@ func (f *ForwardRules) Release(addrs []netip.Addr, dryRun bool) ([]string, error
 	}
 	return removed, errors.Join(errs...)
 }
-
-// ReleaseForward is ListForward, then Release.
-func (c *Cleaner) ReleaseForward(addrs []netip.Addr, dryRun bool) ([]string, error) {
-	f, err := c.ListForward()
-	if err != nil {
-		return nil, err
-	}
-	return f.Release(addrs, dryRun)
-}

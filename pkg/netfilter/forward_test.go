@@ -26,11 +26,11 @@ func TestReleaseForwardRemovesOnlyTheAddressesRules(t *testing.T) {
 	c := &netfilter.Cleaner{Tables: []netfilter.Table{v4, v6}}
 	addrs := []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")}
 
-	dry, err := c.ReleaseForward(addrs, true)
+	dry, err := releaseForward(t, c, addrs, true)
 	if err != nil || len(dry) != 2 || len(v4.Filter["CNI-FORWARD"]) != 7 {
 		t.Fatalf("dry run: %q %v; chain %q", dry, err, v4.Filter["CNI-FORWARD"])
 	}
-	removed, err := c.ReleaseForward(addrs, false)
+	removed, err := releaseForward(t, c, addrs, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,11 +44,11 @@ func TestReleaseForwardRemovesOnlyTheAddressesRules(t *testing.T) {
 	if len(v4.Filter["CNI-FORWARD"]) != 5 || len(v6.Filter["CNI-FORWARD"]) != 0 {
 		t.Errorf("left v4 %q, v6 %q", v4.Filter["CNI-FORWARD"], v6.Filter["CNI-FORWARD"])
 	}
-	if again, err := c.ReleaseForward(addrs, false); err != nil || len(again) != 0 {
+	if again, err := releaseForward(t, c, addrs, false); err != nil || len(again) != 0 {
 		t.Errorf("second release: %q %v", again, err)
 	}
 	// A host without the firewall plugin's chain has nothing to release.
-	if got, err := (&netfilter.Cleaner{Tables: []netfilter.Table{fakenat.New()}}).ReleaseForward(addrs, false); err != nil || len(got) != 0 {
+	if got, err := releaseForward(t, &netfilter.Cleaner{Tables: []netfilter.Table{fakenat.New()}}, addrs, false); err != nil || len(got) != 0 {
 		t.Errorf("without CNI-FORWARD: %q %v", got, err)
 	}
 }
@@ -73,4 +73,15 @@ func TestForwardLookupDoesNotParseTheChainAgain(t *testing.T) {
 	if few, many := allocs(2), allocs(2000); many > few {
 		t.Errorf("Has allocates %.0f times with 2000 rules in the chain, %.0f with 2: it parses the chain on each call", many, few)
 	}
+}
+
+// releaseForward lists CNI-FORWARD afresh and releases addrs' rules, as a
+// sweep does at its first release.
+func releaseForward(t *testing.T, c *netfilter.Cleaner, addrs []netip.Addr, dryRun bool) ([]string, error) {
+	t.Helper()
+	f, err := c.ListForward()
+	if err != nil {
+		return nil, err
+	}
+	return f.Release(addrs, dryRun)
 }

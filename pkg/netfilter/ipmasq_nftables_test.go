@@ -25,17 +25,11 @@ import (
 // exactly as bridge's teardown and GC release them; what is left is listed
 // through knftables, as bridge reads it.
 func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "nftables in a namespace needs root")
-	}
 	if _, err := exec.LookPath("nft"); err != nil {
 		skipOrFail(t, "bridge's nftables ipMasq needs the nft binary (.ci/run installs nftables)")
 	}
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	netns := nftNamespace(t)
+	var err error
 
 	backend := "nftables"
 	// 64-hex container IDs and a long network name make bridge cut the
@@ -227,17 +221,11 @@ func TestParseNFTComment(t *testing.T) {
 // rules passes it by instead of panicking (userdata.Get slices past the
 // end of such a TLV).
 func TestNFTablesReleaseSurvivesMalformedUserdata(t *testing.T) {
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "nftables in a namespace needs root")
-	}
 	if _, err := exec.LookPath("nft"); err != nil {
 		skipOrFail(t, "bridge's nftables ipMasq needs the nft binary (.ci/run installs nftables)")
 	}
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	netns := nftNamespace(t)
+	var err error
 	backend := "nftables"
 	err = netns.Do(func(ns.NetNS) error {
 		ipn := &net.IPNet{IP: net.IPv4(10, 9, 0, 2), Mask: net.CIDRMask(24, 32)}
@@ -280,14 +268,8 @@ func TestNFTablesReleaseSurvivesMalformedUserdata(t *testing.T) {
 // container ID and name one of its addresses: the same container ID on
 // another network (another address) and other containers keep theirs.
 func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "nftables in a namespace needs root")
-	}
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	netns := nftNamespace(t)
+	var err error
 	err = netns.Do(func(ns.NetNS) error {
 		conn, err := nftables.New()
 		if err != nil {
@@ -349,4 +331,19 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// nftNamespace is a throw-away network namespace for tests of nftables
+// state (root, else skipOrFail), removed when the test ends.
+func nftNamespace(t *testing.T) ns.NetNS {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "nftables in a namespace needs root")
+	}
+	netns, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	return netns
 }

@@ -290,30 +290,26 @@ func ruleComments(b []byte, fn func([]byte)) error {
 // matchComment reads an expression: an xt "comment" match's info is
 // struct xt_comment_info, the comment NUL-terminated in 256 bytes.
 func matchComment(elem []byte, fn func([]byte)) {
-	var isMatch bool
-	var data []byte
-	eachAttr(elem, func(typ uint16, v []byte) {
+	name, data := namedAttr(elem, unix.NFTA_EXPR_NAME, unix.NFTA_EXPR_DATA)
+	if name != "match" || data == nil {
+		return
+	}
+	if match, info := namedAttr(data, unix.NFTA_MATCH_NAME, unix.NFTA_MATCH_INFO); match == "comment" && info != nil {
+		fn(cString(info))
+	}
+}
+
+// namedAttr finds, among b's attributes, the string of type nameType and
+// the payload of type dataType: an expression's name and data, a match's
+// name and info.
+func namedAttr(b []byte, nameType, dataType uint16) (name string, data []byte) {
+	eachAttr(b, func(typ uint16, v []byte) {
 		switch typ {
-		case unix.NFTA_EXPR_NAME:
-			isMatch = string(cString(v)) == "match"
-		case unix.NFTA_EXPR_DATA:
+		case nameType:
+			name = string(cString(v))
+		case dataType:
 			data = v
 		}
 	})
-	if !isMatch || data == nil {
-		return
-	}
-	var isComment bool
-	var info []byte
-	eachAttr(data, func(typ uint16, v []byte) {
-		switch typ {
-		case unix.NFTA_MATCH_NAME:
-			isComment = string(cString(v)) == "comment"
-		case unix.NFTA_MATCH_INFO:
-			info = v
-		}
-	})
-	if isComment && info != nil {
-		fn(cString(info))
-	}
+	return name, data
 }

@@ -216,12 +216,15 @@ type sweep struct {
 	// natBatch (flushBatch).
 	natWait, batch []pendingRelease
 	// forward is the firewall plugin's CNI-FORWARD rules, listed at the
-	// first release (forwardListed); forwardUnknown: that listing failed,
-	// so no released attachment's files may go. forwardKept counts the
-	// addresses whose rules stayed (ForwardKeptCount).
+	// first release (forwardListed); forwardUnknown: that listing or
+	// portmapNFT's failed, so no released attachment's files may go.
+	// forwardKept counts the addresses whose rules stayed
+	// (ForwardKeptCount); roots are where leases that keep them may be
+	// (leaseRoots), found at the first release too.
 	forward                       *netfilter.ForwardRules
 	forwardListed, forwardUnknown bool
 	forwardKept                   int
+	roots                         []string
 	// portmapNFT is portmap's nftables rules, listed at the first release
 	// like forward.
 	portmapNFT *netfilter.PortmapNFTRules
@@ -456,7 +459,10 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 	if w.forwardUnknown {
 		return false
 	}
-	fr := releaseForwardOf(w.forward, leaseRoots(w.req.Dir, w.req.LegacyDataDir, w.req.OtherDataDirs), w.req.Dir, p.a, w.req.DryRun)
+	if w.roots == nil {
+		w.roots = leaseRoots(w.req.Dir, w.req.LegacyDataDir, w.req.OtherDataDirs)
+	}
+	fr := releaseForwardOf(w.forward, w.roots, w.req.Dir, p.a, w.req.DryRun)
 	p.rel.What = append(p.rel.What, fr.what...)
 	p.rel.Kept = append(p.rel.Kept, fr.kept...)
 	w.forwardKept += len(fr.kept)
