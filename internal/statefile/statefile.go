@@ -100,7 +100,8 @@ func OpenAt(dirfd int, name string) (int, error) {
 type ReadMode uint8
 
 const (
-	// WithStat also returns the file's fstat.
+	// WithStat also returns the file's fstat, and reads into a buffer
+	// of the file's size.
 	WithStat ReadMode = 1 << iota
 	// ShortReadEnds takes a read that returns less than asked as the
 	// end of the file, saving the read that would return 0. A regular
@@ -131,7 +132,13 @@ func ReadSmallFileAt(dirfd int, dir, name string, limit int, mode ReadMode) ([]b
 			return nil, nil, &os.PathError{Op: "fstat", Path: path(), Err: err}
 		}
 	}
-	b := make([]byte, 0, 512)
+	size := 512
+	if st != nil && st.Size >= 0 && st.Size < int64(limit) {
+		// One allocation and (with ShortReadEnds) one read: growing from
+		// 512 bytes costs a large file dozens of both.
+		size = int(st.Size) + 1
+	}
+	b := make([]byte, 0, size)
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]

@@ -136,7 +136,11 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	defer unlock()
 
-	j, err := newJudge(s.Host, records.NewStore(req.Dir), req.Valid, req.GC)
+	store := records.NewStore(req.Dir)
+	if req.DryRun {
+		store = store.WithoutCacheWrites()
+	}
+	j, err := newJudge(s.Host, store, req.Valid, req.GC)
 	if err != nil {
 		return nil, err
 	}
@@ -191,6 +195,9 @@ type sweep struct {
 	judge   *judge
 	// claimed are the addresses judged in pass 1.
 	claimed map[[16]byte]struct{}
+	// releasedKeys are the attachments released, which the walk cache
+	// drops.
+	releasedKeys map[records.Key]struct{}
 	// later are the attachments judged after pass 2.
 	later map[records.Key]*Attachment
 	// backends are the NAT backends (Netfilter.Backends) and rules their
@@ -306,6 +313,7 @@ func (w *sweep) run() error {
 	}
 	w.flushBatch()
 	w.releaseNAT()
+	w.records.SaveWalkCache(listing, func(k records.Key) bool { _, ok := w.releasedKeys[k]; return ok })
 	return nil
 }
 
@@ -324,6 +332,13 @@ func (w *sweep) record(r *records.Record) {
 	}
 	a.Verdict = w.judge.verdict(a)
 	w.judge.forget(r)
+	if r.FromCache() && a.Verdict.State != Live {
+		// The walk cache only spares the reads of records judged live:
+		// anything else is judged again on its file (see records'
+		// walkcache.go), as it would be without the cache.
+		w.recordFromFile(a.Key)
+		return
+	}
 	trust := !w.req.DryRun && !w.req.GC && a.Verdict.State != Stale
 	for _, cidr := range r.IPs {
 		ip, _, err := net.ParseCIDR(cidr)
@@ -347,6 +362,20 @@ func (w *sweep) record(r *records.Record) {
 	}
 	sortLeases(a.Leases)
 	w.judged(a)
+}
+
+// recordFromFile is pass 1 for the record of k read from its file, as a
+// walk without its cache would have read it: damaged, it is reported and
+// its attachment seen; gone, a DEL took it since the listing.
+func (w *sweep) recordFromFile(k records.Key) {
+	r, err := w.records.Read(k)
+	switch {
+	case err != nil:
+		w.problem(err)
+		w.saw(k, true)
+	case r != nil:
+		w.record(r)
+	}
 }
 
 // lease is pass 2: a lease no record claimed, kept for the end.
@@ -490,6 +519,10 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 
 func (w *sweep) released(rel Release) {
 	w.report.Released++
+	if w.releasedKeys == nil {
+		w.releasedKeys = map[records.Key]struct{}{}
+	}
+	w.releasedKeys[rel.Key] = struct{}{}
 	if !w.req.DryRun {
 		w.logf("%s: released %s", w.req.Dir.Network, rel)
 	}

@@ -70,7 +70,15 @@ type Record struct {
 	// LegacyLeases are a migrated attachment's lease files in the legacy
 	// directory.
 	LegacyLeases []string `json:"legacyLeases,omitempty"`
+
+	// fromCache: a walk took this record from its cache, not its file.
+	fromCache bool
 }
+
+// FromCache reports whether a walk took r from the walk cache rather than
+// from its file (see walkcache.go): what acts on r must read it again
+// unless r's verdict leaves it alone.
+func (r *Record) FromCache() bool { return r.fromCache }
 
 // Key identifies an attachment, as in the CNI GC verb.
 type Key struct {
@@ -92,12 +100,24 @@ func (r *Record) Key() Key { return Key{r.ContainerID, r.IfName} }
 type Store struct {
 	dir     string
 	network string
+	// noCacheWrites: walks take records from the walk cache but leave
+	// it as it is (WithoutCacheWrites).
+	noCacheWrites bool
 }
 
 // NewStore names the record directory for network under dataDir; nothing
 // is created until the first Write.
 func NewStore(d ipamdir.Dir) *Store {
 	return &Store{dir: d.Records(), network: d.Network}
+}
+
+// WithoutCacheWrites is s for what must change nothing in the data dir (a
+// dry run): its walks still take records from the walk cache, and never
+// write it.
+func (s *Store) WithoutCacheWrites() *Store {
+	c := *s
+	c.noCacheWrites = true
+	return &c
 }
 
 // Dir is where the network's records live.
@@ -234,6 +254,8 @@ type Listing struct {
 	Temps map[string]int
 	// onDamaged, when set, takes what Problems and Damaged would hold.
 	onDamaged func(err error, k Key, named bool)
+	// cache is what SaveWalkCache writes.
+	cache *cacheUpdate
 }
 
 // Walk reads the records of the network, calling fn with each, so that a
@@ -273,10 +295,13 @@ func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, n
 	}
 	defer dir.Close()
 	w := &walk{s: s, dirfd: int(dir.Fd()), prepare: prepare}
-	err = statefile.EachDirBatch(dir, func(entries []fs.DirEntry) {
+	if w.caching = statefile.OnTmpfs(w.dirfd); w.caching {
+		w.cache = loadWalkCache(w.dirfd, s.dir)
+	}
+	err = statefile.EachDirBatchIno(dir, func(entries []statefile.DirEnt) {
 		// Chunk k+1 is read while chunk k is delivered: fn's own work
 		// (a sweep's verdicts and releases) overlaps the reading.
-		var chunks [][]fs.DirEntry
+		var chunks [][]statefile.DirEnt
 		for len(entries) > 0 {
 			n := min(len(entries), walkChunk)
 			chunks, entries = append(chunks, entries[:n]), entries[n:]
@@ -295,6 +320,7 @@ func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, n
 	if err != nil {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
+	l.cache = w.cacheUpdate()
 	return l, nil
 }
 
@@ -306,19 +332,30 @@ type walk struct {
 	// read is what was read of two chunks' entries, by index: the one
 	// being delivered and the one being read.
 	read [2][walkChunk]readRecord
+	// caching: the directory is on tmpfs, where the walk cache holds
+	// (see walkcache.go). cache is the one found; next is what this walk
+	// keeps for the next one, until it holds more than walkCacheMax
+	// (overflow); misses counts the cacheable records read from their file.
+	caching  bool
+	cache    walkCache
+	next     []cachedRecord
+	overflow bool
+	misses   int
 }
 
 // readRecord is what reading one entry gave: a record, an error, or
-// neither (not a record file, or removed since the listing).
+// neither (not a record file, or removed since the listing); and the
+// bytes of a record read from its file, for the walk cache.
 type readRecord struct {
-	r   *Record
-	err error
+	r    *Record
+	err  error
+	read []byte
 }
 
 // start reads the chunk's record files into out on other goroutines
 // (several when the chunk is large enough to gain from them), and returns
 // what waits for them to be done.
-func (w *walk) start(entries []fs.DirEntry, out *[walkChunk]readRecord) (wait func()) {
+func (w *walk) start(entries []statefile.DirEnt, out *[walkChunk]readRecord) (wait func()) {
 	readers := max(1, min(walkReaders, runtime.GOMAXPROCS(0), len(entries)/16))
 	var next atomic.Int32
 	var wg sync.WaitGroup
@@ -332,11 +369,21 @@ func (w *walk) start(entries []fs.DirEntry, out *[walkChunk]readRecord) (wait fu
 	return wg.Wait
 }
 
-// readEntry reads and decodes one entry if it is a record file.
-func (w *walk) readEntry(e fs.DirEntry) readRecord {
+// readEntry reads and decodes one entry if it is a record file: from the
+// walk cache when it lists the file's name and inode, else from the file.
+func (w *walk) readEntry(e statefile.DirEnt) readRecord {
 	name := e.Name()
 	if strings.HasPrefix(name, ".") || !e.Type().IsRegular() {
 		return readRecord{} // deliver says what it is
+	}
+	if b, ok := w.cache.lookup(name, e.Ino()); ok {
+		if r, err := w.s.decode(name, b); err == nil && cacheable(r) {
+			r.fromCache = true
+			if w.prepare != nil {
+				w.prepare(r)
+			}
+			return readRecord{r: r}
+		}
 	}
 	b, _, err := statefile.ReadSmallFileAt(w.dirfd, w.s.dir, name, statefile.DefaultLimit, statefile.ShortReadEnds)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -352,13 +399,13 @@ func (w *walk) readEntry(e fs.DirEntry) readRecord {
 	if w.prepare != nil {
 		w.prepare(r)
 	}
-	return readRecord{r: r}
+	return readRecord{r: r, read: b}
 }
 
 // deliver hands one entry to the walk's caller, in order.
-func (w *walk) deliver(l *Listing, e fs.DirEntry, got *readRecord, fn func(*Record)) {
+func (w *walk) deliver(l *Listing, e statefile.DirEnt, got *readRecord, fn func(*Record)) {
 	name := e.Name()
-	r, err := got.r, got.err
+	r, err, read := got.r, got.err, got.read
 	*got = readRecord{} // held no longer than needed
 	switch {
 	case strings.HasPrefix(name, statefile.TempPrefix) && e.Type().IsRegular():
@@ -366,13 +413,79 @@ func (w *walk) deliver(l *Listing, e fs.DirEntry, got *readRecord, fn func(*Reco
 			l.addTemp(name, pid)
 		}
 	case strings.HasPrefix(name, "."):
-		// A boot marker (.migrated, ...), a temp file of unknown origin.
+		// A boot marker (.migrated, ...), the walk cache, a temp file of
+		// unknown origin.
 	case !e.Type().IsRegular():
 		l.damaged(name, fmt.Errorf("record %s: not a regular file", filepath.Join(w.s.dir, name)))
 	case err != nil:
 		l.damaged(name, err)
 	case r != nil:
+		w.keep(name, e.Ino(), r, read)
 		fn(r)
+	}
+}
+
+// keep notes r's bytes for the next walk's cache: read from its file now
+// (a miss), or found in the cache.
+func (w *walk) keep(name string, ino uint64, r *Record, read []byte) {
+	if !w.caching || w.overflow || !cacheable(r) {
+		return
+	}
+	data := read
+	if r.fromCache {
+		data = w.cache[name].data
+	} else {
+		w.misses++
+	}
+	if len(w.next) == walkCacheMax {
+		w.overflow, w.next = true, nil
+		return
+	}
+	w.next = append(w.next, cachedRecord{name: name, ino: ino, data: data})
+}
+
+// cacheUpdate is what the walk found for the walk cache, for
+// SaveWalkCache: nil where the cache is not written.
+func (w *walk) cacheUpdate() *cacheUpdate {
+	if !w.caching || w.s.noCacheWrites {
+		return nil
+	}
+	return &cacheUpdate{next: w.next, overflow: w.overflow, misses: w.misses, had: w.cache != nil, oldLen: len(w.cache)}
+}
+
+// cacheUpdate is one walk's cacheable records, for the next walk.
+type cacheUpdate struct {
+	next     []cachedRecord
+	overflow bool
+	misses   int
+	had      bool
+	oldLen   int
+}
+
+// SaveWalkCache leaves the next walk the records the walk that made l
+// found, less those drop names (the ones the caller has since removed),
+// unless the cache already holds exactly them. A walk of a store made
+// WithoutCacheWrites, or off tmpfs, writes nothing.
+func (s *Store) SaveWalkCache(l *Listing, drop func(Key) bool) {
+	u := l.cache
+	if u == nil {
+		return
+	}
+	if u.overflow {
+		if u.had {
+			saveWalkCache(s.dir, nil)
+		}
+		return
+	}
+	keep := u.next[:0:0]
+	for _, c := range u.next {
+		cid, ifname, _ := ipamdir.ParseRecordName(c.name)
+		if drop == nil || !drop(Key{ContainerID: cid, IfName: ifname}) {
+			keep = append(keep, c)
+		}
+	}
+	if u.misses > 0 || len(keep) != u.oldLen {
+		saveWalkCache(s.dir, keep)
 	}
 }
 

@@ -121,8 +121,9 @@ func (e *testEnv) recordNames(t *testing.T) []string {
 
 // recordMarkers are the plugin's per-network marker files next to the
 // records: the legacy migration's, the not-tmpfs warning's, the last CHECK
-// sweep's and the release counts. They are not records; a temp file is.
-var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned"}
+// sweep's, the release counts and the walk cache. They are not records; a
+// temp file is.
+var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned", ".walk-cache"}
 
 // assertRecordsExactly checks that the record directory holds records of
 // exactly cids, besides the markers; a leftover temp file counts.

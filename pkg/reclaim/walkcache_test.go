@@ -1,0 +1,92 @@
+package reclaim
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+)
+
+// The walk cache gives a sweep the bytes a record had when an earlier
+// walk read it (records' walkcache.go). It may be wrong (a record changed
+// in place by hand, a cache planted): a sweep must then never release on
+// its word. A record from the cache that is not judged live is judged
+// again on its file.
+func TestSweepJudgesACachedRecordAgainOnItsFileBeforeReleasing(t *testing.T) {
+	w := newWorld(t)
+	w.container("c", "10.0.0.2")
+	if rep := w.sweep(Request{}); rep.Released != 0 {
+		t.Fatalf("first sweep released %v", rep.Releases)
+	}
+	// The record changed in place (same inode, so the cache still gives
+	// the old bytes): it now names another namespace, which is alive,
+	// while the one the cached bytes name is gone.
+	store := records.NewStore(w.dir())
+	k := records.Key{ContainerID: "c", IfName: "eth0"}
+	r, err := store.Read(k)
+	if err != nil || r == nil {
+		t.Fatalf("read record: %v, %v", r, err)
+	}
+	delete(w.host.Namespaces, r.Netns)
+	r.Netns = "/run/netns/c-moved"
+	w.nextIno++
+	w.host.Namespaces[r.Netns] = sysinfo.NetnsID{Dev: 4, Ino: w.nextIno}
+	r.NetnsID = w.host.Namespaces[r.Netns]
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(store.PathOf(k), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := w.sweep(Request{})
+	if rep.Released != 0 || verdicts(rep)["c"] != Live {
+		t.Errorf("sweep released %v, verdict %v: it acted on the cached bytes, not the record", rep.Releases, verdicts(rep))
+	}
+	equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
+	if !w.hasRecord("c") || !w.nat.Owns(net1, "c") {
+		t.Error("the live attachment lost its record or rules")
+	}
+
+	// When the namespace the file names goes, the release is made.
+	delete(w.host.Namespaces, r.Netns)
+	rep = w.sweep(Request{})
+	if rep.Released != 1 || w.hasRecord("c") || len(w.leases()) != 0 {
+		t.Errorf("stale attachment not released: %v, leases %v", rep.Releases, w.leases())
+	}
+	if _, err := os.Lstat(filepath.Join(store.Dir(), ".walk-cache")); !os.IsNotExist(err) {
+		t.Errorf("the walk cache outlived the network's last record (lstat: %v)", err)
+	}
+}
+
+// A healthy sweep takes its records from the cache the sweep before it
+// wrote: what makes a CHECK's sweep of a full bridge cheap.
+func TestSecondSweepTakesLiveRecordsFromTheWalkCache(t *testing.T) {
+	w := newWorld(t)
+	for i, cid := range []string{"a", "b", "c"} {
+		w.container(cid, "10.0.0."+string(rune('2'+i)))
+	}
+	fromCache := func() int {
+		n := 0
+		req := Request{Dir: w.dir()}
+		req.Visit = func(a *Attachment) {
+			if a.Record != nil && a.Record.FromCache() {
+				n++
+			}
+		}
+		if _, err := w.sweeper.Sweep(req); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := fromCache(); n != 0 {
+		t.Errorf("first sweep took %d records from the cache", n)
+	}
+	if n := fromCache(); n != 3 {
+		t.Errorf("second sweep took %d records from the cache, want 3", n)
+	}
+}
