@@ -21,7 +21,7 @@ TOOLS           = $(filter github.com/containernetworking/%,$(shell $(GO) list t
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
-.PHONY: all build build-crashpoints plugins test test-unit test-e2e test-storm test-podman test-release test-reboot bench install install-as-bridge demo release clean
+.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-storm test-podman test-release test-reboot bench install install-as-bridge demo release clean
 
 all: build plugins
 
@@ -65,6 +65,12 @@ test-storm: build plugins
 # podman's bridge networks also chain tuning, built by `plugins`.
 test-podman: build plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/podman/
+
+# crictl, pinned in a module of its own (test/containerd/tools/go.mod's tool
+# directive): cri-tools pulls in Kubernetes, which go.mod must not.
+crictl:
+	@mkdir -p $(BIN)
+	cd test/containerd/tools && CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -o $(BIN)/crictl sigs.k8s.io/cri-tools/cmd/crictl
 
 # Builds the release artifacts into a temp dir and checks them, installs the
 # .deb (dpkg) and the .rpm (rpm) into throw-away roots, and builds again to
