@@ -21,7 +21,7 @@ TOOLS           = $(filter github.com/containernetworking/%,$(shell $(GO) list t
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
-.PHONY: all build build-crashpoints plugins test test-unit test-e2e test-storm test-podman test-release test-reboot bench install install-as-bridge demo release clean
+.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-storm test-podman test-containerd test-release test-reboot bench install install-as-bridge demo release clean
 
 all: build plugins
 
@@ -37,7 +37,7 @@ plugins:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -ldflags '$(PLUGIN_LDFLAGS)' -o $(BIN)/ $(TOOLS)
 
-test: test-unit test-e2e test-podman
+test: test-unit test-e2e test-podman test-containerd
 
 test-unit:
 	$(GO) vet ./...
@@ -65,6 +65,19 @@ test-storm: build plugins
 # podman's bridge networks also chain tuning, built by `plugins`.
 test-podman: build plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/podman/
+
+# crictl, pinned in a module of its own (test/containerd/tools/go.mod's tool
+# directive): cri-tools pulls in Kubernetes, which go.mod must not.
+crictl:
+	@mkdir -p $(BIN)
+	cd test/containerd/tools && CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -o $(BIN)/crictl sigs.k8s.io/cri-tools/cmd/crictl
+
+# A real containerd (Debian's package) of the test's own, driven through CRI
+# by crictl, on containerd's conflist with the one-word edit and, as the
+# control, without it. Needs root, containerd (with ctr), runc, ip and
+# iptables (.ci/run installs them).
+test-containerd: build plugins crictl
+	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -timeout 20m ./test/containerd/
 
 # Builds the release artifacts into a temp dir and checks them, installs the
 # .deb (dpkg) and the .rpm (rpm) into throw-away roots, and builds again to
