@@ -164,31 +164,11 @@ func runQuiet(name string, args ...string) error {
 	return nil
 }
 
-// mountsUnder lists the mount points below dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	raw, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	unescape := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	var out []string
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 {
-			if p := unescape.Replace(f[4]); strings.HasPrefix(p, dir+"/") {
-				out = append(out, p)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
-	return out, nil
-}
-
 // unmountAll unmounts what a killed shim or daemon left mounted in the
 // env's directory (the pods' rootfs and /dev/shm), stacked mounts included.
 func (e *env) unmountAll() error {
 	for range 4 {
-		mounts, err := mountsUnder(e.base)
+		mounts, err := testhost.MountsUnder(e.base)
 		if err != nil || len(mounts) == 0 {
 			return err
 		}
@@ -292,7 +272,7 @@ func (e *env) leftovers() []error {
 	if linkExists(e.bridge) {
 		errs = append(errs, fmt.Errorf("bridge %s left", e.bridge))
 	}
-	if mounts, _ := mountsUnder(e.base); len(mounts) > 0 {
+	if mounts, _ := testhost.MountsUnder(e.base); len(mounts) > 0 {
 		errs = append(errs, fmt.Errorf("mounts left: %v", mounts))
 	}
 	pids := testhost.Processes(func(pid int, read func(string) []byte) bool {

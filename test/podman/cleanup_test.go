@@ -134,31 +134,11 @@ func deleteNetns(path string) error {
 	return hostcmd.Run(cmdTimeout, "ip", "netns", "delete", filepath.Base(path))
 }
 
-// mountsUnder lists the mount points below dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	raw, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	unescape := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	var out []string
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 {
-			if p := unescape.Replace(f[4]); strings.HasPrefix(p, dir+"/") {
-				out = append(out, p)
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
-	return out, nil
-}
-
 // unmountAll unmounts everything below the env's directory (containers'
 // /dev/shm, the plugin's tmpfs), stacked mounts included.
 func (e *env) unmountAll() error {
 	for range 4 {
-		mounts, err := mountsUnder(e.base)
+		mounts, err := testhost.MountsUnder(e.base)
 		if err != nil || len(mounts) == 0 {
 			return err
 		}
@@ -342,7 +322,7 @@ func (e *env) leftovers() []error {
 			errs = append(errs, fmt.Errorf("bridge %s left", n.bridge))
 		}
 	}
-	if mounts, _ := mountsUnder(e.base); len(mounts) > 0 {
+	if mounts, _ := testhost.MountsUnder(e.base); len(mounts) > 0 {
 		errs = append(errs, fmt.Errorf("mounts left: %v", mounts))
 	}
 	for _, id := range e.containerIDs() {

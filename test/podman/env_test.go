@@ -169,7 +169,7 @@ func shortTempDir(t *testing.T, rootless bool) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if mounts, err := mountsUnder(dir); err != nil || len(mounts) > 0 {
+		if mounts, err := testhost.MountsUnder(dir); err != nil || len(mounts) > 0 {
 			t.Errorf("not removing %s: still mounted: %v %v", dir, mounts, err)
 			return
 		}
