@@ -289,6 +289,9 @@ func (a *PendingAdd) Abort() error {
 	if err := a.attacher.ReleaseLeasesOf(a.dir, a.Record.Key()); err != nil {
 		return fmt.Errorf("release the leases of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
+	if err := a.store.DropWalkCache(); err != nil {
+		return err
+	}
 	return a.store.Remove(a.Record.Key())
 }
 
@@ -375,6 +378,9 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 		if err := s.releaseLegacy(d, rec); err != nil {
 			return err
 		}
+	}
+	if err := store.DropWalkCache(); err != nil {
+		return err
 	}
 	return store.Remove(key)
 }

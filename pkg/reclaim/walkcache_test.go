@@ -2,8 +2,10 @@ package reclaim
 
 import (
 	"encoding/json"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -88,5 +90,43 @@ func TestSecondSweepTakesLiveRecordsFromTheWalkCache(t *testing.T) {
 	}
 	if n := fromCache(); n != 3 {
 		t.Errorf("second sweep took %d records from the cache, want 3", n)
+	}
+}
+
+// After a DEL, or an ADD that failed, no file in the data dir names the
+// container: the walk cache holding its record's bytes goes with the
+// record (the next sweep writes it anew).
+func TestDELLeavesNoWalkCacheNamingTheContainer(t *testing.T) {
+	w := newWorld(t)
+	w.container("keep", "10.0.0.2")
+	w.container("gone", "10.0.0.3")
+	w.sweep(Request{})
+	cache := filepath.Join(records.NewStore(w.dir()).Dir(), ".walk-cache")
+	if b, err := os.ReadFile(cache); err != nil || !strings.Contains(string(b), "gone") {
+		t.Fatalf("the sweep wrote no cache naming the container (%v)", err)
+	}
+	// bridge's DEL released the lease (host-local); the plugin ends the DEL.
+	if err := os.Remove(filepath.Join(w.dataDir, net1, "10.0.0.3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "gone", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	err := filepath.WalkDir(w.dataDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), "gone") {
+			t.Errorf("after the DEL, %s still names the container", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next sweep writes the cache again, of what is there.
+	w.sweep(Request{})
+	if b, err := os.ReadFile(cache); err != nil || !strings.Contains(string(b), "keep") {
+		t.Errorf("the sweep after the DEL wrote no cache (%v)", err)
 	}
 }

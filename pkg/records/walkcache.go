@@ -2,10 +2,14 @@ package records
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
@@ -191,4 +195,20 @@ func saveWalkCache(dir string, recs []cachedRecord) {
 		return
 	}
 	_ = statefile.WriteFileAtomic(path, encodeWalkCache(recs))
+}
+
+// DropWalkCache removes the walk cache, as a DEL does before it removes a
+// record: no file in the data dir may name a container after its DEL (the
+// cache holds its record's bytes), and the next sweep writes it anew. A
+// missing cache is not an error.
+func (s *Store) DropWalkCache() error {
+	crashpoint.Step("remove walk cache of " + s.network)
+	err := os.Remove(filepath.Join(s.dir, walkCacheName))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if _, lerr := os.Lstat(filepath.Join(s.dir, walkCacheName)); errors.Is(lerr, fs.ErrNotExist) {
+			return nil // a read-only filesystem says EROFS for what is not there
+		}
+		return fmt.Errorf("remove walk cache of %s: %w", s.network, err)
+	}
+	return nil
 }
