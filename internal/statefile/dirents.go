@@ -126,24 +126,10 @@ func modeOfDirentType(t byte) fs.FileMode {
 	return fs.ModeIrregular
 }
 
+// modeOfStat is modeOfDirentType for st_mode: a dirent's d_type is its
+// file's S_IFMT bits shifted down by 12 (DTTOIF in dirent.h).
 func modeOfStat(mode uint32) fs.FileMode {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return 0
-	case unix.S_IFDIR:
-		return fs.ModeDir
-	case unix.S_IFLNK:
-		return fs.ModeSymlink
-	case unix.S_IFIFO:
-		return fs.ModeNamedPipe
-	case unix.S_IFSOCK:
-		return fs.ModeSocket
-	case unix.S_IFCHR:
-		return fs.ModeDevice | fs.ModeCharDevice
-	case unix.S_IFBLK:
-		return fs.ModeDevice
-	}
-	return fs.ModeIrregular
+	return modeOfDirentType(byte(mode & unix.S_IFMT >> 12))
 }
 
 // OnTmpfs reports whether the directory open as fd is on a tmpfs.

@@ -185,7 +185,14 @@ func (s *Store) Read(k Key) (*Record, error) {
 // Remove deletes the record of k; a missing record is not an error.
 func (s *Store) Remove(k Key) error {
 	crashpoint.Step("remove record " + k.String())
-	path := filepath.Join(s.dir, fileName(k))
+	if err := removeIfPresent(filepath.Join(s.dir, fileName(k))); err != nil {
+		return fmt.Errorf("remove record %s: %w", k, err)
+	}
+	return nil
+}
+
+// removeIfPresent removes path; one that is not there is not an error.
+func removeIfPresent(path string) error {
 	err := os.Remove(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		// A read-only filesystem says EROFS even for a file that is not
@@ -193,7 +200,7 @@ func (s *Store) Remove(k Key) error {
 		if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
 			return nil
 		}
-		return fmt.Errorf("remove record %s: %w", k, err)
+		return err
 	}
 	return nil
 }
@@ -295,8 +302,8 @@ func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, n
 	}
 	defer dir.Close()
 	w := &walk{s: s, dirfd: int(dir.Fd()), prepare: prepare}
-	if w.caching = statefile.OnTmpfs(w.dirfd); w.caching {
-		w.cache = loadWalkCache(w.dirfd, s.dir)
+	if statefile.OnTmpfs(w.dirfd) {
+		w.cache = &cacheUpdate{found: loadWalkCache(w.dirfd, s.dir)}
 	}
 	err = statefile.EachDirBatchIno(dir, func(entries []statefile.DirEnt) {
 		// Chunk k+1 is read while chunk k is delivered: fn's own work
@@ -320,7 +327,9 @@ func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, n
 	if err != nil {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
-	l.cache = w.cacheUpdate()
+	if !s.noCacheWrites {
+		l.cache = w.cache
+	}
 	return l, nil
 }
 
@@ -332,15 +341,9 @@ type walk struct {
 	// read is what was read of two chunks' entries, by index: the one
 	// being delivered and the one being read.
 	read [2][walkChunk]readRecord
-	// caching: the directory is on tmpfs, where the walk cache holds
-	// (see walkcache.go). cache is the one found; next is what this walk
-	// keeps for the next one, until it holds more than walkCacheMax
-	// (overflow); misses counts the cacheable records read from their file.
-	caching  bool
-	cache    walkCache
-	next     []cachedRecord
-	overflow bool
-	misses   int
+	// cache: the directory is on tmpfs, where the walk cache holds (see
+	// walkcache.go); nil elsewhere.
+	cache *cacheUpdate
 }
 
 // readRecord is what reading one entry gave: a record, an error, or
@@ -428,38 +431,41 @@ func (w *walk) deliver(l *Listing, e statefile.DirEnt, got *readRecord, fn func(
 // keep notes r's bytes for the next walk's cache: read from its file now
 // (a miss), or found in the cache.
 func (w *walk) keep(name string, ino uint64, r *Record, read []byte) {
-	if !w.caching || w.overflow || !cacheable(r) {
+	c := w.cache
+	if c == nil || c.overflow || !cacheable(r) {
 		return
 	}
 	data := read
 	if r.fromCache {
-		data = w.cache[name].data
+		data = c.found[name].data
 	} else {
-		w.misses++
+		c.misses++
 	}
-	if len(w.next) == walkCacheMax {
-		w.overflow, w.next = true, nil
+	if len(c.next) == walkCacheMax {
+		c.overflow, c.next = true, nil
 		return
 	}
-	w.next = append(w.next, cachedRecord{name: name, ino: ino, data: data})
+	c.next = append(c.next, cachedRecord{name: name, ino: ino, data: data})
 }
 
-// cacheUpdate is what the walk found for the walk cache, for
-// SaveWalkCache: nil where the cache is not written.
-func (w *walk) cacheUpdate() *cacheUpdate {
-	if !w.caching || w.s.noCacheWrites {
-		return nil
+// lookup is the found cache's bytes of the record file name with inode
+// ino, if any.
+func (u *cacheUpdate) lookup(name string, ino uint64) ([]byte, bool) {
+	if u == nil {
+		return nil, false
 	}
-	return &cacheUpdate{next: w.next, overflow: w.overflow, misses: w.misses, had: w.cache != nil, oldLen: len(w.cache)}
+	return u.found.lookup(name, ino)
 }
 
-// cacheUpdate is one walk's cacheable records, for the next walk.
+// cacheUpdate is one walk's view of the walk cache: the cache it found
+// (nil: none, or unusable), the cacheable records it met, for the next
+// walk, until they were more than walkCacheMax (overflow), and how many of
+// them it read from their files.
 type cacheUpdate struct {
+	found    walkCache
 	next     []cachedRecord
 	overflow bool
 	misses   int
-	had      bool
-	oldLen   int
 }
 
 // SaveWalkCache leaves the next walk the records the walk that made l
@@ -472,7 +478,7 @@ func (s *Store) SaveWalkCache(l *Listing, drop func(Key) bool) {
 		return
 	}
 	if u.overflow {
-		if u.had {
+		if u.found != nil {
 			saveWalkCache(s.dir, nil)
 		}
 		return
@@ -484,7 +490,7 @@ func (s *Store) SaveWalkCache(l *Listing, drop func(Key) bool) {
 			keep = append(keep, c)
 		}
 	}
-	if u.misses > 0 || len(keep) != u.oldLen {
+	if u.misses > 0 || len(keep) != len(u.found) {
 		saveWalkCache(s.dir, keep)
 	}
 }

@@ -2,9 +2,7 @@ package records
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -203,11 +201,7 @@ func saveWalkCache(dir string, recs []cachedRecord) {
 // missing cache is not an error.
 func (s *Store) DropWalkCache() error {
 	crashpoint.Step("remove walk cache of " + s.network)
-	err := os.Remove(filepath.Join(s.dir, walkCacheName))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		if _, lerr := os.Lstat(filepath.Join(s.dir, walkCacheName)); errors.Is(lerr, fs.ErrNotExist) {
-			return nil // a read-only filesystem says EROFS for what is not there
-		}
+	if err := removeIfPresent(filepath.Join(s.dir, walkCacheName)); err != nil {
 		return fmt.Errorf("remove walk cache of %s: %w", s.network, err)
 	}
 	return nil
