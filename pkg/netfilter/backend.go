@@ -128,6 +128,11 @@ func (c *Cleaner) release(network, ifname, containerID string, shared bool) ([]s
 			errs = append(errs, fmt.Errorf("%s: %w", b.Name(), err))
 			continue
 		}
+		if r, ok := rules.(iptablesRules); ok {
+			// This is the container's CNI command: nobody to wait for.
+			r.unasked = true
+			rules = r
+		}
 		gone, failed := rules.Release([]string{owner})
 		removed = append(removed, gone[owner]...)
 		if err := failed[owner]; err != nil {
@@ -160,6 +165,9 @@ func (b iptablesBackend) List(network string) (Rules, error) {
 type iptablesRules struct {
 	c    *Cleaner
 	snap *Snapshot
+	// unasked releases without asking Cleaner.Running (a DEL's, a
+	// re-ADD's release).
+	unasked bool
 }
 
 func (r iptablesRules) Owned(owner string) []string { return r.snap.Owned(owner) }
@@ -167,6 +175,9 @@ func (r iptablesRules) Owned(owner string) []string { return r.snap.Owned(owner)
 func (r iptablesRules) Owners() []RuleOwner { return containerOwners(r.snap.Containers()) }
 
 func (r iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
+	if r.c.Running != nil && !r.unasked {
+		return r.releaseAsked(owners)
+	}
 	removed, failed := map[string][]string{}, map[string]error{}
 	for _, cid := range owners {
 		gone, err := r.c.Release(r.snap, cid)

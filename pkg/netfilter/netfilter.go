@@ -45,6 +45,11 @@ type Table interface {
 	ListNAT() ([]string, error)
 	Delete(table, chain string, rulespec ...string) error
 	ClearAndDeleteChain(table, chain string) error
+	// FlushChain empties chain and DeleteChain deletes it (it must be
+	// empty and unreferenced); a chain that does not exist is an error
+	// that IsNotExist reports.
+	FlushChain(table, chain string) error
+	DeleteChain(table, chain string) error
 }
 
 // Cleaner releases the NAT rules of stale containers.
@@ -62,6 +67,11 @@ type Cleaner struct {
 	// PortmapNFT releases portmap's nftables rules of released
 	// attachments (ListPortmapNFT); false leaves them alone.
 	PortmapNFT bool
+	// Running, if set, names which of the container IDs a CNI command
+	// runs for (sysinfo.Host.CNIProcesses): a sweep's release leaves
+	// their portmap chains to them (see releaseAsked). A DEL's and a
+	// re-ADD's release do not ask: they are that command.
+	Running func(containerIDs []string) (map[string]int, error)
 }
 
 // New returns a Cleaner for every iptables family present on this host and
@@ -145,6 +155,30 @@ func (t *natTable) Delete(table, chain string, rulespec ...string) error {
 		return err
 	}
 	return ipt.Delete(table, chain, rulespec...)
+}
+
+// FlushChain runs `iptables -t table -F chain` itself: go-iptables'
+// ClearChain creates a chain that is not there, which must stay gone.
+func (t *natTable) FlushChain(table, chain string) error {
+	crashpoint.Step("iptables flush chain " + chain)
+	out, err := exec.Command(t.path, "-w", "-t", table, "-F", chain).CombinedOutput()
+	if err != nil {
+		msg := string(bytes.TrimSpace(out))
+		if strings.Contains(msg, "No chain/target/match by that name") || strings.Contains(msg, "No such file or directory") || strings.Contains(msg, "does not exist") {
+			return fmt.Errorf("%s -t %s -F %s: %w: %s", t.path, table, chain, ErrNoChain, msg)
+		}
+		return fmt.Errorf("%s -t %s -F %s: %w: %s", t.path, table, chain, err, msg)
+	}
+	return nil
+}
+
+func (t *natTable) DeleteChain(table, chain string) error {
+	crashpoint.Step("iptables delete chain " + chain)
+	ipt, err := t.handle()
+	if err != nil {
+		return err
+	}
+	return ipt.DeleteChain(table, chain)
 }
 
 func (t *natTable) ClearAndDeleteChain(table, chain string) error {
@@ -267,33 +301,14 @@ func containerChains(network, containerID string) []string {
 }
 
 // Release deletes containerID's jumps, then its chains (a chain cannot be
-// deleted while referenced), in every family. Rules already gone are not
-// an error: a concurrent DEL may have won. It returns what it removed.
+// deleted while referenced), in every family, asking nobody whether a CNI
+// command of the container runs: the DEL and re-ADD paths, which are that
+// command. Rules already gone are not an error. It returns what it
+// removed.
 func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
-	var removed []string
-	var errs []error
-	for _, fs := range s.perFamily {
-		for _, r := range fs.jumps[containerID] {
-			if err := r.table.Delete(natTableName, r.chain, r.spec...); err != nil && !isNotExist(err) {
-				errs = append(errs, fmt.Errorf("delete jump from %s for %s: %w", r.chain, containerID, err))
-				continue
-			}
-			removed = append(removed, "jump in "+r.chain)
-		}
-		delete(fs.jumps, containerID)
-		for _, ch := range containerChains(s.network, containerID) {
-			if !fs.chains[ch] {
-				continue
-			}
-			if err := fs.table.ClearAndDeleteChain(natTableName, ch); err != nil && !isNotExist(err) {
-				errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", ch, containerID, err))
-				continue
-			}
-			delete(fs.chains, ch)
-			removed = append(removed, "chain "+ch)
-		}
-	}
-	return removed, errors.Join(errs...)
+	removed, emptied, err := s.releaseAllButPortmapChain(containerID)
+	gone, derr := s.deletePortmapChains(containerID, emptied)
+	return append(removed, gone...), errors.Join(err, derr)
 }
 
 // parseRule splits an `iptables -S <chain>` line into the rulespec Delete
@@ -340,7 +355,11 @@ func ParseComment(comment string) (network, containerID string, ok bool) {
 	return network, containerID, true
 }
 
+// ErrNoChain is a Table's error for a chain that is not there.
+var ErrNoChain = errors.New("no such chain")
+
+// isNotExist reports whether err says the rule or chain is not there.
 func isNotExist(err error) bool {
 	var e *iptables.Error
-	return errors.As(err, &e) && e.IsNotExist()
+	return errors.Is(err, ErrNoChain) || errors.As(err, &e) && e.IsNotExist()
 }

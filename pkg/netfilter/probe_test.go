@@ -214,6 +214,8 @@ type stubTable struct{}
 func (stubTable) ListNAT() ([]string, error)                    { return nil, nil }
 func (stubTable) Delete(string, string, ...string) error        { return nil }
 func (stubTable) ClearAndDeleteChain(table, chain string) error { return nil }
+func (stubTable) FlushChain(string, string) error               { return nil }
+func (stubTable) DeleteChain(string, string) error              { return nil }
 
 // A rule's userdata is anyone's: a TLV whose length runs past the end is
 // no comment (userdata.Get, which the nftables release used, panics on it).

@@ -27,7 +27,9 @@ type Env struct {
 // tables, and log (nil discards). The plugin and the operator's commands
 // are wired through it alike.
 func NewEnv(log io.Writer) Env {
-	return Env{Host: &sysinfo.Real{}, Netfilter: netfilter.New(), Log: log}
+	host, nat := &sysinfo.Real{}, netfilter.New()
+	nat.Running = host.CNIProcesses
+	return Env{Host: host, Netfilter: nat, Log: log}
 }
 
 func (e *Env) logf(format string, args ...any) {

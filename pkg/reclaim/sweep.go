@@ -255,6 +255,9 @@ type pendingRelease struct {
 	rel Release
 	// failed: some of its NAT rules could not go, so its files stay.
 	failed bool
+	// busy: a CNI command of its container runs, so its portmap chain
+	// was left to it, and its files stay (failed is set too).
+	busy *netfilter.BusyError
 }
 
 // ownerSets is what a sweep knows of one backend's owners of rules

@@ -3,6 +3,7 @@ package reclaim
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
@@ -199,12 +200,39 @@ func (w *sweep) flushBatch() {
 		return
 	}
 	w.releaseRulesOf(w.batch, false)
-	for _, p := range w.batch {
-		if !p.failed {
+	w.releaseFilesOf(w.batch)
+	w.batch = w.batch[:0]
+}
+
+// releaseFilesOf releases the files of the pending releases whose NAT
+// rules went, and says of those a CNI command of their container holds
+// what was left and what went (their files stay for its DEL, or for the
+// next sweep).
+func (w *sweep) releaseFilesOf(ps []pendingRelease) {
+	for _, p := range ps {
+		switch {
+		case !p.failed:
 			w.releaseFiles(p)
+		case p.busy != nil:
+			line := fmt.Sprintf("kept %s for now (%s): %v", p.a.Key, p.rel.Reason, p.busy)
+			if gone := p.rel.What[len(p.a.Leases):]; len(gone) > 0 {
+				line += "; removed " + strings.Join(gone, ", ")
+			}
+			w.keptBusy(line)
 		}
 	}
-	w.batch = w.batch[:0]
+}
+
+// keptBusy says what a release left to a running CNI command of its
+// container: where a problem is said (gc's "skipped:"), and in the log.
+// It is no problem of the data dir, and no error of the sweep.
+func (w *sweep) keptBusy(line string) {
+	if w.req.Problem != nil {
+		w.req.Problem(errors.New(line))
+	} else {
+		w.report.Problems = append(w.report.Problems, errors.New(line))
+	}
+	w.logf("%s: %s", w.req.Dir.Network, line)
 }
 
 // releaseRulesOf releases, in each backend that is shared or not (as
@@ -246,10 +274,13 @@ func (w *sweep) releaseRulesOf(ps []pendingRelease, shared bool) {
 			p.rel.What = append(p.rel.What, removed[owner]...)
 		}
 		for owner, err := range failed {
-			w.errs = append(w.errs, fmt.Errorf("release %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
+			var busy *netfilter.BusyError
+			if !errors.As(err, &busy) {
+				w.errs = append(w.errs, fmt.Errorf("release %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
+			}
 			for j := range ps {
 				if o, ok := b.OwnerOf(w.req.Dir.Network, ps[j].a.Key.ContainerID, ps[j].a.Key.IfName); ok && o == owner {
-					ps[j].failed = true
+					ps[j].failed, ps[j].busy = true, busy
 				}
 			}
 		}
@@ -267,11 +298,7 @@ func (w *sweep) releaseNAT() {
 	if len(w.natWait) > 0 && !w.natUnknown {
 		w.releaseRulesOf(w.natWait, true)
 		w.releaseRulesOf(w.natWait, false)
-		for _, p := range w.natWait {
-			if !p.failed {
-				w.releaseFiles(p)
-			}
-		}
+		w.releaseFilesOf(w.natWait)
 	}
 	w.natWait = nil
 	if !w.owned || w.natUnknown {
@@ -315,7 +342,20 @@ func (w *sweep) releaseOrphans(i int) {
 		if w.req.DryRun {
 			what = rules.Owned(o.Owner)
 		}
-		if err := failed[o.Owner]; err != nil {
+		var busy *netfilter.BusyError
+		if err := failed[o.Owner]; errors.As(err, &busy) {
+			// Its runtime's DEL runs: what is left is the DEL's. If the
+			// DEL dies, a jump left names the rest to the next sweep; a
+			// chain emptied before the DEL was found has none (that DEL
+			// began within the sweep's release and died before portmap
+			// deleted it) and stays, empty and unused.
+			line := fmt.Sprintf("kept orphan NAT rules of %s for now: %v", o.ContainerID, busy)
+			if len(what) > 0 {
+				line += "; removed " + strings.Join(what, ", ")
+			}
+			w.keptBusy(line)
+			continue
+		} else if err != nil {
 			w.errs = append(w.errs, fmt.Errorf("release orphan %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
 			if len(what) == 0 {
 				continue

@@ -72,6 +72,13 @@ type Host interface {
 	// reads the file is spared. It is a scan of every process's
 	// descriptors, asked only then.
 	KillLockHolders(path string) ([]int, error)
+	// CNIProcesses names, of containerIDs, those a CNI command runs for,
+	// each with the pid of one of its processes: a process of this
+	// effective user, other than this one, whose environment has
+	// CNI_CONTAINERID=<id> (a runtime's DEL in portmap, say). It is a
+	// read of every process's environment, bounded in time, asked only
+	// before a sweep deletes portmap's chain of a container.
+	CNIProcesses(containerIDs []string) (map[string]int, error)
 }
 
 // Real reads the running kernel. Boot facts are read once per process.

@@ -143,6 +143,34 @@ func (f *Table) ClearAndDeleteChain(_, chain string) error {
 	return nil
 }
 
+func (f *Table) FlushChain(_, chain string) error {
+	f.Calls = append(f.Calls, "flush "+chain)
+	if _, ok := f.Chains[chain]; !ok {
+		return fmt.Errorf("flush %s: %w", chain, netfilter.ErrNoChain)
+	}
+	f.Chains[chain] = nil
+	return nil
+}
+
+func (f *Table) DeleteChain(_, chain string) error {
+	f.Calls = append(f.Calls, "delete chain "+chain)
+	if _, ok := f.Chains[chain]; !ok {
+		return fmt.Errorf("delete %s: %w", chain, netfilter.ErrNoChain)
+	}
+	if len(f.Chains[chain]) > 0 {
+		return fmt.Errorf("chain %s is not empty", chain)
+	}
+	for ch, rules := range f.Chains {
+		for _, r := range rules {
+			if ch != chain && strings.HasSuffix(r, "-j "+chain) {
+				return fmt.Errorf("chain %s still referenced from %s", chain, ch)
+			}
+		}
+	}
+	delete(f.Chains, chain)
+	return nil
+}
+
 // Has reports whether chain exists.
 func (f *Table) Has(chain string) bool {
 	_, ok := f.Chains[chain]
@@ -158,11 +186,17 @@ func (f *Table) AddContainer(network, cid, ip string, hostPort int) {
 	f.Add(chain, fmt.Sprintf("-d 10.0.0.0/24 -m comment --comment %s -j ACCEPT", comment))
 	f.Add(chain, fmt.Sprintf("! -d 224.0.0.0/4 -m comment --comment %s -j MASQUERADE", comment))
 	if hostPort > 0 {
-		dn := utils.MustFormatChainNameWithPrefix(network, cid, "DN-")
-		dcomment := fmt.Sprintf("%q", fmt.Sprintf(`dnat name: %q id: %q`, network, cid))
-		f.Add("CNI-HOSTPORT-DNAT", fmt.Sprintf("-p tcp -m comment --comment %s -m multiport --dports %d -j %s", dcomment, hostPort, dn))
-		f.Add(dn, fmt.Sprintf("-p tcp -m tcp --dport %d -j DNAT --to-destination %s:80", hostPort, ip))
+		f.AddPortmap(network, cid, ip, hostPort)
 	}
+}
+
+// AddPortmap installs what portmap creates for one container's mapping of
+// hostPort to its port 80: its chain and the jump to it.
+func (f *Table) AddPortmap(network, cid, ip string, hostPort int) {
+	dn := utils.MustFormatChainNameWithPrefix(network, cid, "DN-")
+	dcomment := fmt.Sprintf("%q", fmt.Sprintf(`dnat name: %q id: %q`, network, cid))
+	f.Add("CNI-HOSTPORT-DNAT", fmt.Sprintf("-p tcp -m comment --comment %s -m multiport --dports %d -j %s", dcomment, hostPort, dn))
+	f.Add(dn, fmt.Sprintf("-p tcp -m tcp --dport %d -j DNAT --to-destination %s:80", hostPort, ip))
 }
 
 // Owns reports whether cid still has any chain or jump on network.

@@ -45,6 +45,13 @@ type Host struct {
 	LockHolders map[string][]int
 	OnKill      func(path string)
 	Killed      []int
+	// CNIRunning maps a container ID to the pid of a CNI command running
+	// for it; CNIScans counts CNIProcesses calls, OnCNIScan runs at each
+	// (before the answer is made) and CNIErr makes them fail.
+	CNIRunning map[string]int
+	CNIScans   int
+	OnCNIScan  func()
+	CNIErr     error
 }
 
 var _ sysinfo.Host = (*Host)(nil)
@@ -127,4 +134,22 @@ func (h *Host) KillLockHolders(path string) ([]int, error) {
 		h.OnKill(path)
 	}
 	return pids, nil
+}
+
+// CNIProcesses answers from CNIRunning.
+func (h *Host) CNIProcesses(containerIDs []string) (map[string]int, error) {
+	h.CNIScans++
+	if h.OnCNIScan != nil {
+		h.OnCNIScan()
+	}
+	if h.CNIErr != nil {
+		return nil, h.CNIErr
+	}
+	found := map[string]int{}
+	for _, id := range containerIDs {
+		if pid, ok := h.CNIRunning[id]; ok {
+			found[id] = pid
+		}
+	}
+	return found, nil
 }

@@ -1,0 +1,111 @@
+package sysinfo
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// startWithEnv starts a process that waits on its stdin (closed at the
+// test's end) with env added to this process's environment.
+func startWithEnv(t *testing.T, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("cat")
+	cmd.Env = append(os.Environ(), env...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Wait()
+	})
+	return cmd
+}
+
+// TestCNIProcessesFindsARuntimesPlugin: a process whose environment names
+// a container is found by that ID, with its pid; IDs no process names, and
+// IDs that only appear in another variable or as a prefix, are not.
+func TestCNIProcessesFindsARuntimesPlugin(t *testing.T) {
+	id := fmt.Sprintf("nbc-test-%x", rand.Uint64())
+	other := id + "-other"
+	plugin := startWithEnv(t, "CNI_COMMAND=DEL", "CNI_CONTAINERID="+id, "CNI_IFNAME=eth0")
+	startWithEnv(t, "NOT_CNI_CONTAINERID="+other, "X=CNI_CONTAINERID="+other)
+
+	found, err := (&Real{}).CNIProcesses([]string{id, other, id + "-none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) != 1 || found[id] != plugin.Process.Pid {
+		t.Fatalf("found %v, want only %s -> pid %d", found, id, plugin.Process.Pid)
+	}
+	if found, err := (&Real{}).CNIProcesses(nil); err != nil || len(found) != 0 {
+		t.Fatalf("no IDs asked: %v, %v", found, err)
+	}
+}
+
+// TestCNIProcessesSkipsThisProcessAndOtherUsers: the scan never counts the
+// process that asks (a sweep runs inside a runtime's CHECK, with its own
+// CNI_CONTAINERID), nor a process of another user.
+func TestCNIProcessesSkipsThisProcessAndOtherUsers(t *testing.T) {
+	root := t.TempDir()
+	id := "cid-1"
+	write := func(pid, environ string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, pid, "environ"), []byte(environ), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(fmt.Sprint(os.Getpid()), "CNI_CONTAINERID="+id+"\x00")
+	write("self", "CNI_CONTAINERID="+id+"\x00")
+	found, err := (&Real{ProcRoot: root}).CNIProcesses([]string{id})
+	if err != nil || len(found) != 0 {
+		t.Fatalf("this process counted: %v, %v", found, err)
+	}
+	write("4242", "A=1\x00CNI_CONTAINERID="+id+"\x00B=2")
+	if os.Geteuid() == 0 {
+		if err := os.Chown(filepath.Join(root, "4242"), 4242, 4242); err != nil {
+			t.Fatal(err)
+		}
+		if found, err := (&Real{ProcRoot: root}).CNIProcesses([]string{id}); err != nil || len(found) != 0 {
+			t.Fatalf("another user's process counted: %v, %v", found, err)
+		}
+		if err := os.Chown(filepath.Join(root, "4242"), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if found, err := (&Real{ProcRoot: root}).CNIProcesses([]string{id}); err != nil || found[id] != 4242 {
+		t.Fatalf("this user's process not found: %v, %v", found, err)
+	}
+}
+
+func TestCNIContainerIDParsesAnEnvironmentBlock(t *testing.T) {
+	for _, tc := range []struct {
+		environ string
+		want    string
+		ok      bool
+	}{
+		{"CNI_CONTAINERID=abc", "abc", true},
+		{"A=1\x00CNI_CONTAINERID=abc\x00", "abc", true},
+		{"A=1\x00CNI_CONTAINERID=first\x00CNI_CONTAINERID=second\x00", "first", true},
+		{"XCNI_CONTAINERID=abc\x00", "", false},
+		{"A=CNI_CONTAINERID=abc", "", false},
+		{"", "", false},
+		{strings.Repeat("A", 1<<16) + "\x00CNI_CONTAINERID=big", "big", true},
+	} {
+		got, ok := cniContainerID([]byte(tc.environ))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%.40q: got %q %v, want %q %v", tc.environ, got, ok, tc.want, tc.ok)
+		}
+	}
+}
