@@ -28,6 +28,24 @@ func FuzzParseComment(f *testing.F) {
 	})
 }
 
+// FuzzParseCommentRoundTrip: whatever bridge or portmap writes for a
+// network and a container ID parses back to them.
+func FuzzParseCommentRoundTrip(f *testing.F) {
+	for _, seed := range [][2]string{{"nomad", "abc"}, {"a\"b", "c d"}, {"n", "id: \"x\""}, {"\x00", "\u2028"}, {"`", "'"}} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, network, cid string) {
+		if network == "" || cid == "" {
+			return
+		}
+		for _, comment := range []string{utils.FormatComment(network, cid), "dnat " + utils.FormatComment(network, cid)} {
+			if n, c, ok := ParseComment(comment); !ok || n != network || c != cid {
+				t.Fatalf("%q parsed to %q %q %v, want %q %q", comment, n, c, ok, network, cid)
+			}
+		}
+	})
+}
+
 // FuzzParseRule: any `iptables -S` line either yields a rulespec and a
 // comment or is skipped; never a panic.
 func FuzzParseRule(f *testing.F) {

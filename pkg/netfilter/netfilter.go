@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -327,24 +326,24 @@ func parseRule(line, chain string) (spec []string, comment string, ok bool) {
 	return nil, "", false
 }
 
-// commentPattern matches both bridge's `name: "<net>" id: "<cid>"` and
-// portmap's `dnat name: "<net>" id: "<cid>"`; the values are Go-quoted
-// (utils.FormatComment uses %q). Compiled on first use: every verb links
-// this package, few parse a comment.
-var commentPattern = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^(?:dnat )?name: ("(?:[^"\\]|\\.)*") id: ("(?:[^"\\]|\\.)*")$`)
-})
-
 // ParseComment extracts the network and container ID from a bridge or
-// portmap rule comment.
+// portmap rule comment: bridge's `name: "<net>" id: "<cid>"` and portmap's
+// `dnat name: "<net>" id: "<cid>"`, the values Go-quoted
+// (utils.FormatComment uses %q). A sweep parses one per rule of a
+// thousand containers, so it is cut by hand, not by a regexp.
 func ParseComment(comment string) (network, containerID string, ok bool) {
-	m := commentPattern().FindStringSubmatch(comment)
-	if m == nil {
+	rest, ok := strings.CutPrefix(strings.TrimPrefix(comment, "dnat "), "name: ")
+	if !ok {
 		return "", "", false
 	}
-	network, err1 := strconv.Unquote(m[1])
-	containerID, err2 := strconv.Unquote(m[2])
-	if err1 != nil || err2 != nil || network == "" || containerID == "" {
+	network, rest, ok = cutQuoted(rest)
+	if !ok {
+		return "", "", false
+	}
+	if rest, ok = strings.CutPrefix(rest, " id: "); !ok {
+		return "", "", false
+	}
+	if containerID, rest, ok = cutQuoted(rest); !ok || rest != "" || network == "" || containerID == "" {
 		return "", "", false
 	}
 	// Only what bridge or portmap would have written: a comment that does
@@ -353,6 +352,20 @@ func ParseComment(comment string) (network, containerID string, ok bool) {
 		return "", "", false
 	}
 	return network, containerID, true
+}
+
+// cutQuoted unquotes the double-quoted Go string s begins with and returns
+// what follows it.
+func cutQuoted(s string) (value, rest string, ok bool) {
+	if !strings.HasPrefix(s, `"`) {
+		return "", "", false
+	}
+	q, err := strconv.QuotedPrefix(s)
+	if err != nil {
+		return "", "", false
+	}
+	value, err = strconv.Unquote(q)
+	return value, s[len(q):], err == nil
 }
 
 // ErrNoChain is a Table's error for a chain that is not there.
