@@ -64,6 +64,20 @@ type Prober interface {
 	Probe(network string) ([]RuleOwner, error)
 }
 
+// CachedProber is a Prober that can answer from what an earlier probe of
+// the network kept, while the rules it read are unchanged (ProbeSince).
+type CachedProber interface {
+	ProbeSince(network string, kept func(RulesetID) ([]string, bool)) (Probed, error)
+}
+
+func (b iptablesBackend) ProbeSince(network string, kept func(RulesetID) ([]string, bool)) (Probed, error) {
+	if b.c.ProbeFunc != nil {
+		cids, err := b.c.ProbeFunc(network)
+		return Probed{Owners: cids}, err
+	}
+	return b.c.ProbeSince(network, kept)
+}
+
 func (b iptablesBackend) Probe(network string) ([]RuleOwner, error) {
 	probe := b.c.Probe
 	if b.c.ProbeFunc != nil {
@@ -73,11 +87,11 @@ func (b iptablesBackend) Probe(network string) ([]RuleOwner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return containerOwners(cids), nil
+	return ContainerOwners(cids), nil
 }
 
-// containerOwners are iptables owners: container IDs.
-func containerOwners(cids []string) []RuleOwner {
+// ContainerOwners are iptables owners: container IDs.
+func ContainerOwners(cids []string) []RuleOwner {
 	out := make([]RuleOwner, len(cids))
 	for i, cid := range cids {
 		out[i] = RuleOwner{Owner: cid, ContainerID: cid}
@@ -172,7 +186,7 @@ type iptablesRules struct {
 
 func (r iptablesRules) Owned(owner string) []string { return r.snap.Owned(owner) }
 
-func (r iptablesRules) Owners() []RuleOwner { return containerOwners(r.snap.Containers()) }
+func (r iptablesRules) Owners() []RuleOwner { return ContainerOwners(r.snap.Containers()) }
 
 func (r iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
 	if r.c.Running != nil && !r.unasked {

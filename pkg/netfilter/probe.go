@@ -58,30 +58,79 @@ func nftBacked(path string) bool {
 // host's iptables binaries are not iptables-nft, or none is there to
 // trust (tests' fake tables).
 func (c *Cleaner) Probe(network string) ([]string, error) {
+	p, err := c.ProbeSince(network, nil)
+	return p.Owners, err
+}
+
+// RulesetID names the nftables ruleset a probe read: its network
+// namespace (by cookie, which is never given twice within a boot), the
+// generation nftables counts its commits by there, and the families
+// probed. Two probes of one network with equal IDs in the same boot read
+// the same rules, so they name the same owners.
+type RulesetID struct {
+	Cookie   uint64
+	Gen      uint32
+	Families string
+}
+
+// Probed is a probe's owners and the ruleset they were read from. ID is
+// zero when that cannot be told, or the ruleset changed during the probe.
+type Probed struct {
+	ID     RulesetID
+	Owners []string
+	// Kept: the owners are what an earlier probe kept for ID.
+	Kept bool
+}
+
+// ProbeSince is Probe, given what earlier probes of network kept: when
+// kept has owners for the ruleset as it is now (same namespace, no commit
+// since), they are the answer, for one netlink round trip instead of a
+// dump of the chains (most of a sweep of a full bridge's live
+// attachments). kept may be nil.
+func (c *Cleaner) ProbeSince(network string, kept func(RulesetID) ([]string, bool)) (Probed, error) {
 	tables := c.Families()
 	if len(tables) == 0 {
-		return nil, ErrNoProbe
+		return Probed{}, ErrNoProbe
 	}
 	var families []byte
 	for _, t := range tables {
 		nt, ok := t.(*natTable)
 		if !ok || !nftBacked(nt.path) {
-			return nil, ErrNoProbe
+			return Probed{}, ErrNoProbe
 		}
 		families = append(families, nt.family())
 	}
 	conn, err := dialProbe()
 	if err != nil {
-		return nil, fmt.Errorf("probe NAT rules: %w", err)
+		return Probed{}, fmt.Errorf("probe NAT rules: %w", err)
 	}
 	defer conn.Close()
+	id := conn.rulesetID(families)
+	if kept != nil && id != (RulesetID{}) {
+		if owners, ok := kept(id); ok {
+			return Probed{ID: id, Owners: owners, Kept: true}, nil
+		}
+	}
+	owners, err := conn.owners(network, families)
+	if err != nil {
+		return Probed{}, err
+	}
+	if after := conn.rulesetID(families); after != id {
+		id = RulesetID{}
+	}
+	return Probed{ID: id, Owners: owners}, nil
+}
+
+// owners dumps the chains a probe reads and names the owners of their
+// rules on network, sorted.
+func (c *probeConn) owners(network string, families []byte) ([]string, error) {
 	seen := map[string]bool{}
 	// Every comment ParseComment gives network for begins so: the others
-	// are not parsed (a regexp each: most of a probe's time otherwise).
+	// are not parsed.
 	prefix := fmt.Sprintf("name: %q id: ", network)
 	for _, family := range families {
 		for _, chain := range []string{postrouting, hostportDNAT} {
-			err := conn.eachRuleComment(family, natTableName, chain, func(comment []byte) {
+			err := c.eachRuleComment(family, natTableName, chain, func(comment []byte) {
 				if !bytes.HasPrefix(bytes.TrimPrefix(comment, []byte("dnat ")), []byte(prefix)) {
 					return
 				}
@@ -100,6 +149,78 @@ func (c *Cleaner) Probe(network string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// rulesetID is the ruleset's ID now; zero when the kernel cannot tell
+// (no SO_NETNS_COOKIE before Linux 5.14, no generation).
+func (c *probeConn) rulesetID(families []byte) RulesetID {
+	cookie, err := unix.GetsockoptUint64(c.fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil || cookie == 0 {
+		return RulesetID{}
+	}
+	gen, err := c.generation()
+	if err != nil {
+		return RulesetID{}
+	}
+	return RulesetID{Cookie: cookie, Gen: gen, Families: fmt.Sprint(families)}
+}
+
+// generation asks nftables for its ruleset generation (NFT_MSG_GETGEN),
+// which every commit in this network namespace changes.
+func (c *probeConn) generation() (uint32, error) {
+	c.seq++
+	req := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+4)
+	req = append(req, unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0) // nfgenmsg
+	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
+		Len:   uint32(len(req)),
+		Type:  unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN,
+		Flags: unix.NLM_F_REQUEST,
+		Seq:   c.seq,
+	}
+	if err := unix.Sendto(c.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, fmt.Errorf("netlink send: %w", err)
+	}
+	for {
+		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("netlink receive: %w", err)
+		}
+		b := c.buf[:n]
+		for len(b) >= unix.NLMSG_HDRLEN {
+			h := *(*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
+			if h.Len < unix.NLMSG_HDRLEN || int(h.Len) > len(b) {
+				return 0, errors.New("netlink: malformed message")
+			}
+			msg := b[unix.NLMSG_HDRLEN:h.Len]
+			b = b[min(nlAlign(int(h.Len)), len(b)):]
+			if h.Seq != c.seq {
+				continue
+			}
+			if h.Type == unix.NLMSG_ERROR {
+				if len(msg) >= 4 && nativeUint32(msg) != 0 {
+					return 0, fmt.Errorf("netlink: %w", unix.Errno(-int32(nativeUint32(msg))))
+				}
+				continue
+			}
+			if len(msg) < 4 {
+				return 0, errors.New("netlink: short generation message")
+			}
+			var gen uint32
+			found := false
+			eachAttr(msg[4:], func(typ uint16, data []byte) {
+				if typ == unix.NFTA_GEN_ID && len(data) == 4 {
+					gen, found = binary.BigEndian.Uint32(data), true
+				}
+			})
+			if !found {
+				return 0, errors.New("netlink: no generation in the answer")
+			}
+			return gen, nil
+		}
+	}
 }
 
 func (t *natTable) family() byte {

@@ -126,6 +126,47 @@ func TestProbeReadsUserdataComments(t *testing.T) {
 // probe and the iptables listing it is checked against both see that
 // namespace, whichever thread runs them. It reports whether this is that
 // process.
+// TestProbeSinceAnswersFromTheLastProbeWhileNothingCommitted: in a
+// throw-away namespace, a probe given the last probe of an unchanged
+// ruleset answers with its owners, however wrong they are (so the dump
+// was not read); any commit since, even in another table, makes it dump
+// again; and a last probe of another namespace never matches.
+func TestProbeSinceAnswersFromTheLastProbeWhileNothingCommitted(t *testing.T) {
+	if !inOwnNetns(t) {
+		return
+	}
+	const network = "since-net"
+	backend := "iptables"
+	ipn := &net.IPNet{IP: net.IPv4(10, 9, 0, 2), Mask: net.CIDRMask(24, 32)}
+	if err := ip.SetupIPMasqForNetworks(&backend, []*net.IPNet{ipn}, network, "eth0", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	c := New()
+	first, err := c.ProbeSince(network, nil)
+	if err != nil || !slices.Equal(first.Owners, []string{"c1"}) || first.ID.Cookie == 0 {
+		t.Fatalf("first probe %+v, %v", first, err)
+	}
+	kept := func(p Probed) func(RulesetID) ([]string, bool) {
+		return func(id RulesetID) ([]string, bool) { return p.Owners, id == p.ID }
+	}
+	planted := Probed{ID: first.ID, Owners: []string{"from-the-last-probe"}}
+	if again, err := c.ProbeSince(network, kept(planted)); err != nil || !slices.Equal(again.Owners, planted.Owners) || again.ID != first.ID || !again.Kept {
+		t.Fatalf("probe of an unchanged ruleset %+v, %v: want the last probe's owners", again, err)
+	}
+	// A commit anywhere: a chain in the filter table.
+	if out, err := exec.Command("iptables", "-w", "-t", "filter", "-N", "NBC-SINCE-TEST").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	after, err := c.ProbeSince(network, kept(planted))
+	if err != nil || !slices.Equal(after.Owners, []string{"c1"}) || after.Kept || after.ID == first.ID || after.ID.Cookie != first.ID.Cookie {
+		t.Fatalf("probe after a commit %+v, %v: want a new dump under a new generation", after, err)
+	}
+	other := Probed{ID: RulesetID{Cookie: after.ID.Cookie + 1, Gen: after.ID.Gen, Families: after.ID.Families}, Owners: planted.Owners}
+	if p, err := c.ProbeSince(network, kept(other)); err != nil || !slices.Equal(p.Owners, []string{"c1"}) || p.Kept {
+		t.Fatalf("probe given another namespace's %+v: %+v, %v", other, p, err)
+	}
+}
+
 func inOwnNetns(t *testing.T) bool {
 	t.Helper()
 	if os.Getenv("NBC_PROBE_NETNS") == t.Name() {

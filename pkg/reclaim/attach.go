@@ -289,7 +289,7 @@ func (a *PendingAdd) Abort() error {
 	if err := a.attacher.ReleaseLeasesOf(a.dir, a.Record.Key()); err != nil {
 		return fmt.Errorf("release the leases of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
-	if err := a.store.DropWalkCache(); err != nil {
+	if err := a.store.DropCaches(); err != nil {
 		return err
 	}
 	return a.store.Remove(a.Record.Key())
@@ -379,7 +379,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 			return err
 		}
 	}
-	if err := store.DropWalkCache(); err != nil {
+	if err := store.DropCaches(); err != nil {
 		return err
 	}
 	return store.Remove(key)

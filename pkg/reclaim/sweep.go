@@ -216,6 +216,13 @@ type sweep struct {
 	// a listing was started after the first stale verdict.
 	listing  *natListing
 	relisted bool
+	// natProber is the backend whose probe served the sweep, and
+	// natFresh its answer if it read the rules (for the NAT cache);
+	// natTouched: the sweep removed rules, so they are probed again
+	// before the cache is written (saveNATOwners).
+	natProber  netfilter.CachedProber
+	natFresh   netfilter.Probed
+	natTouched bool
 	// natWait holds the stale attachments whose rules a shared owner
 	// holds (a container's iptables rules), released at the end, once it
 	// is known whether any attachment of it is left that is not stale;
@@ -317,6 +324,7 @@ func (w *sweep) run() error {
 	w.flushBatch()
 	w.releaseNAT()
 	w.records.SaveWalkCache(listing, func(k records.Key) bool { _, ok := w.releasedKeys[k]; return ok })
+	w.saveNATOwners()
 	return nil
 }
 

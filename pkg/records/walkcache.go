@@ -195,14 +195,15 @@ func saveWalkCache(dir string, recs []cachedRecord) {
 	_ = statefile.WriteFileAtomic(path, encodeWalkCache(recs))
 }
 
-// DropWalkCache removes the walk cache, as a DEL does before it removes a
-// record: no file in the data dir may name a container after its DEL (the
-// cache holds its record's bytes), and the next sweep writes it anew. A
-// missing cache is not an error.
-func (s *Store) DropWalkCache() error {
+// DropCaches removes the walk cache and the NAT cache, as a DEL does
+// before it removes a record: no file in the data dir may name a container
+// after its DEL (the walk cache holds its record's bytes, the NAT cache its
+// ID), and the next sweep writes them anew. A missing cache is not an
+// error.
+func (s *Store) DropCaches() error {
 	crashpoint.Step("remove walk cache of " + s.network)
 	if err := removeIfPresent(filepath.Join(s.dir, walkCacheName)); err != nil {
 		return fmt.Errorf("remove walk cache of %s: %w", s.network, err)
 	}
-	return nil
+	return s.dropNATCache()
 }
