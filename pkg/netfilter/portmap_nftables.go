@@ -67,6 +67,20 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 	return p, nil
 }
 
+// Has reports whether some rule commented containerID names one of addrs:
+// what Release would delete.
+func (p *PortmapNFTRules) Has(containerID string, addrs []netip.Addr) bool {
+	if p == nil || p.conn == nil {
+		return false
+	}
+	for _, r := range p.byComment[containerID] {
+		if namesAny(r, addrs) {
+			return true
+		}
+	}
+	return false
+}
+
 // Release deletes, in one batch, the rules commented containerID that
 // name one of addrs, and describes what went (dryRun: what would go).
 func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun bool) ([]string, error) {

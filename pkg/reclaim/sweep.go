@@ -467,6 +467,9 @@ func (w *sweep) judged(a *Attachment) {
 // the files, through which the next sweep finds them.
 func (w *sweep) releaseFiles(p pendingRelease) {
 	if !w.releaseForward(&p) {
+		if p.busy != nil {
+			w.keptBusyRelease(p)
+		}
 		return
 	}
 	recordGone, err := releaseFiles(w.leases, w.records, p.a, w.req.DryRun)
@@ -499,6 +502,29 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 	if w.forwardUnknown {
 		return false
 	}
+	if w.portmapNFT == nil {
+		rules, err := w.Netfilter.ListPortmapNFT()
+		if err != nil {
+			w.errs = append(w.errs, fmt.Errorf("read portmap's nftables rules: %w", err))
+			w.forwardUnknown = true
+			return false
+		}
+		w.portmapNFT = rules
+	}
+	// portmap's nftables teardown lists its rules, then deletes them by
+	// handle, and fails the DEL if one went in between: its rules are
+	// left to a CNI command of the container that runs, with the rest.
+	if !w.req.DryRun && w.portmapNFT.Has(p.a.Key.ContainerID, attachmentAddrs(p.a)) {
+		cid := p.a.Key.ContainerID
+		switch pids, err := w.Host.CNIProcesses([]string{cid}); {
+		case err != nil:
+			p.busy = &netfilter.BusyError{ContainerID: cid, Err: err}
+			return false
+		case pids[cid] != 0:
+			p.busy = &netfilter.BusyError{ContainerID: cid, PID: pids[cid]}
+			return false
+		}
+	}
 	if w.roots == nil {
 		w.roots = leaseRoots(w.req.Dir, w.req.LegacyDataDir, w.req.OtherDataDirs)
 	}
@@ -509,15 +535,6 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 	if fr.err != nil {
 		w.errs = append(w.errs, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, fr.err))
 		return false
-	}
-	if w.portmapNFT == nil {
-		rules, err := w.Netfilter.ListPortmapNFT()
-		if err != nil {
-			w.errs = append(w.errs, fmt.Errorf("read portmap's nftables rules: %w", err))
-			w.forwardUnknown = true
-			return false
-		}
-		w.portmapNFT = rules
 	}
 	what, err := w.portmapNFT.Release(p.a.Key.ContainerID, attachmentAddrs(p.a), w.req.DryRun)
 	p.rel.What = append(p.rel.What, what...)

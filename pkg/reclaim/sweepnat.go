@@ -276,13 +276,19 @@ func (w *sweep) releaseFilesOf(ps []pendingRelease) {
 		case !p.failed:
 			w.releaseFiles(p)
 		case p.busy != nil:
-			line := fmt.Sprintf("kept %s for now (%s): %v", p.a.Key, p.rel.Reason, p.busy)
-			if gone := p.rel.What[len(p.a.Leases):]; len(gone) > 0 {
-				line += "; removed " + strings.Join(gone, ", ")
-			}
-			w.keptBusy(line)
+			w.keptBusyRelease(p)
 		}
 	}
+}
+
+// keptBusyRelease says what of p's release was left to a running CNI
+// command of its container, and what went before it was found.
+func (w *sweep) keptBusyRelease(p pendingRelease) {
+	line := fmt.Sprintf("kept %s for now (%s): %v", p.a.Key, p.rel.Reason, p.busy)
+	if gone := p.rel.What[len(p.a.Leases):]; len(gone) > 0 {
+		line += "; removed " + strings.Join(gone, ", ")
+	}
+	w.keptBusy(line)
 }
 
 // keptBusy says what a release left to a running CNI command of its

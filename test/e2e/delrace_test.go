@@ -31,7 +31,19 @@ case " $* " in
 		read -r line < "$PAUSE_DIR/resume"
 	fi ;;
 esac
-exec "$REAL_IPTABLES" "$@"
+exec "$REAL_TOOL" "$@"
+`
+
+// portmapNFTPause is an `nft` that pauses portmap's nftables teardown the
+// same way: between its listing of the container's rules and the
+// transaction that deletes them by handle (knftables runs `nft -f -`),
+// which fails if a rule went in between.
+const portmapNFTPause = `#!/bin/sh
+if [ "$1" = "-f" ] && [ "$2" = "-" ] && mkdir "$PAUSE_DIR/first" 2>/dev/null; then
+	echo paused > "$PAUSE_DIR/paused"
+	read -r line < "$PAUSE_DIR/resume"
+fi
+exec "$REAL_TOOL" "$@"
 `
 
 // pausedDEL is a runtime's DEL of ns held inside portmap's teardown
@@ -43,21 +55,22 @@ type pausedDEL struct {
 	stderr strings.Builder
 }
 
-// startPausedDEL starts `cnitool del` of ns with portmapPause first in
-// PATH and waits until portmap is paused between its check of the chain
-// and its delete. The DEL's processes are a process group of their own.
-func (e *testEnv) startPausedDEL(t *testing.T, ns netns, capArgs string) *pausedDEL {
+// startPausedDEL starts `cnitool del` of ns with script first in PATH as
+// tool (portmapPause as iptables, portmapNFTPause as nft) and waits until
+// portmap is paused in its teardown. The DEL's processes are a process
+// group of their own.
+func (e *testEnv) startPausedDEL(t *testing.T, ns netns, capArgs, tool, script string) *pausedDEL {
 	t.Helper()
-	real, err := exec.LookPath("iptables")
+	real, err := exec.LookPath(tool)
 	if err != nil {
-		t.Fatalf("iptables: %v", err)
+		t.Fatalf("%s: %v", tool, err)
 	}
 	p := &pausedDEL{dir: t.TempDir(), done: make(chan error, 1)}
 	bin := filepath.Join(p.dir, "bin")
 	if err := os.Mkdir(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(bin, "iptables"), []byte(portmapPause), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(bin, tool), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for _, fifo := range []string{"paused", "resume"} {
@@ -66,7 +79,7 @@ func (e *testEnv) startPausedDEL(t *testing.T, ns netns, capArgs string) *paused
 		}
 	}
 	p.cmd = e.cnitoolCmd(context.Background(), "del", ns, "CAP_ARGS="+capArgs,
-		"PATH="+bin+":"+os.Getenv("PATH"), "PAUSE_DIR="+p.dir, "REAL_IPTABLES="+real)
+		"PATH="+bin+":"+os.Getenv("PATH"), "PAUSE_DIR="+p.dir, "REAL_TOOL="+real)
 	p.cmd.Stderr = &p.stderr
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
@@ -101,9 +114,9 @@ func (e *testEnv) startPausedDEL(t *testing.T, ns netns, capArgs string) *paused
 			f.Close()
 		}
 		p.done <- err
-		t.Fatalf("the DEL ended (%v) without portmap deleting its CNI-DN chain twice: the test no longer holds portmap where it must\nstderr: %s", err, p.stderr.String())
+		t.Fatalf("the DEL ended (%v) before portmap reached the step %s pauses at: the test no longer holds portmap where it must\nstderr: %s", err, tool, p.stderr.String())
 	case <-time.After(cmdTimeout):
-		t.Fatalf("portmap did not reach its second delete of the chain within %v\nstderr: %s", cmdTimeout, p.stderr.String())
+		t.Fatalf("portmap did not reach the step %s pauses at within %v\nstderr: %s", tool, cmdTimeout, p.stderr.String())
 	}
 	return p
 }
@@ -174,7 +187,7 @@ func TestSweepDuringRuntimeDEL(t *testing.T) {
 			leaseB := readLeases(t, e.leaseDir())[pb.Addr()]
 
 			e.mustKillNetns(t, a)
-			del := e.startPausedDEL(t, a, capA)
+			del := e.startPausedDEL(t, a, capA, "iptables", portmapPause)
 
 			// The sweep finds A stale and portmap's DEL of it running: it
 			// leaves A whole to that DEL (portmap's chain, which portmap
@@ -215,6 +228,69 @@ func TestSweepDuringRuntimeDEL(t *testing.T) {
 
 			e.mustCNI(t, "del", b, portMappings(port+1))
 			e.assertNetworkEmpty(t, e.leaseDir())
+		})
+	}
+}
+
+// TestSweepDuringRuntimeDELOfPortmapNFTables: the same with portmap's
+// nftables backend, paused between its listing of the container's rules
+// and the transaction that deletes them: the sweep leaves the container to
+// the DEL, which then succeeds and leaves nothing; if the DEL is killed
+// instead, the next sweep releases it all.
+func TestSweepDuringRuntimeDELOfPortmapNFTables(t *testing.T) {
+	requireTool(t, "nft")
+	for _, tc := range []struct {
+		name   string
+		killed bool
+	}{{"del-finishes", false}, {"del-killed", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			conf := e.confFor(t, "10-containerd-net.conflist")
+			entryOfType(t, conf, "portmap")["backend"] = "nftables"
+			e.writeConflist(t, conf)
+			a, b := e.addNetns(t, "a"), e.addNetns(t, "b")
+			port := randomHostPort()
+			capA, capB := portMappings(port), portMappings(port+1)
+			e.mustCNI(t, "add", a, capA)
+			_, gw := parseResult(t, e.mustCNI(t, "add", b, capB)).addrIn(t, e.subnet4)
+			if countOf(portmapNFTRules(t), a.cid) == 0 {
+				t.Fatalf("portmap made no nftables rules for A: %q", portmapNFTRules(t))
+			}
+			e.mustKillNetns(t, a)
+			before := countOf(portmapNFTRules(t), a.cid)
+			del := e.startPausedDEL(t, a, capA, "nft", portmapNFTPause)
+
+			out := e.operatorSweep(t)
+			if want := fmt.Sprintf("kept %s/%s for now", a.cid, ifName); !strings.Contains(out, want) || !strings.Contains(out, "a CNI command of "+a.cid+" runs (pid ") {
+				t.Errorf("the sweep does not say it left A to the DEL that runs (%q):\n%s", want, out)
+			}
+			if n := countOf(portmapNFTRules(t), a.cid); n != before {
+				t.Fatalf("the sweep deleted portmap's nftables rules of A (%d of %d left) while portmap's DEL of A was between its listing and its delete:\n%s", n, before, out)
+			}
+			if _, err := os.Stat(e.recordPath(a.cid)); err != nil {
+				t.Fatalf("A's record is gone, though a DEL of A runs: %v", err)
+			}
+
+			if tc.killed {
+				del.kill(t)
+				if again := e.operatorSweep(t); !strings.Contains(again, "released "+e.netName+" "+a.cid) {
+					t.Errorf("the sweep after the killed DEL did not release A:\n%s", again)
+				}
+			} else if err := del.resume(t); err != nil {
+				t.Fatalf("the runtime's DEL of A failed after a sweep ran during it: %v", err)
+			}
+			if n := countOf(portmapNFTRules(t), a.cid); n != 0 {
+				t.Errorf("portmap's nftables rules of A left: %d", n)
+			}
+			e.assertNoRecord(t, a.cid)
+			e.assertNAT(t, a.cid, natWant{})
+			ping(t, b, gw)
+			e.mustCNI(t, "del", b, capB)
+			e.assertNetworkEmpty(t, e.leaseDir())
+			if n := countOf(portmapNFTRules(t), b.cid); n != 0 {
+				t.Errorf("portmap's nftables rules of B left: %d", n)
+			}
 		})
 	}
 }
