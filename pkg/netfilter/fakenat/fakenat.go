@@ -130,14 +130,22 @@ func (f *Table) Forwards() []string {
 	return out
 }
 
-func (f *Table) ClearAndDeleteChain(_, chain string) error {
-	f.Calls = append(f.Calls, "clear+delete "+chain)
+// referenced says which chain still jumps to chain, as iptables -X does.
+func (f *Table) referenced(chain string) error {
 	for ch, rules := range f.Chains {
 		for _, r := range rules {
 			if ch != chain && strings.HasSuffix(r, "-j "+chain) {
 				return fmt.Errorf("chain %s still referenced from %s", chain, ch)
 			}
 		}
+	}
+	return nil
+}
+
+func (f *Table) ClearAndDeleteChain(_, chain string) error {
+	f.Calls = append(f.Calls, "clear+delete "+chain)
+	if err := f.referenced(chain); err != nil {
+		return err
 	}
 	delete(f.Chains, chain)
 	return nil
@@ -160,12 +168,8 @@ func (f *Table) DeleteChain(_, chain string) error {
 	if len(f.Chains[chain]) > 0 {
 		return fmt.Errorf("chain %s is not empty", chain)
 	}
-	for ch, rules := range f.Chains {
-		for _, r := range rules {
-			if ch != chain && strings.HasSuffix(r, "-j "+chain) {
-				return fmt.Errorf("chain %s still referenced from %s", chain, ch)
-			}
-		}
+	if err := f.referenced(chain); err != nil {
+		return err
 	}
 	delete(f.Chains, chain)
 	return nil
