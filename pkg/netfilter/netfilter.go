@@ -305,9 +305,11 @@ func containerChains(network, containerID string) []string {
 // command. Rules already gone are not an error. It returns what it
 // removed.
 func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
-	removed, emptied, err := s.releaseAllButPortmapChain(containerID)
+	removed, emptied, err := s.emptyPortmap(containerID)
 	gone, derr := s.deletePortmapChains(containerID, emptied)
-	return append(removed, gone...), errors.Join(err, derr)
+	removed = append(removed, gone...)
+	gone, berr := s.releaseBridge(containerID)
+	return append(removed, gone...), errors.Join(err, derr, berr)
 }
 
 // parseRule splits an `iptables -S <chain>` line into the rulespec Delete

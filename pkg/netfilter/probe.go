@@ -115,6 +115,11 @@ func (c *Cleaner) ProbeSince(network string, kept func(RulesetID) ([]string, boo
 	if err != nil {
 		return Probed{}, err
 	}
+	// A commit during the dump changes the generation: nothing to keep.
+	// (The kernel counts a commit's generation a moment before its rules
+	// show; a dump inside that moment keeps the owners before it under
+	// the new generation, found again at the next commit: at worst an
+	// orphan goes one commit later.)
 	if after := conn.rulesetID(families); after != id {
 		id = RulesetID{}
 	}

@@ -51,7 +51,10 @@ func (e *BusyError) Error() string {
 
 // releaseAsked is iptablesRules.Release in a sweep: the containers a CNI
 // command runs for keep what portmap's teardown needs (see above), each
-// failed with a *BusyError.
+// failed with a *BusyError. Bridge's POSTROUTING jump and chain go last:
+// its commented jump is what names a container that has no record (an
+// orphan) to the next sweep, so while portmap's chain is still there, so
+// is the jump (a kill, or a command found the second time, leaves both).
 func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[string]error) {
 	removed, failed := map[string][]string{}, map[string]error{}
 	busy := r.running(r.snap.withPortmapChain(owners), false)
@@ -62,28 +65,31 @@ func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[s
 			failed[cid] = b
 			continue
 		}
-		gone, families, err := r.snap.releaseAllButPortmapChain(cid)
+		gone, families, err := r.snap.emptyPortmap(cid)
 		removed[cid] = gone
 		if err != nil {
 			failed[cid] = err
+			continue
 		}
-		if len(families) > 0 {
-			emptied = append(emptied, cid)
-			emptiedIn[cid] = families
-		}
+		emptied = append(emptied, cid)
+		emptiedIn[cid] = families
 	}
-	busy = r.running(emptied, true)
+	busy = r.running(r.snap.withPortmapChain(emptied), true)
 	for _, cid := range emptied {
 		if b, ok := busy[cid]; ok {
-			if failed[cid] == nil {
-				failed[cid] = b
-			}
+			failed[cid] = b
 			continue
 		}
 		gone, err := r.snap.deletePortmapChains(cid, emptiedIn[cid])
 		removed[cid] = append(removed[cid], gone...)
 		if err != nil {
-			failed[cid] = errors.Join(failed[cid], err)
+			failed[cid] = err
+			continue
+		}
+		gone, err = r.snap.releaseBridge(cid)
+		removed[cid] = append(removed[cid], gone...)
+		if err != nil {
+			failed[cid] = err
 		}
 	}
 	return removed, failed
@@ -123,29 +129,14 @@ func (s *Snapshot) withPortmapChain(owners []string) []string {
 	return out
 }
 
-// releaseAllButPortmapChain deletes containerID's jumps and bridge's chain,
-// and empties portmap's chain, in every family; it returns what went and
-// the families (indexes) whose portmap chain is left, emptied.
-func (s *Snapshot) releaseAllButPortmapChain(containerID string) (removed []string, emptied []int, err error) {
+// emptyPortmap deletes containerID's jumps to portmap's chain and empties
+// that chain, in every family; it returns what went and the families
+// (indexes) whose chain is left, emptied.
+func (s *Snapshot) emptyPortmap(containerID string) (removed []string, emptied []int, err error) {
 	var errs []error
-	masq, dn := chainName(s.network, containerID), chainNameWithPrefix(s.network, containerID, portmapDNPrefix)
+	dn := chainNameWithPrefix(s.network, containerID, portmapDNPrefix)
 	for i, fs := range s.perFamily {
-		for _, r := range fs.jumps[containerID] {
-			if err := r.table.Delete(natTableName, r.chain, r.spec...); err != nil && !isNotExist(err) {
-				errs = append(errs, fmt.Errorf("delete jump from %s for %s: %w", r.chain, containerID, err))
-				continue
-			}
-			removed = append(removed, "jump in "+r.chain)
-		}
-		delete(fs.jumps, containerID)
-		if fs.chains[masq] {
-			if err := fs.table.ClearAndDeleteChain(natTableName, masq); err != nil && !isNotExist(err) {
-				errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", masq, containerID, err))
-			} else {
-				delete(fs.chains, masq)
-				removed = append(removed, "chain "+masq)
-			}
-		}
+		removed = append(removed, deleteJumps(fs, containerID, hostportDNAT, &errs)...)
 		if !fs.chains[dn] {
 			continue
 		}
@@ -160,6 +151,52 @@ func (s *Snapshot) releaseAllButPortmapChain(containerID string) (removed []stri
 		}
 	}
 	return removed, emptied, errors.Join(errs...)
+}
+
+// releaseBridge deletes containerID's POSTROUTING jumps and bridge's chain,
+// in every family.
+func (s *Snapshot) releaseBridge(containerID string) ([]string, error) {
+	var removed []string
+	var errs []error
+	masq := chainName(s.network, containerID)
+	for _, fs := range s.perFamily {
+		removed = append(removed, deleteJumps(fs, containerID, postrouting, &errs)...)
+		if !fs.chains[masq] {
+			continue
+		}
+		if err := fs.table.ClearAndDeleteChain(natTableName, masq); err != nil && !isNotExist(err) {
+			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", masq, containerID, err))
+			continue
+		}
+		delete(fs.chains, masq)
+		removed = append(removed, "chain "+masq)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// deleteJumps deletes containerID's listed jumps from chain in fs, and
+// forgets them; errors are added to errs.
+func deleteJumps(fs familySnapshot, containerID, chain string, errs *[]error) []string {
+	var removed []string
+	kept := fs.jumps[containerID][:0]
+	for _, r := range fs.jumps[containerID] {
+		if r.chain != chain {
+			kept = append(kept, r)
+			continue
+		}
+		if err := r.table.Delete(natTableName, r.chain, r.spec...); err != nil && !isNotExist(err) {
+			*errs = append(*errs, fmt.Errorf("delete jump from %s for %s: %w", r.chain, containerID, err))
+			kept = append(kept, r)
+			continue
+		}
+		removed = append(removed, "jump in "+r.chain)
+	}
+	if len(kept) == 0 {
+		delete(fs.jumps, containerID)
+	} else {
+		fs.jumps[containerID] = kept
+	}
+	return removed
 }
 
 // deletePortmapChains deletes containerID's emptied portmap chain in the

@@ -72,9 +72,9 @@ func TestSweepLeavesAStaleAttachmentToItsRunningCommand(t *testing.T) {
 }
 
 // TestSweepKeepsTheRecordOfAChainLeftEmptied: the command began while the
-// sweep released the container's rules, after the first question: its
-// jumps and bridge's chain went, portmap's chain is left emptied, and the
-// lease and the record, which name that chain, stay. If the command dies
+// sweep released the container's rules, after the first question: the
+// jump to portmap's chain went and the chain is left emptied; bridge's
+// jump and chain, the lease and the record stay. If the command dies
 // before deleting the chain, the next sweep finds it through the record.
 func TestSweepKeepsTheRecordOfAChainLeftEmptied(t *testing.T) {
 	w := busyWorld(t)
@@ -87,12 +87,13 @@ func TestSweepKeepsTheRecordOfAChainLeftEmptied(t *testing.T) {
 
 	rep := w.sweep(Request{})
 	kept := keptLines(rep)
-	if len(kept) != 1 || !strings.Contains(kept[0], "emptied") || !strings.Contains(kept[0], "removed jump in POSTROUTING") {
+	if len(kept) != 1 || !strings.Contains(kept[0], "emptied") || !strings.Contains(kept[0], "removed jump in CNI-HOSTPORT-DNAT") {
 		t.Errorf("kept lines %q, want dead's, emptied, with what went", kept)
 	}
+	// Bridge's jump and chain go after portmap's chain: they stay.
 	rules, ok := w.nat.Chains[dn]
-	if !ok || len(rules) != 0 || w.nat.Has(utils.FormatChainName(net1, "dead")) {
-		t.Fatalf("portmap's chain: there %v, rules %q; bridge's chain there %v", ok, rules, w.nat.Has(utils.FormatChainName(net1, "dead")))
+	if !ok || len(rules) != 0 || !w.nat.Has(utils.FormatChainName(net1, "dead")) || len(w.nat.Chains["POSTROUTING"]) != 1 {
+		t.Fatalf("portmap's chain: there %v, rules %q; bridge's chain there %v, POSTROUTING %q", ok, rules, w.nat.Has(utils.FormatChainName(net1, "dead")), w.nat.Chains["POSTROUTING"])
 	}
 	if !w.hasRecord("dead") || !slices.Contains(w.leases(), "10.0.0.2") {
 		t.Fatalf("dead's record or lease went with its chain left: leases %v", w.leases())
@@ -126,5 +127,31 @@ func TestOrphanRulesOfARunningCommandAreLeft(t *testing.T) {
 	rep = w.sweep(Request{Orphans: true})
 	if len(rep.OrphanRules) != 1 || w.nat.Owns(net1, "orphan") {
 		t.Fatalf("orphans released %v, owns %v", rep.OrphanRules, w.nat.Owns(net1, "orphan"))
+	}
+}
+
+// TestOrphanChainLeftEmptiedIsFoundAgain: an orphan's command began after
+// the first question: portmap's chain is left emptied, and bridge's
+// commented jump with it, which is what names the orphan to the next
+// sweep (an orphan has no record), and that sweep releases it all.
+func TestOrphanChainLeftEmptiedIsFoundAgain(t *testing.T) {
+	w := newWorld(t)
+	w.env.Netfilter.Running = w.host.CNIProcesses
+	w.nat.AddContainer(net1, "orphan", "10.0.0.3", 8080)
+	dn := utils.MustFormatChainNameWithPrefix(net1, "orphan", "DN-")
+	w.host.CNIRunning = map[string]int{}
+	w.host.OnCNIScan = func() {
+		if w.host.CNIScans == 2 {
+			w.host.CNIRunning["orphan"] = 9
+		}
+	}
+	rep := w.sweep(Request{Orphans: true})
+	if len(rep.OrphanRules) != 0 || len(keptLines(rep)) != 1 || !w.nat.Has(dn) || len(w.nat.Chains["POSTROUTING"]) != 1 {
+		t.Fatalf("orphans %v, kept %q, chains %v", rep.OrphanRules, keptLines(rep), w.nat.Chains)
+	}
+	w.host.OnCNIScan, w.host.CNIRunning = nil, nil
+	rep = w.sweep(Request{Orphans: true})
+	if len(rep.OrphanRules) != 1 || w.nat.Owns(net1, "orphan") {
+		t.Fatalf("the next sweep: orphans %v, chains %v", rep.OrphanRules, w.nat.Chains)
 	}
 }

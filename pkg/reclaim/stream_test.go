@@ -108,7 +108,7 @@ func TestNATRulesStayWhileAnyAttachmentOfTheContainerLives(t *testing.T) {
 		t.Fatalf("k/eth1 gone: releases %v, rules kept %v", rep.Releases, w.nat.Owns(net1, "k"))
 	}
 	what := strings.Join(rep.Releases[0].What, ",")
-	if !strings.HasPrefix(what, "lease 10.0.0.3,jump in POSTROUTING") || !strings.HasSuffix(what, "record") {
+	if !strings.HasPrefix(what, "lease 10.0.0.3,jump in CNI-HOSTPORT-DNAT") || !strings.Contains(what, "jump in POSTROUTING") || !strings.HasSuffix(what, "record") {
 		t.Errorf("release says %q, want lease, then rules, then record", what)
 	}
 }

@@ -113,7 +113,8 @@ type Report struct {
 // next is read (or, when NAT rules must go first, at the end of a batch or
 // of the sweep), so that what it holds grows with what it must still
 // decide, not with the network (see sweep). A sweep with nothing to
-// release writes nothing and logs nothing.
+// release logs nothing, and writes nothing but its caches (the walk
+// cache when records changed, the NAT cache when the ruleset did).
 //
 // A release is ordered so that a kill at any step leaves what the next
 // sweep finds: NAT rules first, then the leases, then the record, which
@@ -223,6 +224,9 @@ type sweep struct {
 	natProber  netfilter.CachedProber
 	natFresh   netfilter.Probed
 	natTouched bool
+	// cniScanErr: a scan for running CNI commands failed in this sweep
+	// (cniCommand).
+	cniScanErr error
 	// natWait holds the stale attachments whose rules a shared owner
 	// holds (a container's iptables rules), released at the end, once it
 	// is known whether any attachment of it is left that is not stale;
@@ -511,20 +515,6 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 		}
 		w.portmapNFT = rules
 	}
-	// portmap's nftables teardown lists its rules, then deletes them by
-	// handle, and fails the DEL if one went in between: its rules are
-	// left to a CNI command of the container that runs, with the rest.
-	if !w.req.DryRun && w.portmapNFT.Has(p.a.Key.ContainerID, attachmentAddrs(p.a)) {
-		cid := p.a.Key.ContainerID
-		switch pids, err := w.Host.CNIProcesses([]string{cid}); {
-		case err != nil:
-			p.busy = &netfilter.BusyError{ContainerID: cid, Err: err}
-			return false
-		case pids[cid] != 0:
-			p.busy = &netfilter.BusyError{ContainerID: cid, PID: pids[cid]}
-			return false
-		}
-	}
 	if w.roots == nil {
 		w.roots = leaseRoots(w.req.Dir, w.req.LegacyDataDir, w.req.OtherDataDirs)
 	}
@@ -536,6 +526,15 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 		w.errs = append(w.errs, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, fr.err))
 		return false
 	}
+	// portmap's nftables teardown lists its rules, then deletes them by
+	// handle, and fails the DEL if one went in between: its rules are
+	// left to a CNI command of the container that runs, with the rest;
+	// asked right before they would go.
+	if !w.req.DryRun && w.portmapNFT.Has(p.a.Key.ContainerID, attachmentAddrs(p.a)) {
+		if p.busy = w.cniCommand(p.a.Key.ContainerID); p.busy != nil {
+			return false
+		}
+	}
 	what, err := w.portmapNFT.Release(p.a.Key.ContainerID, attachmentAddrs(p.a), w.req.DryRun)
 	p.rel.What = append(p.rel.What, what...)
 	if err != nil {
@@ -543,6 +542,24 @@ func (w *sweep) releaseForward(p *pendingRelease) bool {
 		return false
 	}
 	return true
+}
+
+// cniCommand tells whether a CNI command of container cid runs
+// (Host.CNIProcesses). A scan that fails once (its time bound: a process
+// whose memory cannot be read) is not made again in this sweep: every
+// container asked about after it counts as one a command may run for.
+func (w *sweep) cniCommand(cid string) *netfilter.BusyError {
+	if w.cniScanErr == nil {
+		pids, err := w.Host.CNIProcesses([]string{cid})
+		if err == nil {
+			if pid := pids[cid]; pid != 0 {
+				return &netfilter.BusyError{ContainerID: cid, PID: pid}
+			}
+			return nil
+		}
+		w.cniScanErr = err
+	}
+	return &netfilter.BusyError{ContainerID: cid, Err: w.cniScanErr}
 }
 
 func (w *sweep) released(rel Release) {

@@ -74,9 +74,10 @@ func decodeNATCache(b []byte, key string) ([]string, bool) {
 	return owners, true
 }
 
-// SaveNATCache keeps owners under key for the next sweep. A store made
-// WithoutCacheWrites writes nothing; a failure (a full or read-only
-// filesystem) costs the next sweep a probe, and is not reported.
+// SaveNATCache keeps owners under key for the next sweep, in a record
+// directory that exists. A store made WithoutCacheWrites writes nothing; a
+// failure (a full or read-only filesystem) costs the next sweep a probe,
+// and is not reported.
 func (s *Store) SaveNATCache(key string, owners []string) {
 	if s.noCacheWrites || key == "" {
 		return
@@ -87,7 +88,9 @@ func (s *Store) SaveNATCache(key string, owners []string) {
 		b = strconv.AppendQuote(b, o)
 		b = append(b, '\n')
 	}
-	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+	// Only where the network has records: a sweep of another data dir
+	// (gc --orphan-rules on a bare bridge's) creates nothing there.
+	if fi, err := os.Lstat(s.dir); err != nil || !fi.IsDir() {
 		return
 	}
 	_ = statefile.WriteFileAtomic(filepath.Join(s.dir, natCacheName), b)

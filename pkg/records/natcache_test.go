@@ -15,6 +15,14 @@ import (
 func TestNATCacheKeepsOwnersUnderTheirKey(t *testing.T) {
 	s := tmpfsStore(t)
 	owners := []string{"c1", `quo"te`, "new\nline", "ünï"}
+	// A network without a record directory gets none from the cache.
+	s.SaveNATCache("k1", owners)
+	if _, err := os.Lstat(s.Dir()); !os.IsNotExist(err) {
+		t.Fatalf("SaveNATCache made the record directory: %v", err)
+	}
+	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if _, ok := s.LoadNATCache("k1"); ok {
 		t.Fatal("a cache before any was saved")
 	}
@@ -48,6 +56,9 @@ func TestNATCacheKeepsOwnersUnderTheirKey(t *testing.T) {
 // other-version file gives nothing.
 func TestNATCacheThatCannotBeReadIsIgnored(t *testing.T) {
 	s := tmpfsStore(t)
+	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	s.SaveNATCache("k", []string{"c1"})
 	path := filepath.Join(s.Dir(), natCacheName)
 	good, err := os.ReadFile(path)

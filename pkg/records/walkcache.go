@@ -198,8 +198,11 @@ func saveWalkCache(dir string, recs []cachedRecord) {
 // DropCaches removes the walk cache and the NAT cache, as a DEL does
 // before it removes a record: no file in the data dir may name a container
 // after its DEL (the walk cache holds its record's bytes, the NAT cache its
-// ID), and the next sweep writes them anew. A missing cache is not an
-// error.
+// ID), and the next sweep writes them anew. A DEL does not take host-local's
+// lock for this, so a sweep that read the container before may still write
+// a cache naming it after; that cache is out of date (its record or its
+// ruleset generation is gone) and the next sweep replaces it. A missing
+// cache is not an error.
 func (s *Store) DropCaches() error {
 	crashpoint.Step("remove walk cache of " + s.network)
 	if err := removeIfPresent(filepath.Join(s.dir, walkCacheName)); err != nil {

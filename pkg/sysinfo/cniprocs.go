@@ -2,9 +2,7 @@ package sysinfo
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"time"
@@ -16,81 +14,153 @@ import (
 // chain it runs (CNI spec, "Parameters"), and that they pass on to theirs.
 const cniContainerIDVar = "CNI_CONTAINERID="
 
-// cniScanBound bounds the scan of environments: reading another process's
-// environment reads its memory, which a process stuck in the kernel with
-// its memory map locked can hold up.
-const cniScanBound = 2 * time.Second
+// cniScanBound bounds the scan of environments, and cniPidBound the read
+// of one: reading another process's environment reads its memory, which a
+// process stuck in the kernel with its memory map locked (faulting on a
+// hung NFS mount, say: what makes `ps` hang) holds up. Such a process is
+// passed over after cniPidBound, and the scan goes on without it; a scan
+// that takes longer than cniScanBound in all fails.
+const (
+	cniScanBound = 2 * time.Second
+	cniPidBound  = 200 * time.Millisecond
+)
 
 // CNIProcesses reads the environment of every process of this effective
-// user but this one, once. A process that exits during the scan, or whose
-// environment cannot be read, is skipped.
+// user but this one, once. A process that exits during the scan, whose
+// environment cannot be read (none: a kernel thread), or whose read takes
+// longer than cniPidBound, is skipped: counting it as a command would keep
+// its containers from every sweep for as long as it lives.
 func (r *Real) CNIProcesses(containerIDs []string) (map[string]int, error) {
+	found := map[string]int{}
 	if len(containerIDs) == 0 {
-		return map[string]int{}, nil
+		return found, nil
 	}
 	want := make(map[string]bool, len(containerIDs))
 	for _, id := range containerIDs {
 		want[id] = true
 	}
-	type outcome struct {
-		found map[string]int
-		err   error
+	procfd, pids, err := r.ownProcesses()
+	if err != nil {
+		return nil, err
 	}
-	// Buffered: a scan that outlives its bound ends without a reader.
-	done := make(chan outcome, 1)
-	go func() {
-		found, err := r.scanEnvirons(want)
-		done <- outcome{found, err}
-	}()
-	select {
-	case o := <-done:
-		return o.found, o.err
-	case <-time.After(cniScanBound):
-		return nil, fmt.Errorf("the processes' environments were not read within %v", cniScanBound)
+	defer unix.Close(procfd)
+	take := func(e environRead) {
+		if want[e.containerID] {
+			if _, seen := found[e.containerID]; !seen {
+				found[e.containerID] = e.pid
+			}
+		}
 	}
+	deadline := time.NewTimer(cniScanBound)
+	defer deadline.Stop()
+	stuck := time.NewTimer(cniPidBound)
+	defer stuck.Stop()
+	// next is the first pid not yet read: a read that has not come back
+	// within cniPidBound is stuck on it, and a new reader starts after it.
+	for next := 0; next < len(pids); next++ {
+		read, err := r.readEnvirons(procfd, pids[next:])
+		if err != nil {
+			return nil, err
+		}
+	reading:
+		for {
+			stuck.Reset(cniPidBound)
+			select {
+			case e, ok := <-read:
+				if !ok {
+					return found, nil
+				}
+				take(e)
+				next++
+				continue
+			case <-deadline.C:
+				return nil, fmt.Errorf("the processes' environments were not read within %v", cniScanBound)
+			case <-stuck.C:
+			}
+			// A read that came back just as the bound ran out is taken.
+			select {
+			case e, ok := <-read:
+				if !ok {
+					return found, nil
+				}
+				take(e)
+				next++
+			default:
+				break reading
+			}
+		}
+	}
+	return found, nil
 }
 
-func (r *Real) scanEnvirons(want map[string]bool) (map[string]int, error) {
-	root := r.procRoot()
-	dir, err := os.Open(root)
+// ownProcesses lists the pids of this effective user's processes but this
+// one: /proc/<pid> belongs to the process's effective user, and another
+// user's process is not one of this user's runtimes. The directory stays
+// open for the reads (and for a read left stuck: it is the process's
+// to close at exit).
+func (r *Real) ownProcesses() (procfd int, pids []int, err error) {
+	dir, err := os.Open(r.procRoot())
+	if err != nil {
+		return -1, nil, fmt.Errorf("list processes: %w", err)
+	}
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		dir.Close()
+		return -1, nil, fmt.Errorf("list processes: %w", err)
+	}
+	fd, err := unix.Dup(int(dir.Fd()))
+	dir.Close()
+	if err != nil {
+		return -1, nil, fmt.Errorf("list processes: %w", err)
+	}
+	self, euid := os.Getpid(), uint32(os.Geteuid())
+	for _, name := range names {
+		pid, perr := strconv.Atoi(name)
+		if perr != nil || pid <= 0 || pid == self {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(fd, name, &st, 0) != nil || st.Uid != euid {
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	return fd, pids, nil
+}
+
+// environRead is what readEnvirons read of one process: the
+// CNI_CONTAINERID in its environment ("" if none, or if it cannot be read).
+type environRead struct {
+	pid         int
+	containerID string
+}
+
+// readEnvirons reads the environments of pids in order, on a goroutine of
+// its own with its own descriptor of the /proc directory, and sends the
+// CNI_CONTAINERID of each. The channel holds them all: a
+// reader that gives up on a stuck process never blocks the goroutine,
+// which ends, and closes its descriptor, once that read returns.
+func (r *Real) readEnvirons(procfd int, pids []int) (<-chan environRead, error) {
+	fd, err := unix.Dup(procfd)
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
-	defer dir.Close()
-	procfd := int(dir.Fd())
-	self, euid := os.Getpid(), uint32(os.Geteuid())
-	found := map[string]int{}
-	buf := make([]byte, 0, 16<<10)
-	for {
-		names, err := dir.Readdirnames(1024)
-		for _, name := range names {
-			pid, perr := strconv.Atoi(name)
-			if perr != nil || pid <= 0 || pid == self {
-				continue
+	out := make(chan environRead, len(pids))
+	go func() {
+		defer close(out)
+		defer unix.Close(fd)
+		buf := make([]byte, 0, 16<<10)
+		for _, pid := range pids {
+			var id string
+			b, err := readEnviron(fd, strconv.Itoa(pid), buf[:0])
+			if err == nil { // else exited, or not to be read
+				id, _ = cniContainerID(b)
 			}
-			// /proc/<pid> belongs to the process's effective user: another
-			// user's process is not one of this user's runtimes.
-			var st unix.Stat_t
-			if unix.Fstatat(procfd, name, &st, 0) != nil || st.Uid != euid {
-				continue
-			}
-			var rerr error
-			if buf, rerr = readEnviron(procfd, name, buf[:0]); rerr != nil {
-				continue // exited, or not to be read
-			}
-			if id, ok := cniContainerID(buf); ok && want[id] {
-				if _, seen := found[id]; !seen {
-					found[id] = pid
-				}
-			}
+			out <- environRead{pid: pid, containerID: id}
+			buf = b
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return found, nil
-			}
-			return nil, fmt.Errorf("list processes: %w", err)
-		}
-	}
+	}()
+	return out, nil
 }
 
 // readEnviron appends /proc/<pid>/environ to buf.

@@ -6,8 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // startWithEnv starts a process that waits on its stdin (closed at the
@@ -107,5 +110,53 @@ func TestCNIContainerIDParsesAnEnvironmentBlock(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("%.40q: got %q %v, want %q %v", tc.environ, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestCNIProcessesPassesOverAProcessThatCannotBeRead: a process whose
+// environment cannot be read (a FIFO stands for one stuck in the kernel)
+// is passed over after cniPidBound and the scan goes on; a scan stuck on
+// more of them than its own bound allows fails.
+func TestCNIProcessesPassesOverAProcessThatCannotBeRead(t *testing.T) {
+	root := t.TempDir()
+	write := func(pid, environ string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, pid, "environ"), []byte(environ), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stuck := func(pid string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		fifo := filepath.Join(root, pid, "environ")
+		if err := unix.Mkfifo(fifo, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// Whatever the test's outcome, the stuck reads end with it.
+		t.Cleanup(func() {
+			if f, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+				f.Close()
+			}
+		})
+	}
+	stuck("100")
+	write("200", "CNI_CONTAINERID=after-the-stuck-one\x00")
+	stuck("300")
+	write("400", "CNI_CONTAINERID=last\x00")
+	found, err := (&Real{ProcRoot: root}).CNIProcesses([]string{"after-the-stuck-one", "last"})
+	if err != nil || found["after-the-stuck-one"] != 200 || found["last"] != 400 {
+		t.Fatalf("found %v, %v; want both, past the two stuck processes", found, err)
+	}
+
+	for pid := 500; pid < 500+int(cniScanBound/cniPidBound)+2; pid++ {
+		stuck(strconv.Itoa(pid))
+	}
+	if found, err := (&Real{ProcRoot: root}).CNIProcesses([]string{"last"}); err == nil {
+		t.Fatalf("a scan stuck past its bound: found %v, want an error", found)
 	}
 }
