@@ -65,29 +65,25 @@ func (r *Real) CNIProcesses(containerIDs []string) (map[string]int, error) {
 	reading:
 		for {
 			stuck.Reset(cniPidBound)
+			var e environRead
+			var ok bool
 			select {
-			case e, ok := <-read:
-				if !ok {
-					return found, nil
-				}
-				take(e)
-				next++
-				continue
+			case e, ok = <-read:
 			case <-deadline.C:
 				return nil, fmt.Errorf("the processes' environments were not read within %v", cniScanBound)
 			case <-stuck.C:
-			}
-			// A read that came back just as the bound ran out is taken.
-			select {
-			case e, ok := <-read:
-				if !ok {
-					return found, nil
+				// A read that came back just as the bound ran out is taken.
+				select {
+				case e, ok = <-read:
+				default:
+					break reading
 				}
-				take(e)
-				next++
-			default:
-				break reading
 			}
+			if !ok {
+				return found, nil
+			}
+			take(e)
+			next++
 		}
 	}
 	return found, nil

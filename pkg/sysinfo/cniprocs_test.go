@@ -33,6 +33,18 @@ func startWithEnv(t *testing.T, env ...string) *exec.Cmd {
 	return cmd
 }
 
+// writeEnviron makes a process pid with environment environ in the /proc
+// at root.
+func writeEnviron(t *testing.T, root, pid, environ string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, pid, "environ"), []byte(environ), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCNIProcessesFindsARuntimesPlugin: a process whose environment names
 // a container is found by that ID, with its pid; IDs no process names, and
 // IDs that only appear in another variable or as a prefix, are not.
@@ -60,15 +72,7 @@ func TestCNIProcessesFindsARuntimesPlugin(t *testing.T) {
 func TestCNIProcessesSkipsThisProcessAndOtherUsers(t *testing.T) {
 	root := t.TempDir()
 	id := "cid-1"
-	write := func(pid, environ string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(root, pid, "environ"), []byte(environ), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(pid, environ string) { writeEnviron(t, root, pid, environ) }
 	write(fmt.Sprint(os.Getpid()), "CNI_CONTAINERID="+id+"\x00")
 	write("self", "CNI_CONTAINERID="+id+"\x00")
 	found, err := (&Real{ProcRoot: root}).CNIProcesses([]string{id})
@@ -119,15 +123,7 @@ func TestCNIContainerIDParsesAnEnvironmentBlock(t *testing.T) {
 // more of them than its own bound allows fails.
 func TestCNIProcessesPassesOverAProcessThatCannotBeRead(t *testing.T) {
 	root := t.TempDir()
-	write := func(pid, environ string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(root, pid, "environ"), []byte(environ), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(pid, environ string) { writeEnviron(t, root, pid, environ) }
 	stuck := func(pid string) {
 		t.Helper()
 		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
