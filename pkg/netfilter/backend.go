@@ -57,16 +57,11 @@ func (c *Cleaner) Backends() []Backend {
 
 // Prober is a backend that can name a network's owners of rules for less
 // than List costs, without what Release needs: a sweep that finds no owner
-// to release needs no more; one that does lists.
+// to release needs no more; one that does lists. It can answer from what
+// an earlier probe of the network kept, while the rules it read are
+// unchanged (Cleaner.ProbeSince); kept may be nil. ErrNoProbe when this
+// host's rules cannot be probed (List them).
 type Prober interface {
-	// Probe names the owners List(network).Owners() would; ErrNoProbe
-	// when this host's rules cannot be probed (List them).
-	Probe(network string) ([]RuleOwner, error)
-}
-
-// CachedProber is a Prober that can answer from what an earlier probe of
-// the network kept, while the rules it read are unchanged (ProbeSince).
-type CachedProber interface {
 	ProbeSince(network string, kept func(RulesetID) ([]string, bool)) (Probed, error)
 }
 
@@ -76,18 +71,6 @@ func (b iptablesBackend) ProbeSince(network string, kept func(RulesetID) ([]stri
 		return Probed{Owners: cids}, err
 	}
 	return b.c.ProbeSince(network, kept)
-}
-
-func (b iptablesBackend) Probe(network string) ([]RuleOwner, error) {
-	probe := b.c.Probe
-	if b.c.ProbeFunc != nil {
-		probe = b.c.ProbeFunc
-	}
-	cids, err := probe(network)
-	if err != nil {
-		return nil, err
-	}
-	return ContainerOwners(cids), nil
 }
 
 // ContainerOwners are iptables owners: container IDs.

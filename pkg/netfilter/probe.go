@@ -53,15 +53,6 @@ func nftBacked(path string) bool {
 	return nftBinaries[filepath.Base(real)]
 }
 
-// Probe lists the owners of network's iptables NAT rules in every family,
-// as Snapshot(network).Containers() would, sorted; ErrNoProbe when the
-// host's iptables binaries are not iptables-nft, or none is there to
-// trust (tests' fake tables).
-func (c *Cleaner) Probe(network string) ([]string, error) {
-	p, err := c.ProbeSince(network, nil)
-	return p.Owners, err
-}
-
 // RulesetID names the nftables ruleset a probe read: its network
 // namespace (by cookie, which is never given twice within a boot), the
 // generation nftables counts its commits by there, and the families
@@ -82,9 +73,11 @@ type Probed struct {
 	Kept bool
 }
 
-// ProbeSince is Probe, given what earlier probes of network kept: when
-// kept has owners for the ruleset as it is now (same namespace, no commit
-// since), they are the answer, for one netlink round trip instead of a
+// ProbeSince lists the owners of network's iptables NAT rules in every
+// family, as Snapshot(network).Containers() would, sorted; ErrNoProbe when
+// the host's iptables binaries are not iptables-nft, or none is there to
+// trust (tests' fake tables). When kept has owners for the ruleset as it
+// is now (same namespace, no commit since), they are the answer, for one netlink round trip instead of a
 // dump of the chains (most of a sweep of a full bridge's live
 // attachments). kept may be nil.
 func (c *Cleaner) ProbeSince(network string, kept func(RulesetID) ([]string, bool)) (Probed, error) {

@@ -61,7 +61,7 @@ func TestProbeFindsWhatTheListingFinds(t *testing.T) {
 	c := New()
 	compare := func(want []string) {
 		t.Helper()
-		probed, err := c.Probe(network)
+		probed, err := probeOwners(c, network)
 		if err != nil {
 			t.Fatalf("probe: %v", err)
 		}
@@ -112,7 +112,7 @@ func TestProbeReadsUserdataComments(t *testing.T) {
 	if err := conn.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	got, err := New().Probe("ud-net")
+	got, err := probeOwners(New(), "ud-net")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,6 +165,12 @@ func TestProbeSinceAnswersFromTheLastProbeWhileNothingCommitted(t *testing.T) {
 	if p, err := c.ProbeSince(network, kept(other)); err != nil || !slices.Equal(p.Owners, []string{"c1"}) || p.Kept {
 		t.Fatalf("probe given another namespace's %+v: %+v, %v", other, p, err)
 	}
+}
+
+// probeOwners is a probe with nothing kept: the owners it reads.
+func probeOwners(c *Cleaner, network string) ([]string, error) {
+	p, err := c.ProbeSince(network, nil)
+	return p.Owners, err
 }
 
 func inOwnNetns(t *testing.T) bool {
@@ -242,10 +248,10 @@ func TestNFTBacked(t *testing.T) {
 // probed: their owners are only what they list.
 func TestProbeNeedsTheHostsTables(t *testing.T) {
 	c := &Cleaner{Tables: []Table{stubTable{}}}
-	if _, err := c.Probe("n"); !errors.Is(err, ErrNoProbe) {
+	if _, err := probeOwners(c, "n"); !errors.Is(err, ErrNoProbe) {
 		t.Fatalf("probe of a fake table: %v, want ErrNoProbe", err)
 	}
-	if _, err := (&Cleaner{}).Probe("n"); !errors.Is(err, ErrNoProbe) {
+	if _, err := probeOwners(&Cleaner{}, "n"); !errors.Is(err, ErrNoProbe) {
 		t.Fatalf("probe without iptables: %v, want ErrNoProbe", err)
 	}
 }

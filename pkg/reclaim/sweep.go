@@ -221,7 +221,7 @@ type sweep struct {
 	// natFresh its answer if it read the rules (for the NAT cache);
 	// natTouched: the sweep removed rules, so they are probed again
 	// before the cache is written (saveNATOwners).
-	natProber  netfilter.CachedProber
+	natProber  netfilter.Prober
 	natFresh   netfilter.Probed
 	natTouched bool
 	// cniScanErr: a scan for running CNI commands failed in this sweep

@@ -47,7 +47,7 @@ type natListing struct {
 	// prober is the backend a probe of this listing asked, if that probe
 	// named its ruleset; fresh is its answer when it read the rules, for
 	// the next sweep to keep (saveNATOwners); zero when none did.
-	prober netfilter.CachedProber
+	prober netfilter.Prober
 	fresh  netfilter.Probed
 }
 
@@ -66,21 +66,16 @@ func (w *sweep) startListing(probe bool) {
 	go func() {
 		defer close(l.done)
 		for i, b := range backends {
-			if cp, ok := b.(netfilter.CachedProber); ok && probe {
-				if p, err := cp.ProbeSince(network, kept); err == nil {
+			if pr, ok := b.(netfilter.Prober); ok && probe {
+				if p, err := pr.ProbeSince(network, kept); err == nil {
 					l.rules[i], l.probed[i] = probedRules(netfilter.ContainerOwners(p.Owners)), true
 					if p.ID != (netfilter.RulesetID{}) {
 						// A probe that can name its ruleset can be kept.
-						l.prober = cp
+						l.prober = pr
 						if !p.Kept {
 							l.fresh = p
 						}
 					}
-					continue
-				}
-			} else if p, ok := b.(netfilter.Prober); ok && probe {
-				if owners, err := p.Probe(network); err == nil {
-					l.rules[i], l.probed[i] = probedRules(owners), true
 					continue
 				}
 			}
@@ -96,13 +91,9 @@ func natOwnersKey(boot string, id netfilter.RulesetID) string {
 	return fmt.Sprintf("boot %s netns %d generation %d families %s", boot, id.Cookie, id.Gen, id.Families)
 }
 
-// keptNATOwners looks up what an earlier sweep's probe kept (nil: it
-// cannot be told which boot this is).
+// keptNATOwners looks up what an earlier sweep's probe kept.
 func (w *sweep) keptNATOwners() func(netfilter.RulesetID) ([]string, bool) {
-	boot, err := w.Host.BootID()
-	if err != nil {
-		return nil
-	}
+	boot := w.judge.bootID
 	return func(id netfilter.RulesetID) ([]string, bool) { return w.records.LoadNATCache(natOwnersKey(boot, id)) }
 }
 
@@ -125,9 +116,7 @@ func (w *sweep) saveNATOwners() {
 	if fresh.ID == (netfilter.RulesetID{}) {
 		return
 	}
-	if boot, err := w.Host.BootID(); err == nil {
-		w.records.SaveNATCache(natOwnersKey(boot, fresh.ID), fresh.Owners)
-	}
+	w.records.SaveNATCache(natOwnersKey(w.judge.bootID, fresh.ID), fresh.Owners)
 }
 
 // listNAT makes the network's listing (or waits for the one under way)
