@@ -38,8 +38,6 @@ const direntBufSize = 32 << 10
 // the filesystem does not give (DT_UNKNOWN) is looked at with fstatat;
 // one removed meanwhile is left out.
 func EachDirBatchIno(dir *os.File, fn func([]DirEnt)) error {
-	fd := int(dir.Fd())
-	buf := make([]byte, direntBufSize)
 	batch := make([]DirEnt, 0, 1024)
 	flush := func() {
 		if len(batch) > 0 {
@@ -48,6 +46,23 @@ func EachDirBatchIno(dir *os.File, fn func([]DirEnt)) error {
 			batch = batch[:0]
 		}
 	}
+	err := EachDirEnt(dir, func(e DirEnt) {
+		if batch = append(batch, e); len(batch) == cap(batch) {
+			flush()
+		}
+	})
+	if err == nil {
+		flush()
+	}
+	return err
+}
+
+// EachDirEnt calls fn with each entry of dir in the order the filesystem
+// lists them, as EachDirBatchIno gives them: for what needs no order (a
+// set of names), without the sort and the batch.
+func EachDirEnt(dir *os.File, fn func(DirEnt)) error {
+	fd := int(dir.Fd())
+	buf := make([]byte, direntBufSize)
 	for {
 		n, err := unix.Getdents(fd, buf)
 		if err == unix.EINTR {
@@ -57,7 +72,6 @@ func EachDirBatchIno(dir *os.File, fn func([]DirEnt)) error {
 			return &os.PathError{Op: "getdents64", Path: dir.Name(), Err: err}
 		}
 		if n <= 0 {
-			flush()
 			return nil
 		}
 		for off := 0; off < n; {
@@ -76,9 +90,7 @@ func EachDirBatchIno(dir *os.File, fn func([]DirEnt)) error {
 				}
 				e.typ = modeOfStat(st.Mode)
 			}
-			if batch = append(batch, e); len(batch) == cap(batch) {
-				flush()
-			}
+			fn(e)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -120,15 +121,18 @@ func (d *leaseDir) holds(ip net.IP) bool {
 
 // list lists the directory, or returns nil if it cannot be read.
 func (d *leaseDir) list() *leaseListing {
+	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
+		return nil
+	}
 	l := &leaseListing{regular: map[[16]byte]struct{}{}}
-	err := d.eachEntry(func(e fs.DirEntry) {
+	err := statefile.EachDirEnt(d.f, func(e statefile.DirEnt) {
 		name := e.Name()
 		if ipamdir.IsHostLocalBookkeeping(name) {
 			return
 		}
 		regular := e.Type().IsRegular()
-		if ip := net.ParseIP(name); regular && ip != nil && ip.String() == name {
-			l.regular[ip16(ip)] = struct{}{}
+		if a, ok := leaseName(name); regular && ok {
+			l.regular[a] = struct{}{}
 			return
 		}
 		l.others = append(l.others, leaseEntry{name, regular})
@@ -137,6 +141,21 @@ func (d *leaseDir) list() *leaseListing {
 		return nil
 	}
 	return l
+}
+
+// leaseName is the address a lease file named name is for, if name is
+// that address as host-local names its leases (net.IP.String). An IPv4
+// address parsed by netip has that one spelling (no leading zeros, no
+// zone), so it is taken without printing it again: a CHECK's sweep asks
+// this of every lease.
+func leaseName(name string) ([16]byte, bool) {
+	if a, err := netip.ParseAddr(name); err == nil && a.Is4() {
+		return a.As16(), true
+	}
+	if ip := net.ParseIP(name); ip != nil && ip.String() == name {
+		return ip16(ip), true
+	}
+	return [16]byte{}, false
 }
 
 // eachEntry lists the directory from its start: it is read more than once.

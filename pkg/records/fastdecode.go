@@ -1,7 +1,10 @@
 package records
 
 import (
+	"bytes"
 	"math"
+	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -13,7 +16,12 @@ import (
 // (FuzzDecodeFastAgrees checks both), so it changes no outcome; it exists
 // because a sweep decodes every record of a network, and reflection-based
 // decoding was 40 % of a sweep that finds nothing stale.
-func decodeFast(b []byte, r *Record) bool {
+//
+// known, when not nil, holds strings the record most likely repeats: r
+// then shares them instead of holding copies, which is most of what
+// decoding a thousand records allocates. Only memory is shared, never a
+// value: a string that differs is copied as without known.
+func decodeFast(b []byte, r *Record, known *knownStrings) bool {
 	p := fastParser{b: b}
 	return p.object(func(key []byte) bool {
 		switch string(key) { // no allocation: a conversion in a switch
@@ -28,17 +36,19 @@ func decodeFast(b []byte, r *Record) bool {
 		case "deadline":
 			return p.uint(&r.Deadline)
 		case "network":
-			return p.str(&r.Network)
+			return p.strKnown(&r.Network, known.network())
 		case "containerID":
-			return p.str(&r.ContainerID)
+			cid, _ := known.nameParts()
+			return p.strKnown(&r.ContainerID, cid)
 		case "ifName":
-			return p.str(&r.IfName)
+			_, ifName := known.nameParts()
+			return p.strKnown(&r.IfName, ifName)
 		case "netns":
 			return p.str(&r.Netns)
 		case "bootID":
-			return p.str(&r.BootID)
+			return p.strShared(&r.BootID, known.lastBootID())
 		case "state":
-			return p.str((*string)(&r.State))
+			return p.strKnown((*string)(&r.State), string(Complete), string(Started), string(Migrated))
 		case "created":
 			raw, ok := p.rawStr()
 			return ok && r.Created.UnmarshalJSON(raw) == nil
@@ -60,6 +70,40 @@ func decodeFast(b []byte, r *Record) bool {
 		}
 		return false
 	}) && p.end()
+}
+
+// knownStrings are the strings a record decoded in a walk most likely
+// holds: its network's name, its file name's parts, and the boot ID of
+// the records decoded before it (most are from this boot).
+type knownStrings struct {
+	net string
+	// name is the record's file name, "<containerID>@<ifname>".
+	name string
+	// bootID is the boot ID last decoded in the walk, shared by its
+	// readers.
+	bootID *atomic.Pointer[string]
+}
+
+func (k *knownStrings) network() string {
+	if k == nil {
+		return ""
+	}
+	return k.net
+}
+
+func (k *knownStrings) nameParts() (containerID, ifName string) {
+	if k == nil {
+		return "", ""
+	}
+	containerID, ifName, _ = strings.Cut(k.name, "@")
+	return containerID, ifName
+}
+
+func (k *knownStrings) lastBootID() *atomic.Pointer[string] {
+	if k == nil {
+		return nil
+	}
+	return k.bootID
 }
 
 type fastParser struct {
@@ -124,19 +168,20 @@ func (p *fastParser) rawStr() ([]byte, bool) {
 		return nil, false
 	}
 	start := p.i - 1
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		switch {
-		case c == '"':
-			p.i++
-			raw := p.b[start:p.i]
-			return raw, utf8.Valid(raw)
-		case c == '\\' || c < 0x20:
+	end := bytes.IndexByte(p.b[p.i:], '"')
+	if end < 0 {
+		return nil, false
+	}
+	ascii := true
+	for _, c := range p.b[p.i : p.i+end] {
+		if c < 0x20 || c == '\\' {
 			return nil, false
 		}
-		p.i++
+		ascii = ascii && c < utf8.RuneSelf
 	}
-	return nil, false
+	p.i += end + 1
+	raw := p.b[start:p.i]
+	return raw, ascii || utf8.Valid(raw)
 }
 
 func (p *fastParser) str(v *string) bool {
@@ -145,6 +190,45 @@ func (p *fastParser) str(v *string) bool {
 		*v = string(raw[1 : len(raw)-1])
 	}
 	return ok
+}
+
+// strKnown is str that takes the string from known when it is one of
+// them: no copy.
+func (p *fastParser) strKnown(v *string, known ...string) bool {
+	raw, ok := p.rawStr()
+	if !ok {
+		return false
+	}
+	body := raw[1 : len(raw)-1]
+	for _, k := range known {
+		if k != "" && string(body) == k { // no allocation: a comparison
+			*v = k
+			return true
+		}
+	}
+	*v = string(body)
+	return true
+}
+
+// strShared is str that takes the string last stored in last when it is
+// the same, and else stores the one it makes there for the next.
+func (p *fastParser) strShared(v *string, last *atomic.Pointer[string]) bool {
+	if last == nil {
+		return p.str(v)
+	}
+	raw, ok := p.rawStr()
+	if !ok {
+		return false
+	}
+	body := raw[1 : len(raw)-1]
+	if prev := last.Load(); prev != nil && string(body) == *prev {
+		*v = *prev
+		return true
+	}
+	s := string(body)
+	last.Store(&s)
+	*v = s
+	return true
 }
 
 // digits consumes an integer literal — an optional '-' when signed, then 0

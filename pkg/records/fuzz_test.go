@@ -3,6 +3,7 @@ package records
 import (
 	"encoding/json"
 	"reflect"
+	"sync/atomic"
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
@@ -19,7 +20,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add("c1@eth0", []byte(`{"version":1,"network":"other","containerID":"c1","ifName":"eth0","state":"complete"}`))
 	f.Fuzz(func(t *testing.T, name string, data []byte) {
 		s := NewStore(ipamdir.New("/nonexistent", "nomad"))
-		r, err := s.decode(name, data)
+		r, err := s.decode(name, data, nil)
 		if err != nil {
 			return
 		}
@@ -40,7 +41,7 @@ func FuzzDecodeFastAgrees(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var fast Record
-		if !decodeFast(data, &fast) {
+		if !decodeFast(data, &fast, nil) {
 			return
 		}
 		var slow Record
@@ -49,6 +50,35 @@ func FuzzDecodeFastAgrees(f *testing.F) {
 		}
 		if !reflect.DeepEqual(fast, slow) {
 			t.Fatalf("%q: fast %+v, encoding/json %+v", data, fast, slow)
+		}
+	})
+}
+
+// FuzzDecodeFastKnownAgrees: the strings a walk offers decodeFast to share
+// (its network, the file name's parts, the boot ID decoded before) change
+// no value, whether they match or not: the record is the one encoding/json
+// decodes.
+func FuzzDecodeFastKnownAgrees(f *testing.F) {
+	for _, seed := range fastSeeds {
+		f.Add([]byte(seed), "c1@eth0", "nomad", "0b6e")
+		f.Add([]byte(seed), "c2@eth1", "other", "0b6")
+	}
+	f.Fuzz(func(t *testing.T, data []byte, name, network, bootID string) {
+		var last atomic.Pointer[string]
+		last.Store(&bootID)
+		var fast Record
+		if !decodeFast(data, &fast, &knownStrings{net: network, name: name, bootID: &last}) {
+			return
+		}
+		var slow Record
+		if err := json.Unmarshal(data, &slow); err != nil {
+			t.Fatalf("fast path accepted %q, encoding/json says %v", data, err)
+		}
+		if !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("%q (known %q %q %q): fast %+v, encoding/json %+v", data, name, network, bootID, fast, slow)
+		}
+		if p := last.Load(); *p != slow.BootID && slow.BootID != "" {
+			t.Fatalf("boot ID %q decoded, %q kept for the next record", slow.BootID, *p)
 		}
 	})
 }

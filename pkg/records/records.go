@@ -179,7 +179,7 @@ func (s *Store) Read(k Key) (*Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read record %s: %w", k, err)
 	}
-	return s.decode(fileName(k), b)
+	return s.decode(fileName(k), b, nil)
 }
 
 // Remove deletes the record of k; a missing record is not an error.
@@ -344,6 +344,9 @@ type walk struct {
 	// cache: the directory is on tmpfs, where the walk cache holds (see
 	// walkcache.go); nil elsewhere.
 	cache *cacheUpdate
+	// bootID is the boot ID last decoded, which the next record most
+	// likely shares (see knownStrings).
+	bootID atomic.Pointer[string]
 }
 
 // readRecord is what reading one entry gave: a record, an error, or
@@ -380,7 +383,7 @@ func (w *walk) readEntry(e statefile.DirEnt) readRecord {
 		return readRecord{} // deliver says what it is
 	}
 	if b, ok := w.cache.lookup(name, e.Ino()); ok {
-		if r, err := w.s.decode(name, b); err == nil && cacheable(r) {
+		if r, err := w.s.decode(name, b, &w.bootID); err == nil && cacheable(r) {
 			r.fromCache = true
 			if w.prepare != nil {
 				w.prepare(r)
@@ -395,7 +398,7 @@ func (w *walk) readEntry(e statefile.DirEnt) readRecord {
 	if err != nil {
 		return readRecord{err: fmt.Errorf("read record: %w", err)}
 	}
-	r, err := w.s.decode(name, b)
+	r, err := w.s.decode(name, b, &w.bootID)
 	if err != nil {
 		return readRecord{err: err}
 	}
@@ -518,9 +521,11 @@ func (l *Listing) damaged(name string, err error) {
 }
 
 // decode parses a record and checks it belongs where it was found.
-func (s *Store) decode(name string, b []byte) (*Record, error) {
+// bootID, when not nil, is the boot ID of the walk's records decoded
+// before (see knownStrings).
+func (s *Store) decode(name string, b []byte, bootID *atomic.Pointer[string]) (*Record, error) {
 	var r Record
-	if !decodeFast(b, &r) {
+	if !decodeFast(b, &r, &knownStrings{net: s.network, name: name, bootID: bootID}) {
 		r = Record{}
 		if err := json.Unmarshal(b, &r); err != nil {
 			return nil, fmt.Errorf("record %s: %w", filepath.Join(s.dir, name), err)
