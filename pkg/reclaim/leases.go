@@ -60,10 +60,10 @@ type leaseDir struct {
 }
 
 // leaseListing is a lease directory's entries: the addresses of its
-// reservations named as host-local names them (ip.String()), and its
-// other entries but host-local's bookkeeping.
+// reservations named as host-local names them (ip.String()), each with
+// its name, and its other entries but host-local's bookkeeping.
 type leaseListing struct {
-	regular map[[16]byte]struct{}
+	regular map[[16]byte]string
 	others  []leaseEntry
 }
 
@@ -100,23 +100,24 @@ func (d *leaseDir) read(ip net.IP) (Lease, error) {
 }
 
 // holds reports whether a regular file is named after ip, without reading
-// it (never following a symlink). The first call lists the directory; if
-// that fails, each call asks the file itself.
-func (d *leaseDir) holds(ip net.IP) bool {
+// it (never following a symlink), and gives the file's path. The first
+// call lists the directory; if that fails, each call asks the file itself.
+func (d *leaseDir) holds(ip net.IP) (path string, ok bool) {
 	if d == nil {
-		return false
+		return "", false
 	}
 	if d.listed == nil && !d.unlistable {
 		d.listed = d.list()
 		d.unlistable = d.listed == nil
 	}
 	if d.listed != nil {
-		_, ok := d.listed.regular[ip16(ip)]
-		return ok
+		name, ok := d.listed.regular[ip16(ip)]
+		return d.path + "/" + name, ok
 	}
+	name := ip.String()
 	var st unix.Stat_t
-	err := unix.Fstatat(int(d.f.Fd()), ip.String(), &st, unix.AT_SYMLINK_NOFOLLOW)
-	return err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
+	err := unix.Fstatat(int(d.f.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	return d.path + "/" + name, err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
 }
 
 // list lists the directory, or returns nil if it cannot be read.
@@ -124,7 +125,7 @@ func (d *leaseDir) list() *leaseListing {
 	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
 		return nil
 	}
-	l := &leaseListing{regular: map[[16]byte]struct{}{}}
+	l := &leaseListing{regular: map[[16]byte]string{}}
 	err := statefile.EachDirEnt(d.f, func(e statefile.DirEnt) {
 		name := e.Name()
 		if ipamdir.IsHostLocalBookkeeping(name) {
@@ -132,7 +133,7 @@ func (d *leaseDir) list() *leaseListing {
 		}
 		regular := e.Type().IsRegular()
 		if a, ok := leaseName(name); regular && ok {
-			l.regular[a] = struct{}{}
+			l.regular[a] = name
 			return
 		}
 		l.others = append(l.others, leaseEntry{name, regular})
@@ -173,15 +174,15 @@ func (d *leaseDir) eachEntry(fn func(fs.DirEntry)) error {
 // host-local treats every other regular file as a reservation, so each one
 // is read, even if its name is not an address. Once the directory was
 // listed (holds), the listing is walked, sorted by name.
-func (d *leaseDir) each(skip func(net.IP) bool, fn func(Lease), bad func(error)) error {
+func (d *leaseDir) each(skip func([16]byte) bool, fn func(Lease), bad func(error)) error {
 	if d == nil {
 		return nil
 	}
 	if d.listed != nil {
 		entries := slices.Clone(d.listed.others)
-		for a := range d.listed.regular {
-			if ip := net.IP(a[:]); skip == nil || !skip(ip) {
-				entries = append(entries, leaseEntry{ip.String(), true})
+		for a, name := range d.listed.regular {
+			if skip == nil || !skip(a) {
+				entries = append(entries, leaseEntry{name, true})
 			}
 		}
 		slices.SortFunc(entries, func(a, b leaseEntry) int { return strings.Compare(a.name, b.name) })
@@ -202,14 +203,14 @@ func (d *leaseDir) each(skip func(net.IP) bool, fn func(Lease), bad func(error))
 }
 
 // visit is each's work on one entry but host-local's bookkeeping.
-func (d *leaseDir) visit(name string, regular bool, skip func(net.IP) bool, fn func(Lease), bad func(error)) {
+func (d *leaseDir) visit(name string, regular bool, skip func([16]byte) bool, fn func(Lease), bad func(error)) {
 	if !regular {
 		// disk.Store skips these too; nothing here removes them.
 		bad(fmt.Errorf("%s: not a regular file", filepath.Join(d.path, name)))
 		return
 	}
 	ip := net.ParseIP(name)
-	if ip != nil && skip != nil && skip(ip) {
+	if ip != nil && skip != nil && skip(ip16(ip)) {
 		return
 	}
 	l, err := readLease(int(d.f.Fd()), d.path, name)

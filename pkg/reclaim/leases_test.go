@@ -42,8 +42,12 @@ func TestLeaseDirHoldsOnlyRegularFilesNamedAsHostLocalDoes(t *testing.T) {
 	for ip, want := range map[string]bool{
 		"10.0.0.2": true, "fd00::2": true, "10.0.0.3": false, "10.0.0.4": false, "10.0.0.5": false, "10.0.0.6": false,
 	} {
-		if got := d.holds(net.ParseIP(ip)); got != want {
+		path, got := d.holds(net.ParseIP(ip))
+		if got != want {
 			t.Errorf("holds(%s) = %v, want %v", ip, got, want)
+		}
+		if got && path != filepath.Join(dir, ip) {
+			t.Errorf("holds(%s) gives path %s, want %s", ip, path, filepath.Join(dir, ip))
 		}
 	}
 
@@ -65,13 +69,13 @@ func TestLeaseDirHoldsOnlyRegularFilesNamedAsHostLocalDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d2.close()
-	if !d2.holds(odd.IP) {
+	if _, ok := d2.holds(odd.IP); !ok {
 		t.Fatal("holds(10.0.0.3) = false with the file there")
 	}
 	if err := d2.remove([]Lease{odd}); err != nil {
 		t.Fatal(err)
 	}
-	if !d2.holds(odd.IP) {
+	if _, ok := d2.holds(odd.IP); !ok {
 		t.Error("removing ::ffff:10.0.0.3 made holds(10.0.0.3) false")
 	}
 
@@ -82,7 +86,7 @@ func TestLeaseDirHoldsOnlyRegularFilesNamedAsHostLocalDoes(t *testing.T) {
 	if err := d.remove([]Lease{l}); err != nil {
 		t.Fatal(err)
 	}
-	if d.holds(net.ParseIP("10.0.0.2")) {
+	if _, ok := d.holds(net.ParseIP("10.0.0.2")); ok {
 		t.Error("holds(10.0.0.2) after its removal = true")
 	}
 }

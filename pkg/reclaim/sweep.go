@@ -311,7 +311,7 @@ func (w *sweep) run() error {
 	if !w.req.DryRun && len(listing.Temps) > 0 {
 		w.removeAbandonedTemps(listing)
 	}
-	skip := func(ip net.IP) bool { _, ok := w.claimed[ip16(ip)]; return ok }
+	skip := func(a [16]byte) bool { _, ok := w.claimed[a]; return ok }
 	if err := w.leases.each(skip, w.lease, w.problem); err != nil {
 		return err
 	}
@@ -362,10 +362,11 @@ func (w *sweep) record(r *records.Record) {
 			continue
 		}
 		if trust {
-			if !w.leases.holds(ip) {
+			path, ok := w.leases.holds(ip)
+			if !ok {
 				continue
 			}
-			a.Leases = append(a.Leases, Lease{IP: ip, Path: w.req.Dir.Lease(ip), Key: a.Key})
+			a.Leases = append(a.Leases, Lease{IP: ip, Path: path, Key: a.Key})
 		} else {
 			l, err := w.leases.read(ip)
 			if err != nil || l.Key != a.Key {
@@ -610,6 +611,9 @@ func sortedAttachments(m map[records.Key]*Attachment) []*Attachment {
 }
 
 func sortLeases(ls []Lease) {
+	if len(ls) < 2 {
+		return // most attachments: nothing to sort, and nothing allocated
+	}
 	sort.Slice(ls, func(i, j int) bool { return bytes.Compare(ls[i].IP.To16(), ls[j].IP.To16()) < 0 })
 }
 
