@@ -448,6 +448,10 @@ func (w *walk) keep(name string, ino uint64, r *Record, read []byte) {
 		c.overflow, c.next = true, nil
 		return
 	}
+	if c.next == nil {
+		// Most walks meet the records the cache holds, and maybe a few more.
+		c.next = make([]cachedRecord, 0, min(len(c.found)+16, walkCacheMax))
+	}
 	c.next = append(c.next, cachedRecord{name: name, ino: ino, data: data})
 }
 
@@ -486,16 +490,26 @@ func (s *Store) SaveWalkCache(l *Listing, drop func(Key) bool) {
 		}
 		return
 	}
-	keep := u.next[:0:0]
-	for _, c := range u.next {
+	dropped := func(c cachedRecord) bool {
 		cid, ifname, _ := ipamdir.ParseRecordName(c.name)
-		if drop == nil || !drop(Key{ContainerID: cid, IfName: ifname}) {
+		return drop != nil && drop(Key{ContainerID: cid, IfName: ifname})
+	}
+	kept := len(u.next)
+	for _, c := range u.next {
+		if dropped(c) {
+			kept--
+		}
+	}
+	if u.misses == 0 && kept == len(u.found) {
+		return // the cache holds exactly these: the common sweep writes nothing
+	}
+	keep := make([]cachedRecord, 0, kept)
+	for _, c := range u.next {
+		if !dropped(c) {
 			keep = append(keep, c)
 		}
 	}
-	if u.misses > 0 || len(keep) != len(u.found) {
-		saveWalkCache(s.dir, keep)
-	}
+	saveWalkCache(s.dir, keep)
 }
 
 func (l *Listing) addTemp(name string, pid int) {
