@@ -12,14 +12,13 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -183,23 +182,28 @@ func (r *Real) NetnsCookie(path string) (uint64, error) {
 	return cookie, nil
 }
 
+// LinkAddrs asks with the standard library's netlink dump (net.Interfaces),
+// made on the thread that entered the namespace: a netlink library linked
+// for this one question cost every verb's start-up its package init.
 func (r *Real) LinkAddrs(path, ifName string) ([]net.IP, error) {
 	var ips []net.IP
 	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
-		link, err := netlinksafe.LinkByName(ifName)
+		links, err := net.Interfaces()
 		if err != nil {
-			var notFound netlink.LinkNotFoundError
-			if errors.As(err, &notFound) {
-				return nil
-			}
 			return err
 		}
-		addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
+		i := slices.IndexFunc(links, func(l net.Interface) bool { return l.Name == ifName })
+		if i < 0 {
+			return nil
+		}
+		addrs, err := links[i].Addrs()
 		if err != nil {
 			return err
 		}
 		for _, a := range addrs {
-			ips = append(ips, a.IP)
+			if n, ok := a.(*net.IPNet); ok {
+				ips = append(ips, n.IP)
+			}
 		}
 		return nil
 	})
