@@ -17,11 +17,12 @@ import (
 // because a sweep decodes every record of a network, and reflection-based
 // decoding was 40 % of a sweep that finds nothing stale.
 //
-// known, when not nil, holds strings the record most likely repeats: r
-// then shares them instead of holding copies, which is most of what
-// decoding a thousand records allocates. Only memory is shared, never a
-// value: a string that differs is copied as without known.
-func decodeFast(b []byte, r *Record, known *knownStrings) bool {
+// known holds strings the record most likely repeats (none in its zero
+// value): r then shares them instead of holding copies, which is most of
+// what decoding a thousand records allocates. Only memory is shared, never
+// a value: a string that differs is copied as without known.
+func decodeFast(b []byte, r *Record, known knownStrings) bool {
+	cid, ifName, _ := strings.Cut(known.name, "@")
 	p := fastParser{b: b}
 	return p.object(func(key []byte) bool {
 		switch string(key) { // no allocation: a conversion in a switch
@@ -36,17 +37,15 @@ func decodeFast(b []byte, r *Record, known *knownStrings) bool {
 		case "deadline":
 			return p.uint(&r.Deadline)
 		case "network":
-			return p.strKnown(&r.Network, known.network())
+			return p.strKnown(&r.Network, known.network)
 		case "containerID":
-			cid, _ := known.nameParts()
 			return p.strKnown(&r.ContainerID, cid)
 		case "ifName":
-			_, ifName := known.nameParts()
 			return p.strKnown(&r.IfName, ifName)
 		case "netns":
 			return p.str(&r.Netns)
 		case "bootID":
-			return p.strShared(&r.BootID, known.lastBootID())
+			return p.strShared(&r.BootID, known.bootID)
 		case "state":
 			return p.strKnown((*string)(&r.State), string(Complete), string(Started), string(Migrated))
 		case "created":
@@ -76,34 +75,12 @@ func decodeFast(b []byte, r *Record, known *knownStrings) bool {
 // holds: its network's name, its file name's parts, and the boot ID of
 // the records decoded before it (most are from this boot).
 type knownStrings struct {
-	net string
+	network string
 	// name is the record's file name, "<containerID>@<ifname>".
 	name string
 	// bootID is the boot ID last decoded in the walk, shared by its
-	// readers.
+	// readers (nil: none is shared).
 	bootID *atomic.Pointer[string]
-}
-
-func (k *knownStrings) network() string {
-	if k == nil {
-		return ""
-	}
-	return k.net
-}
-
-func (k *knownStrings) nameParts() (containerID, ifName string) {
-	if k == nil {
-		return "", ""
-	}
-	containerID, ifName, _ = strings.Cut(k.name, "@")
-	return containerID, ifName
-}
-
-func (k *knownStrings) lastBootID() *atomic.Pointer[string] {
-	if k == nil {
-		return nil
-	}
-	return k.bootID
 }
 
 type fastParser struct {

@@ -41,7 +41,7 @@ func FuzzDecodeFastAgrees(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var fast Record
-		if !decodeFast(data, &fast, nil) {
+		if !decodeFast(data, &fast, knownStrings{}) {
 			return
 		}
 		var slow Record
@@ -67,7 +67,7 @@ func FuzzDecodeFastKnownAgrees(f *testing.F) {
 		var last atomic.Pointer[string]
 		last.Store(&bootID)
 		var fast Record
-		if !decodeFast(data, &fast, &knownStrings{net: network, name: name, bootID: &last}) {
+		if !decodeFast(data, &fast, knownStrings{network: network, name: name, bootID: &last}) {
 			return
 		}
 		var slow Record

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -490,26 +491,15 @@ func (s *Store) SaveWalkCache(l *Listing, drop func(Key) bool) {
 		}
 		return
 	}
-	dropped := func(c cachedRecord) bool {
+	// u.next is this walk's own and read nowhere else: filtered in place.
+	u.next = slices.DeleteFunc(u.next, func(c cachedRecord) bool {
 		cid, ifname, _ := ipamdir.ParseRecordName(c.name)
 		return drop != nil && drop(Key{ContainerID: cid, IfName: ifname})
-	}
-	kept := len(u.next)
-	for _, c := range u.next {
-		if dropped(c) {
-			kept--
-		}
-	}
-	if u.misses == 0 && kept == len(u.found) {
+	})
+	if u.misses == 0 && len(u.next) == len(u.found) {
 		return // the cache holds exactly these: the common sweep writes nothing
 	}
-	keep := make([]cachedRecord, 0, kept)
-	for _, c := range u.next {
-		if !dropped(c) {
-			keep = append(keep, c)
-		}
-	}
-	saveWalkCache(s.dir, keep)
+	saveWalkCache(s.dir, u.next)
 }
 
 func (l *Listing) addTemp(name string, pid int) {
@@ -539,7 +529,7 @@ func (l *Listing) damaged(name string, err error) {
 // before (see knownStrings).
 func (s *Store) decode(name string, b []byte, bootID *atomic.Pointer[string]) (*Record, error) {
 	var r Record
-	if !decodeFast(b, &r, &knownStrings{net: s.network, name: name, bootID: bootID}) {
+	if !decodeFast(b, &r, knownStrings{network: s.network, name: name, bootID: bootID}) {
 		r = Record{}
 		if err := json.Unmarshal(b, &r); err != nil {
 			return nil, fmt.Errorf("record %s: %w", filepath.Join(s.dir, name), err)

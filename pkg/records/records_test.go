@@ -192,7 +192,7 @@ func TestDecodeFastTakesWhatWriteWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got Record
-	if !decodeFast(b, &got, nil) {
+	if !decodeFast(b, &got, knownStrings{}) {
 		t.Fatalf("fast path refused %s", b)
 	}
 	if !reflect.DeepEqual(&got, r) {
@@ -202,7 +202,7 @@ func TestDecodeFastTakesWhatWriteWrites(t *testing.T) {
 		`{"Version":1}`, `{"ips":null}`, `{"netns":"a\"b"}`, "{\"netns\":\"\xff\"}", `{"version":1.0}`,
 		`{"version":01}`, `{"pidStart":-1}`, `{"version":1}x`, `{"version":1,}`, `{"extra":1}`, `{"created":"yesterday"}`,
 	} {
-		if decodeFast([]byte(in), &Record{}, nil) {
+		if decodeFast([]byte(in), &Record{}, knownStrings{}) {
 			t.Errorf("fast path accepted %s", in)
 		}
 	}
