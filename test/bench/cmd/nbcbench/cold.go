@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -68,11 +69,21 @@ func (e *Env) benchCold(res *Results) error {
 	wall := make([][]float64, len(bins))
 	cpu := make([][]float64, len(bins))
 	faults := make([][]float64, len(bins))
+	// Each round runs the binaries in a new random order: in a fixed order
+	// each binary would always follow the same one, and whatever one exec
+	// leaves behind (the CPU's caches, the page cache's LRU, a thread still
+	// exiting) would weigh on one side only.
+	order := make([]int, len(bins))
+	for i := range order {
+		order[i] = i
+	}
 	for range e.o.coldPairs {
 		if err := e.canceled(); err != nil {
 			return err
 		}
-		for i, b := range bins {
+		rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, i := range order {
+			b := bins[i]
 			r, err := runVersion(b, false)
 			if err != nil {
 				return err
