@@ -41,7 +41,7 @@ test: test-unit test-e2e test-podman test-containerd
 
 test-unit:
 	$(GO) vet ./...
-	$(GO) test -count=1 ./pkg/... ./cmd/... ./internal/...
+	$(GO) test -count=1 ./pkg/... ./cmd/... ./internal/... ./test/bench/cmd/nbcbench/
 
 # The e2e tests need root, iptables and the binaries in $(BIN).
 test-e2e: build build-crashpoints plugins

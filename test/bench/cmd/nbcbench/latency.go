@@ -63,6 +63,9 @@ func (e *Env) newAttachment(v *variant, tag string) (*attachment, error) {
 type verbTimes struct {
 	add, check, del          float64
 	addCPU, checkCPU, delCPU float64
+	// marks are CLOCK_MONOTONIC (ns) before ADD, CHECK and DEL and after
+	// DEL: the windows in which each verb's processes started.
+	marks [4]int64
 }
 
 func (e *Env) addCheckDel(cfg *libcni.CNIConfig, v *variant, tag string) (verbTimes, error) {
@@ -81,20 +84,24 @@ func (e *Env) addCheckDel(cfg *libcni.CNIConfig, v *variant, tag string) (verbTi
 
 	// CPU: the plugins' (and their iptables') user + system time, from
 	// RUSAGE_CHILDREN: libcni waits for every plugin it runs.
+	t.marks[0] = monoNow()
 	c0, t0 := childrenCPU(), time.Now()
 	if _, err := cfg.AddNetworkList(ctx, list, a.rt); err != nil {
 		return t, fmt.Errorf("%s ADD: %w", v.label, err)
 	}
 	c1, t1 := childrenCPU(), time.Now()
+	t.marks[1] = monoNow()
 	if err := cfg.CheckNetworkList(ctx, list, a.rt); err != nil {
 		cfg.DelNetworkList(ctx, list, a.rt)
 		return t, fmt.Errorf("%s CHECK: %w", v.label, err)
 	}
 	c2, t2 := childrenCPU(), time.Now()
+	t.marks[2] = monoNow()
 	if err := cfg.DelNetworkList(ctx, list, a.rt); err != nil {
 		return t, fmt.Errorf("%s DEL: %w", v.label, err)
 	}
 	c3, t3 := childrenCPU(), time.Now()
+	t.marks[3] = monoNow()
 	t.add, t.check, t.del = ms(t1.Sub(t0)), ms(t2.Sub(t1)), ms(t3.Sub(t2))
 	t.addCPU, t.checkCPU, t.delCPU = ms(c1-c0), ms(c2-c1), ms(c3-c2)
 	return t, nil
@@ -123,6 +130,19 @@ func (s *latencySeries) add(t verbTimes) {
 func (e *Env) benchLatency(res *Results) error {
 	cfg := e.cni()
 	vs := e.variants()
+	var trace *schedTrace
+	if e.c != nil {
+		var err error
+		if trace, err = startSchedTrace(e.o.work); err != nil {
+			res.OwnTimeNote = "not traced: " + err.Error()
+		} else {
+			defer func() {
+				if trace != nil {
+					trace.stop()
+				}
+			}()
+		}
+	}
 	// Warm-up: the first ADD of a network creates its bridge, the first
 	// plugin ADD writes the migration marker, the page cache fills.
 	for i := range 2 {
@@ -133,6 +153,7 @@ func (e *Env) benchLatency(res *Results) error {
 		}
 	}
 	series := make([]latencySeries, len(vs))
+	windows := make([][][2]int64, len(vs)) // per variant: a window per round and verb
 	for i := range e.o.pairs {
 		if err := e.canceled(); err != nil {
 			return err
@@ -143,6 +164,9 @@ func (e *Env) benchLatency(res *Results) error {
 				return err
 			}
 			series[j].add(t)
+			for k := range 3 {
+				windows[j] = append(windows[j], [2]int64{t.marks[k], t.marks[k+1]})
+			}
 		}
 	}
 	res.Pairs = e.o.pairs
@@ -155,6 +179,42 @@ func (e *Env) benchLatency(res *Results) error {
 			cb := makePair(verb+" (floor)", c.wall[k], b.wall[k]).withCPU(c.cpu[k], b.cpu[k])
 			res.LatencyFloor = append(res.LatencyFloor, makeAddedCost(verb, ab, cb))
 		}
+	}
+	if trace != nil {
+		err := trace.stop()
+		if err == nil {
+			err = e.ownTime(res, trace, windows[0], windows[2])
+		}
+		trace = nil
+		if err != nil {
+			res.OwnTimeNote = "not traced: " + err.Error()
+		}
+	}
+	return nil
+}
+
+// ownTime reports, per verb, the own time of A's plugin processes against
+// C's floor plugin processes (see owntrace.go), round by round.
+func (e *Env) ownTime(res *Results, trace *schedTrace, a, c [][2]int64) error {
+	procs, err := trace.processes()
+	if err != nil {
+		return err
+	}
+	ownA := ownTimes(procs, filepath.Join(e.o.bin, pluginType), a)
+	ownC := ownTimes(procs, e.o.floor, c)
+	for k, verb := range latencyVerbs[:3] {
+		var pa, pc []float64
+		for w := k; w < len(a) && w < len(c); w += 3 {
+			x, okA := ownA[w]
+			y, okC := ownC[w]
+			if okA && okC {
+				pa, pc = append(pa, x), append(pc, y)
+			}
+		}
+		if len(pa) == 0 {
+			return fmt.Errorf("no round of %s has exactly one %s and one %s process", verb, filepath.Join(e.o.bin, pluginType), e.o.floor)
+		}
+		res.OwnTime = append(res.OwnTime, makePair(verb, pa, pc))
 	}
 	return nil
 }

@@ -54,6 +54,18 @@ func (r *Results) targets() []Target {
 		}
 		out = append(out, t)
 	}
+	// The same goal on the traced own time of each process (see
+	// owntrace.go): the floor plugin's own time is C−B without bridge's
+	// spread.
+	for _, o := range r.OwnTime {
+		t := Target{
+			What:     fmt.Sprintf("%s: own time ≤ %.1f× the floor plugin's (perf-traced, exec to exit minus the delegate)", o.Name, floorGoal),
+			Measured: fmt.Sprintf("%.2f ms against %.2f ms: ×%.2f (median of pairs ×%.2f)", o.A.Median, o.B.Median, o.Ratio, o.PairedRatio),
+			Met:      o.Ratio <= floorGoal,
+		}
+		t.Margin = fmt.Sprintf("%+.2f ms vs the goal (%.2f ms)", o.A.Median-floorGoal*o.B.Median, floorGoal*o.B.Median)
+		out = append(out, t)
+	}
 	for _, c := range r.Restore {
 		t := Target{What: fmt.Sprintf("restore of %d allocations (%d CHECKs in a row) ≤ 1.05 of bare bridge", c.N, c.N), Measured: fmt.Sprintf("%.3f (CPU %.3f)", c.Pair.Ratio, c.Pair.cpu().Ratio), Met: c.Pair.Ratio <= 1.05}
 		t.Margin = fmt.Sprintf("%+.1f%% vs bridge", (c.Pair.Ratio-1)*100)
@@ -230,6 +242,19 @@ func renderMarkdown(w io.Writer, r *Results) {
 		if floor {
 			p("C is B's chain with `nbc-floor` (test/bench/cmd/floor, a plugin that only passes its stdin to bridge) in bridge's place: C−B is one more exec of a do-nothing delegating plugin, the floor of what any wrapper adds. A−B and C−B are differences of medians; (A−B)/(C−B) is n/a where C−B ≤ 0.")
 		}
+		p("")
+	}
+	if len(r.OwnTime) > 0 {
+		p("**1c. Own time per verb** — the same rounds as 1, traced with perf's sched tracepoints: each `nomad-bridge-cni` process of A and `nbc-floor` process of C from its exec to its exit, minus the lifetime of the processes it ran (bridge and what bridge runs); ms.")
+		p("")
+		p("| verb | A: plugin median | p90 | C: floor plugin median | p90 | A/C (medians) | A/C (median of pairs) | rounds |")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, o := range r.OwnTime {
+			p("| %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f | %d |", o.Name, o.A.Median, o.A.P90, o.B.Median, o.B.P90, o.Ratio, o.PairedRatio, o.A.N)
+		}
+		p("")
+	} else if r.OwnTimeNote != "" {
+		p("**1c. Own time per verb** — %s", r.OwnTimeNote)
 		p("")
 	}
 	if len(r.Restore) > 0 {

@@ -151,6 +151,11 @@ type Results struct {
 	// LatencyFloor is, per row of Latency, the plugin's added cost against
 	// the floor plugin's (variant C, with --floor).
 	LatencyFloor []AddedCost `json:"latencyFloor,omitempty"`
+	// OwnTime is, per verb (ADD, CHECK, DEL) of the latency rounds, the
+	// own time (exec to exit minus the delegate's lifetime, traced with
+	// perf) of A's plugin process in A against the floor plugin's in C.
+	OwnTime     []Pair `json:"ownTime,omitempty"`
+	OwnTimeNote string `json:"ownTimeNote,omitempty"`
 	// RSSFloorKiB is the peak RSS execrss reports for /bin/true: the most
 	// of execrss's own RSS that can show in a measurement.
 	RSSFloorKiB int64       `json:"rssFloorKiB"`
