@@ -13,6 +13,7 @@ import (
 
 	cniskel "github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/cli"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
@@ -94,8 +95,6 @@ func printError(err *types.Error) int {
 	return 1
 }
 
-// capStdin reads at most limit bytes of in and returns a file the skeleton
-// can read them from (skel reads os.Stdin itself, to its end).
 // refuseEmptyCNIVersion names an empty "cniVersion" for what it is: skel
 // reads it as 0.1.0 and reports that version as the problem.
 func refuseEmptyCNIVersion(data []byte) *types.Error {
@@ -108,6 +107,8 @@ func refuseEmptyCNIVersion(data []byte) *types.Error {
 	return nil
 }
 
+// capStdin reads at most limit bytes of in and returns a file the skeleton
+// can read them from (skel reads os.Stdin itself, to its end).
 func capStdin(in io.Reader, limit int64) (*os.File, *types.Error) {
 	data, err := io.ReadAll(io.LimitReader(in, limit+1))
 	if err != nil {
@@ -119,13 +120,46 @@ func capStdin(in io.Reader, limit int64) (*os.File, *types.Error) {
 	if err := refuseEmptyCNIVersion(data); err != nil {
 		return nil, err
 	}
-	r, w, err := os.Pipe()
+	f, err := fileWith(data)
+	if err != nil {
+		// Without memfd_create (a seccomp profile may refuse it), a pipe.
+		f, err = pipeWith(data)
+	}
 	if err != nil {
 		return nil, types.NewError(types.ErrIOFailure, "failed to pass the network configuration on", err.Error())
 	}
+	return f, nil
+}
+
+// fileWith is an anonymous in-memory file holding data, read from its
+// start: the skeleton reads it like any stdin, with no pipe, no goroutine
+// feeding it and nothing for the runtime's poller to watch.
+func fileWith(data []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate("nomad-bridge-cni-stdin", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "stdin")
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// pipeWith is a pipe a goroutine writes data to: the skeleton reads
+// until EOF, and a write error means it stopped reading, which it reports
+// itself.
+func pipeWith(data []byte) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
 	go func() {
-		// The skeleton reads until EOF; a write error means it stopped
-		// reading, and it reports that itself.
 		_, _ = w.Write(data)
 		w.Close()
 	}()
