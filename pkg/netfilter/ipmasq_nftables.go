@@ -1,10 +1,12 @@
 package netfilter
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
@@ -91,8 +93,13 @@ func (nftBackend) List(network string) (Rules, error) {
 }
 
 // Teardown releases one owner's rules without a prior listing (one
-// listing and one batch): the DEL path.
+// listing and one batch): the DEL path. After a DEL whose bridge tore its
+// rules down itself there are none left, so a lean look over the probe's
+// raw socket comes first; only rules found bring in the full client.
 func (nftBackend) Teardown(owner string) ([]string, error) {
+	if !mayHoldIPMasqRule(owner) {
+		return nil, nil
+	}
 	removed, failed := (&nftRules{}).Release([]string{owner})
 	return removed[owner], failed[owner]
 }
@@ -211,4 +218,20 @@ func ipMasqChainOf(conn *nftables.Conn) *nftables.Chain {
 		}
 	}
 	return nil
+}
+
+// mayHoldIPMasqRule reports whether bridge's ipMasq chain may hold a rule
+// of owner: false only when a complete listing showed none.
+func mayHoldIPMasqRule(owner string) bool {
+	c, err := dialProbe()
+	if err != nil {
+		return true
+	}
+	defer c.Close()
+	found := false
+	err = c.eachRuleComment(unix.NFPROTO_INET, ipMasqTable, ipMasqChain, func(comment []byte) {
+		instance, _, _ := bytes.Cut(comment, []byte(","))
+		found = found || string(instance) == owner
+	})
+	return found || err != nil
 }

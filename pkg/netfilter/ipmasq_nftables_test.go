@@ -117,6 +117,12 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 			t.Fatalf("bridge's comments are not the ones computed here:\n got %q\nwant %q", got, all)
 		}
 
+		// The DEL path's lean look sees bridge's comments, and only the
+		// owner's.
+		if !mayHoldIPMasqRule(owner(network, 1)) || mayHoldIPMasqRule(owner(network, 9)) || mayHoldIPMasqRule(owner("other", 1)) {
+			t.Fatalf("the lean look: 1 on %s held %v, 9 %v, 1 on other %v; want true, false, false", network,
+				mayHoldIPMasqRule(owner(network, 1)), mayHoldIPMasqRule(owner(network, 9)), mayHoldIPMasqRule(owner("other", 1)))
+		}
 		if removed, err := nft.Teardown(owner(network, 1)); err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], "(2)") {
 			t.Fatalf("teardown: %v %v, want both families' rules named", removed, err)
 		}
@@ -125,6 +131,9 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		}
 		if removed, err := nft.Teardown(owner(network, 1)); err != nil || len(removed) != 0 {
 			t.Errorf("second teardown: %v %v", removed, err)
+		}
+		if mayHoldIPMasqRule(owner(network, 1)) {
+			t.Errorf("the lean look still finds 1's rules after its teardown")
 		}
 
 		// A sweep's batch: 2 and 4 are stale; 5 has the same ID on
