@@ -18,9 +18,11 @@ import (
 
 const (
 	pluginType = "nomad-bridge-cni"
-	ifName     = "eth0"
-	netnsDir   = "/var/run/netns"
-	cmdTimeout = 120 * time.Second
+	// delegateType is what A and C delegate to, and what B runs bare.
+	delegateType = "bridge"
+	ifName       = "eth0"
+	netnsDir     = "/var/run/netns"
+	cmdTimeout   = 120 * time.Second
 )
 
 type options struct {
@@ -179,13 +181,13 @@ func (e *Env) conflist(v *variant) ([]byte, error) {
 			case "A":
 				m["dataDir"] = v.dataDir
 			case "B":
-				m["type"] = "bridge"
+				m["type"] = delegateType
 				delete(m, "dataDir")
 				delete(m, "delegate")
 				ipam["dataDir"] = v.dataDir
 			case "C":
 				m["type"] = e.floorType()
-				m["delegate"] = "bridge"
+				m["delegate"] = delegateType
 				delete(m, "dataDir")
 				ipam["dataDir"] = v.dataDir
 			}

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -200,17 +203,25 @@ func (e *Env) ownTime(res *Results, trace *schedTrace, a, c [][2]int64) error {
 	if err != nil {
 		return err
 	}
-	ownA := ownTimes(procs, filepath.Join(e.o.bin, pluginType), a)
-	ownC := ownTimes(procs, e.o.floor, c)
+	ownA := ownTimes(procs, filepath.Join(e.o.bin, pluginType), delegateType, a)
+	ownC := ownTimes(procs, e.o.floor, delegateType, c)
 	for k, verb := range latencyVerbs[:3] {
 		var pa, pc []float64
+		others := map[string]int{}
 		for w := k; w < len(a) && w < len(c); w += 3 {
 			x, okA := ownA[w]
 			y, okC := ownC[w]
 			if okA && okC {
-				pa, pc = append(pa, x), append(pc, y)
+				pa, pc = append(pa, x.ms), append(pc, y.ms)
+				for _, o := range x.others {
+					others["A: "+o]++
+				}
+				for _, o := range y.others {
+					others["C: "+o]++
+				}
 			}
 		}
+		res.OwnTimeOthers = append(res.OwnTimeOthers, countsText(others))
 		if len(pa) == 0 {
 			return fmt.Errorf("no round of %s has exactly one %s and one %s process", verb, filepath.Join(e.o.bin, pluginType), e.o.floor)
 		}
@@ -287,4 +298,16 @@ func (e *Env) benchConcurrent(res *Results) error {
 	res.Parallel = n
 	res.Throughput = &p
 	return nil
+}
+
+// countsText is "name ×n, ..." in name order, or "none".
+func countsText(counts map[string]int) string {
+	if len(counts) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s ×%d", name, counts[name]))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -22,7 +22,7 @@ import (
 // about what the 1.3× goal allows (0.3 × C−B). What the plugin and the
 // floor plugin each add is their process's own time: from its exec to its
 // exit, minus the lifetime of the delegate it runs (bridge, and whatever
-// bridge runs). perf's sched tracepoints give both for every process of
+// bridge runs); processes the plugin runs itself count as its own. perf's sched tracepoints give both for every process of
 // the run, without touching them, so the latency cell (with --floor and
 // perf on the machine) traces them and reports the own time per verb of A's
 // plugin and C's floor plugin side by side.
@@ -190,19 +190,34 @@ func parseNsTime(s string) (int64, error) {
 	return a*1e9 + b, nil
 }
 
+// ownRun is one plugin process's own time and the processes it ran
+// itself (their files' base names), which that time includes.
+type ownRun struct {
+	ms     float64
+	others []string
+}
+
 // ownTimes is, for each process of program that began inside one of
-// windows, its lifetime minus the lifetimes of the processes it ran, in
-// ms, by the window's index; a window without exactly one such process
-// has none.
-func ownTimes(procs []tracedProcess, program string, windows [][2]int64) map[int]float64 {
-	children := map[int]int64{}
+// windows, its lifetime minus the lifetimes of the delegate processes it
+// ran (those whose file's base name is delegate), in ms, by the window's
+// index; a window without exactly one such process has none. Any other
+// process it ran (a sweep's iptables listing) is its own cost and stays
+// in.
+func ownTimes(procs []tracedProcess, program, delegate string, windows [][2]int64) map[int]ownRun {
+	inDelegate := map[int]int64{}
+	others := map[int][]string{}
 	for _, p := range procs {
-		if p.parent >= 0 {
-			children[p.parent] += p.end - p.start
+		if p.parent < 0 {
+			continue
+		}
+		if base := filepath.Base(p.path); base == delegate {
+			inDelegate[p.parent] += p.end - p.start
+		} else {
+			others[p.parent] = append(others[p.parent], base)
 		}
 	}
 	found := map[int]int{}
-	own := map[int]float64{}
+	own := map[int]ownRun{}
 	for i, p := range procs {
 		if p.path != program {
 			continue
@@ -210,7 +225,7 @@ func ownTimes(procs []tracedProcess, program string, windows [][2]int64) map[int
 		for w, win := range windows {
 			if p.start >= win[0] && p.start <= win[1] {
 				found[w]++
-				own[w] = float64(p.end-p.start-children[i]) / 1e6
+				own[w] = ownRun{ms: float64(p.end-p.start-inDelegate[i]) / 1e6, others: others[i]}
 			}
 		}
 	}

@@ -245,12 +245,16 @@ func renderMarkdown(w io.Writer, r *Results) {
 		p("")
 	}
 	if len(r.OwnTime) > 0 {
-		p("**1c. Own time per verb** — the same rounds as 1, traced with perf's sched tracepoints: each `nomad-bridge-cni` process of A and `nbc-floor` process of C from its exec to its exit, minus the lifetime of the processes it ran (bridge and what bridge runs); ms.")
+		p("**1c. Own time per verb** — the same rounds as 1, traced with perf's sched tracepoints: each `nomad-bridge-cni` process of A and `nbc-floor` process of C from its exec to its exit, minus the lifetime of the delegate it ran (bridge and what bridge runs; processes the plugin runs itself, such as a sweep's iptables listings, count as its own); ms.")
 		p("")
-		p("| verb | A: plugin median | p90 | C: floor plugin median | p90 | A/C (medians) | A/C (median of pairs) | rounds |")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|")
-		for _, o := range r.OwnTime {
-			p("| %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f | %d |", o.Name, o.A.Median, o.A.P90, o.B.Median, o.B.P90, o.Ratio, o.PairedRatio, o.A.N)
+		p("| verb | A: plugin median | p90 | C: floor plugin median | p90 | A/C (medians) | A/C (median of pairs) | rounds | processes run besides bridge, all rounds |")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+		for i, o := range r.OwnTime {
+			others := "n/a"
+			if i < len(r.OwnTimeOthers) {
+				others = r.OwnTimeOthers[i]
+			}
+			p("| %s | %.2f | %.2f | %.2f | %.2f | %.3f | %.3f | %d | %s |", o.Name, o.A.Median, o.A.P90, o.B.Median, o.B.P90, o.Ratio, o.PairedRatio, o.A.N, others)
 		}
 		p("")
 	} else if r.OwnTimeNote != "" {

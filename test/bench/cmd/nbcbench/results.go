@@ -154,8 +154,12 @@ type Results struct {
 	// OwnTime is, per verb (ADD, CHECK, DEL) of the latency rounds, the
 	// own time (exec to exit minus the delegate's lifetime, traced with
 	// perf) of A's plugin process in A against the floor plugin's in C.
-	OwnTime     []Pair `json:"ownTime,omitempty"`
-	OwnTimeNote string `json:"ownTimeNote,omitempty"`
+	OwnTime []Pair `json:"ownTime,omitempty"`
+	// OwnTimeOthers is, per row of OwnTime, the processes A's plugin and
+	// C's floor plugin ran besides the delegate over those rounds (their
+	// time is in the own time), as "A: iptables ×3, ...", or "none".
+	OwnTimeOthers []string `json:"ownTimeOthers,omitempty"`
+	OwnTimeNote   string   `json:"ownTimeNote,omitempty"`
 	// RSSFloorKiB is the peak RSS execrss reports for /bin/true: the most
 	// of execrss's own RSS that can show in a measurement.
 	RSSFloorKiB int64       `json:"rssFloorKiB"`

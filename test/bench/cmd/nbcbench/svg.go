@@ -69,6 +69,9 @@ func drawVerbs(w io.Writer, r *Results) {
 	if len(r.LatencyFloor) > 0 {
 		total += addedHeight
 	}
+	if len(r.OwnTime) > 0 {
+		total += addedHeight
+	}
 	maxR := 1.2
 	for _, b := range bars {
 		maxR = math.Max(maxR, b.Ratio*1.05)
@@ -101,27 +104,51 @@ func drawVerbs(w io.Writer, r *Results) {
 		}
 		s.text(x+bw, height-bottom+16, "middle", "11", b.Name)
 	}
+	y0 := height
 	if len(r.LatencyFloor) > 0 {
-		drawAdded(s, r.LatencyFloor, height, width, addedHeight)
+		bars := make([]floorBar, 0, len(r.LatencyFloor))
+		for _, c := range r.LatencyFloor {
+			bars = append(bars, floorBar{c.Name, c.PluginMs, c.FloorMs, fmt.Sprintf("%s (CPU %s)", timesRatio(c.Ratio), timesRatio(c.CPURatio))})
+		}
+		drawAgainstFloor(s, bars, y0, width, addedHeight,
+			"added cost over bare bridge per verb, median ms (wall)",
+			fmt.Sprintf("blue: plugin (A−B), orange: floor plugin (C−B), dashed: %.1f × C−B (the goal); above: (A−B)/(C−B), wall (CPU)", floorGoal))
+		y0 += addedHeight
+	}
+	if len(r.OwnTime) > 0 {
+		bars := make([]floorBar, 0, len(r.OwnTime))
+		for _, o := range r.OwnTime {
+			bars = append(bars, floorBar{o.Name, o.A.Median, o.B.Median, fmt.Sprintf("×%.2f (pairs ×%.2f)", o.Ratio, o.PairedRatio)})
+		}
+		drawAgainstFloor(s, bars, y0, width, addedHeight,
+			"own time per verb (perf-traced, exec to exit minus the delegate), median ms",
+			fmt.Sprintf("blue: plugin (A), orange: floor plugin (C), dashed: %.1f × C (the goal); above: A/C of the medians (median of the per-round A/C)", floorGoal))
 	}
 	s.p(`</svg>`)
 }
 
-// drawAdded draws, in the band from y0 down by height, per verb the
-// plugin's added cost over bare bridge (A−B) next to the floor plugin's
-// (C−B), wall medians in ms, with the goal (floorGoal × C−B) dashed across
-// the plugin's bar and the ratios above. Costs below zero (noise) go below
-// the zero line.
-func drawAdded(s svg, costs []AddedCost, y0, width, height float64) {
-	const left, title, bottom = 60.0, 44.0, 40.0
+// floorBar is one verb of a band drawn against the floor plugin: the
+// plugin's ms, the floor plugin's ms, and the label above them.
+type floorBar struct {
+	name          string
+	plugin, floor float64
+	label         string
+}
+
+// drawAgainstFloor draws, in the band from y0 down by height, per verb
+// the plugin's ms next to the floor plugin's, with the goal (floorGoal ×
+// the floor's) dashed across the plugin's bar and each bar's label above.
+// Values below zero (an added cost lost in noise) go below the zero line.
+func drawAgainstFloor(s svg, bars []floorBar, y0, width, height float64, title, legend string) {
+	const left, titleH, bottom = 60.0, 44.0, 40.0
 	lo, hi := 0.0, 0.0
-	for _, c := range costs {
-		for _, v := range []float64{c.PluginMs, c.FloorMs, floorGoal * c.FloorMs} {
+	for _, c := range bars {
+		for _, v := range []float64{c.plugin, c.floor, floorGoal * c.floor} {
 			lo, hi = math.Min(lo, v), math.Max(hi, v)
 		}
 	}
-	s.text(width/2, y0+16, "middle", "13", "added cost over bare bridge per verb, median ms (wall)")
-	s.text(width/2, y0+32, "middle", "11", fmt.Sprintf("blue: plugin (A−B), orange: floor plugin (C−B), dashed: %.1f × C−B (the goal); above: (A−B)/(C−B), wall (CPU)", floorGoal))
+	s.text(width/2, y0+16, "middle", "13", title)
+	s.text(width/2, y0+32, "middle", "11", legend)
 	if hi == lo {
 		return
 	}
@@ -131,7 +158,7 @@ func drawAdded(s svg, costs []AddedCost, y0, width, height float64) {
 	if lo < 0 {
 		lo -= span * 0.05
 	}
-	top, base := y0+title+10, y0+height-bottom
+	top, base := y0+titleH+10, y0+height-bottom
 	y := func(v float64) float64 { return top + (base-top)*(hi-v)/(hi-lo) }
 	ticks := []float64{0, hi / 2, hi}
 	if lo < 0 {
@@ -145,17 +172,16 @@ func drawAdded(s svg, costs []AddedCost, y0, width, height float64) {
 	bar := func(x, bw, v float64, fill string) {
 		s.p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, math.Min(y(0), y(v)), bw, math.Abs(y(0)-y(v)), fill)
 	}
-	slot := (width - left - 10) / float64(len(costs))
-	for i, c := range costs {
+	slot := (width - left - 10) / float64(len(bars))
+	for i, c := range bars {
 		x := left + slot*float64(i) + slot*0.2
 		bw := slot * 0.3
-		bar(x, bw, c.PluginMs, "#3b73b9")
-		bar(x+bw, bw, c.FloorMs, "#e08a2c")
-		g := y(floorGoal * c.FloorMs)
+		bar(x, bw, c.plugin, "#3b73b9")
+		bar(x+bw, bw, c.floor, "#e08a2c")
+		g := y(floorGoal * c.floor)
 		s.p(`<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black" stroke-width="1.5" stroke-dasharray="4 3"/>`, x-3, x+bw+3, g, g)
-		label := fmt.Sprintf("%s (CPU %s)", timesRatio(c.Ratio), timesRatio(c.CPURatio))
-		s.text(x+bw, y(math.Max(math.Max(c.PluginMs, c.FloorMs), math.Max(0, floorGoal*c.FloorMs)))-6, "middle", "10", label)
-		s.text(x+bw, base+16, "middle", "11", c.Name)
+		s.text(x+bw, y(math.Max(math.Max(c.plugin, c.floor), math.Max(0, floorGoal*c.floor)))-6, "middle", "10", c.label)
+		s.text(x+bw, base+16, "middle", "11", c.name)
 	}
 }
 
