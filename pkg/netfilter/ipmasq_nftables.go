@@ -1,11 +1,10 @@
 package netfilter
 
 import (
-	"bytes"
+	"errors"
 	"fmt"
 	"strings"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
@@ -16,11 +15,11 @@ import (
 // recognises a rule by its comment: a hash of the network, a hash of
 // "<ifname>:<containerID>", then a readable tail.
 //
-// The rules are listed and deleted here over netlink, as `nft` itself does,
-// instead of through bridge's own functions: those run nft through
-// sigs.k8s.io/knftables, whose package init (a dozen regular expressions)
-// was a third of the plugin's start-up work on every verb, including the
-// ones that never reach this code.
+// The rules are listed and deleted here over netlink (nftnetlink.go), as
+// `nft` itself does, instead of through bridge's own functions: those run
+// nft through sigs.k8s.io/knftables, whose package init (a dozen regular
+// expressions) was a third of the plugin's start-up work on every verb,
+// including the ones that never reach this code.
 const (
 	ipMasqTable = "cni_plugins_masquerade"
 	ipMasqChain = "masq_checks"
@@ -93,13 +92,9 @@ func (nftBackend) List(network string) (Rules, error) {
 }
 
 // Teardown releases one owner's rules without a prior listing (one
-// listing and one batch): the DEL path. After a DEL whose bridge tore its
-// rules down itself there are none left, so a lean look over the probe's
-// raw socket comes first; only rules found bring in the full client.
+// listing and, when bridge's own teardown left some, one batch): the DEL
+// path.
 func (nftBackend) Teardown(owner string) ([]string, error) {
-	if !mayHoldIPMasqRule(owner) {
-		return nil, nil
-	}
 	removed, failed := (&nftRules{}).Release([]string{owner})
 	return removed[owner], failed[owner]
 }
@@ -168,70 +163,34 @@ func (r *nftRules) Release(owners []string) (map[string][]string, map[string]err
 
 // eachIPMasqRule lists the rules of bridge's ipMasq chain and deletes, in
 // one netlink batch, those whose comment doomed selects. Without bridge's
-// table or chain (or without netlink access to find them) there are no
-// such rules: nothing to do, as bridge's GC finds when its chain does not
-// exist.
+// table or chain there are no such rules: nothing to do, as bridge's GC
+// finds when its chain does not exist. Nor are there any this process
+// could have made without netlink access to nftables (not root).
 func eachIPMasqRule(doomed func(comment string) bool) error {
-	conn, err := nftables.New()
+	c, err := dialProbe()
 	if err != nil {
 		return nil
 	}
-	defer conn.CloseLasting()
-	chain := ipMasqChainOf(conn)
-	if chain == nil {
+	defer c.Close()
+	var refs []nftRuleRef
+	err = c.eachRule(unix.NFPROTO_INET, ipMasqTable, ipMasqChain, func(r *nftRule) {
+		comment, ok := udataComment(r.userdata)
+		if ok && doomed(string(comment)) {
+			refs = append(refs, nftRuleRef{family: unix.NFPROTO_INET, table: ipMasqTable, chain: ipMasqChain, handle: r.handle})
+		}
+	})
+	if errors.Is(err, unix.EPERM) {
 		return nil
 	}
-	rules, err := conn.GetRules(chain.Table, chain)
 	if err != nil {
 		return fmt.Errorf("list rules of inet %s %s: %w", ipMasqTable, ipMasqChain, err)
 	}
-	n := 0
-	for _, r := range rules {
-		comment, ok := udataComment(r.UserData)
-		if !ok || !doomed(string(comment)) {
-			continue
-		}
-		if err := conn.DelRule(&nftables.Rule{Table: chain.Table, Chain: chain, Handle: r.Handle}); err != nil {
-			return fmt.Errorf("delete rule %d of inet %s %s: %w", r.Handle, ipMasqTable, ipMasqChain, err)
-		}
-		n++
-	}
-	if n == 0 {
+	if len(refs) == 0 {
 		return nil
 	}
 	crashpoint.Step("nftables delete rules")
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("delete %d rules of inet %s %s: %w", n, ipMasqTable, ipMasqChain, err)
+	if err := c.deleteRules(refs); err != nil {
+		return fmt.Errorf("delete %d rules of inet %s %s: %w", len(refs), ipMasqTable, ipMasqChain, err)
 	}
 	return nil
-}
-
-// ipMasqChainOf finds bridge's ipMasq chain, or nil.
-func ipMasqChainOf(conn *nftables.Conn) *nftables.Chain {
-	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return nil
-	}
-	for _, c := range chains {
-		if c.Name == ipMasqChain && c.Table != nil && c.Table.Name == ipMasqTable {
-			return c
-		}
-	}
-	return nil
-}
-
-// mayHoldIPMasqRule reports whether bridge's ipMasq chain may hold a rule
-// of owner: false only when a complete listing showed none.
-func mayHoldIPMasqRule(owner string) bool {
-	c, err := dialProbe()
-	if err != nil {
-		return true
-	}
-	defer c.Close()
-	found := false
-	err = c.eachRuleComment(unix.NFPROTO_INET, ipMasqTable, ipMasqChain, func(comment []byte) {
-		instance, _, _ := bytes.Cut(comment, []byte(","))
-		found = found || string(instance) == owner
-	})
-	return found || err != nil
 }

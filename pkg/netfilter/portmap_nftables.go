@@ -2,11 +2,11 @@ package netfilter
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/netip"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
@@ -26,10 +26,17 @@ const portmapNFTTable = "cni_hostport"
 // PortmapNFTRules are portmap's nftables rules, listed once (a sweep's
 // releases share one listing).
 type PortmapNFTRules struct {
-	conn *nftables.Conn
 	// byComment are the rules by their comment (a container ID): a
-	// release looks at its container's only.
-	byComment map[string][]*nftables.Rule
+	// release looks at its container's only. nil when nothing was listed.
+	byComment map[string][]portmapNFTRule
+}
+
+// portmapNFTRule is one listed rule: where it is, and the values its
+// expressions compare or load, where portmap names the container's
+// address.
+type portmapNFTRule struct {
+	ref    nftRuleRef
+	values [][]byte
 }
 
 // ListPortmapNFT lists the rules of both cni_hostport tables. A host
@@ -39,42 +46,70 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 	if !c.PortmapNFT {
 		return &PortmapNFTRules{}, nil
 	}
-	conn, err := nftables.New()
+	conn, err := dialProbe()
 	if err != nil {
 		return &PortmapNFTRules{}, nil
 	}
-	p := &PortmapNFTRules{conn: conn, byComment: map[string][]*nftables.Rule{}}
-	for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
-		chains, err := conn.ListChainsOfTableFamily(family)
-		if err != nil {
-			continue // no table of that family
+	defer conn.Close()
+	p := &PortmapNFTRules{byComment: map[string][]portmapNFTRule{}}
+	for _, family := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
+		err := conn.eachRule(family, portmapNFTTable, "", func(r *nftRule) {
+			c, ok := udataComment(r.userdata)
+			if !ok {
+				return
+			}
+			rule := portmapNFTRule{ref: nftRuleRef{family: family, table: portmapNFTTable, chain: string(r.chain), handle: r.handle}}
+			eachExprValue(r.exprs, func(v []byte) { rule.values = append(rule.values, bytes.Clone(v)) })
+			p.byComment[string(c)] = append(p.byComment[string(c)], rule)
+		})
+		if errors.Is(err, unix.EPERM) {
+			return &PortmapNFTRules{}, nil
 		}
-		for _, ch := range chains {
-			if ch.Table == nil || ch.Table.Name != portmapNFTTable {
-				continue
-			}
-			rules, err := conn.GetRules(ch.Table, ch)
-			if err != nil {
-				return nil, fmt.Errorf("list rules of %s %s: %w", portmapNFTTable, ch.Name, err)
-			}
-			for _, r := range rules {
-				if c, ok := udataComment(r.UserData); ok {
-					p.byComment[string(c)] = append(p.byComment[string(c)], r)
-				}
-			}
+		if err != nil {
+			return nil, fmt.Errorf("list rules of %s: %w", portmapNFTTable, err)
 		}
 	}
 	return p, nil
 }
 
+// eachExprValue calls fn with what each cmp expression compares with and
+// each immediate loads (NFTA_DATA_VALUE): the daddr/saddr of a masquerade
+// rule, the address a dnat loads.
+func eachExprValue(exprs []byte, fn func([]byte)) {
+	eachAttr(exprs, func(typ uint16, elem []byte) {
+		if typ != unix.NFTA_LIST_ELEM {
+			return
+		}
+		name, data := namedAttr(elem, unix.NFTA_EXPR_NAME, unix.NFTA_EXPR_DATA)
+		var dataType uint16
+		switch name {
+		case "cmp":
+			dataType = unix.NFTA_CMP_DATA
+		case "immediate":
+			dataType = unix.NFTA_IMMEDIATE_DATA
+		default:
+			return
+		}
+		eachAttr(data, func(typ uint16, v []byte) {
+			if typ == dataType {
+				eachAttr(v, func(typ uint16, value []byte) {
+					if typ == unix.NFTA_DATA_VALUE {
+						fn(value)
+					}
+				})
+			}
+		})
+	})
+}
+
 // Has reports whether some rule commented containerID names one of addrs:
 // what Release would delete.
 func (p *PortmapNFTRules) Has(containerID string, addrs []netip.Addr) bool {
-	if p == nil || p.conn == nil {
+	if p == nil {
 		return false
 	}
 	for _, r := range p.byComment[containerID] {
-		if namesAny(r, addrs) {
+		if r.namesAny(addrs) {
 			return true
 		}
 	}
@@ -84,52 +119,42 @@ func (p *PortmapNFTRules) Has(containerID string, addrs []netip.Addr) bool {
 // Release deletes, in one batch, the rules commented containerID that
 // name one of addrs, and describes what went (dryRun: what would go).
 func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun bool) ([]string, error) {
-	if p == nil || p.conn == nil || len(p.byComment[containerID]) == 0 {
+	if p == nil || len(p.byComment[containerID]) == 0 {
 		return nil, nil
 	}
-	n := 0
+	var refs []nftRuleRef
 	for _, r := range p.byComment[containerID] {
-		if !namesAny(r, addrs) {
-			continue
+		if r.namesAny(addrs) {
+			refs = append(refs, r.ref)
 		}
-		if !dryRun {
-			if err := p.conn.DelRule(&nftables.Rule{Table: r.Table, Chain: r.Chain, Handle: r.Handle}); err != nil {
-				return nil, fmt.Errorf("delete portmap rule %d of %s: %w", r.Handle, portmapNFTTable, err)
-			}
-		}
-		n++
 	}
-	if n == 0 {
+	if len(refs) == 0 {
 		return nil, nil
 	}
-	what := []string{fmt.Sprintf("portmap nftables rules of %s (%d)", containerID, n)}
+	what := []string{fmt.Sprintf("portmap nftables rules of %s (%d)", containerID, len(refs))}
 	if dryRun {
 		return what, nil
 	}
+	conn, err := dialProbe()
+	if err != nil {
+		return nil, fmt.Errorf("delete %d portmap rules of %s: %w", len(refs), containerID, err)
+	}
+	defer conn.Close()
 	crashpoint.Step("nftables delete portmap rules")
-	if err := p.conn.Flush(); err != nil {
+	if err := conn.deleteRules(refs); err != nil {
 		// A rule gone since the listing (portmap's DEL won) aborts the
 		// whole batch: the files stay, and the next sweep lists again.
-		return nil, fmt.Errorf("delete %d portmap rules of %s: %w", n, containerID, err)
+		return nil, fmt.Errorf("delete %d portmap rules of %s: %w", len(refs), containerID, err)
 	}
 	return what, nil
 }
 
 // namesAny reports whether one of r's compared or loaded values is one of
-// addrs: the daddr/saddr of a masquerade rule, the address a dnat loads.
-func namesAny(r *nftables.Rule, addrs []netip.Addr) bool {
-	for _, e := range r.Exprs {
-		var data []byte
-		switch v := e.(type) {
-		case *expr.Cmp:
-			data = v.Data
-		case *expr.Immediate:
-			data = v.Data
-		default:
-			continue
-		}
+// addrs.
+func (r portmapNFTRule) namesAny(addrs []netip.Addr) bool {
+	for _, data := range r.values {
 		for _, a := range addrs {
-			if b := a.AsSlice(); len(data) == len(b) && bytes.Equal(data, b) {
+			if b := a.AsSlice(); bytes.Equal(data, b) {
 				return true
 			}
 		}

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"unsafe"
 
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 )
 
@@ -166,59 +165,37 @@ func (c *probeConn) rulesetID(families []byte) RulesetID {
 // generation asks nftables for its ruleset generation (NFT_MSG_GETGEN),
 // which every commit in this network namespace changes.
 func (c *probeConn) generation() (uint32, error) {
-	c.seq++
-	req := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+4)
-	req = append(req, unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0) // nfgenmsg
-	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
-		Len:   uint32(len(req)),
-		Type:  unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN,
-		Flags: unix.NLM_F_REQUEST,
-		Seq:   c.seq,
+	seq, err := c.sendGetGen()
+	if err != nil {
+		return 0, err
 	}
-	if err := unix.Sendto(c.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, fmt.Errorf("netlink send: %w", err)
-	}
-	for {
-		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
-		if err == unix.EINTR {
-			continue
+	var gen uint32
+	err = c.receive(func(h *unix.NlMsghdr, msg []byte) (bool, error) {
+		if h.Seq != seq {
+			return false, nil
 		}
-		if err != nil {
-			return 0, fmt.Errorf("netlink receive: %w", err)
+		if h.Type == unix.NLMSG_ERROR {
+			errno, err := nlErrno(msg)
+			if err == nil && errno != 0 {
+				err = fmt.Errorf("netlink: %w", errno)
+			}
+			return err != nil, err
 		}
-		b := c.buf[:n]
-		for len(b) >= unix.NLMSG_HDRLEN {
-			h := *(*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
-			if h.Len < unix.NLMSG_HDRLEN || int(h.Len) > len(b) {
-				return 0, errors.New("netlink: malformed message")
-			}
-			msg := b[unix.NLMSG_HDRLEN:h.Len]
-			b = b[min(nlAlign(int(h.Len)), len(b)):]
-			if h.Seq != c.seq {
-				continue
-			}
-			if h.Type == unix.NLMSG_ERROR {
-				if len(msg) >= 4 && nativeUint32(msg) != 0 {
-					return 0, fmt.Errorf("netlink: %w", unix.Errno(-int32(nativeUint32(msg))))
-				}
-				continue
-			}
-			if len(msg) < 4 {
-				return 0, errors.New("netlink: short generation message")
-			}
-			var gen uint32
-			found := false
-			eachAttr(msg[4:], func(typ uint16, data []byte) {
-				if typ == unix.NFTA_GEN_ID && len(data) == 4 {
-					gen, found = binary.BigEndian.Uint32(data), true
-				}
-			})
-			if !found {
-				return 0, errors.New("netlink: no generation in the answer")
-			}
-			return gen, nil
+		if len(msg) < 4 {
+			return true, errors.New("netlink: short generation message")
 		}
-	}
+		found := false
+		eachAttr(msg[4:], func(typ uint16, data []byte) {
+			if typ == unix.NFTA_GEN_ID && len(data) == 4 {
+				gen, found = binary.BigEndian.Uint32(data), true
+			}
+		})
+		if !found {
+			return true, errors.New("netlink: no generation in the answer")
+		}
+		return true, nil
+	})
+	return gen, err
 }
 
 func (t *natTable) family() byte {
@@ -262,65 +239,7 @@ func (c *probeConn) Close() error { return unix.Close(c.fd) }
 // (what newer versions may write instead). A table or chain that does not
 // exist has no rules.
 func (c *probeConn) eachRuleComment(family byte, table, chain string, fn func(comment []byte)) error {
-	c.seq++
-	req := make([]byte, unix.NLMSG_HDRLEN, 64)
-	req = append(req, family, unix.NFNETLINK_V0, 0, 0) // nfgenmsg
-	req = appendStringAttr(req, unix.NFTA_RULE_TABLE, table)
-	req = appendStringAttr(req, unix.NFTA_RULE_CHAIN, chain)
-	hdr := unix.NlMsghdr{
-		Len:   uint32(len(req)),
-		Type:  unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE,
-		Flags: unix.NLM_F_REQUEST | unix.NLM_F_DUMP,
-		Seq:   c.seq,
-	}
-	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = hdr
-	if err := unix.Sendto(c.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("netlink send: %w", err)
-	}
-	var parseErr error
-	for {
-		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("netlink receive: %w", err)
-		}
-		b := c.buf[:n]
-		for len(b) >= unix.NLMSG_HDRLEN {
-			h := *(*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
-			if h.Len < unix.NLMSG_HDRLEN || int(h.Len) > len(b) {
-				return errors.New("netlink: malformed message")
-			}
-			msg := b[unix.NLMSG_HDRLEN:h.Len]
-			b = b[min(nlAlign(int(h.Len)), len(b)):]
-			if h.Seq != c.seq {
-				continue // an answer to an earlier request
-			}
-			switch h.Type {
-			case unix.NLMSG_DONE:
-				return parseErr
-			case unix.NLMSG_ERROR:
-				if len(msg) < 4 {
-					return errors.New("netlink: short error message")
-				}
-				errno := -int32(nativeUint32(msg))
-				if errno == 0 {
-					continue
-				}
-				if unix.Errno(errno) == unix.ENOENT {
-					return parseErr
-				}
-				return fmt.Errorf("netlink: %w", unix.Errno(errno))
-			}
-			if h.Flags&unix.NLM_F_DUMP_INTR != 0 {
-				parseErr = errDumpInterrupted
-			}
-			if parseErr == nil && len(msg) >= 4 {
-				parseErr = ruleComments(msg[4:], fn)
-			}
-		}
-	}
+	return c.eachRule(family, table, chain, func(r *nftRule) { r.comments(fn) })
 }
 
 // Netlink attributes, walked in place: a 4-byte header (length, type,
@@ -364,17 +283,21 @@ func cString(b []byte) []byte {
 	return b
 }
 
+// udataTypeComment is libnftnl's NFTNL_UDATA_RULE_COMMENT: the TLV type
+// of a rule's comment in its userdata, as nft and bridge write it.
+const udataTypeComment = 0
+
 // udataComment is the comment in a rule's userdata (libnftnl's TLVs: a
 // type byte, a length byte, the value), without its NUL. Unlike
 // userdata.Get, a length past the end is no comment, not a panic: anyone
 // with CAP_NET_ADMIN writes userdata.
 func udataComment(b []byte) ([]byte, bool) {
 	for len(b) >= 2 {
-		typ, l := userdata.Type(b[0]), int(b[1])
+		typ, l := b[0], int(b[1])
 		if 2+l > len(b) {
 			return nil, false
 		}
-		if typ == userdata.TypeComment {
+		if typ == udataTypeComment {
 			return cString(b[2 : 2+l]), true
 		}
 		b = b[2+l:]
@@ -386,24 +309,25 @@ var errMalformedRule = errors.New("netlink: malformed rule attributes")
 
 // ruleComments finds the comments in one NFT_MSG_NEWRULE's attributes.
 func ruleComments(b []byte, fn func([]byte)) error {
-	ok := eachAttr(b, func(typ uint16, data []byte) {
-		switch typ {
-		case unix.NFTA_RULE_USERDATA:
-			if c, ok := udataComment(data); ok {
-				fn(c)
-			}
-		case unix.NFTA_RULE_EXPRESSIONS:
-			eachAttr(data, func(typ uint16, elem []byte) {
-				if typ == unix.NFTA_LIST_ELEM {
-					matchComment(elem, fn)
-				}
-			})
-		}
-	})
+	r, ok := parseNFTRule(b)
 	if !ok {
 		return errMalformedRule
 	}
+	r.comments(fn)
 	return nil
+}
+
+// comments calls fn with the rule's userdata comment and the comment of
+// each xt "comment" match among its expressions.
+func (r *nftRule) comments(fn func([]byte)) {
+	if c, ok := udataComment(r.userdata); ok {
+		fn(c)
+	}
+	eachAttr(r.exprs, func(typ uint16, elem []byte) {
+		if typ == unix.NFTA_LIST_ELEM {
+			matchComment(elem, fn)
+		}
+	})
 }
 
 // matchComment reads an expression: an xt "comment" match's info is

@@ -284,5 +284,9 @@ func FuzzRuleComments(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_ = ruleComments(b, func(c []byte) { _ = string(c) })
 		_, _ = udataComment(b)
+		if r, ok := parseNFTRule(b); ok {
+			eachExprValue(r.exprs, func(v []byte) { _ = string(v) })
+		}
+		eachExprValue(b, func(v []byte) { _ = string(v) })
 	})
 }

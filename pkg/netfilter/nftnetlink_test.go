@@ -1,0 +1,238 @@
+package netfilter
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+)
+
+// nftTestChain makes table t and chain c in family ip with n rules, each
+// commented "rule <i>", through google/nftables (a client other than the
+// one under test), and returns their handles in order.
+func nftTestChain(t *testing.T, table, chain string, n int) []uint64 {
+	t.Helper()
+	comments := make([]string, n)
+	for i := range comments {
+		comments[i] = fmt.Sprintf("rule %d", i)
+	}
+	return nftTestRules(t, nftables.TableFamilyIPv4, table, chain, comments)
+}
+
+// nftTestRules makes a rule per comment in chain of table, family family.
+func nftTestRules(t *testing.T, family nftables.TableFamily, table, chain string, comments []string) []uint64 {
+	t.Helper()
+	conn, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := conn.AddTable(&nftables.Table{Family: family, Name: table})
+	ch := conn.AddChain(&nftables.Chain{Table: tab, Name: chain})
+	for i, comment := range comments {
+		conn.AddRule(&nftables.Rule{Table: tab, Chain: ch,
+			Exprs:    []expr.Any{&expr.Counter{}},
+			UserData: userdata.AppendString(nil, userdata.TypeComment, comment),
+		})
+		// google/nftables sends a batch in one message and asks an
+		// acknowledgement of each rule: keep both under the socket's
+		// buffers.
+		if i%100 == 99 {
+			if err := conn.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return nftHandles(t, conn, tab, ch)
+}
+
+// nftHandles lists a chain's rule handles through google/nftables.
+func nftHandles(t *testing.T, conn *nftables.Conn, table *nftables.Table, chain *nftables.Chain) []uint64 {
+	t.Helper()
+	rules, err := conn.GetRules(table, chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uint64
+	for _, r := range rules {
+		out = append(out, r.Handle)
+	}
+	return out
+}
+
+func nftLeft(t *testing.T, table, chain string) []uint64 {
+	t.Helper()
+	conn, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: table}
+	return nftHandles(t, conn, tab, &nftables.Chain{Table: tab, Name: chain})
+}
+
+func refsOf(table, chain string, handles ...uint64) []nftRuleRef {
+	out := make([]nftRuleRef, len(handles))
+	for i, h := range handles {
+		out[i] = nftRuleRef{family: unix.NFPROTO_IPV4, table: table, chain: chain, handle: h}
+	}
+	return out
+}
+
+// The dump lists what google/nftables made, with handles and comments, and
+// a table or chain that does not exist has no rules.
+func TestNFTDumpListsRulesWithHandlesAndComments(t *testing.T) {
+	netns := nftNamespace(t)
+	err := netns.Do(func(ns.NetNS) error {
+		handles := nftTestChain(t, "t", "c", 3)
+		nftTestChain(t, "t", "other", 1)
+		c, err := dialProbe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		var got []string
+		err = c.eachRule(unix.NFPROTO_IPV4, "t", "c", func(r *nftRule) {
+			comment, _ := udataComment(r.userdata)
+			got = append(got, fmt.Sprintf("%s/%s %d %s", r.table, r.chain, r.handle, comment))
+		})
+		want := []string{}
+		for i, h := range handles {
+			want = append(want, fmt.Sprintf("t/c %d rule %d", h, i))
+		}
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("dump of t/c: %q, %v; want %q", got, err, want)
+		}
+		n := 0
+		if err := c.eachRule(unix.NFPROTO_IPV4, "t", "", func(*nftRule) { n++ }); err != nil || n != 4 {
+			t.Errorf("dump of table t: %d rules, %v; want both chains' 4", n, err)
+		}
+		for _, where := range [][2]string{{"t", "missing"}, {"missing", "c"}, {"missing", ""}} {
+			n := 0
+			if err := c.eachRule(unix.NFPROTO_IPV4, where[0], where[1], func(*nftRule) { n++ }); err != nil || n != 0 {
+				t.Errorf("dump of %q: %d rules, %v; want none, no error", where, n, err)
+			}
+		}
+		n = 0
+		if err := c.eachRule(unix.NFPROTO_IPV6, "t", "c", func(*nftRule) { n++ }); err != nil || n != 0 {
+			t.Errorf("dump of ip6 t/c: %d rules, %v; want none (the table is ip's)", n, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// More rules than one batch holds (a gc of a leaked /20) go in several
+// batches, and all of them go: in one, the deletions of 4000 rules named
+// like bridge's are over 300 KB, which one sendmsg cannot carry.
+func TestNFTDeleteRulesInSeveralBatches(t *testing.T) {
+	netns := nftNamespace(t)
+	err := netns.Do(func(ns.NetNS) error {
+		const n = 4000
+		handles := nftTestChain(t, ipMasqTable, ipMasqChain, n)
+		c, err := dialProbe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		refs := refsOf(ipMasqTable, ipMasqChain, handles...)
+		if batch, k, _, _ := c.deleteBatch(refs); k >= n || len(batch) > nftBatchMax {
+			t.Fatalf("one batch of %d bytes holds %d deletions of %d: want several, each at most %d bytes", len(batch), k, n, nftBatchMax)
+		}
+		if err := c.deleteRules(refs[:n-1]); err != nil {
+			t.Fatalf("delete: %v", err)
+		}
+		if left := nftLeft(t, ipMasqTable, ipMasqChain); !slices.Equal(left, handles[n-1:]) {
+			t.Fatalf("left: %v, want only %v", left, handles[n-1:])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A batch is all or nothing, and its failure is reported: a rule gone
+// since the listing (a plugin's own DEL won) fails the deletion of the
+// others in its batch, which stay for the next listing.
+func TestNFTDeleteRulesFailsWholeAndSaysSo(t *testing.T) {
+	netns := nftNamespace(t)
+	err := netns.Do(func(ns.NetNS) error {
+		handles := nftTestChain(t, "t", "c", 3)
+		c, err := dialProbe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		gone := handles[2] + 1000
+		err = c.deleteRules(refsOf("t", "c", handles[0], gone, handles[2]))
+		if !errors.Is(err, unix.ENOENT) {
+			t.Fatalf("delete with a rule that is not there: %v, want ENOENT", err)
+		}
+		if left := nftLeft(t, "t", "c"); !slices.Equal(left, handles) {
+			t.Fatalf("after the failed batch: %v, want all of %v", left, handles)
+		}
+		// The socket is still in step: the next batch and its answer.
+		if err := c.deleteRules(refsOf("t", "c", handles[0], handles[2])); err != nil {
+			t.Fatalf("delete: %v", err)
+		}
+		if left := nftLeft(t, "t", "c"); !slices.Equal(left, handles[1:2]) {
+			t.Fatalf("left: %v, want %v", left, handles[1:2])
+		}
+		if err := c.deleteRules(refsOf("missing", "c", 1)); !errors.Is(err, unix.ENOENT) {
+			t.Fatalf("delete in a table that does not exist: %v, want ENOENT", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A gc that releases the nftables ipMasq rules of a leaked /20 (4000
+// attachments) releases them all. Regression: the rules of every owner
+// went in one batch, one sendmsg of over 300 KB, which netlink refused
+// (EMSGSIZE), so each sweep failed again on the same owners.
+func TestNFTablesReleaseOfALeakedSubnet(t *testing.T) {
+	netns := nftNamespace(t)
+	err := netns.Do(func(ns.NetNS) error {
+		const n = 4000
+		comments := make([]string, n)
+		for i := range comments {
+			comments[i] = nftComment("nomad", "eth0", fmt.Sprintf("%064x", i))
+		}
+		nftTestRules(t, nftables.TableFamilyINet, ipMasqTable, ipMasqChain, comments)
+		var nft nftBackend
+		rules, err := nft.List("nomad")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var owners []string
+		for _, o := range rules.Owners() {
+			owners = append(owners, o.Owner)
+		}
+		if len(owners) != n {
+			t.Fatalf("listed %d owners, want %d", len(owners), n)
+		}
+		removed, failed := rules.Release(owners)
+		if len(failed) != 0 || len(removed) != n {
+			t.Fatalf("released %d owners of %d; failed: %d (%v)", len(removed), n, len(failed), failed[owners[0]])
+		}
+		if left, err := nft.List("nomad"); err != nil || len(left.Owners()) != 0 {
+			t.Fatalf("after the release: %d owners left (%v)", len(left.Owners()), err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
