@@ -201,6 +201,10 @@ func renderMarkdown(w io.Writer, r *Results) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
 	m := r.Machine
 	p("Run %s: `%s`, %.0f s in total; load average (1/5/15 min) %s.", r.Started, r.Command, r.Elapsed, r.LoadAvg)
+	if r.PageCache != "" {
+		p("")
+		p("Page cache: %s.", r.PageCache)
+	}
 	p("")
 	p("![verb ratios against bare bridge](docs/bench-verbs.svg)")
 	p("")

@@ -145,6 +145,9 @@ type Results struct {
 	Command string            `json:"command"`
 	Elapsed float64           `json:"elapsedSeconds"`
 	Driver  string            `json:"driver"`
+	// PageCache says how the binaries under test were put in the state
+	// they have after a boot (evictBinaries).
+	PageCache string `json:"pageCache,omitempty"`
 	Latency []Pair            `json:"latency,omitempty"`
 	Pairs   int               `json:"pairs,omitempty"`
 	GCEmpty Stat              `json:"gcEmptyMs"`

@@ -25,6 +25,11 @@ func (e *Env) runAll() (*Results, error) {
 	if err := e.setup(); err != nil {
 		return res, err
 	}
+	note, err := evictBinaries(e.o.bin, e.o.minimal, e.o.floor)
+	if err != nil {
+		return res, fmt.Errorf("evicting the binaries from the page cache: %w", err)
+	}
+	res.PageCache = note
 	steps := []struct {
 		name string
 		fn   func(*Results) error
