@@ -78,6 +78,24 @@ func nftLeft(t *testing.T, table, chain string) []uint64 {
 	return nftHandles(t, conn, tab, &nftables.Chain{Table: tab, Name: chain})
 }
 
+// withProbe runs fn in a throw-away network namespace, with a probe socket
+// dialled there.
+func withProbe(t *testing.T, fn func(c *probeConn)) {
+	t.Helper()
+	err := nftNamespace(t).Do(func(ns.NetNS) error {
+		c, err := dialProbe()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		fn(c)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func refsOf(table, chain string, handles ...uint64) []nftRuleRef {
 	out := make([]nftRuleRef, len(handles))
 	for i, h := range handles {
@@ -89,17 +107,11 @@ func refsOf(table, chain string, handles ...uint64) []nftRuleRef {
 // The dump lists what google/nftables made, with handles and comments, and
 // a table or chain that does not exist has no rules.
 func TestNFTDumpListsRulesWithHandlesAndComments(t *testing.T) {
-	netns := nftNamespace(t)
-	err := netns.Do(func(ns.NetNS) error {
+	withProbe(t, func(c *probeConn) {
 		handles := nftTestChain(t, "t", "c", 3)
 		nftTestChain(t, "t", "other", 1)
-		c, err := dialProbe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
 		var got []string
-		err = c.eachRule(unix.NFPROTO_IPV4, "t", "c", func(r *nftRule) {
+		err := c.eachRule(unix.NFPROTO_IPV4, "t", "c", func(r *nftRule) {
 			comment, _ := udataComment(r.userdata)
 			got = append(got, fmt.Sprintf("%s/%s %d %s", r.table, r.chain, r.handle, comment))
 		})
@@ -124,26 +136,16 @@ func TestNFTDumpListsRulesWithHandlesAndComments(t *testing.T) {
 		if err := c.eachRule(unix.NFPROTO_IPV6, "t", "c", func(*nftRule) { n++ }); err != nil || n != 0 {
 			t.Errorf("dump of ip6 t/c: %d rules, %v; want none (the table is ip's)", n, err)
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // More rules than one batch holds (a gc of a leaked /20) go in several
 // batches, and all of them go: in one, the deletions of 4000 rules named
 // like bridge's are over 300 KB, which one sendmsg cannot carry.
 func TestNFTDeleteRulesInSeveralBatches(t *testing.T) {
-	netns := nftNamespace(t)
-	err := netns.Do(func(ns.NetNS) error {
+	withProbe(t, func(c *probeConn) {
 		const n = 4000
 		handles := nftTestChain(t, ipMasqTable, ipMasqChain, n)
-		c, err := dialProbe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
 		refs := refsOf(ipMasqTable, ipMasqChain, handles...)
 		if batch, k, _, _ := c.deleteBatch(refs); k >= n || len(batch) > nftBatchMax {
 			t.Fatalf("one batch of %d bytes holds %d deletions of %d: want several, each at most %d bytes", len(batch), k, n, nftBatchMax)
@@ -154,27 +156,17 @@ func TestNFTDeleteRulesInSeveralBatches(t *testing.T) {
 		if left := nftLeft(t, ipMasqTable, ipMasqChain); !slices.Equal(left, handles[n-1:]) {
 			t.Fatalf("left: %v, want only %v", left, handles[n-1:])
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // A batch is all or nothing, and its failure is reported: a rule gone
 // since the listing (a plugin's own DEL won) fails the deletion of the
 // others in its batch, which stay for the next listing.
 func TestNFTDeleteRulesFailsWholeAndSaysSo(t *testing.T) {
-	netns := nftNamespace(t)
-	err := netns.Do(func(ns.NetNS) error {
+	withProbe(t, func(c *probeConn) {
 		handles := nftTestChain(t, "t", "c", 3)
-		c, err := dialProbe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
 		gone := handles[2] + 1000
-		err = c.deleteRules(refsOf("t", "c", handles[0], gone, handles[2]))
+		err := c.deleteRules(refsOf("t", "c", handles[0], gone, handles[2]))
 		if !errors.Is(err, unix.ENOENT) {
 			t.Fatalf("delete with a rule that is not there: %v, want ENOENT", err)
 		}
@@ -191,11 +183,7 @@ func TestNFTDeleteRulesFailsWholeAndSaysSo(t *testing.T) {
 		if err := c.deleteRules(refsOf("missing", "c", 1)); !errors.Is(err, unix.ENOENT) {
 			t.Fatalf("delete in a table that does not exist: %v, want ENOENT", err)
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // A gc that releases the nftables ipMasq rules of a leaked /20 (4000
