@@ -180,7 +180,9 @@ func (e *Env) benchLatency(res *Results) error {
 		if e.c != nil {
 			c := series[2]
 			cb := makePair(verb+" (floor)", c.wall[k], b.wall[k]).withCPU(c.cpu[k], b.cpu[k])
-			res.LatencyFloor = append(res.LatencyFloor, makeAddedCost(verb, ab, cb))
+			added := makeAddedCost(verb, ab, cb)
+			added.Interval = addedCostInterval(a.wall[k], b.wall[k], c.wall[k])
+			res.LatencyFloor = append(res.LatencyFloor, added)
 		}
 	}
 	if trace != nil {
@@ -225,7 +227,9 @@ func (e *Env) ownTime(res *Results, trace *schedTrace, a, c [][2]int64) error {
 		if len(pa) == 0 {
 			return fmt.Errorf("no round of %s has exactly one %s and one %s process", verb, filepath.Join(e.o.bin, pluginType), e.o.floor)
 		}
-		res.OwnTime = append(res.OwnTime, makePair(verb, pa, pc))
+		own := makePair(verb, pa, pc)
+		own.Interval = ratioInterval(pa, pc)
+		res.OwnTime = append(res.OwnTime, own)
 	}
 	return nil
 }

@@ -12,7 +12,14 @@ type Target struct {
 	What     string
 	Measured string
 	Met      bool
-	Margin   string
+	// Unresolved is a goal this run's spread cannot judge either way.
+	Unresolved bool
+	Margin     string
+}
+
+// setVerdict sets t's Met and Unresolved from v.
+func (t *Target) setVerdict(v verdict) {
+	t.Met, t.Unresolved = v == met, v == unresolved
 }
 
 func (r *Results) cell(leases, stale int) *SweepCell {
@@ -46,11 +53,17 @@ func (r *Results) targets() []Target {
 		t := Target{
 			What:     fmt.Sprintf("%s: added cost ≤ %.1f× the floor plugin's (C−B)", f.Name, floorGoal),
 			Measured: fmt.Sprintf("A−B %+.1f ms, C−B %+.1f ms: %s (CPU %+.1f, %+.1f ms: %s)", f.PluginMs, f.FloorMs, timesRatio(f.Ratio), f.PluginCPUMs, f.FloorCPUMs, timesRatio(f.CPURatio)),
-			Met:      f.Ratio != nil && *f.Ratio <= floorGoal,
 		}
+		if f.Interval != nil {
+			t.Measured += fmt.Sprintf("; 90 %% interval %s", intervalText(f.Interval))
+		}
+		t.setVerdict(judge(f.Ratio, f.Interval, floorGoal))
 		t.Margin = fmt.Sprintf("%+.1f ms vs the goal (%.1f ms)", f.PluginMs-goal, goal)
-		if f.Ratio == nil {
+		switch {
+		case f.Ratio == nil:
 			t.Margin = "not judged: C−B ≤ 0, more pairs needed"
+		case t.Unresolved:
+			t.Margin += "; the interval holds the goal: bridge's spread hides it (see own time)"
 		}
 		out = append(out, t)
 	}
@@ -61,9 +74,16 @@ func (r *Results) targets() []Target {
 		t := Target{
 			What:     fmt.Sprintf("%s: own time ≤ %.1f× the floor plugin's (perf-traced, exec to exit minus the delegate)", o.Name, floorGoal),
 			Measured: fmt.Sprintf("%.2f ms against %.2f ms: ×%.2f (median of pairs ×%.2f)", o.A.Median, o.B.Median, o.Ratio, o.PairedRatio),
-			Met:      o.Ratio <= floorGoal,
 		}
+		if o.Interval != nil {
+			t.Measured += fmt.Sprintf("; 90 %% interval %s", intervalText(o.Interval))
+		}
+		ratio := o.Ratio
+		t.setVerdict(judge(&ratio, o.Interval, floorGoal))
 		t.Margin = fmt.Sprintf("%+.2f ms vs the goal (%.2f ms)", o.A.Median-floorGoal*o.B.Median, floorGoal*o.B.Median)
+		if t.Unresolved {
+			t.Margin += "; the interval holds the goal"
+		}
 		out = append(out, t)
 	}
 	for _, c := range r.Restore {
@@ -345,7 +365,10 @@ func renderMarkdown(w io.Writer, r *Results) {
 		p("|---|---|---|---|")
 		for _, x := range t {
 			v := "met"
-			if !x.Met {
+			switch {
+			case x.Unresolved:
+				v = "not resolved"
+			case !x.Met:
 				v = "**missed**"
 			}
 			p("| %s | %s | %s | %s |", x.What, x.Measured, v, x.Margin)

@@ -53,6 +53,9 @@ type Pair struct {
 	// process involved), which a busy machine distorts far less than
 	// wall time.
 	CPU *Pair `json:"cpu,omitempty"`
+	// Interval is the 90 % bootstrap interval of Ratio over paired
+	// rounds, where a goal is judged on it (interval.go).
+	Interval *[2]float64 `json:"interval,omitempty"`
 }
 
 func (p Pair) withCPU(a, b []float64) Pair {
@@ -94,6 +97,9 @@ type AddedCost struct {
 	// few samples), which no ratio describes.
 	Ratio    *float64 `json:"ratio,omitempty"`
 	CPURatio *float64 `json:"cpuRatio,omitempty"`
+	// Interval is Ratio's 90 % bootstrap interval over the rounds
+	// (interval.go).
+	Interval *[2]float64 `json:"interval,omitempty"`
 }
 
 // makeAddedCost: ab is A against B, cb is C against B, over the same B.
@@ -148,9 +154,9 @@ type Results struct {
 	// PageCache says how the binaries under test were put in the state
 	// they have after a boot (evictBinaries).
 	PageCache string `json:"pageCache,omitempty"`
-	Latency []Pair            `json:"latency,omitempty"`
-	Pairs   int               `json:"pairs,omitempty"`
-	GCEmpty Stat              `json:"gcEmptyMs"`
+	Latency   []Pair `json:"latency,omitempty"`
+	Pairs     int    `json:"pairs,omitempty"`
+	GCEmpty   Stat   `json:"gcEmptyMs"`
 	// LatencyFloor is, per row of Latency, the plugin's added cost against
 	// the floor plugin's (variant C, with --floor).
 	LatencyFloor []AddedCost `json:"latencyFloor,omitempty"`
