@@ -17,6 +17,12 @@ import (
 // bootstrapResamples is how many resamples an interval is drawn from.
 const bootstrapResamples = 2000
 
+// openEnd stands for a ratio without bound (a resample whose floor is not
+// above zero): an interval end at or above it is open. Infinity would do
+// the same in the sort but is not JSON, and interpolating between two
+// infinities is NaN.
+const openEnd = 1e9
+
 // bootstrapInterval is the 90 % percentile interval of stat over resamples
 // of the rounds 0..n-1, drawn with replacement; stat gets the rounds drawn
 // (a round's A, B and C go together, as they ran together). The seed is
@@ -29,7 +35,7 @@ func bootstrapInterval(n int, stat func(rounds []int) float64) [2]float64 {
 		for j := range rounds {
 			rounds[j] = rng.IntN(n)
 		}
-		vals[i] = stat(rounds)
+		vals[i] = min(stat(rounds), openEnd)
 	}
 	slices.Sort(vals)
 	return [2]float64{quantile(vals, 0.05), quantile(vals, 0.95)}
@@ -108,10 +114,11 @@ func judge(ratio *float64, iv *[2]float64, goal float64) verdict {
 	return unresolved
 }
 
-// intervalText prints an interval of ratios, "×1.10–×1.25"; an open end is "∞".
+// intervalText prints an interval of ratios, "×1.10–×1.25"; an open end
+// is "∞".
 func intervalText(iv *[2]float64) string {
 	end := func(v float64) string {
-		if math.IsInf(v, 1) {
+		if v >= openEnd {
 			return "∞"
 		}
 		return fmt.Sprintf("×%.2f", v)

@@ -80,3 +80,28 @@ func TestRatioInterval(t *testing.T) {
 		t.Errorf("×1.5: not missed")
 	}
 }
+
+// A floor lost in the noise leaves resamples without a ratio; the run's
+// results must still be written (a NaN or an infinity is not JSON), and the
+// open end read back as open.
+func TestOpenIntervalIsWrittenAndReadBack(t *testing.T) {
+	a, b, c := rounds(40, 20, 15)
+	for i := range c {
+		c[i] -= 10 // the floor adds nothing: C−B is as often below zero as above
+	}
+	f := AddedCost{Name: "DEL", Interval: addedCostInterval(a, b, c)}
+	if f.Interval == nil || intervalText(f.Interval)[len(intervalText(f.Interval))-len("∞"):] != "∞" {
+		t.Fatalf("interval %v (%s), want an open upper end", f.Interval, intervalText(f.Interval))
+	}
+	path := t.TempDir() + "/results.json"
+	if err := writeJSON(path, &Results{LatencyFloor: []AddedCost{f}}); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	r, err := readJSON(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.LatencyFloor[0].Interval; got == nil || intervalText(got) != intervalText(f.Interval) {
+		t.Errorf("read back %v, want %v", got, f.Interval)
+	}
+}
