@@ -17,6 +17,24 @@ type Target struct {
 	Margin     string
 }
 
+// ownTimeTarget judges a traced own time (A: the plugin, B: the floor
+// plugin) against floorGoal, on its interval.
+func ownTimeTarget(what string, o Pair) Target {
+	t := Target{
+		What:     what,
+		Measured: fmt.Sprintf("%.2f ms against %.2f ms: ×%.2f (median of pairs ×%.2f)", o.A.Median, o.B.Median, o.Ratio, o.PairedRatio),
+	}
+	if o.Interval != nil {
+		t.Measured += fmt.Sprintf("; 90 %% interval %s", intervalText(o.Interval))
+	}
+	t.setVerdict(judge(&o.Ratio, o.Interval, floorGoal))
+	t.Margin = fmt.Sprintf("%+.2f ms vs the goal (%.2f ms)", o.A.Median-floorGoal*o.B.Median, floorGoal*o.B.Median)
+	if t.Unresolved {
+		t.Margin += "; the interval holds the goal"
+	}
+	return t
+}
+
 // setVerdict sets t's Met and Unresolved from v.
 func (t *Target) setVerdict(v verdict) {
 	t.Met, t.Unresolved = v == met, v == unresolved
@@ -71,25 +89,19 @@ func (r *Results) targets() []Target {
 	// owntrace.go): the floor plugin's own time is C−B without bridge's
 	// spread.
 	for _, o := range r.OwnTime {
-		t := Target{
-			What:     fmt.Sprintf("%s: own time ≤ %.1f× the floor plugin's (perf-traced, exec to exit minus the delegate)", o.Name, floorGoal),
-			Measured: fmt.Sprintf("%.2f ms against %.2f ms: ×%.2f (median of pairs ×%.2f)", o.A.Median, o.B.Median, o.Ratio, o.PairedRatio),
-		}
-		if o.Interval != nil {
-			t.Measured += fmt.Sprintf("; 90 %% interval %s", intervalText(o.Interval))
-		}
-		ratio := o.Ratio
-		t.setVerdict(judge(&ratio, o.Interval, floorGoal))
-		t.Margin = fmt.Sprintf("%+.2f ms vs the goal (%.2f ms)", o.A.Median-floorGoal*o.B.Median, floorGoal*o.B.Median)
-		if t.Unresolved {
-			t.Margin += "; the interval holds the goal"
-		}
-		out = append(out, t)
+		out = append(out, ownTimeTarget(fmt.Sprintf("%s: own time ≤ %.1f× the floor plugin's (perf-traced, exec to exit minus the delegate)", o.Name, floorGoal), o))
 	}
 	for _, c := range r.Restore {
 		t := Target{What: fmt.Sprintf("restore of %d allocations (%d CHECKs in a row) ≤ 1.05 of bare bridge", c.N, c.N), Measured: fmt.Sprintf("%.3f (CPU %.3f)", c.Pair.Ratio, c.Pair.cpu().Ratio), Met: c.Pair.Ratio <= 1.05}
 		t.Margin = fmt.Sprintf("%+.1f%% vs bridge", (c.Pair.Ratio-1)*100)
 		out = append(out, t)
+	}
+	for _, c := range r.Restore {
+		o := c.OwnTime
+		if o == nil {
+			continue
+		}
+		out = append(out, ownTimeTarget(fmt.Sprintf("restore of %d allocations: own time per CHECK ≤ %.1f× the floor plugin's (perf-traced)", c.N, floorGoal), *o))
 	}
 	if n := len(r.Restore); n > 1 && r.Restore[0].Pair.A.Median > 0 {
 		lo, hi := r.Restore[0], r.Restore[n-1]
@@ -310,6 +322,7 @@ func renderMarkdown(w io.Writer, r *Results) {
 			p("%s", row)
 		}
 		p("")
+		writeRestoreOwnTime(p, r.Restore)
 	}
 	if len(r.Sweep) > 0 {
 		p("**2. Sweep cost vs lease count** — synthetic host-local directories on tmpfs (real lease files, lock, records; live records name one real netns). *in-process*: `reclaim.Sweep` as CHECK runs it, median; *gc process*: `nomad-bridge-cni gc --network N`, wall, median; an empty network's gc takes %.1f ms (process start); peak RSS is wait4's maxrss of the gc process (and of any iptables it ran), measured through test/bench/cmd/execrss, whose floor (/bin/true) is %.1f MiB.", r.GCEmpty.Median, float64(r.RSSFloorKiB)/1024)
@@ -385,6 +398,37 @@ func (p Pair) cpu() Pair {
 		return Pair{}
 	}
 	return *p.CPU
+}
+
+// writeRestoreOwnTime prints each restore's traced own time per CHECK, A's
+// plugin against C's floor plugin, or why it was not traced.
+func writeRestoreOwnTime(p func(string, ...any), cells []RestoreCell) {
+	var rows, notes []string
+	for _, c := range cells {
+		if o := c.OwnTime; o != nil {
+			iv := "n/a"
+			if o.Interval != nil {
+				iv = intervalText(o.Interval)
+			}
+			rows = append(rows, fmt.Sprintf("| %d | %.2f | %.2f | %.2f | %.2f | %.3f | %s | %d |", c.N, o.A.Median, o.A.P90, o.B.Median, o.B.P90, o.Ratio, iv, o.A.N))
+		} else if c.OwnTimeNote != "" {
+			notes = append(notes, fmt.Sprintf("N=%d: %s", c.N, c.OwnTimeNote))
+		}
+	}
+	if len(rows) > 0 {
+		p("Own time per CHECK of the restores above, traced as in 1c (the i-th CHECK of a rep of A paired with the i-th of C; A's include the sweeps its checkSweepInterval lets through); ms.")
+		p("")
+		p("| N | A: plugin median | p90 | C: floor plugin median | p90 | A/C (medians) | 90 %% interval | CHECKs |")
+		p("|---:|---:|---:|---:|---:|---:|---|---:|")
+		for _, r := range rows {
+			p("%s", r)
+		}
+		p("")
+	}
+	if len(notes) > 0 {
+		p("Own time per CHECK of the restores: %s.", strings.Join(notes, "; "))
+		p("")
+	}
 }
 
 // writeCold prints the cold-start table: the plugin against bridge and,
