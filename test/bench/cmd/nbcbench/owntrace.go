@@ -46,6 +46,10 @@ func startSchedTrace(dir string) (*schedTrace, error) {
 	t := &schedTrace{data: filepath.Join(dir, "sched.perf")}
 	ctl, ack := filepath.Join(dir, "perf.ctl"), filepath.Join(dir, "perf.ack")
 	for _, f := range []string{ctl, ack} {
+		// An earlier trace of the run (latency, then restore) left its FIFOs.
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			return nil, err
+		}
 		if err := unix.Mkfifo(f, 0o600); err != nil {
 			return nil, fmt.Errorf("mkfifo %s: %w", f, err)
 		}
