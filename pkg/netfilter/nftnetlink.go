@@ -108,6 +108,8 @@ func (c *probeConn) eachRule(family byte, table, chain string, fn func(*nftRule)
 	})
 }
 
+var errMalformedRule = errors.New("netlink: malformed rule attributes")
+
 // nftRuleRef names one rule for a deletion.
 type nftRuleRef struct {
 	family       byte

@@ -305,18 +305,6 @@ func udataComment(b []byte) ([]byte, bool) {
 	return nil, false
 }
 
-var errMalformedRule = errors.New("netlink: malformed rule attributes")
-
-// ruleComments finds the comments in one NFT_MSG_NEWRULE's attributes.
-func ruleComments(b []byte, fn func([]byte)) error {
-	r, ok := parseNFTRule(b)
-	if !ok {
-		return errMalformedRule
-	}
-	r.comments(fn)
-	return nil
-}
-
 // comments calls fn with the rule's userdata comment and the comment of
 // each xt "comment" match among its expressions.
 func (r *nftRule) comments(fn func([]byte)) {

@@ -282,9 +282,9 @@ func FuzzRuleComments(f *testing.F) {
 	f.Add([]byte{8, 0, 7, 0, 0, 3, 'h', 'i'})
 	f.Add(appendStringAttr(nil, unix.NFTA_RULE_TABLE, "nat"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_ = ruleComments(b, func(c []byte) { _ = string(c) })
 		_, _ = udataComment(b)
 		if r, ok := parseNFTRule(b); ok {
+			r.comments(func(c []byte) { _ = string(c) })
 			eachExprValue(r.exprs, func(v []byte) { _ = string(v) })
 		}
 		eachExprValue(b, func(v []byte) { _ = string(v) })
