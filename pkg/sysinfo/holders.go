@@ -169,9 +169,10 @@ func unescapeMountinfo(s string) string {
 // — and, when cookie is not zero, that the namespace it holds has that
 // cookie: the kernel hands a dead namespace's inode number to the next one,
 // so an inode alone may name a younger namespace. It fills in the command.
-// When the namespace cannot be entered for its cookie (a user looking at
-// its own rootless container from outside: setns needs a capability it
-// lacks), it cannot tell, and says so with an error.
+// When the cookie cannot be read (before Linux 6.18 it means entering the
+// namespace, and a user looking at its own rootless container from
+// outside lacks the capability setns needs), it cannot tell, and says so
+// with an error.
 func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error) {
 	path := r.holderPath(h)
 	var st unix.Stat_t

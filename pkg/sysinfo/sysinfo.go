@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,9 +46,11 @@ type Host interface {
 	Netns(path string) (NetnsID, error)
 	// NetnsCookie is the namespace's SO_NETNS_COOKIE (Linux 5.14+): unlike
 	// its inode number, which the kernel hands out again once a namespace
-	// is gone, a cookie is never reused within a boot. Reading it means
-	// entering the namespace (tens of microseconds), so it is only asked
-	// for when inodes alone cannot tell two namespaces apart.
+	// is gone, a cookie is never reused within a boot. Since Linux 6.18
+	// it is read from outside (NS_GET_ID); before, reading it means
+	// entering the namespace (tens of microseconds, and a capability), so
+	// it is only asked for when inodes alone cannot tell two namespaces
+	// apart.
 	NetnsCookie(path string) (uint64, error)
 	// LinkAddrs are the addresses of the link ifName in the namespace at
 	// path (entering it: tens of microseconds); none when there is no
@@ -62,7 +65,7 @@ type Host interface {
 	NetnsHolders() (Holders, error)
 	// ConfirmHolder checks that h still holds namespace id, whose cookie
 	// is cookie (0: not known), and fills in the holder's command. An
-	// error means it cannot tell (the namespace cannot be entered).
+	// error means it cannot tell (the cookie cannot be read).
 	ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error)
 	// KillLockHolders SIGKILLs every other process with a descriptor on
 	// the file at path that holds its exclusive flock, and returns their
@@ -87,6 +90,10 @@ type Real struct {
 	// nsfsDev is the device of nsfs, once a statfs proved it: nsfs has a
 	// single superblock, so a file on that device is a namespace file.
 	nsfsDev atomic.Uint64
+	// cookieByID tells once whether NS_GET_ID reads a network
+	// namespace's cookie (idIsCookie; see NetnsCookie).
+	cookieByID sync.Once
+	idIsCookie bool
 	// ProcRoot is where processes are read from; "" means /proc.
 	ProcRoot string
 }
@@ -162,19 +169,20 @@ func (r *Real) Netns(path string) (NetnsID, error) {
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
-func (r *Real) NetnsCookie(path string) (uint64, error) {
+// cookieInside reads the namespace's cookie from a socket made inside it,
+// entering it on a thread of its own (ns.WithNetNSPath) through the
+// descriptor openNetns checked.
+func (r *Real) cookieInside(path string) (uint64, error) {
+	fd, err := openNetns(path)
+	if err != nil {
+		return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
+	}
+	defer unix.Close(fd)
 	var cookie uint64
-	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
-		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("socket: %w", err)
-		}
-		defer unix.Close(fd)
-		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-		if err != nil {
-			return fmt.Errorf("SO_NETNS_COOKIE: %w", err)
-		}
-		return nil
+	err = ns.WithNetNSPath("/proc/self/fd/"+strconv.Itoa(fd), func(ns.NetNS) error {
+		var err error
+		cookie, err = socketNetnsCookie()
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("namespace cookie of %s: %w", path, nsError(err))
