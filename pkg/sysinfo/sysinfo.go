@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -188,37 +187,6 @@ func (r *Real) cookieInside(path string) (uint64, error) {
 		return 0, fmt.Errorf("namespace cookie of %s: %w", path, nsError(err))
 	}
 	return cookie, nil
-}
-
-// LinkAddrs asks with the standard library's netlink dump (net.Interfaces),
-// made on the thread that entered the namespace: a netlink library linked
-// for this one question cost every verb's start-up its package init.
-func (r *Real) LinkAddrs(path, ifName string) ([]net.IP, error) {
-	var ips []net.IP
-	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
-		links, err := net.Interfaces()
-		if err != nil {
-			return err
-		}
-		i := slices.IndexFunc(links, func(l net.Interface) bool { return l.Name == ifName })
-		if i < 0 {
-			return nil
-		}
-		addrs, err := links[i].Addrs()
-		if err != nil {
-			return err
-		}
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				ips = append(ips, n.IP)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("addresses of %s in %s: %w", ifName, path, nsError(err))
-	}
-	return ips, nil
 }
 
 // nsError gives ns.GetNS's errors, which wrap nothing, the meaning callers

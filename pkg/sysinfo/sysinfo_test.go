@@ -7,11 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
 
 func TestParseBtime(t *testing.T) {
@@ -187,70 +185,5 @@ func TestKillLockHolders(t *testing.T) {
 		if err := cmd.Process.Signal(syscall.Signal(0)); err != nil {
 			t.Errorf("%s was hit: %v", what, err)
 		}
-	}
-}
-
-// LinkAddrs is what DEL expects bridge to find on the container's link:
-// every address `ip` lists on it, IPv4 and IPv6, and nothing (no error)
-// for a link that is not there.
-func TestLinkAddrsInANamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("making a namespace needs root, and CI runs as root")
-		}
-		t.Skip("making a namespace needs root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("iproute2's ip is missing, and CI installs it")
-		}
-		t.Skip("iproute2's ip is missing")
-	}
-	name := fmt.Sprintf("nbc-linkaddrs-%d-%d", os.Getpid(), time.Now().UnixNano())
-	ip := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	ip("netns", "add", name)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	ip("-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-	ip("-n", name, "addr", "add", "10.250.0.2/24", "dev", "d0")
-	ip("-n", name, "addr", "add", "10.250.1.2/24", "dev", "d0")
-	ip("-n", name, "addr", "add", "fd00:250::2/64", "dev", "d0", "nodad")
-	ip("-n", name, "link", "set", "d0", "up")
-
-	var want []string
-	for _, line := range strings.Split(strings.TrimSpace(ip("-n", name, "-o", "addr", "show", "dev", "d0")), "\n") {
-		f := strings.Fields(line)
-		for i := range f[:len(f)-1] {
-			if f[i] == "inet" || f[i] == "inet6" {
-				want = append(want, strings.Split(f[i+1], "/")[0])
-			}
-		}
-	}
-	path := filepath.Join("/var/run/netns", name)
-	h := &Real{}
-	ips, err := h.LinkAddrs(path, "d0")
-	if err != nil {
-		t.Fatalf("LinkAddrs: %v", err)
-	}
-	var got []string
-	for _, a := range ips {
-		got = append(got, a.String())
-	}
-	slices.Sort(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) || len(want) < 3 {
-		t.Errorf("LinkAddrs(d0) = %v, ip lists %v", got, want)
-	}
-	if ips, err := h.LinkAddrs(path, "eth9"); err != nil || len(ips) != 0 {
-		t.Errorf("LinkAddrs of a missing link = %v, %v; want nothing and no error", ips, err)
-	}
-	if _, err := h.LinkAddrs(filepath.Join(t.TempDir(), "missing"), "d0"); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("LinkAddrs in a missing namespace: %v, want fs.ErrNotExist", err)
 	}
 }
