@@ -139,7 +139,7 @@ func (s *Store) write(r *Record, beforeRename func(tmp string) error) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create record directory %s: %w", s.dir, err)
 	}
-	b, err := json.Marshal(r)
+	b, err := encode(r)
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", r.Key(), err)
 	}
