@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // LockFileName is host-local's lock file in a network's directory
@@ -211,6 +212,10 @@ type PlantedError struct {
 func (e *PlantedError) Error() string { return e.err.Error() }
 func (e *PlantedError) Unwrap() error { return e.err }
 
+// checkPlantedIn lists dir with getdents64 and joins a path only for an
+// entry that is not a regular file: every verb checks a network's whole
+// lease directory, and os.File.ReadDir's per-entry work was most of the
+// 150 µs that cost at 250 leases.
 func checkPlantedIn(dir string, depth int) error {
 	f, err := os.Open(dir)
 	if err != nil {
@@ -220,37 +225,37 @@ func checkPlantedIn(dir string, depth int) error {
 		return fmt.Errorf("list %s: %w", dir, err)
 	}
 	defer f.Close()
-	for {
-		entries, err := f.ReadDir(1024)
-		for _, e := range entries {
-			path := filepath.Join(dir, e.Name())
-			mode := e.Type()
-			switch {
-			case mode.IsRegular():
-			case mode.IsDir():
-				if depth == 0 {
-					return fmt.Errorf("%s is a directory tree deeper than %d levels in host-local's directory: host-local would walk it all (planted? remove it)", path, plantedDepth)
-				}
-				if err := checkPlantedIn(path, depth-1); err != nil {
-					return err
-				}
-			case mode&os.ModeSymlink != 0:
-				// host-local reads through links; a dangling one or one to
-				// a file or directory fails or reads, and never blocks.
-				if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() && !fi.IsDir() {
-					return fmt.Errorf("%s links to %s: host-local would block on it for ever (planted? remove it)", path, modeKind(fi.Mode()))
-				}
-			default:
-				return fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
-			}
+	var planted error
+	err = statefile.EachDirEnt(f, func(e statefile.DirEnt) {
+		mode := e.Type()
+		if planted != nil || mode.IsRegular() {
+			return
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
+		path := filepath.Join(dir, e.Name())
+		switch {
+		case mode.IsDir():
+			if depth == 0 {
+				planted = fmt.Errorf("%s is a directory tree deeper than %d levels in host-local's directory: host-local would walk it all (planted? remove it)", path, plantedDepth)
+				return
 			}
-			return fmt.Errorf("list %s: %w", dir, err)
+			planted = checkPlantedIn(path, depth-1)
+		case mode&os.ModeSymlink != 0:
+			// host-local reads through links; a dangling one or one to
+			// a file or directory fails or reads, and never blocks.
+			if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() && !fi.IsDir() {
+				planted = fmt.Errorf("%s links to %s: host-local would block on it for ever (planted? remove it)", path, modeKind(fi.Mode()))
+			}
+		default:
+			planted = fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
 		}
+	})
+	if planted != nil {
+		return planted
 	}
+	if err != nil {
+		return fmt.Errorf("list %s: %w", dir, err)
+	}
+	return nil
 }
 
 func modeKind(m os.FileMode) string {
