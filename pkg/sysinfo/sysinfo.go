@@ -20,6 +20,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // NetnsID identifies a network namespace: the device and inode of its nsfs
@@ -102,7 +104,8 @@ var _ Host = (*Real)(nil)
 // BootID is /proc/sys/kernel/random/boot_id: a new random UUID every boot.
 func (r *Real) BootID() (string, error) {
 	if r.bootID == "" {
-		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		// A raw read (no *os.File set-up): ADD and CHECK each read it.
+		b, err := statefile.ReadFileNoFollow("/proc/sys/kernel/random/boot_id")
 		if err != nil {
 			return "", fmt.Errorf("read boot id: %w", err)
 		}
