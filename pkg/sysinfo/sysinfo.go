@@ -208,7 +208,7 @@ func nsError(err error) error {
 }
 
 func (r *Real) ProcessStart(pid int) (uint64, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	b, err := statefile.ReadFileNoFollow("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, false
 	}
