@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
@@ -89,6 +90,9 @@ func linkAddrsOutside(nsfd int, ifName string) ([]net.IP, error) {
 	return c.addrs(nsid, index)
 }
 
+// routeTimeout bounds the wait for each rtnetlink answer.
+const routeTimeout = 5 * time.Second
+
 // routeConn is an rtnetlink socket with strict checking of requests, which
 // a dump needs for its target netnsid and its link filter to be read.
 type routeConn struct {
@@ -104,6 +108,13 @@ func dialRoute() (*routeConn, error) {
 	if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%w: strict checking: %v", errNotFromOutside, err)
+	}
+	// The kernel answers every request; a bound keeps a DEL from hanging
+	// on one that got lost (a DEL that cannot tell lists the NAT rules).
+	tv := unix.NsecToTimeval(routeTimeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("rtnetlink receive timeout: %w", err)
 	}
 	return &routeConn{fd: fd}, nil
 }

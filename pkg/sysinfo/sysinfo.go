@@ -54,8 +54,8 @@ type Host interface {
 	// apart.
 	NetnsCookie(path string) (uint64, error)
 	// LinkAddrs are the addresses of the link ifName in the namespace at
-	// path (entering it: tens of microseconds); none when there is no
-	// such link.
+	// path (asked from outside it where the host has an id for it, else
+	// entering it); none when there is no such link.
 	LinkAddrs(path, ifName string) ([]net.IP, error)
 	// ProcessStart is the start time (clock ticks since boot, field 22 of
 	// /proc/<pid>/stat) of pid; ok is false when there is no such process.
