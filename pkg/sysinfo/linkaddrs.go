@@ -16,9 +16,9 @@ import (
 // LinkAddrs asks from outside the namespace where the kernel can answer
 // for another namespace (rtnetlink's target netnsid, Linux 4.20): a link
 // by name, then its addresses, over one socket. Entering the namespace
-// costs a thread and two setns, a third of a DEL's own time
-// (BENCHMARKS.md); it is what is left for a namespace the host has no id
-// for, and for older kernels.
+// costs a thread and two setns, a third of what a DEL added to the floor
+// plugin's own time (BENCHMARKS.md); it is what is left for a namespace
+// the host has no id for, and for older kernels.
 func (r *Real) LinkAddrs(path, ifName string) ([]net.IP, error) {
 	fd, err := openNetns(path)
 	if err != nil {

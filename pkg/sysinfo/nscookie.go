@@ -26,10 +26,10 @@ const (
 var errNoNSGetID = errors.New("the kernel has no NS_GET_ID")
 
 // NetnsCookie reads the namespace's id with NS_GET_ID where the kernel
-// makes it the cookie: an open and three syscalls, no capability, and
+// makes it the cookie: an open and a few syscalls, no capability, and
 // nothing entered. Entering the namespace costs a thread and two setns
-// (a fifth of an ADD's own time, BENCHMARKS.md), and is what older
-// kernels still need.
+// (a third of what an ADD added to the floor plugin's own time,
+// BENCHMARKS.md), and is what older kernels still need.
 func (r *Real) NetnsCookie(path string) (uint64, error) {
 	if r.nsIDIsCookie() {
 		id, err := netnsID(path)
