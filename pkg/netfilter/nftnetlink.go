@@ -4,9 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
 )
 
 // The nftables rules this package releases (bridge's ipMasq rules, portmap's
@@ -31,7 +32,7 @@ type nftRule struct {
 // parseNFTRule reads one NFT_MSG_NEWRULE's attributes (after the nfgenmsg);
 // ok is false when they are not well formed.
 func parseNFTRule(b []byte) (r nftRule, ok bool) {
-	ok = eachAttr(b, func(typ uint16, data []byte) {
+	ok = nlmsg.EachAttr(b, func(typ uint16, data []byte) {
 		switch typ {
 		case unix.NFTA_RULE_TABLE:
 			r.table = cString(data)
@@ -56,20 +57,20 @@ func parseNFTRule(b []byte) (r nftRule, ok bool) {
 // changed under (NLM_F_DUMP_INTR) or a malformed rule is an error, once
 // the dump is read to its end.
 func (c *probeConn) eachRule(family byte, table, chain string, fn func(*nftRule)) error {
-	c.seq++
-	seq := c.seq
+	c.Seq++
+	seq := c.Seq
 	req := make([]byte, unix.NLMSG_HDRLEN, 64)
 	req = append(req, family, unix.NFNETLINK_V0, 0, 0) // nfgenmsg
-	req = appendStringAttr(req, unix.NFTA_RULE_TABLE, table)
+	req = nlmsg.AppendStringAttr(req, unix.NFTA_RULE_TABLE, table)
 	if chain != "" {
-		req = appendStringAttr(req, unix.NFTA_RULE_CHAIN, chain)
+		req = nlmsg.AppendStringAttr(req, unix.NFTA_RULE_CHAIN, chain)
 	}
-	putNlMsghdr(req, unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETRULE, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, seq)
-	if err := c.send(req); err != nil {
+	nlmsg.PutHeader(req, unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETRULE, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, seq)
+	if err := c.Send(req); err != nil {
 		return err
 	}
 	var dumpErr error
-	return c.receive(func(h *unix.NlMsghdr, msg []byte) (bool, error) {
+	return c.Receive(func(h *unix.NlMsghdr, msg []byte) (bool, error) {
 		if h.Seq != seq {
 			return false, nil // an answer to an earlier request
 		}
@@ -77,7 +78,7 @@ func (c *probeConn) eachRule(family byte, table, chain string, fn func(*nftRule)
 		case unix.NLMSG_DONE:
 			return true, dumpErr
 		case unix.NLMSG_ERROR:
-			errno, err := nlErrno(msg)
+			errno, err := nlmsg.Errno(msg)
 			switch {
 			case err != nil:
 				return true, err
@@ -143,26 +144,26 @@ func (c *probeConn) deleteRules(refs []nftRuleRef) error {
 // of at most nftBatchMax bytes (at least one rule), and returns it, how
 // many refs it holds, and the range of sequence numbers it uses.
 func (c *probeConn) deleteBatch(refs []nftRuleRef) (batch []byte, n int, first, last uint32) {
-	c.seq++
-	first = c.seq
-	batch = appendBatchMsg(batch, unix.NFNL_MSG_BATCH_BEGIN, c.seq)
+	c.Seq++
+	first = c.Seq
+	batch = appendBatchMsg(batch, unix.NFNL_MSG_BATCH_BEGIN, c.Seq)
 	for n < len(refs) && (n == 0 || len(batch) < nftBatchMax-256) {
 		r := refs[n]
-		c.seq++
+		c.Seq++
 		start := len(batch)
 		batch = append(batch, make([]byte, unix.NLMSG_HDRLEN)...)
 		batch = append(batch, r.family, unix.NFNETLINK_V0, 0, 0) // nfgenmsg
-		batch = appendStringAttr(batch, unix.NFTA_RULE_TABLE, r.table)
-		batch = appendStringAttr(batch, unix.NFTA_RULE_CHAIN, r.chain)
+		batch = nlmsg.AppendStringAttr(batch, unix.NFTA_RULE_TABLE, r.table)
+		batch = nlmsg.AppendStringAttr(batch, unix.NFTA_RULE_CHAIN, r.chain)
 		batch = binary.NativeEndian.AppendUint16(batch, unix.SizeofNlAttr+8)
 		batch = binary.NativeEndian.AppendUint16(batch, unix.NFTA_RULE_HANDLE)
 		batch = binary.BigEndian.AppendUint64(batch, r.handle)
-		putNlMsghdr(batch[start:], unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_DELRULE, unix.NLM_F_REQUEST, c.seq)
+		nlmsg.PutHeader(batch[start:], unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_DELRULE, unix.NLM_F_REQUEST, c.Seq)
 		n++
 	}
-	c.seq++
-	batch = appendBatchMsg(batch, unix.NFNL_MSG_BATCH_END, c.seq)
-	return batch, n, first, c.seq
+	c.Seq++
+	batch = appendBatchMsg(batch, unix.NFNL_MSG_BATCH_END, c.Seq)
+	return batch, n, first, c.Seq
 }
 
 // appendBatchMsg appends a batch delimiter for the nftables subsystem.
@@ -171,7 +172,7 @@ func appendBatchMsg(b []byte, typ uint16, seq uint32) []byte {
 	b = append(b, make([]byte, unix.NLMSG_HDRLEN)...)
 	// nfgenmsg: res_id is the subsystem, in network byte order.
 	b = append(b, unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES)
-	putNlMsghdr(b[start:], typ, unix.NLM_F_REQUEST, seq)
+	nlmsg.PutHeader(b[start:], typ, unix.NLM_F_REQUEST, seq)
 	return b
 }
 
@@ -182,7 +183,7 @@ func appendBatchMsg(b []byte, typ uint16, seq uint32) []byte {
 // after everything the batch caused, says when the silence is complete. A
 // thousand acknowledgements would overflow the socket's receive buffer.
 func (c *probeConn) commit(batch []byte, first, last uint32) error {
-	if err := c.send(batch); err != nil {
+	if err := c.Send(batch); err != nil {
 		return err
 	}
 	sentinel, err := c.sendGetGen()
@@ -190,14 +191,14 @@ func (c *probeConn) commit(batch []byte, first, last uint32) error {
 		return err
 	}
 	var failed error
-	err = c.receive(func(h *unix.NlMsghdr, msg []byte) (bool, error) {
+	err = c.Receive(func(h *unix.NlMsghdr, msg []byte) (bool, error) {
 		switch {
 		case h.Seq == sentinel:
 			return true, nil
 		case h.Seq < first || h.Seq > last || h.Type != unix.NLMSG_ERROR:
 			return false, nil
 		}
-		errno, err := nlErrno(msg)
+		errno, err := nlmsg.Errno(msg)
 		if err != nil {
 			return true, err
 		}
@@ -215,54 +216,9 @@ func (c *probeConn) commit(batch []byte, first, last uint32) error {
 // sendGetGen asks for nftables' ruleset generation (NFT_MSG_GETGEN) and
 // returns the request's sequence number.
 func (c *probeConn) sendGetGen() (uint32, error) {
-	c.seq++
+	c.Seq++
 	req := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+4)
 	req = append(req, unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0) // nfgenmsg
-	putNlMsghdr(req, unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETGEN, unix.NLM_F_REQUEST, c.seq)
-	return c.seq, c.send(req)
-}
-
-func putNlMsghdr(msg []byte, typ, flags uint16, seq uint32) {
-	*(*unix.NlMsghdr)(unsafe.Pointer(&msg[0])) = unix.NlMsghdr{Len: uint32(len(msg)), Type: typ, Flags: flags, Seq: seq}
-}
-
-func (c *probeConn) send(msg []byte) error {
-	if err := unix.Sendto(c.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("netlink send: %w", err)
-	}
-	return nil
-}
-
-// receive reads messages and hands each to fn, until fn says it is done
-// or returns an error.
-func (c *probeConn) receive(fn func(h *unix.NlMsghdr, msg []byte) (done bool, err error)) error {
-	for {
-		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("netlink receive: %w", err)
-		}
-		b := c.buf[:n]
-		for len(b) >= unix.NLMSG_HDRLEN {
-			h := *(*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
-			if h.Len < unix.NLMSG_HDRLEN || int(h.Len) > len(b) {
-				return errors.New("netlink: malformed message")
-			}
-			msg := b[unix.NLMSG_HDRLEN:h.Len]
-			b = b[min(nlAlign(int(h.Len)), len(b)):]
-			if done, err := fn(&h, msg); done || err != nil {
-				return err
-			}
-		}
-	}
-}
-
-// nlErrno is an NLMSG_ERROR's error number (0: an acknowledgement).
-func nlErrno(msg []byte) (unix.Errno, error) {
-	if len(msg) < 4 {
-		return 0, errors.New("netlink: short error message")
-	}
-	return unix.Errno(-int32(nativeUint32(msg))), nil
+	nlmsg.PutHeader(req, unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETGEN, unix.NLM_F_REQUEST, c.Seq)
+	return c.Seq, c.Send(req)
 }

@@ -8,6 +8,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
 
@@ -76,7 +78,7 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 // each immediate loads (NFTA_DATA_VALUE): the daddr/saddr of a masquerade
 // rule, the address a dnat loads.
 func eachExprValue(exprs []byte, fn func([]byte)) {
-	eachAttr(exprs, func(typ uint16, elem []byte) {
+	nlmsg.EachAttr(exprs, func(typ uint16, elem []byte) {
 		if typ != unix.NFTA_LIST_ELEM {
 			return
 		}
@@ -90,9 +92,9 @@ func eachExprValue(exprs []byte, fn func([]byte)) {
 		default:
 			return
 		}
-		eachAttr(data, func(typ uint16, v []byte) {
+		nlmsg.EachAttr(data, func(typ uint16, v []byte) {
 			if typ == dataType {
-				eachAttr(v, func(typ uint16, value []byte) {
+				nlmsg.EachAttr(v, func(typ uint16, value []byte) {
 					if typ == unix.NFTA_DATA_VALUE {
 						fn(value)
 					}

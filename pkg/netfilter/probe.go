@@ -8,9 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
 )
 
 // A probe finds which containers own iptables NAT rules on a network
@@ -151,7 +152,7 @@ func (c *probeConn) owners(network string, families []byte) ([]string, error) {
 // rulesetID is the ruleset's ID now; zero when the kernel cannot tell
 // (no SO_NETNS_COOKIE before Linux 5.14, no generation).
 func (c *probeConn) rulesetID(families []byte) RulesetID {
-	cookie, err := unix.GetsockoptUint64(c.fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	cookie, err := unix.GetsockoptUint64(c.FD, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 	if err != nil || cookie == 0 {
 		return RulesetID{}
 	}
@@ -170,12 +171,12 @@ func (c *probeConn) generation() (uint32, error) {
 		return 0, err
 	}
 	var gen uint32
-	err = c.receive(func(h *unix.NlMsghdr, msg []byte) (bool, error) {
+	err = c.Receive(func(h *unix.NlMsghdr, msg []byte) (bool, error) {
 		if h.Seq != seq {
 			return false, nil
 		}
 		if h.Type == unix.NLMSG_ERROR {
-			errno, err := nlErrno(msg)
+			errno, err := nlmsg.Errno(msg)
 			if err == nil && errno != 0 {
 				err = fmt.Errorf("netlink: %w", errno)
 			}
@@ -185,7 +186,7 @@ func (c *probeConn) generation() (uint32, error) {
 			return true, errors.New("netlink: short generation message")
 		}
 		found := false
-		eachAttr(msg[4:], func(typ uint16, data []byte) {
+		nlmsg.EachAttr(msg[4:], func(typ uint16, data []byte) {
 			if typ == unix.NFTA_GEN_ID && len(data) == 4 {
 				gen, found = binary.BigEndian.Uint32(data), true
 			}
@@ -213,25 +214,15 @@ var errDumpInterrupted = errors.New("netlink dump interrupted by a ruleset chang
 // message: a thousand rules are a few hundred kilobytes of attributes, and
 // a decoder that builds them into values (google/nftables, mdlayher's
 // AttributeDecoder) costs more than `iptables -S` saves.
-type probeConn struct {
-	fd  int
-	seq uint32
-	buf []byte
-}
+type probeConn struct{ *nlmsg.Conn }
 
 func dialProbe() (*probeConn, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	c, err := nlmsg.Dial(unix.NETLINK_NETFILTER, 64<<10)
 	if err != nil {
-		return nil, fmt.Errorf("netlink socket: %w", err)
+		return nil, err
 	}
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("netlink bind: %w", err)
-	}
-	return &probeConn{fd: fd, buf: make([]byte, 64<<10)}, nil
+	return &probeConn{c}, nil
 }
-
-func (c *probeConn) Close() error { return unix.Close(c.fd) }
 
 // eachRuleComment calls fn with the comment of every rule of chain in
 // table (nftables family), where iptables-nft keeps `-m comment`: an xt
@@ -240,39 +231,6 @@ func (c *probeConn) Close() error { return unix.Close(c.fd) }
 // exist has no rules.
 func (c *probeConn) eachRuleComment(family byte, table, chain string, fn func(comment []byte)) error {
 	return c.eachRule(family, table, chain, func(r *nftRule) { r.comments(fn) })
-}
-
-// Netlink attributes, walked in place: a 4-byte header (length, type,
-// native order), the payload, padding to 4 bytes.
-func nlAlign(n int) int { return (n + 3) &^ 3 }
-
-func nativeUint32(b []byte) uint32 { return *(*uint32)(unsafe.Pointer(&b[0])) }
-
-// eachAttr calls fn with each attribute's type (nested flag cleared) and
-// payload; it reports whether b was well formed.
-func eachAttr(b []byte, fn func(typ uint16, data []byte)) bool {
-	for len(b) >= unix.SizeofNlAttr {
-		l := int(*(*uint16)(unsafe.Pointer(&b[0])))
-		typ := *(*uint16)(unsafe.Pointer(&b[2])) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
-		if l < unix.SizeofNlAttr || l > len(b) {
-			return false
-		}
-		fn(typ, b[unix.SizeofNlAttr:l])
-		b = b[min(nlAlign(l), len(b)):]
-	}
-	return len(b) == 0
-}
-
-func appendStringAttr(b []byte, typ uint16, s string) []byte {
-	l := unix.SizeofNlAttr + len(s) + 1
-	b = binary.NativeEndian.AppendUint16(b, uint16(l))
-	b = binary.NativeEndian.AppendUint16(b, typ)
-	b = append(b, s...)
-	b = append(b, 0)
-	for len(b)%4 != 0 {
-		b = append(b, 0)
-	}
-	return b
 }
 
 // cString is an attribute's string without its terminating NUL.
@@ -311,7 +269,7 @@ func (r *nftRule) comments(fn func([]byte)) {
 	if c, ok := udataComment(r.userdata); ok {
 		fn(c)
 	}
-	eachAttr(r.exprs, func(typ uint16, elem []byte) {
+	nlmsg.EachAttr(r.exprs, func(typ uint16, elem []byte) {
 		if typ == unix.NFTA_LIST_ELEM {
 			matchComment(elem, fn)
 		}
@@ -334,7 +292,7 @@ func matchComment(elem []byte, fn func([]byte)) {
 // the payload of type dataType: an expression's name and data, a match's
 // name and info.
 func namedAttr(b []byte, nameType, dataType uint16) (name string, data []byte) {
-	eachAttr(b, func(typ uint16, v []byte) {
+	nlmsg.EachAttr(b, func(typ uint16, v []byte) {
 		switch typ {
 		case nameType:
 			name = string(cString(v))

@@ -15,6 +15,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
 )
 
 // TestProbeFindsWhatTheListingFinds: in a throw-away namespace, rules made
@@ -280,7 +282,7 @@ func TestUdataCommentOfMalformedUserdata(t *testing.T) {
 
 func FuzzRuleComments(f *testing.F) {
 	f.Add([]byte{8, 0, 7, 0, 0, 3, 'h', 'i'})
-	f.Add(appendStringAttr(nil, unix.NFTA_RULE_TABLE, "nat"))
+	f.Add(nlmsg.AppendStringAttr(nil, unix.NFTA_RULE_TABLE, "nat"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = udataComment(b)
 		if r, ok := parseNFTRule(b); ok {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
 )
 
 // LinkAddrs asks from outside the namespace where the kernel can answer
@@ -78,7 +80,7 @@ func linkAddrsOutside(nsfd int, ifName string) ([]net.IP, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(c.fd)
+	defer c.Close()
 	nsid, err := c.netnsid(nsfd)
 	if err != nil {
 		return nil, err
@@ -95,43 +97,40 @@ const routeTimeout = 5 * time.Second
 
 // routeConn is an rtnetlink socket with strict checking of requests, which
 // a dump needs for its target netnsid and its link filter to be read.
-type routeConn struct {
-	fd  int
-	seq uint32
-}
+type routeConn struct{ *nlmsg.Conn }
 
 func dialRoute() (*routeConn, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	c, err := nlmsg.Dial(unix.NETLINK_ROUTE, 32<<10)
 	if err != nil {
-		return nil, fmt.Errorf("rtnetlink socket: %w", err)
+		return nil, err
 	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1); err != nil {
-		unix.Close(fd)
+	if err := unix.SetsockoptInt(c.FD, unix.SOL_NETLINK, unix.NETLINK_GET_STRICT_CHK, 1); err != nil {
+		c.Close()
 		return nil, fmt.Errorf("%w: strict checking: %v", errNotFromOutside, err)
 	}
 	// The kernel answers every request; a bound keeps a DEL from hanging
 	// on one that got lost (a DEL that cannot tell lists the NAT rules).
 	tv := unix.NsecToTimeval(routeTimeout.Nanoseconds())
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		unix.Close(fd)
+	if err := unix.SetsockoptTimeval(c.FD, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		c.Close()
 		return nil, fmt.Errorf("rtnetlink receive timeout: %w", err)
 	}
-	return &routeConn{fd: fd}, nil
+	return &routeConn{c}, nil
 }
 
 // netnsid is the id this namespace has for the one open as nsfd
 // (RTM_GETNSID, which assigns none: the kernel gives one when a link
 // joins the two, as bridge's veth does).
 func (c *routeConn) netnsid(nsfd int) (int32, error) {
-	req := newRouteRequest(unix.RTM_GETNSID, 0, make([]byte, 4)) // rtgenmsg, AF_UNSPEC
-	req = appendUint32Attr(req, unix.NETNSA_FD, uint32(nsfd))
+	req := make([]byte, unix.NLMSG_HDRLEN+4) // rtgenmsg, AF_UNSPEC, padded
+	req = nlmsg.AppendAttr(req, unix.NETNSA_FD, binary.NativeEndian.AppendUint32(nil, uint32(nsfd)))
 	nsid := int32(-1)
-	err := c.ask(req, func(typ uint16, body []byte) error {
+	err := c.ask(unix.RTM_GETNSID, 0, req, func(typ uint16, body []byte) error {
 		if typ != unix.RTM_NEWNSID || len(body) < 4 {
 			return fmt.Errorf("%w: unexpected answer %d to RTM_GETNSID", errNotFromOutside, typ)
 		}
-		if v, ok := routeAttr(body[4:], unix.NETNSA_NSID); ok && len(v) == 4 {
-			nsid = int32(binary.NativeEndian.Uint32(v))
+		if v, ok := attr(body[4:], unix.NETNSA_NSID); ok && len(v) == 4 {
+			nsid = int32(nlmsg.NativeUint32(v))
 		}
 		return nil
 	})
@@ -147,18 +146,18 @@ func (c *routeConn) netnsid(nsfd int) (int32, error) {
 // linkIndex is the index of the link ifName in the namespace nsid, 0 when
 // there is none.
 func (c *routeConn) linkIndex(nsid int32, ifName string) (int32, error) {
-	req := newRouteRequest(unix.RTM_GETLINK, 0, make([]byte, unix.SizeofIfInfomsg))
-	req = appendUint32Attr(req, unix.IFLA_TARGET_NETNSID, uint32(nsid))
-	req = appendRouteAttr(req, unix.IFLA_IFNAME, append([]byte(ifName), 0))
+	req := make([]byte, unix.NLMSG_HDRLEN+unix.SizeofIfInfomsg)
+	req = nlmsg.AppendAttr(req, unix.IFLA_TARGET_NETNSID, binary.NativeEndian.AppendUint32(nil, uint32(nsid)))
+	req = nlmsg.AppendStringAttr(req, unix.IFLA_IFNAME, ifName)
 	var index int32
-	err := c.ask(req, func(typ uint16, body []byte) error {
+	err := c.ask(unix.RTM_GETLINK, 0, req, func(typ uint16, body []byte) error {
 		if typ != unix.RTM_NEWLINK || len(body) < unix.SizeofIfInfomsg {
 			return fmt.Errorf("%w: unexpected answer %d to RTM_GETLINK", errNotFromOutside, typ)
 		}
 		if !answersFor(body[unix.SizeofIfInfomsg:], unix.IFLA_TARGET_NETNSID, nsid) {
 			return fmt.Errorf("%w: the link's answer is not about namespace %d", errNotFromOutside, nsid)
 		}
-		index = int32(binary.NativeEndian.Uint32(body[4:8]))
+		index = int32(nlmsg.NativeUint32(body[4:8]))
 		return nil
 	})
 	if errors.Is(err, unix.ENODEV) {
@@ -171,12 +170,11 @@ func (c *routeConn) linkIndex(nsid int32, ifName string) (int32, error) {
 // families, as the standard library reads them: the local address where
 // there is one (a point-to-point link), else the address.
 func (c *routeConn) addrs(nsid, index int32) ([]net.IP, error) {
-	ifa := make([]byte, unix.SizeofIfAddrmsg) // AF_UNSPEC: both families
-	binary.NativeEndian.PutUint32(ifa[4:], uint32(index))
-	req := newRouteRequest(unix.RTM_GETADDR, unix.NLM_F_DUMP, ifa)
-	req = appendUint32Attr(req, unix.IFA_TARGET_NETNSID, uint32(nsid))
+	req := make([]byte, unix.NLMSG_HDRLEN+unix.SizeofIfAddrmsg) // AF_UNSPEC: both families
+	binary.NativeEndian.PutUint32(req[unix.NLMSG_HDRLEN+4:], uint32(index))
+	req = nlmsg.AppendAttr(req, unix.IFA_TARGET_NETNSID, binary.NativeEndian.AppendUint32(nil, uint32(nsid)))
 	var ips []net.IP
-	err := c.ask(req, func(typ uint16, body []byte) error {
+	err := c.ask(unix.RTM_GETADDR, unix.NLM_F_DUMP, req, func(typ uint16, body []byte) error {
 		if typ != unix.RTM_NEWADDR || len(body) < unix.SizeofIfAddrmsg {
 			return fmt.Errorf("%w: unexpected answer %d to RTM_GETADDR", errNotFromOutside, typ)
 		}
@@ -184,12 +182,12 @@ func (c *routeConn) addrs(nsid, index int32) ([]net.IP, error) {
 		if !answersFor(attrs, unix.IFA_TARGET_NETNSID, nsid) {
 			return fmt.Errorf("%w: the address's answer is not about namespace %d", errNotFromOutside, nsid)
 		}
-		if int32(binary.NativeEndian.Uint32(body[4:8])) != index {
+		if int32(nlmsg.NativeUint32(body[4:8])) != index {
 			return nil // a kernel that did not filter by link
 		}
-		ip, ok := routeAttr(attrs, unix.IFA_LOCAL)
+		ip, ok := attr(attrs, unix.IFA_LOCAL)
 		if !ok {
-			ip, ok = routeAttr(attrs, unix.IFA_ADDRESS)
+			ip, ok = attr(attrs, unix.IFA_ADDRESS)
 		}
 		if ok && (len(ip) == net.IPv4len || len(ip) == net.IPv6len) {
 			ips = append(ips, net.IP(slices.Clone(ip)))
@@ -202,125 +200,54 @@ func (c *routeConn) addrs(nsid, index int32) ([]net.IP, error) {
 	return ips, err
 }
 
-// ask sends req and hands each message of its answer to fn: one message,
-// or a dump to its NLMSG_DONE. An NLMSG_ERROR is its errno.
-func (c *routeConn) ask(req []byte, fn func(typ uint16, body []byte) error) error {
-	c.seq++
-	seq := c.seq
-	binary.NativeEndian.PutUint32(req[8:], seq)
-	dump := binary.NativeEndian.Uint16(req[6:])&unix.NLM_F_DUMP != 0
-	if err := unix.Sendto(c.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("rtnetlink send: %w", err)
+// ask sends req (its header left zero, to be filled in) as a request of
+// type typ and hands each message of its answer to fn: one message, or a
+// dump to its NLMSG_DONE. An NLMSG_ERROR is its errno.
+func (c *routeConn) ask(typ, flags uint16, req []byte, fn func(typ uint16, body []byte) error) error {
+	c.Seq++
+	seq := c.Seq
+	nlmsg.PutHeader(req, typ, unix.NLM_F_REQUEST|flags, seq)
+	if err := c.Send(req); err != nil {
+		return err
 	}
-	buf := make([]byte, 32<<10)
+	dump := flags&unix.NLM_F_DUMP != 0
 	var ferr error
-	for {
-		n, _, err := unix.Recvfrom(c.fd, buf, 0)
-		if err == unix.EINTR {
-			continue
+	return c.Receive(func(h *unix.NlMsghdr, body []byte) (bool, error) {
+		if h.Seq != seq {
+			return false, nil
 		}
-		if err != nil {
-			return fmt.Errorf("rtnetlink receive: %w", err)
-		}
-		msgs, err := parseNetlink(buf[:n])
-		if err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			if m.seq != seq {
-				continue
+		switch h.Type {
+		case unix.NLMSG_DONE:
+			return true, ferr
+		case unix.NLMSG_ERROR:
+			errno, err := nlmsg.Errno(body)
+			switch {
+			case err != nil:
+				return true, err
+			case errno != 0:
+				return true, errno
 			}
-			switch m.typ {
-			case unix.NLMSG_DONE:
-				return ferr
-			case unix.NLMSG_ERROR:
-				if len(m.body) < 4 {
-					return errors.New("rtnetlink: short error message")
-				}
-				if errno := -int32(binary.NativeEndian.Uint32(m.body)); errno != 0 {
-					return unix.Errno(errno)
-				}
-				return ferr
-			}
-			if ferr == nil {
-				ferr = fn(m.typ, m.body)
-			}
-			if !dump {
-				return ferr
-			}
+			return true, ferr
 		}
-	}
-}
-
-type netlinkMsg struct {
-	typ  uint16
-	seq  uint32
-	body []byte
-}
-
-// parseNetlink splits one datagram into its messages.
-func parseNetlink(b []byte) ([]netlinkMsg, error) {
-	var msgs []netlinkMsg
-	for len(b) >= unix.NLMSG_HDRLEN {
-		l := int(binary.NativeEndian.Uint32(b))
-		if l < unix.NLMSG_HDRLEN || l > len(b) {
-			return nil, errors.New("rtnetlink: malformed message")
+		if ferr == nil {
+			ferr = fn(h.Type, body)
 		}
-		msgs = append(msgs, netlinkMsg{typ: binary.NativeEndian.Uint16(b[4:]), seq: binary.NativeEndian.Uint32(b[8:]), body: b[unix.NLMSG_HDRLEN:l]})
-		b = b[min(nlmsgAlign(l), len(b)):]
-	}
-	return msgs, nil
+		return !dump, ferr
+	})
 }
 
-func nlmsgAlign(n int) int { return (n + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1) }
-
-// newRouteRequest is a request message with its fixed header; the
-// sequence number is set when it is sent.
-func newRouteRequest(typ, flags uint16, header []byte) []byte {
-	b := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+len(header)+64)
-	binary.NativeEndian.PutUint16(b[4:], typ)
-	binary.NativeEndian.PutUint16(b[6:], unix.NLM_F_REQUEST|flags)
-	b = append(b, header...)
-	binary.NativeEndian.PutUint32(b, uint32(len(b)))
-	return b
-}
-
-// appendRouteAttr appends one attribute and updates the message length.
-func appendRouteAttr(msg []byte, typ uint16, data []byte) []byte {
-	l := unix.SizeofRtAttr + len(data)
-	msg = binary.NativeEndian.AppendUint16(msg, uint16(l))
-	msg = binary.NativeEndian.AppendUint16(msg, typ)
-	msg = append(msg, data...)
-	msg = append(msg, make([]byte, nlmsgAlign(l)-l)...)
-	binary.NativeEndian.PutUint32(msg, uint32(len(msg)))
-	return msg
-}
-
-func appendUint32Attr(msg []byte, typ uint16, v uint32) []byte {
-	return appendRouteAttr(msg, typ, binary.NativeEndian.AppendUint32(nil, v))
-}
-
-// routeAttr is the value of the first attribute of type typ in attrs.
-func routeAttr(attrs []byte, typ uint16) ([]byte, bool) {
-	for len(attrs) >= unix.SizeofRtAttr {
-		l := int(binary.NativeEndian.Uint16(attrs))
-		if l < unix.SizeofRtAttr || l > len(attrs) {
-			return nil, false
+// attr is the payload of the first attribute of type typ in attrs.
+func attr(attrs []byte, typ uint16) (v []byte, ok bool) {
+	nlmsg.EachAttr(attrs, func(t uint16, data []byte) {
+		if t == typ && !ok {
+			v, ok = data, true
 		}
-		if binary.NativeEndian.Uint16(attrs[2:])&nlaTypeMask == typ {
-			return attrs[unix.SizeofRtAttr:l], true
-		}
-		attrs = attrs[min(nlmsgAlign(l), len(attrs)):]
-	}
-	return nil, false
+	})
+	return v, ok
 }
-
-// nlaTypeMask leaves an attribute's type without its nested and
-// byte-order flags.
-const nlaTypeMask = ^uint16(unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
 
 // answersFor reports whether attrs carry the target netnsid nsid.
 func answersFor(attrs []byte, typ uint16, nsid int32) bool {
-	v, ok := routeAttr(attrs, typ)
-	return ok && len(v) == 4 && int32(binary.NativeEndian.Uint32(v)) == nsid
+	v, ok := attr(attrs, typ)
+	return ok && len(v) == 4 && int32(nlmsg.NativeUint32(v)) == nsid
 }

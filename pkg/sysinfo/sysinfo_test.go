@@ -72,12 +72,7 @@ func TestNetnsOfOwnNamespaceAndNonNamespaces(t *testing.T) {
 }
 
 func TestNetnsCookie(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("entering a namespace needs root, and CI runs as root")
-		}
-		t.Skip("entering a namespace needs root")
-	}
+	requireRoot(t, "entering a namespace")
 	h := &Real{}
 	a, err := h.NetnsCookie("/proc/self/ns/net")
 	if err != nil || a == 0 {
@@ -106,12 +101,7 @@ func TestNetnsCookie(t *testing.T) {
 // it says so, without an error that would leave its namespace's verdict
 // unsure (a Nomad restore refused as "still attached").
 func TestConfirmHolderOfAnExitedProcess(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("entering a namespace needs root, and CI runs as root")
-		}
-		t.Skip("entering a namespace needs root")
-	}
+	requireRoot(t, "entering a namespace")
 	cmd := exec.Command("sleep", "60")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
