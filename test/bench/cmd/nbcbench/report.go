@@ -103,11 +103,7 @@ func (r *Results) targets() []Target {
 		}
 		out = append(out, ownTimeTarget(fmt.Sprintf("restore of %d allocations: own time per CHECK ≤ %.1f× the floor plugin's (perf-traced)", c.N, floorGoal), *o))
 	}
-	if n := len(r.Restore); n > 1 && r.Restore[0].Pair.A.Median > 0 {
-		lo, hi := r.Restore[0], r.Restore[n-1]
-		g := (hi.Pair.A.Median / float64(hi.N)) / (lo.Pair.A.Median / float64(lo.N))
-		t := Target{What: fmt.Sprintf("restore linear in N: per-CHECK cost at N=%d within 1.5× of N=%d", hi.N, lo.N), Measured: fmt.Sprintf("%.1f → %.1f ms per CHECK (×%.2f)", lo.Pair.A.Median/float64(lo.N), hi.Pair.A.Median/float64(hi.N), g), Met: g <= 1.5}
-		t.Margin = fmt.Sprintf("×%.2f", g)
+	if t, ok := restoreLinearTarget(r.Restore); ok {
 		out = append(out, t)
 	}
 	if c := r.cell(4094, 0); c != nil {
@@ -299,11 +295,11 @@ func renderMarkdown(w io.Writer, r *Results) {
 	}
 	if len(r.Restore) > 0 {
 		floor := r.Restore[0].Floor != nil
-		order := "A B A B"
+		order := "A B, then B A"
 		if floor {
-			order = "A B C (C = B's chain with the floor plugin in bridge's place, see 1)"
+			order = "A B C, then B C A, then C A B (C = B's chain with the floor plugin in bridge's place, see 1)"
 		}
-		p("**1b. Restore** — N containers added, then one CHECK each, back to back, as a Nomad client restart sends them (A = `nomad-bridge-cni` with its default checkSweepInterval, B = bare `bridge`); total ms of the N CHECKs, reps interleaved %s.", order)
+		p("**1b. Restore** — N containers added to each network, then one CHECK each, in order, as a Nomad client restart sends them (A = `nomad-bridge-cni` with its default checkSweepInterval, B = bare `bridge`); total ms of each network's N CHECKs. The networks' CHECKs are interleaved one by one, the i-th of each in round i, the order rotating: %s.", order)
 		p("")
 		head := "| N | reps | A total | B total | A/B | A ms per CHECK | B ms per CHECK | CPU A/B |"
 		rule := "|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -416,7 +412,7 @@ func writeRestoreOwnTime(p func(string, ...any), cells []RestoreCell) {
 		}
 	}
 	if len(rows) > 0 {
-		p("Own time per CHECK of the restores above, traced as in 1c (the i-th CHECK of a rep of A paired with the i-th of C; A's include the sweeps its checkSweepInterval lets through); ms.")
+		p("Own time per CHECK of the restores above, traced as in 1c (A's and C's CHECKs of the same round paired; A's include the sweeps its checkSweepInterval lets through); ms.")
 		p("")
 		p("| N | A: plugin median | p90 | C: floor plugin median | p90 | A/C (medians) | 90 %% interval | CHECKs |")
 		p("|---:|---:|---:|---:|---:|---:|---|---:|")
@@ -521,4 +517,32 @@ func writeCold(p func(string, ...any), r *Results) {
 		row("init KiB", "%.1f", s[0].InitKiB, stat(func(t StartupStat) float64 { return t.InitKiB }), nil)
 	}
 	p("")
+}
+
+// restoreLinearTarget is "a restore grows linearly in N": the plugin's
+// per-CHECK cost at the largest N within 1.5× of the smallest. With the
+// trace it is the plugin's own time per CHECK, where a sweep per CHECK
+// (N² in all) would show: 1.4 ms at 50 allocations, 7 ms at 250 (see
+// "Restore" in BENCHMARKS.md). Without it, it is the whole chain's per
+// CHECK, which also grows with the rules of every network's N containers
+// (the networks are restored side by side) and hides a quadratic sweep in
+// bridge's tens of ms.
+func restoreLinearTarget(cells []RestoreCell) (Target, bool) {
+	n := len(cells)
+	if n < 2 || cells[0].Pair.A.Median <= 0 {
+		return Target{}, false
+	}
+	lo, hi := cells[0], cells[n-1]
+	what := fmt.Sprintf("restore linear in N: own time per CHECK at N=%d within 1.5× of N=%d (perf-traced)", hi.N, lo.N)
+	a, b := 0.0, 0.0
+	if lo.OwnTime != nil && hi.OwnTime != nil && lo.OwnTime.A.Median > 0 {
+		a, b = lo.OwnTime.A.Median, hi.OwnTime.A.Median
+	} else {
+		what = fmt.Sprintf("restore linear in N: per-CHECK cost of the whole chain at N=%d within 1.5× of N=%d (not traced)", hi.N, lo.N)
+		a, b = lo.Pair.A.Median/float64(lo.N), hi.Pair.A.Median/float64(hi.N)
+	}
+	g := b / a
+	t := Target{What: what, Measured: fmt.Sprintf("%.2f → %.2f ms per CHECK (×%.2f)", a, b, g), Met: g <= 1.5}
+	t.Margin = fmt.Sprintf("×%.2f", g)
+	return t, true
 }

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/containernetworking/cni/libcni"
 )
@@ -29,10 +28,21 @@ type RestoreCell struct {
 
 // benchRestore measures what a Nomad client restart costs: it sends one
 // CHECK per restored allocation, one after another, and every CHECK of the
-// plugin may sweep the whole network. For each size N, in interleaved reps
-// A B A B (A B C with --floor): N containers are added (untimed, a few at
-// a time), the N CHECKs are timed back to back, and everything is deleted
-// again (untimed).
+// plugin may sweep the whole network. For each size N and rep, N
+// containers are added to every variant (untimed, a few at a time), the
+// CHECKs are timed, and everything is deleted again (untimed).
+//
+// The CHECKs run in rounds: round i CHECKs the i-th container of each
+// variant, the order rotating by one each round (A B C, B C A, C A B).
+// Each network still gets its N CHECKs in order, one after another, as
+// the restart sends them; a variant's total is the sum of its N. A
+// process's own time on this VM drifts by a quarter within seconds (the
+// floor plugin's median went 2.8 → 3.7 ms within one run of 50 identical
+// CHECKs, and 2.9 → 4.2 ms between runs), so CHECKs of A and C taken a
+// whole restore apart compared the machine's drift as much as the plugins;
+// a round takes them a few tens of ms apart. A's CHECKs are spread over
+// about three times as long as alone, so its checkSweepInterval lets
+// through as many more sweeps: the interleaving does not flatter A.
 func (e *Env) benchRestore(res *Results) error {
 	sizes, reps, err := restorePlan(e.o.restoreSizes, e.o.restoreReps)
 	if err != nil {
@@ -60,16 +70,16 @@ func (e *Env) benchRestore(res *Results) error {
 		wall, cpu := make([][]float64, len(vs)), make([][]float64, len(vs))
 		checks[i] = make([][][2]int64, len(vs))
 		for r := range reps[i] {
-			for j, v := range vs {
-				if err := e.canceled(); err != nil {
-					return err
-				}
-				w, c, windows, err := e.restoreOnce(cfg, v, n, fmt.Sprintf("rs%d-%d", n, r))
-				if err != nil {
-					return err
-				}
-				wall[j], cpu[j] = append(wall[j], w), append(cpu[j], c)
-				checks[i][j] = append(checks[i][j], windows...)
+			if err := e.canceled(); err != nil {
+				return err
+			}
+			got, err := e.restoreOnce(cfg, vs, n, fmt.Sprintf("rs%d-%d", n, r))
+			if err != nil {
+				return err
+			}
+			for j, g := range got {
+				wall[j], cpu[j] = append(wall[j], g.wall), append(cpu[j], g.cpu)
+				checks[i][j] = append(checks[i][j], g.windows...)
 			}
 		}
 		name := fmt.Sprintf("restore N=%d", n)
@@ -123,41 +133,86 @@ func (e *Env) restoreOwnTime(cells []RestoreCell, trace *schedTrace, checks [][]
 	}
 }
 
-// restoreOnce adds n containers of v, times n CHECKs in a row, and deletes
-// them; it returns the CHECKs' total wall and CPU time in ms and each
-// CHECK's window (CLOCK_MONOTONIC ns, for the own-time trace).
-func (e *Env) restoreOnce(cfg *libcni.CNIConfig, v *variant, n int, tag string) (float64, float64, [][2]int64, error) {
-	list, err := v.list()
-	if err != nil {
-		return 0, 0, nil, err
-	}
-	atts := make([]*attachment, n)
-	for i := range atts {
-		if atts[i], err = e.newAttachment(v, fmt.Sprintf("%s-%03d", tag, i)); err != nil {
-			return 0, 0, nil, err
-		}
-	}
-	ctx, cancel := cniContext()
-	defer cancel()
+// restoreTimes is one variant's restore: its N CHECKs' total wall and CPU
+// time in ms, and each CHECK's window (CLOCK_MONOTONIC ns, for the
+// own-time trace), in the order of its containers.
+type restoreTimes struct {
+	wall, cpu float64
+	windows   [][2]int64
+}
+
+// restoreOnce adds n containers to each of vs, CHECKs them in rotating
+// rounds (see benchRestore) and deletes them; it returns each variant's
+// times, in the order of vs.
+// Each variant's setup, each CHECK and each variant's teardown gets
+// cmdTimeout: three networks of 250 take longer than that all together.
+func (e *Env) restoreOnce(cfg *libcni.CNIConfig, vs []*variant, n int, tag string) ([]restoreTimes, error) {
+	lists := make([]*libcni.NetworkConfigList, len(vs))
+	atts := make([][]*attachment, len(vs))
 	defer func() {
-		eachParallel(atts, func(at *attachment) error { return cfg.DelNetworkList(ctx, list, at.rt) })
-		for _, at := range atts {
-			delNetns(at.nsName)
+		for j, list := range lists {
+			if list == nil {
+				continue
+			}
+			ctx, cancel := cniContext()
+			eachParallel(atts[j], func(at *attachment) error { return cfg.DelNetworkList(ctx, list, at.rt) })
+			cancel()
+			for _, at := range atts[j] {
+				delNetns(at.nsName)
+			}
 		}
 	}()
-	if err := eachParallel(atts, func(at *attachment) error { _, err := cfg.AddNetworkList(ctx, list, at.rt); return err }); err != nil {
-		return 0, 0, nil, fmt.Errorf("%s restore ADD: %w", v.label, err)
-	}
-	windows := make([][2]int64, 0, n)
-	c0, t0 := childrenCPU(), time.Now()
-	for _, at := range atts {
-		start := monoNow()
-		if err := cfg.CheckNetworkList(ctx, list, at.rt); err != nil {
-			return 0, 0, nil, fmt.Errorf("%s restore CHECK %s: %w", v.label, at.rt.ContainerID, err)
+	for j, v := range vs {
+		list, err := v.list()
+		if err != nil {
+			return nil, err
 		}
-		windows = append(windows, [2]int64{start, monoNow()})
+		lists[j] = list
+		for i := range n {
+			at, err := e.newAttachment(v, fmt.Sprintf("%s-%03d", tag, i))
+			if err != nil {
+				return nil, err
+			}
+			atts[j] = append(atts[j], at)
+		}
+		// The first ADD runs alone: firewall creates its chains with a
+		// check then a create, and under iptables-nft a lost race fails
+		// with exit status 4 ("File exists"), which its EnsureChain does
+		// not take for "already there" (it expects 1). A --only restore
+		// run has no earlier ADD that made them.
+		ctx, cancel := cniContext()
+		add := func(at *attachment) error { _, err := cfg.AddNetworkList(ctx, list, at.rt); return err }
+		err = add(atts[j][0])
+		if err == nil {
+			err = eachParallel(atts[j][1:], add)
+		}
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("%s restore ADD: %w", v.label, err)
+		}
 	}
-	return ms(time.Since(t0)), ms(childrenCPU() - c0), windows, nil
+	got := make([]restoreTimes, len(vs))
+	for j := range got {
+		got[j].windows = make([][2]int64, 0, n)
+	}
+	for i := range n {
+		for k := range vs {
+			j := (i + k) % len(vs)
+			at := atts[j][i]
+			ctx, cancel := cniContext()
+			c0, start := childrenCPU(), monoNow()
+			err := cfg.CheckNetworkList(ctx, lists[j], at.rt)
+			end, c1 := monoNow(), childrenCPU()
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("%s restore CHECK %s: %w", vs[j].label, at.rt.ContainerID, err)
+			}
+			got[j].windows = append(got[j].windows, [2]int64{start, end})
+			got[j].wall += float64(end-start) / 1e6
+			got[j].cpu += ms(c1 - c0)
+		}
+	}
+	return got, nil
 }
 
 // eachParallel runs fn over atts, four at a time (setup and teardown, not
