@@ -144,6 +144,7 @@ type restoreTimes struct {
 // restoreOnce adds n containers to each of vs, CHECKs them in rotating
 // rounds (see benchRestore) and deletes them; it returns each variant's
 // times, in the order of vs.
+//
 // Each variant's setup, each CHECK and each variant's teardown gets
 // cmdTimeout: three networks of 250 take longer than that all together.
 func (e *Env) restoreOnce(cfg *libcni.CNIConfig, vs []*variant, n int, tag string) ([]restoreTimes, error) {
