@@ -9,8 +9,8 @@ import (
 // A prevResult is checked by the CNI library's version.ParsePrevResult,
 // which decodes it into a generic map, encodes that again and decodes it
 // into the result types of the entry's version: in a fresh process the
-// reflection behind the last decode costs about 0.2 ms of CHECK's and
-// DEL's own time, most of what the plugin adds to them (BENCHMARKS.md,
+// reflection behind it costs 0.1–0.2 ms of CHECK's and DEL's own time,
+// the largest single step of what the plugin adds to them (BENCHMARKS.md,
 // "Own time per verb"). prevResultSurelyValid answers first for the
 // results bridge and the runtimes write: it says yes only for a result it
 // can see every part of, and anything it does not know (another key, a
