@@ -19,13 +19,13 @@ import (
 // valid result; it never says yes to one ParsePrevResult refuses
 // (FuzzPrevResultSurelyValid).
 
-// resultShape is what one result type's decoder reads: the keys of a
-// result, of an interface, of an IP config and of a route, each with what
-// its value must be.
+// resultShape is what one result type's decoder reads where the types
+// differ: the keys of an interface and of an IP config, each with what its
+// value must be. A result's own keys, a route's and DNS's are the same in
+// both (routeKeys, dnsKeys, topKeys).
 type resultShape struct {
-	versions             []string
-	iface, ipConfig      map[string]valueKind
-	route, dns, topLevel map[string]valueKind
+	versions        []string
+	iface, ipConfig map[string]valueKind
 }
 
 type valueKind int
@@ -56,14 +56,12 @@ var (
 		versions: []string{"0.3.0", "0.3.1", "0.4.0"},
 		iface:    map[string]valueKind{"name": aString, "mac": aString, "sandbox": aString},
 		ipConfig: map[string]valueKind{"version": aString, "interface": anInt, "address": aCIDR, "gateway": anIP},
-		route:    routeKeys, dns: dnsKeys, topLevel: topKeys,
 	}
 	// types100.Result: 1.0.0 and 1.1.0.
 	shape100 = &resultShape{
 		versions: []string{"1.0.0", "1.1.0"},
 		iface:    map[string]valueKind{"name": aString, "mac": aString, "mtu": anInt, "sandbox": aString, "socketPath": aString, "pciID": aString},
 		ipConfig: map[string]valueKind{"interface": anInt, "address": aCIDR, "gateway": anIP},
-		route:    routeKeys, dns: dnsKeys, topLevel: topKeys,
 	}
 )
 
@@ -85,14 +83,14 @@ func prevResultSurelyValid(prev json.RawMessage, cniVersion string) bool {
 		return false
 	}
 	var top map[string]json.RawMessage
-	if json.Unmarshal(prev, &top) != nil || top == nil || !shape.object(top, shape.topLevel) {
+	if json.Unmarshal(prev, &top) != nil || top == nil || !shape.object(top, topKeys) {
 		return false
 	}
 	// ParsePrevResult decodes with the entry's version's result type,
 	// which takes the result's own "cniVersion" when it has one.
 	if v, ok := top["cniVersion"]; ok {
-		var s string
-		return json.Unmarshal(v, &s) == nil && slices.Contains(shape.versions, s)
+		s, _ := stringOf(v)
+		return slices.Contains(shape.versions, s)
 	}
 	return true
 }
@@ -114,17 +112,17 @@ func (s *resultShape) object(m map[string]json.RawMessage, keys map[string]value
 func (s *resultShape) value(v json.RawMessage, kind valueKind) bool {
 	switch kind {
 	case aString:
-		var str string
-		return isString(v) && json.Unmarshal(v, &str) == nil
+		_, ok := stringOf(v)
+		return ok
 	case anInt:
 		return isSmallInt(v)
-	case anIP, aCIDR:
-		var str string
-		if !isString(v) || json.Unmarshal(v, &str) != nil {
+	case anIP:
+		str, ok := stringOf(v)
+		return ok && net.ParseIP(str) != nil
+	case aCIDR:
+		str, ok := stringOf(v)
+		if !ok {
 			return false
-		}
-		if kind == anIP {
-			return net.ParseIP(str) != nil
 		}
 		_, _, err := net.ParseCIDR(str)
 		return err == nil
@@ -137,13 +135,13 @@ func (s *resultShape) value(v json.RawMessage, kind valueKind) bool {
 	case routeList:
 		return s.list(v, aRoute)
 	case dnsObject:
-		return s.objectValue(v, s.dns)
+		return s.objectValue(v, dnsKeys)
 	case anInterface:
 		return s.objectValue(v, s.iface)
 	case anIPConfig:
 		return s.objectValue(v, s.ipConfig)
 	case aRoute:
-		return s.objectValue(v, s.route)
+		return s.objectValue(v, routeKeys)
 	}
 	return false
 }
@@ -173,9 +171,15 @@ func (s *resultShape) objectValue(v json.RawMessage, keys map[string]valueKind) 
 	return json.Unmarshal(v, &m) == nil && s.object(m, keys)
 }
 
-// isString: json.RawMessage values of a decoded object or array carry no
-// surrounding space.
-func isString(v json.RawMessage) bool { return len(v) >= 2 && v[0] == '"' }
+// stringOf decodes v if it is a JSON string (not null): json.RawMessage
+// values of a decoded object or array carry no surrounding space.
+func stringOf(v json.RawMessage) (string, bool) {
+	var str string
+	if len(v) < 2 || v[0] != '"' || json.Unmarshal(v, &str) != nil {
+		return "", false
+	}
+	return str, true
+}
 
 // isSmallInt is an integer literal of at most 9 digits: an int for the
 // result types' decoder, and the same integer after the float64 of
