@@ -55,6 +55,9 @@ const (
 	keyLogLevel           = "logLevel"
 	keyType               = "type"
 	keyIPAM               = "ipam"
+	keyValidAttachments   = "cni.dev/valid-attachments"
+	// keyAttachments is the GC list's name in the spec's first drafts.
+	keyAttachments = "cni.dev/attachments"
 )
 
 // Config is one validated conflist entry. Only the keys the wrapper acts on
@@ -167,7 +170,14 @@ func Parse(stdin []byte) (*Config, error) {
 	if ipamType != HostLocal {
 		return nil, invalidConfig(fmt.Sprintf(`"ipam.type" is %q: nomad-bridge-cni only manages "host-local"`, ipamType))
 	}
-	if c.LegacyDataDir, err = stringKey(c.ipam, keyDataDir, ipamdir.DefaultLegacyDataDir); err != nil {
+	if err := refuseFoldedDuplicate(raw, keyIPAM, ""); err != nil {
+		return nil, err
+	}
+	legacyKey, err := foldedKey(c.ipam, keyDataDir)
+	if err != nil {
+		return nil, err
+	}
+	if c.LegacyDataDir, err = stringKey(c.ipam, legacyKey, ipamdir.DefaultLegacyDataDir); err != nil {
 		return nil, invalidConfig(`"ipam.dataDir" must be a string`)
 	}
 	// The legacy directory is read and pruned by the migration: it gets
@@ -180,6 +190,42 @@ func Parse(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// host-local and bridge decode with encoding/json, which takes a key in
+// any case ("datadir", "DATADIR") for a field and lets the last one in the
+// object win. So the plugin reads, and rewrites, every spelling of a key
+// it acts on: one it missed would put leases wherever it points.
+
+// foldedKey is the one spelling of key that m uses (key itself when m has
+// none); two spellings are refused: which one host-local reads depends on
+// their order, which the rewrite does not keep.
+func foldedKey(m map[string]json.RawMessage, key string) (string, error) {
+	found := ""
+	for k := range m {
+		if !strings.EqualFold(k, key) {
+			continue
+		}
+		if found != "" {
+			return "", invalidConfig(fmt.Sprintf("%q and %q are both set: host-local reads keys in any case, so they name one setting; keep one", found, k))
+		}
+		found = k
+	}
+	if found == "" {
+		return key, nil
+	}
+	return found, nil
+}
+
+// refuseFoldedDuplicate refuses a spelling of key other than key itself
+// in m (prefix names m in the message): the delegate would read it in
+// place of, or over, the one the plugin reads.
+func refuseFoldedDuplicate(m map[string]json.RawMessage, key, prefix string) error {
+	got, err := foldedKey(m, key)
+	if err == nil && got != key {
+		err = invalidConfig(fmt.Sprintf("%q must be spelled %q: the delegate reads keys in any case", prefix+got, prefix+key))
+	}
+	return err
 }
 
 // parseLog reads "logFile" and "logLevel": off unless logFile is set, a
@@ -344,7 +390,7 @@ func invalidConfig(msg string) *types.Error {
 // omitempty cannot tell an absent list from an empty one; both mean that
 // no attachment is valid, as host-local reads it.
 func (c *Config) ValidAttachments() ([]types.GCAttachment, error) {
-	for _, key := range []string{"cni.dev/valid-attachments", "cni.dev/attachments"} {
+	for _, key := range []string{keyValidAttachments, keyAttachments} {
 		raw, ok := c.raw[key]
 		if !ok || isNull(raw) {
 			continue
@@ -357,10 +403,11 @@ func (c *Config) ValidAttachments() ([]types.GCAttachment, error) {
 			if e := utils.ValidateContainerID(a.ContainerID); e != nil {
 				return nil, invalidConfig(fmt.Sprintf("%q entry %d: %s", key, i, e.Error()))
 			}
-			if a.IfName != "" {
-				if e := utils.ValidateInterfaceName(a.IfName); e != nil {
-					return nil, invalidConfig(fmt.Sprintf("%q entry %d: %s", key, i, e.Error()))
-				}
+			// host-local's GC keeps only the leases of the listed
+			// container ID *and* ifname: an entry without one would
+			// release the container it names.
+			if e := utils.ValidateInterfaceName(a.IfName); e != nil {
+				return nil, invalidConfig(fmt.Sprintf("%q entry %d (containerID %q): %s", key, i, a.ContainerID, e.Error()))
 			}
 		}
 		return list, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/eventlog"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -149,31 +150,102 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
-func TestHostLocalGCConfig(t *testing.T) {
-	conf, err := Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"nomad-bridge-cni","dataDir":"/run/x","ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"}]}`))
-	if err != nil {
-		t.Fatalf("Parse: %v", err)
+// Both GC entries list exactly what the plugin's sweep kept, under the one
+// key host-local reads, however the runtime spelled it (issue 42: forwarded
+// as "cni.dev/attachments", host-local found no list and released every
+// lease).
+func TestGCConfigs(t *testing.T) {
+	for _, key := range []string{"cni.dev/valid-attachments", "cni.dev/attachments"} {
+		t.Run(key, func(t *testing.T) {
+			conf, err := Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"nomad-bridge-cni","dataDir":"/run/x","ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"` + key + `":[{"containerID":"c1","ifname":"eth0"}]}`))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			valid, err := conf.ValidAttachments()
+			if err != nil {
+				t.Fatal(err)
+			}
+			delegate, hostLocal, err := conf.GCConfigs(valid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, out := range map[string][]byte{"bridge": delegate, "host-local": hostLocal} {
+				// What host-local's cmdGC decodes.
+				var got types.NetConf
+				mustUnmarshal(t, out, &got)
+				var keys map[string]json.RawMessage
+				mustUnmarshal(t, out, &keys)
+				if _, stale := keys["cni.dev/attachments"]; stale {
+					t.Errorf("%s: the old key is still forwarded: %s", name, out)
+				}
+				if len(got.ValidAttachments) != 1 || got.ValidAttachments[0] != (types.GCAttachment{ContainerID: "c1", IfName: "eth0"}) {
+					t.Errorf("%s: valid attachments = %+v, want c1/eth0: %s", name, got.ValidAttachments, out)
+				}
+				if got.Type != name || got.IPAM.Type != "host-local" {
+					t.Errorf("%s: type %q, ipam %q", name, got.Type, got.IPAM.Type)
+				}
+			}
+			var got struct {
+				CNIVersion string `json:"cniVersion"`
+				IPAM       struct {
+					DataDir string `json:"dataDir"`
+				} `json:"ipam"`
+			}
+			mustUnmarshal(t, hostLocal, &got)
+			if got.CNIVersion != "1.1.0" || got.IPAM.DataDir != "/run/x" {
+				t.Errorf("host-local GC config = %+v", got)
+			}
+		})
 	}
-	out, err := conf.HostLocalGCConfig()
+	// No list: host-local must read an empty one, as the plugin did.
+	conf, err := Parse([]byte(`{"cniVersion":"1.1.0","name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got struct {
-		CNIVersion string               `json:"cniVersion"`
-		Name       string               `json:"name"`
-		Type       string               `json:"type"`
-		Valid      []types.GCAttachment `json:"cni.dev/valid-attachments"`
-		IPAM       struct {
-			Type    string `json:"type"`
-			DataDir string `json:"dataDir"`
-		} `json:"ipam"`
+	_, hostLocal, err := conf.GCConfigs(nil)
+	if err != nil || !strings.Contains(string(hostLocal), `"cni.dev/valid-attachments":[]`) {
+		t.Errorf("GC with no list: %s, %v", hostLocal, err)
 	}
-	mustUnmarshal(t, out, &got)
-	if got.CNIVersion != "1.1.0" || got.Name != "n" || got.Type != "host-local" || got.IPAM.Type != "host-local" || got.IPAM.DataDir != "/run/x" {
-		t.Errorf("host-local GC config = %+v", got)
+}
+
+// host-local decodes ipam with encoding/json, which takes "datadir" or
+// "DATADIR" for its dataDir: every spelling must be overridden, as host-local
+// itself reads the result (issue 42: a lower-case "datadir" won and the
+// leases went there), and read as the legacy directory.
+func TestEverySpellingOfDataDirIsOverridden(t *testing.T) {
+	for _, key := range []string{"dataDir", "datadir", "DATADIR", "DataDir", "dataDIR"} {
+		t.Run(key, func(t *testing.T) {
+			conf, err := Parse([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nomad-bridge-cni","dataDir":"/run/ours","ipam":{"type":"host-local","subnet":"10.0.0.0/24","` + key + `":"/some/where"}}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if conf.LegacyDataDir != "/some/where" {
+				t.Errorf("legacy dir = %q, want /some/where", conf.LegacyDataDir)
+			}
+			out, err := conf.DelegateConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ipam, _, err := allocator.LoadIPAMConfig(out, "")
+			if err != nil {
+				t.Fatalf("host-local's loader: %v", err)
+			}
+			if ipam.DataDir != "/run/ours" {
+				t.Errorf("host-local reads dataDir %q from %s, want /run/ours", ipam.DataDir, out)
+			}
+		})
 	}
-	if len(got.Valid) != 1 || got.Valid[0].ContainerID != "c1" {
-		t.Errorf("valid attachments not passed through: %+v", got.Valid)
+	for name, stdin := range map[string]string{
+		"two spellings":     `{"cniVersion":"1.0.0","name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24","dataDir":"/a","datadir":"/b"}}`,
+		"ipam spelled IPAM": `{"cniVersion":"1.0.0","name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"IPAM":{"type":"host-local","dataDir":"/b"}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse([]byte(stdin))
+			var cniErr *types.Error
+			if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetworkConfig {
+				t.Errorf("Parse = %v, want code 7", err)
+			}
+		})
 	}
 }
 
@@ -295,6 +367,8 @@ func TestValidAttachments(t *testing.T) {
 		{name: "bad container id", extra: `,"cni.dev/valid-attachments":[{"containerID":"../x","ifname":"eth0"}]`, bad: true},
 		{name: "empty container id", extra: `,"cni.dev/valid-attachments":[{"ifname":"eth0"}]`, bad: true},
 		{name: "bad ifname", extra: `,"cni.dev/valid-attachments":[{"containerID":"a","ifname":"a/b"}]`, bad: true},
+		// host-local's GC would release the container it names (issue 42).
+		{name: "no ifname", extra: `,"cni.dev/valid-attachments":[{"containerID":"a"}]`, bad: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

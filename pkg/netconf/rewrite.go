@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
 )
 
 // DelegateConfig is the entry the delegate receives: ours, minus the
@@ -25,11 +28,42 @@ func (c *Config) DelegateConfigWithDataDir(dir string) ([]byte, error) {
 	return c.render(c.Delegate, "", dir)
 }
 
-// HostLocalGCConfig is the entry host-local's GC expects. bridge v1.10.0
-// neither implements GC nor forwards it to its IPAM, so the wrapper sends it
-// to host-local itself; GC only exists from spec 1.1.0.
-func (c *Config) HostLocalGCConfig() ([]byte, error) {
-	return c.render(HostLocal, "1.1.0", c.DataDir)
+// GCConfigs are the entries a GC forwards to the delegate and to
+// host-local, each listing valid (what the plugin's own sweep kept) as
+// "cni.dev/valid-attachments", the one key host-local reads: forwarded as
+// the runtime spelled it ("cni.dev/attachments", say), host-local would
+// find no list and release every lease. bridge v1.10.0 neither implements
+// GC nor forwards it to its IPAM, so the wrapper sends it to host-local
+// itself; GC only exists from spec 1.1.0.
+func (c *Config) GCConfigs(valid []types.GCAttachment) (delegate, hostLocal []byte, err error) {
+	if delegate, err = c.renderGC(c.Delegate, "", valid); err != nil {
+		return nil, nil, err
+	}
+	hostLocal, err = c.renderGC(HostLocal, "1.1.0", valid)
+	return delegate, hostLocal, err
+}
+
+func (c *Config) renderGC(pluginType, cniVersion string, valid []types.GCAttachment) ([]byte, error) {
+	b, err := c.render(pluginType, cniVersion, c.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]json.RawMessage
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, err
+	}
+	for k := range out {
+		if strings.EqualFold(k, keyValidAttachments) || strings.EqualFold(k, keyAttachments) {
+			delete(out, k)
+		}
+	}
+	if valid == nil {
+		valid = []types.GCAttachment{}
+	}
+	if err := setJSON(out, keyValidAttachments, valid); err != nil {
+		return nil, err
+	}
+	return json.Marshal(out)
 }
 
 func (c *Config) render(pluginType, cniVersion, dataDir string) ([]byte, error) {
@@ -42,6 +76,12 @@ func (c *Config) render(pluginType, cniVersion, dataDir string) ([]byte, error) 
 	delete(out, keyLogLevel)
 
 	ipam := maps.Clone(c.ipam)
+	// Parse allowed one spelling; host-local must read ours only.
+	for k := range ipam {
+		if strings.EqualFold(k, keyDataDir) {
+			delete(ipam, k)
+		}
+	}
 	if err := setJSON(ipam, keyDataDir, dataDir); err != nil {
 		return nil, err
 	}

@@ -18,8 +18,7 @@ import (
 // and to host-local directly: bridge v1.10.0 has no GC and does not pass it
 // to its IPAM. Every step runs even if an earlier one failed.
 func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
-	delegateConf, err := p.loadForHostLocal(conf)
-	if err != nil {
+	if _, err := p.loadForHostLocal(conf); err != nil {
 		return err
 	}
 	valid, err := conf.ValidAttachments()
@@ -29,9 +28,9 @@ func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if err := p.find(netconf.HostLocal); err != nil {
 		return err
 	}
-	hostLocalConf, err := conf.HostLocalGCConfig()
+	delegateConf, hostLocalConf, err := conf.GCConfigs(valid)
 	if err != nil {
-		return types.NewError(types.ErrInternal, "failed to render the host-local configuration", err.Error())
+		return types.NewError(types.ErrInternal, "failed to render the GC configurations", err.Error())
 	}
 
 	var errs []error

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -105,6 +106,31 @@ func TestGC(t *testing.T) {
 			f.addrB: leaseContent(f.b.cid),
 		})
 	})
+}
+
+// The GC verb with the list under the spec's first name,
+// "cni.dev/attachments", which the plugin honours: host-local, to which
+// the plugin forwards GC, must keep the listed container's lease too
+// (issue 42: it read no list and released every lease, the listed live
+// container's included, while its record and NAT rules stayed).
+func TestGCWithTheOldListKeyKeepsWhatItLists(t *testing.T) {
+	f := newGCFixture(t, false)
+	e := f.e
+	conf := e.confFor(t, "minimal.conflist")
+	conf["cniVersion"] = "1.1.0"
+	var entry map[string]any
+	if err := json.Unmarshal(entryConfig(t, conf, pluginType), &entry); err != nil {
+		t.Fatal(err)
+	}
+	entry["cni.dev/attachments"] = []map[string]string{{"containerID": f.a.cid, "ifname": ifName}}
+	args := e.cniArgs("GC", f.a)
+	args.ContainerID, args.NetNS, args.IfName = "", "", ""
+	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: mustJSON(t, entry)})
+	if r.exitCode != 0 {
+		t.Fatalf("GC: exit %d: %s %s", r.exitCode, r.stdout, r.stderr)
+	}
+	assertLeases(t, f.leaseDir, map[netip.Addr]string{f.addrA: leaseContent(f.a.cid)})
+	ping(t, f.a, f.gwA)
 }
 
 // gcFixture is a network at cniVersion 1.1.0 with two containers attached
