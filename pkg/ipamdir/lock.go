@@ -185,9 +185,10 @@ const plantedDepth = 4
 // CheckPlanted refuses a network directory that host-local, run as the
 // delegate's IPAM, would block on for ever or follow out of the data dir:
 // a lock that is not a regular file (a FIFO blocks its open, a symlink is
-// followed and its target created), or an entry host-local's DEL and
-// CHECK would read and block on (a FIFO, socket or device, a symlink to
-// one, or one inside a planted directory). The plugin's own reads never
+// followed and its target created), an entry host-local's DEL and CHECK
+// would read and block on (a FIFO, socket or device, or one inside a
+// planted directory), any symlink (host-local reads and writes through
+// them), or a last_reserved_ip.N with a second hard link. The plugin's own reads never
 // block on these (they are opened non-blocking, without following links);
 // host-local's are not. A missing directory is fine.
 func (d Dir) CheckPlanted() error {
@@ -198,6 +199,30 @@ func (d Dir) CheckPlanted() error {
 	}
 	if err := checkPlantedIn(dir, plantedDepth); err != nil {
 		return &PlantedError{err: err}
+	}
+	return d.CheckBookkeeping()
+}
+
+// CheckBookkeeping refuses a last_reserved_ip.N that host-local would
+// write through: host-local rewrites it in place on every ADD
+// (os.WriteFile), so a symlink's target or a second hard link's file
+// would get the address. Its leases it only creates (O_EXCL) and removes,
+// which no link can redirect. A sweep reports it (the verbs refuse the
+// network until it is removed).
+func (d Dir) CheckBookkeeping() error {
+	names, err := filepath.Glob(filepath.Join(d.Leases(), lastReservedPrefix+"*"))
+	if err != nil {
+		return err
+	}
+	for _, path := range names {
+		var st unix.Stat_t
+		switch {
+		case unix.Lstat(path, &st) != nil:
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			return &PlantedError{err: fmt.Errorf("%s is a symlink: host-local would write the address it hands out through it, out of the data dir (planted? remove it)", path)}
+		case st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1:
+			return &PlantedError{err: fmt.Errorf("%s has %d hard links: host-local would write the address it hands out into each of them (planted? remove it)", path, st.Nlink)}
+		}
 	}
 	return nil
 }
@@ -240,11 +265,10 @@ func checkPlantedIn(dir string, depth int) error {
 			}
 			planted = checkPlantedIn(path, depth-1)
 		case mode&os.ModeSymlink != 0:
-			// host-local reads through links; a dangling one or one to
-			// a file or directory fails or reads, and never blocks.
-			if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() && !fi.IsDir() {
-				planted = fmt.Errorf("%s links to %s: host-local would block on it for ever (planted? remove it)", path, modeKind(fi.Mode()))
-			}
+			// host-local never makes one, and reads and writes through
+			// links: its last_reserved_ip.N, rewritten on every ADD,
+			// would be written wherever the link points.
+			planted = fmt.Errorf("%s is a symlink: host-local would read or write through it, out of the data dir (planted? remove it)", path)
 		default:
 			planted = fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
 		}

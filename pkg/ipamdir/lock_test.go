@@ -156,9 +156,8 @@ func TestCheckPlanted(t *testing.T) {
 	fine := func(t *testing.T, dir string) {
 		mustOK(t, os.WriteFile(filepath.Join(dir, "10.0.0.2"), []byte("c1\r\neth0"), 0o600))
 		mustOK(t, os.WriteFile(filepath.Join(dir, LockFileName), nil, 0o600))
-		mustOK(t, os.Symlink("/etc/hostname", filepath.Join(dir, "10.0.0.3")))
-		mustOK(t, os.Symlink("/nonexistent", filepath.Join(dir, "10.0.0.4")))
-		mustOK(t, os.Symlink("/etc", filepath.Join(dir, "10.0.0.5")))
+		mustOK(t, os.WriteFile(filepath.Join(dir, "last_reserved_ip.0"), []byte("10.0.0.2"), 0o600))
+		mustOK(t, os.WriteFile(filepath.Join(dir, "foreign"), nil, 0o600))
 		mustOK(t, os.MkdirAll(filepath.Join(dir, "10.0.0.6", "x"), 0o700))
 	}
 	fifo := func(t *testing.T, path string) {
@@ -177,11 +176,28 @@ func TestCheckPlanted(t *testing.T) {
 		{"symlinked-lock", func(t *testing.T, dir string) {
 			mustOK(t, os.Symlink(filepath.Join(t.TempDir(), "x"), filepath.Join(dir, LockFileName)))
 		}, "follow it out"},
+		// Issue 42: host-local wrote the address through a planted
+		// last_reserved_ip.0 link. No link of any kind is host-local's.
+		{"symlinked-last-reserved", func(t *testing.T, dir string) {
+			mustOK(t, os.Symlink(filepath.Join(t.TempDir(), "x"), filepath.Join(dir, "last_reserved_ip.0")))
+		}, "is a symlink"},
+		{"link-to-file", func(t *testing.T, dir string) { mustOK(t, os.Symlink("/etc/hostname", filepath.Join(dir, "10.0.0.3"))) }, "is a symlink"},
+		{"dangling-link", func(t *testing.T, dir string) { mustOK(t, os.Symlink("/nonexistent", filepath.Join(dir, "10.0.0.4"))) }, "is a symlink"},
+		{"link-to-dir", func(t *testing.T, dir string) { mustOK(t, os.Symlink("/etc", filepath.Join(dir, "10.0.0.5"))) }, "is a symlink"},
+		{"link-in-planted-dir", func(t *testing.T, dir string) {
+			mustOK(t, os.MkdirAll(filepath.Join(dir, "sub"), 0o700))
+			mustOK(t, os.Symlink("/etc/hostname", filepath.Join(dir, "sub", "x")))
+		}, "is a symlink"},
+		{"hard-linked-last-reserved", func(t *testing.T, dir string) {
+			other := filepath.Join(dir, "10.0.0.6")
+			mustOK(t, os.WriteFile(other, nil, 0o600))
+			mustOK(t, os.Link(other, filepath.Join(dir, "last_reserved_ip.0")))
+		}, "hard links"},
 		{"link-to-fifo", func(t *testing.T, dir string) {
 			target := filepath.Join(t.TempDir(), "fifo")
 			fifo(t, target)
 			mustOK(t, os.Symlink(target, filepath.Join(dir, "10.0.0.9")))
-		}, "links to a FIFO"},
+		}, "is a symlink"},
 		{"fifo-in-planted-dir", func(t *testing.T, dir string) { fifo(t, filepath.Join(dir, "10.0.0.9", "deep", "f")) }, "a FIFO"},
 		{"socket", func(t *testing.T, dir string) {
 			fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)

@@ -154,6 +154,9 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	defer leases.close()
 	w := &sweep{Sweeper: s, req: req, owned: owned, report: report, records: j.records, leases: leases, judge: j,
 		claimed: map[[16]byte]struct{}{}, later: map[records.Key]*Attachment{}, causes: map[string]int{}}
+	if err := req.Dir.CheckBookkeeping(); err != nil {
+		w.problem(err)
+	}
 	err = w.run()
 	w.summariseProblems()
 	if err != nil {

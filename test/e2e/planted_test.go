@@ -54,6 +54,18 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 			}
 			return p
 		}, "symlink", false},
+		// Issue 42: ADD wrote the address it handed out through a
+		// planted last_reserved_ip.0 link, out of the data dir.
+		{"symlinked-last-reserved", func(t *testing.T, e *testEnv, outside string) string {
+			p := filepath.Join(e.leaseDir(), "last_reserved_ip.0")
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(outside, "written-through-the-link"), p); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}, "symlink", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
