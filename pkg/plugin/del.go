@@ -41,7 +41,7 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 	} else if err != nil {
 		return plantedError(err)
 	}
-	attacher := &reclaim.Attacher{Env: p.Reclaim}
+	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir}
 	usable := args.Netns != "" && attacher.NamespaceUsable(args.Netns)
 	if args.Netns != "" && !usable {
 		// bridge handles a missing path, but fails on a path that is no

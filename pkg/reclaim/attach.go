@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -121,7 +120,7 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 	if err != nil {
 		return err
 	}
-	j.endOverdue, j.logf = true, s.logf
+	j.endOverdue, j.logf, j.legacyDataDir = true, s.logf, s.LegacyDataDir
 	v := j.verdict(&Attachment{Key: old.Key(), Record: old})
 	switch v.State {
 	case Pending:
@@ -411,16 +410,20 @@ func (s *Attacher) HoldsNothing(d ipamdir.Dir, key records.Key) bool {
 // DELeted through the plugin: they were kept only as the sign that it was
 // alive (Migrator.recordMigrated). Each is removed under the legacy
 // directory's host-local lock, and only while it still names the
-// attachment.
+// attachment; a path the record names outside the entry's legacy
+// directory is left alone (legacyLeasePaths).
 func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
 	want := rec.ContainerID + disk.LineBreak + rec.IfName
+	paths := legacyLeasePaths(rec, s.LegacyDataDir)
+	if len(paths) < len(rec.LegacyLeases) {
+		s.logf("%s: %s: its record names legacy leases outside %s, left alone: %s", d.Network, rec.Key(), ipamdir.New(s.LegacyDataDir, d.Network).Leases(), strings.Join(rec.LegacyLeases, ", "))
+	}
 	var errs []error
-	for _, path := range rec.LegacyLeases {
+	for _, path := range paths {
 		if !exists(path) {
 			continue // its runtime released it already
 		}
-		legacyDir := filepath.Dir(filepath.Dir(path))
-		unlock, err := ipamdir.New(legacyDir, d.Network).Lock()
+		unlock, err := ipamdir.New(s.LegacyDataDir, d.Network).Lock()
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -117,6 +117,7 @@ func TestMigrateResumesAfterACrashBetweenCopyAndRemove(t *testing.T) {
 func TestMigratedAttachmentLivesWhileItsLegacyLeaseDoes(t *testing.T) {
 	w := newWorld(t)
 	legacy := t.TempDir()
+	w.attach.LegacyDataDir = legacy
 	running := bootTime.Add(time.Minute)
 	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", running)
 	b := w.legacyLease(legacy, "10.0.0.3", "b\r\neth0", running)
@@ -125,7 +126,7 @@ func TestMigratedAttachmentLivesWhileItsLegacyLeaseDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rep := w.sweep(Request{})
+	rep := w.sweep(Request{LegacyDataDir: legacy})
 	if got := verdicts(rep); got["a"] != Live || got["b"] != Live {
 		t.Fatalf("verdicts with both legacy leases held = %v", got)
 	}
@@ -146,7 +147,7 @@ func TestMigratedAttachmentLivesWhileItsLegacyLeaseDoes(t *testing.T) {
 	att.Close()
 	equal(t, "leases after b's re-ADD", w.leases(), []string{"10.0.0.2"})
 	// a was removed for good: the next sweep releases it.
-	rep = w.sweep(Request{})
+	rep = w.sweep(Request{LegacyDataDir: legacy})
 	if got := verdicts(rep)["a"]; got != Stale {
 		t.Fatalf("a: %s, want stale", got)
 	}
@@ -232,6 +233,7 @@ func TestCopyLeaseDoesNotFollowOrBlockOnAnExistingTarget(t *testing.T) {
 func TestDelOfAMigratedAttachmentRemovesItsLegacyLease(t *testing.T) {
 	w := newWorld(t)
 	legacy := t.TempDir()
+	w.attach.LegacyDataDir = legacy
 	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
 	other := w.legacyLease(legacy, "10.0.0.3", "someone\r\neth0", bootTime.Add(time.Minute))
 	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
@@ -274,5 +276,57 @@ func TestMigrateRewritesACopyKilledBeforeItsWrite(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(w.dataDir, net1, "10.0.0.2")); err != nil || string(b) != "running\r\neth0" {
 		t.Errorf("copy = %q, %v", b, err)
+	}
+}
+
+// A record is a file anyone with the data dir can edit: the legacy leases
+// it names are trusted only in the network's directory under the entry's
+// legacy data dir (issue 42: a DEL deleted any file a damaged record named
+// that held "<cid>\r\n<ifname>", and created a lock beside it).
+func TestLegacyLeasesOutsideTheLegacyDirAreNeverTouched(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	w.attach.LegacyDataDir = legacy
+	outside := t.TempDir()
+	victim := filepath.Join(outside, "sub", "file")
+	if err := os.MkdirAll(filepath.Dir(victim), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(victim, []byte("a\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Beside them, one that looks right but for its network's name.
+	wrongNet := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
+	moved := filepath.Join(filepath.Dir(filepath.Dir(wrongNet)), "other-net", "10.0.0.2")
+	if err := os.MkdirAll(filepath.Dir(moved), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(wrongNet, moved); err != nil {
+		t.Fatal(err)
+	}
+	w.record(&records.Record{ContainerID: "a", IfName: "eth0", BootID: w.host.ID, State: records.Migrated, LegacyLeases: []string{victim, moved}})
+
+	rep := w.sweep(Request{LegacyDataDir: legacy})
+	if got := verdicts(rep)["a"]; got != Unknown {
+		t.Errorf("verdict on a record naming leases elsewhere = %s, want unknown (kept)", got)
+	}
+	if !w.hasRecord("a") {
+		t.Fatal("the sweep released the record")
+	}
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{victim, moved} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("DEL removed %s, which its record named outside the legacy dir: %v", p, err)
+		}
+	}
+	for _, p := range []string{filepath.Join(outside, w.dir().Network, "lock"), filepath.Join(outside, "sub", "lock")} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("DEL created %s", p)
+		}
+	}
+	if w.hasRecord("a") {
+		t.Error("DEL kept the record")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -104,6 +107,9 @@ type judge struct {
 	logf       func(format string, args ...any)
 	// unlisted is Request.Unlisted.
 	unlisted func(a *Attachment) (string, bool)
+	// legacyDataDir is the entry's legacy lease directory's parent, where
+	// migrated attachments' leases are (see migratedVerdict).
+	legacyDataDir string
 	// prefetched are namespace lookups made by prefetch on the goroutines
 	// that read the records, each taken by its record's verdict.
 	prefetchMu sync.Mutex
@@ -245,7 +251,7 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 		return Verdict{State: Stale, Reason: "recorded in an earlier boot", Cause: CauseEarlierBoot}
 	}
 	if r.State == records.Migrated {
-		return migratedVerdict(r)
+		return migratedVerdict(r, j.legacyDataDir)
 	}
 	if r.Netns == "" {
 		return Verdict{State: Unknown, Reason: "record has no namespace path"}
@@ -274,10 +280,16 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 
 // migratedVerdict judges an attachment migrated from the legacy lease
 // directory by its legacy lease (see Migrator.recordMigrated): alive while
-// that still names it, released by its runtime once it is gone.
-func migratedVerdict(r *records.Record) Verdict {
+// that still names it, released by its runtime once it is gone. Only
+// leases in the network's directory under legacyDataDir count (see
+// legacyLeasePaths); a record naming none there proves nothing.
+func migratedVerdict(r *records.Record, legacyDataDir string) Verdict {
+	paths := legacyLeasePaths(r, legacyDataDir)
+	if len(paths) == 0 {
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("migrated, but its record names no lease in %s (%s): damaged or edited, kept until its DEL", ipamdir.New(legacyDataDir, r.Network).Leases(), strings.Join(r.LegacyLeases, ", "))}
+	}
 	want := r.ContainerID + disk.LineBreak + r.IfName
-	for _, path := range r.LegacyLeases {
+	for _, path := range paths {
 		b, err := statefile.ReadFileNoFollow(path)
 		switch {
 		case err == nil && strings.TrimSpace(string(b)) == want:
@@ -286,7 +298,26 @@ func migratedVerdict(r *records.Record) Verdict {
 			return Verdict{State: Unknown, Reason: fmt.Sprintf("migrated, and cannot read %s: %v", path, err)}
 		}
 	}
-	return Verdict{State: Stale, Reason: fmt.Sprintf("migrated, and its runtime released its legacy lease %s (a DEL through the configuration it was added with)", strings.Join(r.LegacyLeases, ", ")), Cause: CauseMigratedDel}
+	return Verdict{State: Stale, Reason: fmt.Sprintf("migrated, and its runtime released its legacy lease %s (a DEL through the configuration it was added with)", strings.Join(paths, ", ")), Cause: CauseMigratedDel}
+}
+
+// legacyLeasePaths are the paths of r's legacy leases that can be one:
+// a file named by an address in r's network's directory under
+// legacyDataDir, the only place the migration takes leases from. A record
+// is a file anyone with the data dir can edit, and is read back as such:
+// a path elsewhere is never read, locked or removed.
+func legacyLeasePaths(r *records.Record, legacyDataDir string) []string {
+	if legacyDataDir == "" {
+		return nil
+	}
+	dir := ipamdir.New(legacyDataDir, r.Network).Leases()
+	var paths []string
+	for _, p := range r.LegacyLeases {
+		if p == filepath.Join(dir, filepath.Base(p)) && net.ParseIP(filepath.Base(p)) != nil {
+			paths = append(paths, p)
+		}
+	}
+	return paths
 }
 
 // unlessHeld is the verdict on a record whose path no longer names its

@@ -146,7 +146,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	j.endOverdue, j.logf, j.unlisted = !req.DryRun, s.logf, req.Unlisted
+	j.endOverdue, j.logf, j.unlisted, j.legacyDataDir = !req.DryRun, s.logf, req.Unlisted, req.LegacyDataDir
 	leases, err := openLeaseDir(req.Dir.Leases())
 	if err != nil {
 		return nil, err
