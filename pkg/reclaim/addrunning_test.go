@@ -2,6 +2,7 @@ package reclaim
 
 import (
 	"errors"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -119,6 +120,67 @@ func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {
 			}
 			if running, err := store.AddRunning(key); running || err != nil || att.LockFile() != nil {
 				t.Errorf("after %s: AddRunning = %v, %v; lock file %v", end, running, err, att.LockFile())
+			}
+		})
+	}
+}
+
+// The plugin was killed after bridge finished and before the record was
+// completed: the record stays pending with no addresses while the
+// container works. The runtime's retry, a re-ADD into the same live
+// namespace, must not take it for an ADD that died before allocating
+// (issue 42: it released the live container's lease and NAT rules, and a
+// second container could be given the address). What host-local and the
+// namespace hold decides, not the record alone.
+func TestReADDAfterAKilledADDKeepsWhatItGot(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lease    string // the lease's content, "" for none
+		linkAddr string // an address on eth0 in the namespace, "" for none
+		released bool
+	}{
+		{name: "lease and address", lease: "killed\r\neth0", linkAddr: "10.0.0.2", released: false},
+		{name: "lease only", lease: "killed\r\neth0", released: false},
+		{name: "address only", linkAddr: "10.0.0.2", released: false},
+		{name: "link-local address only", linkAddr: "fe80::1", released: true},
+		{name: "nothing", released: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			ns := sysinfo.NetnsID{Dev: 4, Ino: 5}
+			w.host.Namespaces["/run/netns/alive"] = ns
+			key := records.Key{ContainerID: "killed", IfName: "eth0"}
+			// Written as BeginAdd writes it; its plugin (pid 31337) is gone
+			// and nothing holds its lock.
+			w.record(&records.Record{ContainerID: "killed", IfName: "eth0", Netns: "/run/netns/alive", NetnsID: ns, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
+			if tc.lease != "" {
+				w.lease("10.0.0.2", tc.lease, bootTime.Add(time.Minute))
+				w.nat.AddContainer(net1, "killed", "10.0.0.2", 0)
+			}
+			if tc.linkAddr != "" {
+				w.host.Links["/run/netns/alive eth0"] = []net.IP{net.ParseIP(tc.linkAddr)}
+			}
+
+			att, err := w.attach.BeginAdd(w.dir(), key, "/run/netns/alive")
+			if tc.released {
+				if err != nil {
+					t.Fatalf("re-ADD after an ADD that got nothing: %v", err)
+				}
+				att.Close()
+				return
+			}
+			if !errors.Is(err, ErrStillAttached) {
+				t.Fatalf("re-ADD into the live namespace = %v, want ErrStillAttached (log %q)", err, w.log)
+			}
+			if tc.lease != "" && (len(w.leases()) != 1 || !w.nat.Owns(net1, "killed")) {
+				t.Errorf("re-ADD released the live container's lease or NAT rules: leases %v, log %q", w.leases(), w.log)
+			}
+			if !w.hasRecord("killed") {
+				t.Error("re-ADD dropped the record")
+			}
+			// A sweep keeps it too.
+			if v := verdicts(w.sweep(Request{}))["killed"]; v != Live {
+				t.Errorf("sweep verdict = %s, want live", v)
 			}
 		})
 	}

@@ -121,7 +121,13 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 		return err
 	}
 	j.endOverdue, j.logf, j.legacyDataDir = true, s.logf, s.LegacyDataDir
-	v := j.verdict(&Attachment{Key: old.Key(), Record: old})
+	// Judged with what host-local holds for it, as a sweep judges it:
+	// a pending record is not the whole story (deadADDInLiveNamespace).
+	leases, err := leasesOf(d, old.Key())
+	if err != nil {
+		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s may still be attached to %s, and the plugin cannot read its leases: refused so that its address is not handed out twice", old.Key(), d.Network), Detail: err.Error()}
+	}
+	v := j.verdict(&Attachment{Key: old.Key(), Record: old, Leases: leases})
 	switch v.State {
 	case Pending:
 		return &AddError{Kind: ErrAddInProgress, Msg: fmt.Sprintf("another ADD of %s on %s is still running (%s)", old.Key(), d.Network, v.Reason)}
@@ -157,6 +163,29 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath)}
 	}
 	return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), d.Network, old.Netns, netnsPath)}
+}
+
+// leasesOf are the leases in d that name key, or its container alone (a
+// lease written before host-local recorded ifnames), read without
+// host-local's lock: what a judge needs to know whether an ADD got an
+// address.
+func leasesOf(d ipamdir.Dir, key records.Key) ([]Lease, error) {
+	if !exists(d.Leases()) {
+		return nil, nil
+	}
+	leases, err := openLeaseDir(d.Leases())
+	if err != nil {
+		return nil, err
+	}
+	defer leases.close()
+	legacy := records.Key{ContainerID: key.ContainerID}
+	var mine []Lease
+	err = leases.each(nil, func(l Lease) {
+		if l.Key == key || l.Key == legacy {
+			mine = append(mine, l)
+		}
+	}, func(error) {})
+	return mine, err
 }
 
 // releaseOne releases a single stale attachment the way a sweep releases

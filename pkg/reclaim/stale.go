@@ -232,9 +232,7 @@ func (j *judge) verdictOfDeadADD(a *Attachment) Verdict {
 	if a.Record != nil {
 		v := j.recordVerdict(a.Record)
 		if v.State == Live && a.Record.State == records.Started && len(a.Leases) == 0 {
-			// Its processes are gone (checked above) and nothing was
-			// allocated: the record protects nothing.
-			return Verdict{State: Stale, Reason: "its ADD died before an address was allocated", Cause: CauseAddDied}
+			return j.deadADDInLiveNamespace(a.Record)
 		}
 		return v
 	}
@@ -244,6 +242,29 @@ func (j *judge) verdictOfDeadADD(a *Attachment) Verdict {
 		}
 	}
 	return Verdict{State: Stale, Reason: fmt.Sprintf("lease written %s, before this boot at %s", a.Leases[0].ModTime.UTC().Format(time.RFC3339), j.bootTime.UTC().Format(time.RFC3339)), Cause: CauseLeaseOld}
+}
+
+// deadADDInLiveNamespace judges a pending record whose ADD's processes
+// are gone, whose namespace is still the recorded one, and which no lease
+// names. The record alone says nothing of how far the ADD got: killed
+// after bridge finished (before the record was completed) the container
+// works, and host-local's lease may only be named otherwise (a lease
+// written before ifnames were recorded). So the namespace is asked: an
+// address on the attachment's interface, other than a link-local one the
+// kernel adds itself, means the ADD got an address, and it is live.
+func (j *judge) deadADDInLiveNamespace(r *records.Record) Verdict {
+	addrs, err := j.host.LinkAddrs(r.Netns, r.IfName)
+	if err != nil {
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD did not finish, and cannot tell what %s holds: %v", r.Netns, err)}
+	}
+	for _, ip := range addrs {
+		if !ip.IsLinkLocalUnicast() {
+			return Verdict{State: Live, Reason: fmt.Sprintf("its ADD did not finish, but %s in %s has address %s", r.IfName, r.Netns, ip)}
+		}
+	}
+	// Its processes are gone (checked above) and nothing was allocated:
+	// the record protects nothing.
+	return Verdict{State: Stale, Reason: "its ADD died before an address was allocated", Cause: CauseAddDied}
 }
 
 func (j *judge) recordVerdict(r *records.Record) Verdict {

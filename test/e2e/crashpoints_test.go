@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -226,6 +227,38 @@ func TestCrashPoints(t *testing.T) {
 				e.mustCNI(t, "del", s.a, s.capA)
 			},
 		},
+		{
+			// A first ADD; next: the runtime retries it into the same,
+			// live namespace, then DELs it. Killed after bridge finished
+			// and before its record was completed, the container works:
+			// the retry must not release its address (issue 42: it did,
+			// and a second container asking for the address got it).
+			name: "add-retry",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				s.c = e.addNetns(t, "c")
+				_, _, _ = e.cnitoolEnv("add", s.c, append(env, "CAP_ARGS="+portMappings(s.portA+7))...)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				held := leasesNaming(t, e.leaseDir(), s.c.cid)
+				_, _, retryErr := e.cnitool("add", s.c, portMappings(s.portA+7))
+				now := leasesNaming(t, e.leaseDir(), s.c.cid)
+				if retryErr != nil && !slices.Equal(now, held) {
+					t.Errorf("the refused retry changed C's leases: %v, then %v (%v)", held, now, retryErr)
+				}
+				// No one else is given an address C holds.
+				for _, addr := range now {
+					d := e.addNetns(t, "d")
+					if _, _, err := e.cnitoolEnv("add", d, "CNI_ARGS=IgnoreUnknown=1;IP="+addr.String()); err == nil {
+						t.Errorf("D was given %s, which C holds", addr)
+					}
+					e.mustCNI(t, "del", d, "")
+				}
+				e.mustCNI(t, "del", s.c, portMappings(s.portA+7))
+				e.assertNoTrace(t, s.c.cid)
+				e.assertLiveB(t, s)
+				e.mustCNI(t, "del", s.a, s.capA)
+			},
+		},
 	}
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
@@ -394,4 +427,17 @@ func (e *testEnv) addAgainAndDel(t *testing.T, s *crashScene) {
 	e.mustCNI(t, "check", s.a, s.capA)
 	e.mustCNI(t, "del", s.a, s.capA)
 	e.assertOnlyB(t, s)
+}
+
+// leasesNaming are the addresses whose lease in dir names cid's eth0.
+func leasesNaming(t *testing.T, dir, cid string) []netip.Addr {
+	t.Helper()
+	var out []netip.Addr
+	for addr, content := range readLeases(t, dir) {
+		if content == leaseContent(cid) {
+			out = append(out, addr)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
 }

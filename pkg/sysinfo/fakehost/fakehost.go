@@ -66,7 +66,7 @@ func New(boot time.Time) *Host {
 		ID: "boot-1", Boot: boot, Clock: boot.Add(time.Hour),
 		Namespaces: map[string]sysinfo.NetnsID{"/proc/self/ns/net": HostNetns}, NotNetns: map[string]bool{}, Cookies: map[string]uint64{},
 		Processes: map[int]uint64{os.Getpid(): 4242},
-		Holders:   sysinfo.Holders{}, HolderCookies: map[sysinfo.NetnsID]uint64{},
+		Holders:   sysinfo.Holders{}, HolderCookies: map[sysinfo.NetnsID]uint64{}, Links: map[string][]net.IP{},
 	}
 }
 
