@@ -14,6 +14,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
 // del delegates DEL, then finishes what bridge leaves undone. It is
@@ -42,6 +43,11 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		return plantedError(err)
 	}
 	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir}
+	if other, err := attacher.AttachedThere(conf.Dir(), attachmentKey(args), args.Netns); err != nil {
+		p.warnf("warning: DEL %s: cannot tell who else is attached in %s: %v", attachmentKey(args), args.Netns, err)
+	} else if other != nil {
+		return p.delElsewhere(conf, args, attacher, other.Key())
+	}
 	usable := args.Netns != "" && attacher.NamespaceUsable(args.Netns)
 	if args.Netns != "" && !usable {
 		// bridge handles a missing path, but fails on a path that is no
@@ -88,6 +94,23 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		}
 	}
 	if err := attacher.EndDel(conf.Dir(), attachmentKey(args)); err != nil {
+		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())
+	}
+	return nil
+}
+
+// delElsewhere is the DEL of an attachment the plugin has no record of,
+// sent with the namespace and ifname of another attachment it has (a
+// runtime's stale cache, a careless script): bridge would delete that
+// one's interface. What names key (a lease, NAT rules) is released here,
+// as host-local and bridge would release it, and bridge is not run.
+func (p *Plugin) delElsewhere(conf *netconf.Config, args *skel.CmdArgs, attacher *reclaim.Attacher, other records.Key) error {
+	key := attachmentKey(args)
+	p.warnf("DEL %s: %s in %s is %s's (attached through this plugin): %s is not run, so that it keeps its interface; only what names %s is released", key, args.IfName, args.Netns, other, conf.Delegate, key)
+	if err := attacher.ReleaseLeasesOf(conf.Dir(), key); err != nil {
+		return types.NewError(types.ErrIOFailure, "failed to release the attachment's leases", err.Error())
+	}
+	if err := attacher.EndDel(conf.Dir(), key); err != nil {
 		return types.NewError(types.ErrInternal, "failed to release what the delegate left behind", err.Error())
 	}
 	return nil

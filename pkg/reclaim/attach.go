@@ -413,6 +413,52 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	return store.Remove(key)
 }
 
+// AttachedThere is the record of another attachment in the namespace at
+// netnsPath under key's ifname, when key itself has none: a DEL of key
+// handed to bridge would delete that attachment's interface (bridge
+// deletes CNI_IFNAME in CNI_NETNS, whoever it belongs to). nil when key
+// has a record, when nothing else is recorded there, or when the path
+// names no namespace. The other record counts only while its own path
+// still names that namespace (the kernel reuses inode numbers; the
+// cookie, where both are known, tells them apart).
+func (s *Attacher) AttachedThere(d ipamdir.Dir, key records.Key, netnsPath string) (*records.Record, error) {
+	store := records.NewStore(d)
+	if rec, err := store.Read(key); rec != nil || err != nil || netnsPath == "" {
+		return nil, err
+	}
+	nsID, err := s.Host.Netns(netnsPath)
+	if err != nil {
+		return nil, nil
+	}
+	var candidates []records.Key
+	if _, err := store.Walk(func(r *records.Record) {
+		if r.IfName == key.IfName && r.ContainerID != key.ContainerID && r.NetnsID == nsID && r.Netns != "" {
+			candidates = append(candidates, r.Key())
+		}
+	}); err != nil {
+		return nil, err
+	}
+	for _, k := range candidates {
+		// Read again: a walk may take a record from its cache.
+		r, err := store.Read(k)
+		if err != nil || r == nil {
+			continue
+		}
+		bootID, err := s.Host.BootID()
+		if err != nil || r.BootID != bootID {
+			continue
+		}
+		if id, err := s.Host.Netns(r.Netns); err != nil || id != nsID {
+			continue
+		}
+		if cookie, _ := s.Host.NetnsCookie(netnsPath); cookie != 0 && r.NetnsCookie != 0 && cookie != r.NetnsCookie {
+			continue
+		}
+		return r, nil
+	}
+	return nil, nil
+}
+
 // HoldsNothing reports whether the network holds nothing of key: no record
 // (readable or not) and no lease naming it. A DEL then has nothing left to
 // release here, whatever its delegate could not do (host-local's DEL

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -484,4 +485,36 @@ func truncateText(s string, n int) string {
 		return s[:n] + fmt.Sprintf("... (%d bytes)", len(s))
 	}
 	return s
+}
+
+// A DEL of a container ID the plugin never attached, naming the namespace
+// and ifname of one it did (a runtime's stale cache, a script's typo):
+// bridge deletes CNI_IFNAME in CNI_NETNS whoever it belongs to, so it must
+// not be run. The DEL succeeds, as a DEL must, says why, and the live
+// container keeps its interface, address, lease and NAT rules (issue 42:
+// its eth0 was deleted).
+func TestDelOfAnotherIDKeepsTheLiveInterface(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+	live := e.addNetns(t, "live")
+	addr, gw := parseResult(t, e.mustCNI(t, "add", live, "")).addrIn(t, e.subnet4)
+
+	args := e.cniArgs("DEL", live)
+	args.ContainerID = "someoneelse-" + e.id
+	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: mustJSON(t, hostileEntry(t, e, ""))})
+	if r.exitCode != 0 {
+		t.Fatalf("DEL of an unknown ID: %v", r)
+	}
+	if !strings.Contains(r.stderr, live.cid) || !strings.Contains(r.stderr, "not run") {
+		t.Errorf("the DEL does not say why bridge was not run: %q", r.stderr)
+	}
+	assertAddrOnIf(t, live, addr)
+	ping(t, live, gw)
+	assertLease(t, e.leaseDir(), addr.Addr(), live.cid)
+	e.assertRecord(t, live, addr.Addr())
+	e.assertNAT(t, live.cid, natWant{Masq: []netip.Addr{addr.Addr()}})
+	e.mustCNI(t, "check", live, "")
+	e.mustCNI(t, "del", live, "")
+	e.assertNetworkEmpty(t, e.leaseDir())
 }
