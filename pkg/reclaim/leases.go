@@ -304,6 +304,38 @@ func releaseLeases(path string, list *leaseList, doomed map[records.Key]bool) er
 	return d.remove(leases)
 }
 
+var errEmptyLease = errors.New("empty")
+
+// EmptyLeaseError is a lease file with nothing in it. host-local creates
+// a lease (O_EXCL) and writes it under its lock: one found empty by a
+// holder of that lock is a write its host-local died in (killed with the
+// runtime, by the OOM killer), which names nobody and which no DEL
+// releases (see sweep.leaseProblem).
+type EmptyLeaseError struct{ Path string }
+
+func (e *EmptyLeaseError) Error() string { return "lease " + e.Path + ": empty" }
+
+// removeEmpty removes the lease file name if it still is an empty regular
+// file (not followed if a symlink). The caller holds host-local's lock.
+func (d *leaseDir) removeEmpty(name string) error {
+	dirfd := int(d.f.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("inspect %s/%s: %w", d.path, name, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != 0 {
+		return fmt.Errorf("lease %s/%s changed since it was read; left in place", d.path, name)
+	}
+	crashpoint.Step("unlink empty lease " + d.path + "/" + name)
+	if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
+		return fmt.Errorf("release empty lease %s/%s: %w", d.path, name, err)
+	}
+	if ip := net.ParseIP(name); ip != nil {
+		d.gone(Lease{IP: ip, Path: d.path + "/" + name})
+	}
+	return nil
+}
+
 // readLease reads one reservation, name in dir open as dirfd (or, with
 // unix.AT_FDCWD and dir "", the path name).
 func readLease(dirfd int, dir, name string) (Lease, error) {
@@ -313,6 +345,9 @@ func readLease(dirfd int, dir, name string) (Lease, error) {
 		return Lease{}, fmt.Errorf("read lease: %w", err)
 	}
 	key, content, err := parseLease(b)
+	if errors.Is(err, errEmptyLease) {
+		return Lease{}, &EmptyLeaseError{Path: path}
+	}
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease %s: %w", path, err)
 	}
@@ -324,7 +359,7 @@ func readLease(dirfd int, dir, name string) (Lease, error) {
 func parseLease(b []byte) (records.Key, string, error) {
 	content := strings.TrimSpace(string(b))
 	if content == "" {
-		return records.Key{}, "", errors.New("empty")
+		return records.Key{}, "", errEmptyLease
 	}
 	cid, ifname, _ := strings.Cut(content, disk.LineBreak)
 	if cid == "" || cid != strings.TrimSpace(cid) || strings.ContainsAny(cid, "\r\n\x00") || strings.ContainsAny(ifname, "\r\n\x00") {

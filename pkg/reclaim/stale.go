@@ -60,6 +60,8 @@ const (
 	CauseAddDied         = "add-died"
 	CauseMigratedDel     = "migrated-released"
 	CauseOrphanRules     = "orphan-rules"
+	// CauseEmptyLease: a lease its host-local died writing.
+	CauseEmptyLease = "empty-lease"
 )
 
 func (v Verdict) String() string {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -153,7 +154,7 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	defer leases.close()
 	w := &sweep{Sweeper: s, req: req, owned: owned, report: report, records: j.records, leases: leases, judge: j,
-		claimed: map[[16]byte]struct{}{}, later: map[records.Key]*Attachment{}, causes: map[string]int{}}
+		claimed: map[[16]byte]struct{}{}, named: map[[16]byte]struct{}{}, later: map[records.Key]*Attachment{}, causes: map[string]int{}}
 	if err := req.Dir.CheckBookkeeping(); err != nil {
 		w.problem(err)
 	}
@@ -198,8 +199,9 @@ type sweep struct {
 	records *records.Store
 	leases  *leaseDir
 	judge   *judge
-	// claimed are the addresses judged in pass 1.
-	claimed map[[16]byte]struct{}
+	// claimed are the addresses judged in pass 1; named, every address a
+	// record names, whatever its lease holds.
+	claimed, named map[[16]byte]struct{}
 	// releasedKeys are the attachments released, which the walk cache
 	// drops.
 	releasedKeys map[records.Key]struct{}
@@ -315,10 +317,10 @@ func (w *sweep) run() error {
 		w.removeAbandonedTemps(listing)
 	}
 	skip := func(a [16]byte) bool { _, ok := w.claimed[a]; return ok }
-	if err := w.leases.each(skip, w.lease, w.problem); err != nil {
+	if err := w.leases.each(skip, w.lease, w.leaseProblem); err != nil {
 		return err
 	}
-	w.claimed = nil
+	w.claimed, w.named = nil, nil
 	// Record-less attachments are judged by what the listing tracks.
 	w.waitNAT()
 	for _, a := range sortedAttachments(w.later) {
@@ -364,6 +366,7 @@ func (w *sweep) record(r *records.Record) {
 		if !ok {
 			continue
 		}
+		w.named[ip16(ip)] = struct{}{}
 		if trust {
 			path, ok := w.leases.holds(ip)
 			if !ok {
@@ -406,6 +409,39 @@ func (w *sweep) lease(l Lease) {
 		w.later[l.Key] = a
 	}
 	a.Leases = append(a.Leases, l)
+}
+
+// leaseProblem is pass 2's problem with a lease. An empty one that no
+// record names is released: the sweep holds host-local's lock, under
+// which alone host-local writes a lease, so it is a write whose
+// host-local died (EmptyLeaseError), and its address would be lost until
+// the next boot. One a record names is reported and kept: that is not
+// host-local's doing.
+func (w *sweep) leaseProblem(err error) {
+	var empty *EmptyLeaseError
+	if !errors.As(err, &empty) {
+		w.problem(err)
+		return
+	}
+	name := filepath.Base(empty.Path)
+	ip := net.ParseIP(name)
+	if ip == nil {
+		w.problem(err)
+		return
+	}
+	if _, named := w.named[ip16(ip)]; named {
+		w.problem(err)
+		return
+	}
+	if !w.req.DryRun {
+		if rerr := w.leases.removeEmpty(name); rerr != nil {
+			w.problem(errors.Join(err, rerr))
+			return
+		}
+		w.causes[CauseEmptyLease]++
+	}
+	// It names no container: "-" stands for one in what gc prints.
+	w.released(Release{Key: records.Key{ContainerID: "-"}, IPs: []string{ip.String()}, Reason: "an empty lease: its host-local died between creating and writing it", What: []string{"lease " + ip.String()}})
 }
 
 // maxProblemLines bounds the lines one sweep writes about files it

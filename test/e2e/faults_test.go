@@ -396,3 +396,32 @@ func removeOrFail(t *testing.T, p string) {
 		t.Fatalf("%s still there", p)
 	}
 }
+
+// host-local killed between creating a lease (O_CREAT|O_EXCL) and writing
+// it leaves an empty file named after the address, which names nobody: no
+// DEL releases it. A sweep, which holds host-local's lock (the only lock
+// host-local writes leases under), releases it, and the address can be
+// had again (issue 42: every gc skipped it as "empty", and the address was
+// lost until the next boot).
+func TestEmptyLeaseIsReleasedBySweep(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+	live := e.addNetns(t, "live")
+	e.mustCNI(t, "add", live, "")
+	lost := e.hostAddr(200)
+	writeLease(t, e.leaseDir(), lost, "", time.Now())
+
+	out := e.operatorSweep(t)
+	if !strings.Contains(out, "empty lease") || !strings.Contains(out, lost.String()) {
+		t.Errorf("gc does not say it released the empty lease:\n%s", out)
+	}
+	other := e.addNetns(t, "other")
+	if _, _, err := e.cnitoolEnv("add", other, "CNI_ARGS=IgnoreUnknown=1;IP="+lost.String()); err != nil {
+		t.Fatalf("ADD asking for the address of the empty lease: %v", err)
+	}
+	assertLease(t, e.leaseDir(), lost, other.cid)
+	e.mustCNI(t, "del", other, "")
+	e.mustCNI(t, "del", live, "")
+	e.assertNetworkEmpty(t, e.leaseDir())
+}
