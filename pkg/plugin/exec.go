@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,6 +42,9 @@ type delegateExec struct {
 	// found remembers each lookup: the plugin checks up-front that its
 	// delegate can be found, and invoke.Delegate* looks it up again.
 	found *lookups
+	// depth is this process's delegation depth; its delegates get one
+	// more (see EnvDelegating).
+	depth int
 }
 
 // lookups maps a plugin name and CNI_PATH to where the plugin was found.
@@ -78,7 +82,7 @@ func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin 
 	crashpoint.Step("exec " + pluginPath)
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, pluginPath)
-	cmd.Env = environ
+	cmd.Env = append(environ, EnvDelegating+"="+strconv.Itoa(e.depth+1))
 	cmd.Stdin = bytes.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

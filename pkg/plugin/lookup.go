@@ -1,10 +1,12 @@
 package plugin
 
 import (
+	"debug/buildinfo"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -18,13 +20,22 @@ import (
 // executable, compared as a file (device and inode), so a hard link or a
 // symlink to it is recognised too.
 
-// ErrOnlySelf is returned when every candidate is this plugin itself: it
-// would call itself until the runtime's timeout.
+// ErrOnlySelf is returned when every candidate is this plugin itself, or
+// another copy of it: it would call itself until the runtime's timeout,
+// and two copies would call each other without end.
 var ErrOnlySelf = errors.New("names this plugin itself")
 
-// FindDelegate is invoke.FindInPath past this plugin's own executable: the
-// first regular file called name in dirs that is not this process's
-// executable.
+// mainPackage is the plugin's main package, as Go's build info names it in
+// every copy of the binary, whatever its file is called.
+const mainPackage = "github.com/nomad-bridge-cni/nomad-bridge-cni/cmd/nomad-bridge-cni"
+
+// FindDelegate is invoke.FindInPath past this plugin: the first regular
+// file called name in dirs that is neither this process's executable nor
+// another copy of the plugin (an operator who installed it as `bridge` in
+// two directories of the path: each copy would call the other, for ever).
+// A copy is told by its build info (about 0.1 ms a candidate, one per
+// verb: the lookup is remembered); a copy hidden behind a script is
+// caught by the delegation depth (see EnvDelegating).
 func FindDelegate(name string, dirs []string) (string, error) {
 	if name == "" || strings.ContainsRune(name, os.PathSeparator) {
 		return "", fmt.Errorf("invalid plugin name %q", name)
@@ -37,23 +48,29 @@ func FindDelegate(name string, dirs []string) (string, error) {
 		// Without it the plugin could pick itself and recurse.
 		return "", err
 	}
-	sawSelf := false
+	var copies []string
 	for _, dir := range dirs {
 		path := filepath.Join(dir, name)
 		var st unix.Stat_t
 		if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			continue
 		}
-		if st.Dev == self.Dev && st.Ino == self.Ino {
-			sawSelf = true
+		if (st.Dev == self.Dev && st.Ino == self.Ino) || isPluginCopy(path) {
+			copies = append(copies, path)
 			continue
 		}
 		return path, nil
 	}
-	if sawSelf {
-		return "", fmt.Errorf("%q %w: no other %q in %s", name, ErrOnlySelf, name, strings.Join(dirs, ":"))
+	if len(copies) > 0 {
+		return "", fmt.Errorf("%q %w: every %q in %s is nomad-bridge-cni (%s), none the delegate; keep one copy in front of the reference plugins", name, ErrOnlySelf, name, strings.Join(dirs, ":"), strings.Join(copies, ", "))
 	}
 	return "", fmt.Errorf("failed to find plugin %q in path %s", name, dirs)
+}
+
+// isPluginCopy reports whether the file at path is a build of the plugin.
+func isPluginCopy(path string) bool {
+	bi, err := buildinfo.ReadFile(path)
+	return err == nil && bi.Path == mainPackage
 }
 
 // selfIdentity is the device and inode of this process's executable.
@@ -63,4 +80,31 @@ func selfIdentity() (unix.Stat_t, error) {
 		return st, fmt.Errorf("identify own executable: %w", err)
 	}
 	return st, nil
+}
+
+// EnvDelegating carries, in the environment of the plugin's delegates,
+// how many copies of the plugin called one another to get there: a copy
+// started with it set was called by the plugin (a copy installed as
+// `bridge` that an older version's lookup found), passes its entry on as
+// it came, and never manages the network a second time. At
+// MaxDelegationDepth the copies call each other (two copies, or one
+// behind a script named like its delegate): refused, rather than a chain
+// of processes with no end.
+const EnvDelegating = "NOMAD_BRIDGE_CNI_DELEGATING"
+
+// MaxDelegationDepth: the runtime calls the plugin (0), which may call a
+// copy of itself that passes on (1); a copy called by that one is a loop.
+const MaxDelegationDepth = 2
+
+// DelegationDepth is how many copies of the plugin called this process.
+func DelegationDepth() int {
+	v := os.Getenv(EnvDelegating)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 1 // set by an older version, which wrote "1"
+	}
+	return n
 }

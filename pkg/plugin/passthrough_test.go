@@ -1,8 +1,11 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -109,17 +112,33 @@ func TestCalledByThePluginItActsAsTheDelegate(t *testing.T) {
 		t.Errorf("the stand-in wrote state: %s (%v)", h.dataDir, err)
 	}
 
-	// As "nomad-bridge-cni" it manages the network, marking its delegates.
-	os.Unsetenv(EnvDelegating)
+	// Called through two copies, it refuses: copies call one another.
+	t.Setenv(EnvDelegating, "2")
 	h2 := newHarness(t, "bridge")
-	h2.exec.reply["bridge ADD"] = bridgeResult100
-	if err := h2.plugin.Add(h2.args(h2.conf("1.0.0", ""))); err != nil {
+	err := h2.plugin.Add(h2.args(stdin))
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetworkConfig || !strings.Contains(cniErr.Msg, "copies") {
+		t.Errorf("ADD through two copies = %v, want code 7 naming the copies", err)
+	}
+	if len(h2.exec.calls) != 0 {
+		t.Errorf("a delegate ran: %+v", h2.exec.calls)
+	}
+}
+
+// The plugin's delegates are told how many copies of it called them, one
+// more than called the plugin: the mark a copy of it reads.
+func TestDelegatesAreMarked(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "bridge")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho \"$"+EnvDelegating+"\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if call := h2.exec.only(t); call.Env[EnvDelegating] != "1" {
-		t.Errorf("the delegate's environment lacks %s: %v", EnvDelegating, call.Env)
+	for depth, want := range map[int]string{0: "1", 1: "2"} {
+		out, err := (&delegateExec{depth: depth}).ExecPlugin(context.Background(), script, nil, []string{EnvDelegating + "=7"})
+		if err != nil || strings.TrimSpace(string(out)) != want {
+			t.Errorf("depth %d: the delegate saw %s=%q (%v), want %q", depth, EnvDelegating, out, err, want)
+		}
 	}
 	if _, had := os.LookupEnv(EnvDelegating); had {
-		t.Errorf("%s outlived the verb", EnvDelegating)
+		t.Errorf("%s is set in the plugin's own environment", EnvDelegating)
 	}
 }

@@ -42,7 +42,7 @@ type Plugin struct {
 // New returns a Plugin wired to the real process.
 func New() *Plugin {
 	return &Plugin{
-		Exec:    &delegateExec{stderr: os.Stderr, found: &lookups{}},
+		Exec:    &delegateExec{stderr: os.Stderr, found: &lookups{}, depth: DelegationDepth()},
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
 		Reclaim: reclaim.NewEnv(os.Stderr),
@@ -83,15 +83,16 @@ func (p *Plugin) run(name string, args *skel.CmdArgs, v verb) error {
 		if err := p.refuseOwnNamespace(args.Netns); err != nil {
 			return err
 		}
-		if conf.Passthrough || (conf.Type == conf.Delegate && os.Getenv(EnvDelegating) != "") {
+		depth := DelegationDepth()
+		if depth >= MaxDelegationDepth {
+			return types.NewError(types.ErrInvalidNetworkConfig,
+				fmt.Sprintf("nomad-bridge-cni (%s) was called through %d copies of itself: copies in CNI_PATH %q call one another (installed twice as %q, or behind a script of that name?); refused so that they do not call each other without end: keep one copy in front of the reference plugins", conf.Type, depth, os.Getenv("CNI_PATH"), conf.Delegate), "")
+		}
+		if conf.Passthrough || (conf.Type == conf.Delegate && depth > 0) {
 			// Installed under its delegate's name and called by the
 			// plugin itself (both install modes on one host): the
 			// caller does the work, this copy is the delegate's stand-in.
 			return p.passThrough(name, conf, args.StdinData)
-		}
-		if _, had := os.LookupEnv(EnvDelegating); !had {
-			os.Setenv(EnvDelegating, "1")
-			defer os.Unsetenv(EnvDelegating)
 		}
 		return v(args, conf)
 	}
@@ -128,14 +129,6 @@ func (p *Plugin) runLogged(name string, args *skel.CmdArgs, conf *netconf.Config
 	}
 	return verr
 }
-
-// EnvDelegating is set in the environment of the plugin's delegates: a
-// copy of the plugin installed as its delegate ("bridge") that the
-// delegate lookup finds (the front copy's directory first in CNI_PATH,
-// while a conflist names "nomad-bridge-cni") then passes its entry to the
-// next delegate of that name as it came, instead of managing the network
-// a second time.
-const EnvDelegating = "NOMAD_BRIDGE_CNI_DELEGATING"
 
 // teeTo writes to w (when set) and to log.
 func teeTo(w, log io.Writer) io.Writer {

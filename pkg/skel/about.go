@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,8 +40,11 @@ func printAbout(invokedAs string, getenv func(string) string, stdout, stderr io.
 			fmt.Fprintf(stderr, "CNI protocol versions supported: %s.\n", strings.Join(SupportedVersions.SupportedVersions(), ", "))
 			return 0
 		}
-		if path, err := plugin.FindDelegate(invokedAs, filepath.SplitList(p)); err == nil {
-			return printDelegateAbout(path, stdout, stderr)
+		// A copy behind a script of the delegate's name would be found
+		// again and again (see plugin.EnvDelegating).
+		depth := plugin.DelegationDepth()
+		if path, err := plugin.FindDelegate(invokedAs, filepath.SplitList(p)); err == nil && depth < plugin.MaxDelegationDepth {
+			return printDelegateAbout(path, depth+1, stdout, stderr)
 		}
 	}
 	fmt.Fprintln(stdout, About())
@@ -49,11 +54,12 @@ func printAbout(invokedAs string, getenv func(string) string, stdout, stderr io.
 
 // printDelegateAbout passes on what the delegate prints when run with no
 // arguments, then adds the plugin's own line.
-func printDelegateAbout(path string, stdout, stderr io.Writer) int {
+func printDelegateAbout(path string, depth int, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), aboutTimeout)
 	defer cancel()
 	var out, errOut bytes.Buffer
 	cmd := exec.CommandContext(ctx, path)
+	cmd.Env = append(os.Environ(), plugin.EnvDelegating+"="+strconv.Itoa(depth))
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
 	_, _ = out.WriteTo(stdout)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	gocni "github.com/containerd/go-cni"
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -284,4 +285,63 @@ func TestOneWordConflistBehindTheFrontCopy(t *testing.T) {
 	assertLeases(t, e.leaseDir(), nil)
 	e.assertNoRecord(t, ns.cid)
 	e.assertNetworkNATEmpty(t)
+}
+
+// Two copies of the plugin installed as `bridge` in one path (an operator
+// who ran install-as-bridge into two directories), or one behind a script
+// of that name, must never call each other: each copy's lookup skipped only
+// its own file, so /a/bridge ran /b/bridge, which ran /a/bridge, each in a
+// process group of its own that no timeout above could stop (issue 42: a
+// fork bomb). Past the copies the reference bridge is found and used; with
+// none, the ADD fails at once, saying why.
+func TestCopiesOfThePluginNeverCallEachOther(t *testing.T) {
+	e := newEnv(t)
+	first, second := e.frontDir(t), e.frontDir(t)
+	script := filepath.Join(t.TempDir(), "bridge")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+e.binary(pluginType)+" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The chain's other plugins, without bridge.
+	others := t.TempDir()
+	for _, p := range []string{"loopback", "host-local", "firewall", "portmap"} {
+		if err := os.Symlink(e.binary(p), filepath.Join(others, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, cniPath string
+		says          string // "" when the ADD must succeed
+	}{
+		{"two-copies-then-bridge", first + ":" + second + ":" + e.bin, ""},
+		{"two-copies-only", first + ":" + second + ":" + others, "is nomad-bridge-cni"},
+		{"copy-behind-a-script", filepath.Dir(script) + ":" + e.bin, "copies of itself"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			alloc := podUID(t)
+			ns := e.podNetns(t, tc.name, alloc)
+			nomad := e.nomadCNI(t, tc.cniPath)
+			ctx := runtimeCtx(t)
+			port := randomHostPort()
+			start := time.Now()
+			res, err := nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+			if took := time.Since(start); took > 20*time.Second {
+				t.Errorf("Setup took %v", took)
+			}
+			if tc.says == "" {
+				if err != nil {
+					t.Fatalf("Setup past two copies: %v", err)
+				}
+				p, gw := goCNIResult(t, res).addrIn(t, e.subnet4)
+				assertLease(t, filepath.Join(pluginDefaultDataDir, e.netName), p.Addr(), alloc)
+				ping(t, ns, gw)
+				assertFingerprint(t, first, tc.cniPath)
+			} else if err == nil || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("Setup = %v, want a refusal saying %q", err, tc.says)
+			}
+			if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil && tc.says == "" {
+				t.Errorf("Remove: %v", err)
+			}
+			assertLeases(t, filepath.Join(pluginDefaultDataDir, e.netName), nil)
+		})
+	}
 }
