@@ -27,7 +27,7 @@ import (
 // same container ID + ifname is released (Nomad's re-ADD after a failed
 // CHECK), and the attachment record is written pending before the
 // delegate runs and completed after.
-func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
+func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 	delegateConf, err := p.loadForHostLocal(conf)
 	if err != nil {
 		return err
@@ -35,6 +35,17 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
 	if err := checkTarget(args); err != nil {
 		return err
 	}
+	// A failed ADD on a network the plugin never served leaves nothing
+	// (not even the marker that makes its NAT rules the plugin's), unless
+	// what it made could not be undone (keep).
+	was, keep := conf.Dir().Existing(), false
+	defer func() {
+		if err != nil && !keep {
+			if rerr := conf.Dir().RemoveUnused(was); rerr != nil {
+				p.warnf("warning: removing what the failed ADD created: %v", rerr)
+			}
+		}
+	}()
 	// Nothing is written before this: it checks the namespace first.
 	// Its delegate, then maybe its rollback, each within delegateTimeout:
 	// past that, a sweep ends what still runs of this ADD.
@@ -51,6 +62,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
 		if aerr := attach.Abort(); aerr != nil {
 			p.warnf("warning: %v", aerr)
 		}
+		keep = true // what the migration moved
 		return err
 	}
 
@@ -67,11 +79,13 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) error {
 			// that fails too, the pending record stays for a sweep.
 			if derr := p.delegateDel(conf, delegateConf); derr != nil {
 				p.warnf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
+				keep = true
 				return addErr
 			}
 		}
 		if aerr := attach.Abort(); aerr != nil {
 			p.warnf("warning: %v", aerr)
+			keep = true
 		}
 		return addErr
 	}

@@ -1,8 +1,11 @@
 package plugin
 
 import (
+	"os"
+
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -20,6 +23,19 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 	delegateConf, err := p.loadForHostLocal(conf)
 	if err != nil {
 		return err
+	}
+	if !conf.Dir().Existing().Leases {
+		// No lease can be there, so the CHECK fails as host-local fails
+		// it; but host-local would create the network's directory and
+		// lock to find that out: it is shown an empty one of its own.
+		scratch, err := os.MkdirTemp("", "nomad-bridge-cni-check-")
+		if err != nil {
+			return types.NewError(types.ErrIOFailure, "failed to make a directory for host-local's CHECK", err.Error())
+		}
+		defer os.RemoveAll(scratch)
+		if delegateConf, err = conf.DelegateConfigWithDataDir(scratch); err != nil {
+			return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+		}
 	}
 	ctx, cancel := delegateCtx(conf)
 	defer cancel()

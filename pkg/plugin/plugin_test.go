@@ -59,6 +59,15 @@ func (h *harness) conf(cniVersion string, extra string) []byte {
 	return []byte(fmt.Sprintf(`{"cniVersion":%q,"name":"nomad","type":"nomad-bridge-cni","dataDir":%q,"bridge":"nomad","ipMasq":true%s,"ipam":{"type":"host-local","subnet":"172.26.64.0/20"}}`, cniVersion, h.dataDir, extra))
 }
 
+// served makes the network's lease directory, as host-local leaves it
+// once it ran there.
+func (h *harness) served() {
+	h.t.Helper()
+	if err := os.MkdirAll(filepath.Join(h.dataDir, "nomad"), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 func (h *harness) args(stdin []byte) *skel.CmdArgs {
 	return &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/x", IfName: "eth0", Path: "/opt/cni/bin", StdinData: stdin}
 }
@@ -317,6 +326,7 @@ func TestDelAndCheckDelegate(t *testing.T) {
 	}{{"DEL", (*Plugin).Del}, {"CHECK", (*Plugin).Check}} {
 		t.Run(tc.verb, func(t *testing.T) {
 			h := newHarness(t, "bridge")
+			h.served()
 			stdin := h.conf("1.0.0", `,"prevResult":`+bridgeResult100)
 			if err := tc.call(h.plugin, h.args(stdin)); err != nil {
 				t.Fatalf("%s: %v", tc.verb, err)
@@ -347,6 +357,7 @@ func TestDelIsIdempotentWhenDelegateSucceeds(t *testing.T) {
 
 func TestGCForwardsToDelegateAndHostLocal(t *testing.T) {
 	h := newHarness(t, "bridge", "host-local")
+	h.served()
 	stdin := h.conf("1.1.0", `,"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"eth0"}]`)
 	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: stdin}); err != nil {
 		t.Fatalf("GC: %v", err)
@@ -372,6 +383,7 @@ func TestGCForwardsToDelegateAndHostLocal(t *testing.T) {
 
 func TestGCRunsHostLocalEvenIfDelegateFails(t *testing.T) {
 	h := newHarness(t, "bridge", "host-local")
+	h.served()
 	h.exec.fail["bridge GC"] = types.NewError(types.ErrInternal, "boom", "")
 	err := h.plugin.GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
 	if err == nil || !strings.Contains(err.Error(), "boom") {
@@ -379,6 +391,32 @@ func TestGCRunsHostLocalEvenIfDelegateFails(t *testing.T) {
 	}
 	if len(h.exec.calls) != 2 || h.exec.calls[1].Plugin != "host-local" {
 		t.Errorf("host-local GC skipped after delegate failure: %+v", h.exec.calls)
+	}
+}
+
+// On a network the plugin never served, CHECK and the GC verb create
+// nothing: host-local, which would make the network's directory and lock
+// to find no lease, is shown an empty directory of its own on CHECK, and
+// not asked on GC (issue 42: a failed CHECK left <net>/lock and the record
+// directory).
+func TestCheckAndGCOnANetworkNeverServedCreateNothing(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	h.exec.fail["bridge CHECK"] = types.NewError(types.ErrInternal, "no lease", "")
+	if err := h.plugin.Check(h.args(h.conf("1.0.0", `,"prevResult":`+bridgeResult100))); err == nil {
+		t.Error("CHECK passed")
+	}
+	if dir := delegatedConf(t, h.exec.only(t))["ipam"].(map[string]any)["dataDir"]; dir == h.dataDir {
+		t.Errorf("host-local's CHECK was given the data dir")
+	}
+	h.exec.calls = nil
+	if err := h.plugin.GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if call := h.exec.only(t); call.Plugin != "bridge" {
+		t.Errorf("GC forwarded to %s", call.Plugin)
+	}
+	if _, err := os.Stat(h.dataDir); !os.IsNotExist(err) {
+		t.Errorf("the data dir was created: %v", err)
 	}
 }
 

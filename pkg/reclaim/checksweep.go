@@ -27,6 +27,11 @@ func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, erro
 			migrationErr = &MigrationError{From: ipamdir.New(req.LegacyDataDir, req.Dir.Network).Leases(), Err: err}
 		}
 	}
+	if !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) {
+		// A network the plugin never served: nothing to sweep, and no
+		// marker of a sweep to leave.
+		return nil, migrationErr
+	}
 	if !s.sweepDue(req.Dir, interval) {
 		return nil, migrationErr
 	}

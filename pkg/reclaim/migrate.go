@@ -46,18 +46,18 @@ func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) 
 	if marker.current(bootID) {
 		return &Migration{}, nil
 	}
-	m := &Migration{}
 	legacyNet := ipamdir.New(legacyDir, d.Network).Leases()
-	found := legacyDir != "" && filepath.Clean(legacyDir) != filepath.Clean(d.DataDir) && exists(legacyNet)
-	if found {
-		if m, err = s.migrate(d, legacyDir); err != nil {
-			return m, err
-		}
+	if legacyDir == "" || filepath.Clean(legacyDir) == filepath.Clean(d.DataDir) || !exists(legacyNet) {
+		// Nothing to move. No marker either: the next run looks again
+		// (one stat), and a verb on a network the plugin never served
+		// creates nothing.
+		return &Migration{}, nil
 	}
-	if err := marker.set(bootID); err != nil && found {
-		// Without a legacy directory there was nothing to move: a marker
-		// that cannot be written (a full tmpfs) only makes the next run
-		// look again.
+	m, err := s.migrate(d, legacyDir)
+	if err != nil {
+		return m, err
+	}
+	if err := marker.set(bootID); err != nil {
 		return m, fmt.Errorf("migration marker: %w", err)
 	}
 	return m, nil

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -517,4 +518,46 @@ func TestDelOfAnotherIDKeepsTheLiveInterface(t *testing.T) {
 	e.mustCNI(t, "check", live, "")
 	e.mustCNI(t, "del", live, "")
 	e.assertNetworkEmpty(t, e.leaseDir())
+}
+
+// A verb that fails on a network the plugin never served leaves nothing:
+// not the data dir, not the marker that makes the network's NAT rules the
+// plugin's, not host-local's directory or lock (issue 42: an ADD that only
+// bridge refused left the data dir, .owned and .migrated; a failed CHECK
+// left <net>/lock and the record directory). Run on a data dir that does
+// not exist yet, on tmpfs and off it (where the not-on-tmpfs warning
+// writes its marker).
+func TestFailedVerbOnANewNetworkLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	ns := e.addNetns(t, "c")
+	for name, parent := range map[string]string{"tmpfs": e.dataDir, "disk": t.TempDir()} {
+		t.Run(name, func(t *testing.T) {
+			dataDir := filepath.Join(parent, "fresh")
+			for _, tc := range []struct {
+				command string
+				edit    func(c map[string]any)
+			}{
+				{"ADD", func(c map[string]any) { c["hairpinMode"] = "yes" }},
+				{"CHECK", func(c map[string]any) {
+					c["prevResult"] = map[string]any{"cniVersion": c["cniVersion"], "ips": []any{map[string]any{"address": e.hostAddr(9).String() + "/24"}}}
+				}},
+				{"GC", func(c map[string]any) { c["cniVersion"] = "1.1.0" }},
+			} {
+				entry := hostileEntry(t, e, "")
+				entry["dataDir"] = dataDir
+				tc.edit(entry)
+				args := e.cniArgs(tc.command, ns)
+				r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: mustJSON(t, entry)})
+				if tc.command != "GC" && r.exitCode == 0 {
+					t.Errorf("%s passed: %v", tc.command, r)
+				}
+				if _, err := os.Lstat(dataDir); !os.IsNotExist(err) {
+					entries, _ := os.ReadDir(dataDir)
+					t.Errorf("%s (%v) left %s with %v", tc.command, r.stderr, dataDir, entries)
+					os.RemoveAll(dataDir)
+				}
+			}
+		})
+	}
 }
