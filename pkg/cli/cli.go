@@ -237,6 +237,14 @@ func (c *cli) gc(args []string) (code int) {
 	if err := checkConfDirs(f.confDirs); err != nil {
 		return c.fail(2, err, "gc")
 	}
+	if *runtime == "" {
+		// Accepted silently, they would read as in force.
+		for _, name := range []string{"grace", "remove-mounts"} {
+			if flags.Changed(name) {
+				return c.fail(2, fmt.Errorf("--%s is only meaningful with --runtime", name), "gc")
+			}
+		}
+	}
 	var rec *operator.Reconcile
 	if *runtime != "" {
 		if *grace < time.Minute {

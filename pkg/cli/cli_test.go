@@ -183,6 +183,18 @@ func TestMissingConfDirIsAUsageError(t *testing.T) {
 	}
 }
 
+// --grace and --remove-mounts only act with --runtime: given without it,
+// they are refused, not silently ignored (issue 42).
+func TestGCRuntimeOptionsNeedRuntime(t *testing.T) {
+	for _, opt := range [][]string{{"--grace", "10m"}, {"--remove-mounts"}} {
+		c, _, stderr := fakeNATCLI()
+		code := c.run(append([]string{"gc", "--data-dir", t.TempDir()}, opt...))
+		if code != 2 || !strings.Contains(stderr.String(), "only meaningful with --runtime") {
+			t.Errorf("gc %v without --runtime: exit %d, %s", opt, code, stderr)
+		}
+	}
+}
+
 // The fix doctor prints for stale attachments can be pasted as it is: run
 // as printed, it releases them.
 func TestDoctorsGCFixCanBePasted(t *testing.T) {

@@ -5,6 +5,7 @@
 package skel
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -95,13 +96,20 @@ func printError(err *types.Error) int {
 	return 1
 }
 
-// refuseEmptyCNIVersion names an empty "cniVersion" for what it is: skel
-// reads it as 0.1.0 and reports that version as the problem.
-func refuseEmptyCNIVersion(data []byte) *types.Error {
-	var conf struct {
-		CNIVersion *string `json:"cniVersion"`
+// precheck refuses what skel would misreport: stdin that is not a JSON
+// object (skel reads null as an empty config, "missing network name"),
+// and an empty "cniVersion" (skel reads it as 0.1.0 and reports that
+// version as the problem).
+func precheck(data []byte) *types.Error {
+	var conf map[string]json.RawMessage
+	if json.Unmarshal(data, &conf) != nil || conf == nil {
+		// Anything else skel reports as it is.
+		if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+			return types.NewError(types.ErrDecodingFailure, "failed to decode network configuration", "configuration is not a JSON object")
+		}
+		return nil
 	}
-	if json.Unmarshal(data, &conf) == nil && conf.CNIVersion != nil && *conf.CNIVersion == "" {
+	if v, ok := conf["cniVersion"]; ok && string(bytes.TrimSpace(v)) == `""` {
 		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("\"cniVersion\" is empty: set it to one of %q", SupportedVersions.SupportedVersions()), "")
 	}
 	return nil
@@ -117,7 +125,7 @@ func capStdin(in io.Reader, limit int64) (*os.File, *types.Error) {
 	if int64(len(data)) > limit {
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network configuration on stdin is larger than %d bytes", limit), "")
 	}
-	if err := refuseEmptyCNIVersion(data); err != nil {
+	if err := precheck(data); err != nil {
 		return nil, err
 	}
 	f, err := fileWith(data)

@@ -156,7 +156,9 @@ func hostileCases() []hostileCase {
 		{name: "json-array", stdin: rawStdin(`[{"name":"x"}]`), codes: []int{codeDecoding}},
 		{name: "json-string", stdin: rawStdin(`"hello"`), codes: []int{codeDecoding}},
 		{name: "json-number", stdin: rawStdin(`42`), codes: []int{codeDecoding}},
-		{name: "json-null", stdin: rawStdin(`null`), codes: []int{codeInvalidConfig}},
+		// Issue 42: skel read null as an empty config (code 7).
+		{name: "json-null", stdin: rawStdin(`null`), codes: []int{codeDecoding}},
+		{name: "json-null-DEL", command: "DEL", stdin: rawStdin(` null `), codes: []int{codeDecoding}},
 		{name: "json-trailing-garbage", codes: []int{codeDecoding}, stdin: func(t *testing.T, e *testEnv) []byte {
 			return append(mustJSON(t, hostileEntry(t, e, "")), "}{"...)
 		}},
