@@ -164,7 +164,11 @@ type damagedEntry struct {
 // leases, must succeed, release exactly the dead container, say on stderr
 // that the damaged entries were skipped, remove only the dead writer's
 // temp file, and leave every damaged entry, every symlink target and the
-// live container's lease and record exactly as they were.
+// live container's lease and record exactly as they were. Since symlinks
+// among the leases make CHECK refuse to run host-local (which would read
+// and write through them), the CHECK is refused and changes nothing, and
+// the sweep is the operator's gc; empty leases no record names are writes
+// whose host-local died, and go (issue 42).
 func TestDamagedStateSkipped(t *testing.T) {
 	e := newEnv(t)
 	e.requirePlugin(t)
@@ -225,8 +229,12 @@ func TestDamagedStateSkipped(t *testing.T) {
 
 	// host-local's network directory.
 	file(L, ip(150), "\x00\x01garbage\x00", time.Time{}, "lease with binary garbage")
-	file(L, ip(151), "", time.Time{}, "zero-byte lease")
-	file(L, ip(152), "", beforeBoot, "zero-byte lease from before the boot")
+	// Empty leases no record names are writes whose host-local died: the
+	// sweep releases them (issue 42), they are not kept like the rest.
+	emptyLeases := []string{writeTestFile(t, filepath.Join(L, ip(151)), "", 0o600), writeTestFile(t, filepath.Join(L, ip(152)), "", 0o600)}
+	if err := os.Chtimes(emptyLeases[1], beforeBoot, beforeBoot); err != nil {
+		t.Fatal(err)
+	}
 	file(L, ip(153), "\r\n\r\n\x00", beforeBoot, "garbage lease from before the boot")
 	file(L, ip(154), leaseContent(dead.cid)+"\x00", time.Time{}, "near-copy of the dead container's lease (NUL)")
 	file(L, ip(155), "ghost1\r\neth0", time.Time{}, "lease of a container whose record is garbage")
@@ -277,21 +285,34 @@ func TestDamagedStateSkipped(t *testing.T) {
 		}
 	}
 
-	// CHECK of the live container sweeps the network.
-	_, stderr, err := e.cnitool("check", live, "")
+	// CHECK refuses to run host-local beside the planted symlinks, which
+	// it would read and write through, and changes nothing.
+	if _, stderr, err := e.cnitool("check", live, ""); err == nil || !strings.Contains(err.Error(), "is a symlink") {
+		t.Fatalf("CHECK beside planted symlinks: %v, want a refusal naming one\nstderr: %s", err, stderr)
+	}
+	assertSame("the refused CHECK")
+	// The operator's gc sweeps the network.
+	stdout, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--network", e.netName)
 	if err != nil {
-		t.Fatalf("CHECK of the live container with damaged state around: %v\nstderr: %s", err, stderr)
+		t.Fatalf("gc with damaged state around: %v\nstdout: %s\nstderr: %s", err, stdout, stderr)
 	}
-	t.Logf("CHECK stderr:\n%s", stderr)
-	if strings.Contains(stderr, "panic:") || strings.Contains(stderr, "goroutine ") {
-		t.Fatalf("panic during the sweep:\n%s", stderr)
+	t.Logf("gc:\n%s%s", stdout, stderr)
+	if strings.Contains(stdout+stderr, "panic:") || strings.Contains(stdout+stderr, "goroutine ") {
+		t.Fatalf("panic during the sweep:\n%s%s", stdout, stderr)
 	}
-	if !strings.Contains(stderr, "skipped") {
-		t.Errorf("CHECK's stderr does not report the damaged entries as skipped:\n%s", stderr)
+	var releases []string
+	for line := range strings.Lines(stdout) {
+		if strings.HasPrefix(line, "released ") {
+			releases = append(releases, line)
+		}
 	}
-	e.assertReleased(t, stderr, dead.cid, "lease "+pd.Addr().String(), "record")
-	if n := len(e.releaseLines(stderr)); n != 1 {
-		t.Errorf("%d release lines, want only the dead container's:\n%s", n, stderr)
+	if len(releases) != 3 || !strings.Contains(strings.Join(releases, ""), dead.cid+"/"+ifName+" "+pd.Addr().String()) {
+		t.Errorf("released %q, want the dead container and the two empty leases", releases)
+	}
+	for _, p := range emptyLeases {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("empty lease %s kept (lstat: %v)", p, err)
+		}
 	}
 	if _, err := os.Lstat(filepath.Join(L, pd.Addr().String())); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the dead container's lease %s is still there (lstat: %v)", pd.Addr(), err)
@@ -301,15 +322,15 @@ func TestDamagedStateSkipped(t *testing.T) {
 	if _, err := os.Lstat(deadTemp); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("temp file of dead writer %d not removed by the sweep (lstat: %v)", gonePID, err)
 	}
-	assertSame("CHECK")
+	assertSame("gc")
 	e.assertNAT(t, live.cid, natWant{Masq: []netip.Addr{pl.Addr()}})
 	ping(t, live, gw)
 
 	// Every damaged entry is reported, except the valid lease of ghost1,
 	// the live writer's temp file and the dot file, which are not damage.
 	reported := len(plants) - 3
-	if n := strings.Count(stderr, ": skipped: "); n != reported {
-		t.Errorf("CHECK reported %d skipped entries, want %d (one per damaged entry)", n, reported)
+	if n := strings.Count(stdout, "skipped: "); n != reported {
+		t.Errorf("gc reported %d skipped entries, want %d (one per damaged entry)", n, reported)
 	}
 
 	// The operator's commands read the same damage.
@@ -414,12 +435,16 @@ func TestSweepSparesForeignAndPlantedFiles(t *testing.T) {
 			for _, p := range watched {
 				before[p] = entryState(t, p)
 			}
-			_, stderr, err := e.cnitool("check", live, "")
+			// The operator's gc sweeps: CHECK refuses to run host-local
+			// beside a planted symlink.
+			stdout, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--network", e.netName)
 			if err != nil {
-				t.Fatalf("CHECK: %v\nstderr: %s", err, stderr)
+				t.Fatalf("gc: %v\nstdout: %s\nstderr: %s", err, stdout, stderr)
 			}
-			t.Logf("CHECK stderr:\n%s", stderr)
-			e.assertReleased(t, stderr, dead.cid, "lease "+pd.Addr().String())
+			t.Logf("gc:\n%s%s", stdout, stderr)
+			if !strings.Contains(stdout, "released "+e.netName+" "+dead.cid+"/"+ifName+" "+pd.Addr().String()) {
+				t.Errorf("gc did not release %s", dead.cid)
+			}
 			for _, p := range watched {
 				if after := entryState(t, p); after != before[p] {
 					t.Errorf("the sweep that released %s changed %s:\n  before: %s\n  after:  %s", dead.cid, p, before[p], after)
@@ -505,7 +530,8 @@ func TestModes(t *testing.T) {
 		records:                             0o700 | fs.ModeDir,
 		filepath.Join(records, e.netName):   0o700 | fs.ModeDir,
 		filepath.Join(records, e.netName, ns.cid+"@"+ifName): 0o600,
-		filepath.Join(records, e.netName, ".migrated"):       0o600,
+		// (No .migrated: there was no legacy directory to migrate.)
+		filepath.Join(records, e.netName, ".owned"): 0o600,
 	}
 	check := func(step string) {
 		t.Helper()
