@@ -114,6 +114,9 @@ const (
 	// UnlistedMarker is `gc --runtime`'s memory: since when each
 	// attachment has been missing from the runtime's list.
 	UnlistedMarker Marker = ".unlisted"
+	// RememberedMarker: the addresses of attachments a sweep released
+	// because their namespace died, which their restore asks for again.
+	RememberedMarker Marker = ".remembered"
 )
 
 // Marker is the path of one of the network's markers.

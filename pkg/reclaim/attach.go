@@ -86,6 +86,9 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 		}
 		// Not an error: the earlier attachment was stale and is released.
 		previous = old.IPs
+	} else {
+		// A sweep may have released it first (see remember.go).
+		previous = Remembered(d, key)
 	}
 
 	bootID, err := s.Host.BootID()

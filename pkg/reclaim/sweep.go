@@ -517,6 +517,11 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 		}
 		return
 	}
+	if r := p.a.Record; !w.req.DryRun && r != nil && len(r.IPs) > 0 && remembersCause(p.a.Verdict.Cause) {
+		if err := w.remember(w.req.Dir, p.a.Key, r.IPs); err != nil {
+			w.logf("%s: %s: remembering its addresses for its restore: %v", w.req.Dir.Network, p.a.Key, err)
+		}
+	}
 	recordGone, err := releaseFiles(w.leases, w.records, p.a, w.req.DryRun)
 	if err != nil {
 		w.errs = append(w.errs, err)

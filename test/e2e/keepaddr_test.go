@@ -111,3 +111,59 @@ func assertOnlyAddrOnIf(t *testing.T, ns netns, addr netip.Prefix) {
 		}
 	}
 }
+
+// Nomad's real order on a client restart where one allocation lost its
+// namespace: Nomad re-creates the lost one's namespace path, restores the
+// others with CHECK (whose sweep releases the lost one: its namespace was
+// replaced), and only then sends the lost one's ADD, without a DEL
+// (client/allocrunner/networking.go serialises them behind one lock). The
+// restored allocation must still get its address back (issue 43: it got
+// the next free one whenever a CHECK swept first).
+func TestRestoreAfterAnotherCHECKSweptKeepsTheAddress(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	nomad := e.goCNI(t, gocni.WithConfListBytes(mustJSON(t, e.confFor(t, "nomad.conflist"))))
+	ctx := runtimeCtx(t)
+	lost, kept := podUID(t), podUID(t)
+	lostNS, keptNS := e.podNetns(t, "lost", lost), e.podNetns(t, "kept", kept)
+	lostPort, keptPort := randomHostPort(), randomHostPort()
+	res, err := nomad.Setup(ctx, lost, lostNS.path, nomadOpts(lost, lostPort)...)
+	if err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	p1, _ := goCNIResult(t, res).addrIn(t, e.subnet4)
+	if _, err := nomad.Setup(ctx, kept, keptNS.path, nomadOpts(kept, keptPort)...); err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+
+	e.mustKillNetns(t, lostNS)
+	if err := run("ip", "netns", "add", lostNS.name); err != nil {
+		t.Fatal(err)
+	}
+	if err := nomad.Check(ctx, kept, keptNS.path, nomadOpts(kept, keptPort)...); err != nil {
+		t.Fatalf("CHECK of the other allocation: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.dataDir, recordDirName, e.netName, lost+"@"+ifName)); !os.IsNotExist(err) {
+		t.Fatalf("the CHECK's sweep did not release the lost allocation first (%v): the test shows nothing", err)
+	}
+	res, err = nomad.Setup(ctx, lost, lostNS.path, nomadOpts(lost, lostPort)...)
+	if err != nil {
+		t.Fatalf("Setup of the lost allocation: %v", err)
+	}
+	p2, gw := goCNIResult(t, res).addrIn(t, e.subnet4)
+	if p2 != p1 {
+		t.Errorf("restored with %s, first %s", p2, p1)
+	}
+	assertOnlyAddrOnIf(t, lostNS, p2)
+	ping(t, lostNS, gw)
+	for _, a := range []struct {
+		id   string
+		ns   netns
+		port int
+	}{{lost, lostNS, lostPort}, {kept, keptNS, keptPort}} {
+		if err := nomad.Remove(ctx, a.id, a.ns.path, nomadOpts(a.id, a.port)...); err != nil {
+			t.Fatalf("Remove: %v", err)
+		}
+	}
+	e.assertNetworkEmpty(t, e.leaseDir())
+}

@@ -123,7 +123,7 @@ func (e *testEnv) recordNames(t *testing.T) []string {
 // records: the legacy migration's, the not-tmpfs warning's, the last CHECK
 // sweep's, the release counts and the walk cache. They are not records; a
 // temp file is.
-var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned", ".walk-cache", ".nat-cache"}
+var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned", ".walk-cache", ".nat-cache", ".remembered"}
 
 // assertRecordsExactly checks that the record directory holds records of
 // exactly cids, besides the markers; a leftover temp file counts.

@@ -1,0 +1,84 @@
+package reclaim
+
+import (
+	"encoding/json"
+	"slices"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+)
+
+// A container restored in place (same ID and ifname, its namespace lost)
+// asks host-local for the addresses it had (Attacher.BeginAdd's Previous).
+// Nomad re-creates a lost allocation's namespace before its ADD, and the
+// CHECKs of the allocations it restores meanwhile sweep: a sweep that
+// releases the lost one took its record, and with it what the ADD would
+// ask for. So a sweep remembers, in ipamdir.RememberedMarker, the
+// addresses of each attachment it releases because its namespace died (or
+// its boot did), and an ADD that finds no record asks for those. Only a
+// hint: an address taken since is not asked for (freeAddresses), and an
+// entry lost to a kill only costs the container its old address.
+
+// maxRemembered bounds the marker, and maxRememberedBytes its size (under
+// what a marker is read up to): the oldest entries go first. A range's
+// addresses come back to their holder only while they stay free, and
+// host-local hands them out round-robin.
+const (
+	maxRemembered      = 256
+	maxRememberedBytes = 48 << 10
+)
+
+type remembered struct {
+	IPs []string `json:"ips"`
+	// At orders the entries, for the bound (Unix seconds).
+	At int64 `json:"at"`
+}
+
+// remembersCause says which releases are remembered: those of a
+// container that may be restored in place.
+func remembersCause(cause string) bool {
+	return cause == CauseNamespaceGone || cause == CauseEarlierBoot
+}
+
+// remember records ips (as records keep them) for key, with the caller
+// holding host-local's lock (every sweep does), before the release takes
+// the record that names them.
+func (s *Env) remember(d ipamdir.Dir, key records.Key, ips []string) error {
+	all := readRemembered(d)
+	all[ipamdir.RecordName(key.ContainerID, key.IfName)] = remembered{IPs: ips, At: s.Host.Now().Unix()}
+	for {
+		b, err := json.Marshal(all)
+		if err != nil {
+			return err
+		}
+		if len(all) <= maxRemembered && len(b) <= maxRememberedBytes {
+			return newBootMarker(d, ipamdir.RememberedMarker).write(b)
+		}
+		dropOldest(all)
+	}
+}
+
+func dropOldest(all map[string]remembered) {
+	oldest := ""
+	for k, r := range all {
+		if oldest == "" || r.At < all[oldest].At || (r.At == all[oldest].At && k < oldest) {
+			oldest = k
+		}
+	}
+	delete(all, oldest)
+}
+
+// Remembered are the addresses a sweep released of key, if it remembers
+// them (see remember).
+func Remembered(d ipamdir.Dir, key records.Key) []string {
+	return slices.Clone(readRemembered(d)[ipamdir.RecordName(key.ContainerID, key.IfName)].IPs)
+}
+
+func readRemembered(d ipamdir.Dir) map[string]remembered {
+	all := map[string]remembered{}
+	if b, err := statefile.ReadFileNoFollow(d.Marker(ipamdir.RememberedMarker)); err == nil {
+		_ = json.Unmarshal(b, &all) // damaged: a hint lost, nothing more
+	}
+	return all
+}
