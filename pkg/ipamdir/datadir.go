@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,33 +29,45 @@ func (d Dir) OnTmpfs() (bool, int64, error) {
 	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, st.Type, nil
 }
 
-// CheckUsable proves the data directory can hold a lease: it exists (or can
-// be created), is a directory, and accepts a new file. Writing a probe is
-// the only check that also catches read-only mounts and full filesystems.
-func (d Dir) CheckUsable() error {
+// CheckUsable tells whether an ADD could keep a lease in the data
+// directory, writing nothing: the directory (or, not made yet, the
+// nearest directory it would be made in) must be a directory the plugin
+// may write. A full or read-only filesystem is not an error but a problem
+// (what an ADD would fail on): a DEL works through it, and STATUS, which
+// Nomad asks before every teardown and drops the teardown on, must not fail
+// for it.
+func (d Dir) CheckUsable() (problem string, err error) {
 	if err := d.Check(); err != nil {
-		return err
+		return "", err
 	}
-	if err := d.EnsureDataDir(); err != nil {
-		return err
+	dir := d.DataDir
+	for {
+		fi, err := os.Stat(dir)
+		if err == nil && !fi.IsDir() {
+			return "", fmt.Errorf("%s is not a directory", dir)
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrNotExist) || dir == filepath.Dir(dir) {
+			return "", fmt.Errorf("stat %s: %w", dir, err)
+		}
+		dir = filepath.Dir(dir)
 	}
-	fi, err := os.Stat(d.DataDir)
-	if err != nil {
-		return fmt.Errorf("stat dataDir %s: %w", d.DataDir, err)
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return "", fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("dataDir %s is not a directory", d.DataDir)
+	switch {
+	case st.Flags&unix.ST_RDONLY != 0:
+		return fmt.Sprintf("%s is on a read-only filesystem", dir), nil
+	case st.Bavail == 0 || st.Ffree == 0:
+		return fmt.Sprintf("%s is on a full filesystem (%d blocks, %d inodes free)", dir, st.Bavail, st.Ffree), nil
 	}
-	probe, err := os.CreateTemp(d.DataDir, ".status-probe-*")
-	if err != nil {
-		return fmt.Errorf("dataDir %s is not writable: %w", d.DataDir, err)
+	if err := unix.Access(dir, unix.W_OK); err != nil {
+		return "", fmt.Errorf("%s is not writable: %w", dir, err)
 	}
-	_, werr := probe.Write([]byte{0})
-	return errors.Join(
-		wrapIf(werr, "write to dataDir %s", d.DataDir),
-		probe.Close(),
-		os.Remove(probe.Name()),
-	)
+	return "", nil
 }
 
 func wrapIf(err error, format string, args ...any) error {

@@ -22,18 +22,21 @@ func TestOnTmpfsRecognisesOtherFilesystems(t *testing.T) {
 func TestCheckUsable(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "a", "b")
 	c := Dir{DataDir: dir, Network: "net"}
-	if err := c.CheckUsable(); err != nil {
-		t.Fatalf("CheckUsable on a creatable dir: %v", err)
+	if problem, err := c.CheckUsable(); err != nil || problem != "" {
+		t.Fatalf("CheckUsable on a creatable dir: %q, %v", problem, err)
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil || len(entries) != 0 {
-		t.Errorf("probe left behind: %v %v", entries, err)
+	if _, err := os.Stat(filepath.Dir(dir)); !os.IsNotExist(err) {
+		t.Errorf("CheckUsable created something: %v", err)
 	}
 	file := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := (Dir{DataDir: file, Network: "net"}).CheckUsable(); err == nil {
+	if _, err := (Dir{DataDir: file, Network: "net"}).CheckUsable(); err == nil {
 		t.Errorf("CheckUsable accepted a regular file as dataDir")
+	}
+	// A read-only filesystem is a problem an ADD fails on, not an error.
+	if problem, err := (Dir{DataDir: "/proc/sys/fs/nbc", Network: "net"}).CheckUsable(); err != nil || problem == "" {
+		t.Errorf("CheckUsable under /proc/sys = %q, %v; want a problem, no error", problem, err)
 	}
 }

@@ -429,9 +429,8 @@ func TestStatus(t *testing.T) {
 	if call.Plugin != "bridge" || call.Command != "STATUS" {
 		t.Errorf("delegated %s %s", call.Plugin, call.Command)
 	}
-	entries, err := os.ReadDir(h.dataDir)
-	if err != nil || len(entries) != 0 {
-		t.Errorf("STATUS left files in dataDir: %v %v", entries, err)
+	if _, err := os.Stat(h.dataDir); !os.IsNotExist(err) {
+		t.Errorf("STATUS wrote in the data dir: %v", err)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	gocni "github.com/containerd/go-cni"
 )
 
 // TestStatus sends STATUS (cniVersion 1.1.0) through cnitool: it passes on a
@@ -174,4 +176,44 @@ func newGCFixture(t *testing.T, bare bool) gcFixture {
 		t.Fatalf("drop cnitool cache: %v", err)
 	}
 	return f
+}
+
+// Nomad asks go-cni's Status before every teardown of a cniVersion 1.1.0
+// network and drops the teardown when it fails ("resources may have
+// leaked"). A full data dir is something a DEL works through (and frees
+// space by): STATUS passes, saying so, the Remove that follows it releases
+// everything, and an ADD on the full disk fails with its own error (issue
+// 43: STATUS failed with code 50, and no DEL was ever sent).
+func TestStatusPassesOnAFullDataDirSoNomadTearsDown(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.mountTinyTmpfs(t, "256k")
+	conf := e.confFor(t, "nomad.conflist")
+	conf["cniVersion"] = "1.1.0"
+	nomad := e.goCNI(t, gocni.WithConfListBytes(mustJSON(t, conf)))
+	ctx := runtimeCtx(t)
+	alloc := podUID(t)
+	ns := e.podNetns(t, "alloc", alloc)
+	port := randomHostPort()
+	if _, err := nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	filler := fillTmpfs(t, e.dataDir, 0)
+
+	if err := nomad.Status(); err != nil {
+		t.Fatalf("STATUS on a full data dir: %v (Nomad would not tear the allocation down)", err)
+	}
+	if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil {
+		t.Fatalf("Remove on a full data dir: %v", err)
+	}
+	e.assertNoTrace(t, alloc)
+	fillTmpfs(t, e.dataDir, 0) // what the DEL freed
+	other := e.podNetns(t, "other", podUID(t))
+	if _, err := nomad.Setup(ctx, other.cid, other.path, nomadOpts(other.cid, port+1)...); err == nil {
+		t.Error("ADD on a full data dir passed")
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	e.assertNetworkEmpty(t, e.leaseDir())
 }
