@@ -61,6 +61,11 @@ func GCReconciled(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec
 		network := d.Network
 		emit := func(rel reclaim.Release) {
 			res.Released++
+			if rec != nil {
+				// Gone: .unlisted forgets it. Should its files have
+				// stayed, the next run finds it missing afresh.
+				rec.forget(d, rel.Key)
+			}
 			if rel.HeldBy != nil && rec != nil {
 				if note := rec.leakedMount(rel.HeldBy.Mount, dryRun); note != "" {
 					rel.Reason += " (" + note + ")"

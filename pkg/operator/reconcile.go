@@ -15,6 +15,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 )
 
@@ -60,7 +61,7 @@ func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool
 		if r.Listing.IDs[a.Key.ContainerID] {
 			return "", false
 		}
-		key := a.Key.ContainerID + "@" + a.Key.IfName
+		key := unlistedKey(a.Key)
 		since, seen := before[key]
 		if !seen {
 			since = r.Now
@@ -109,6 +110,12 @@ func created(a *reclaim.Attachment) time.Time {
 	}
 	return t
 }
+
+// forget drops a released attachment from this run's view of d.
+func (r *Reconcile) forget(d ipamdir.Dir, k records.Key) { delete(r.missing[d], unlistedKey(k)) }
+
+// unlistedKey names an attachment in ipamdir.UnlistedMarker.
+func unlistedKey(k records.Key) string { return k.ContainerID + "@" + k.IfName }
 
 func (r *Reconcile) load(d ipamdir.Dir) map[string]time.Time {
 	b, err := statefile.ReadFileNoFollow(d.Marker(ipamdir.UnlistedMarker))

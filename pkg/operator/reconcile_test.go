@@ -2,8 +2,10 @@ package operator
 
 import (
 	"bytes"
+	"encoding/json"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +93,68 @@ func TestGCReleasesNothingWhileTheRuntimeRestoresOrTheAttachmentIsYoung(t *testi
 			if strings.Contains(out, "young/eth0") {
 				t.Errorf("released an attachment younger than the grace:\n%s", out)
 			}
+		}
+	}
+}
+
+// A released attachment is forgotten by .unlisted (issue 43: it stayed
+// listed there); one kept (younger than the grace) is remembered with its
+// first time missing.
+func TestGCForgetsWhatItReleasedInTheUnlistedMarker(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	host := s.Host.(*fakehost.Host)
+	listing := &runtimes.Listing{IDs: map[string]bool{"starting": true}}
+	first := host.Clock
+	writeAttachment(t, dataDir, host, "young", "172.26.64.8", 107, first.Add(2*time.Minute))
+	for _, now := range []time.Time{first, first.Add(6 * time.Minute)} {
+		host.Clock = now
+		rec := &Reconcile{Runtime: "nomad", Listing: listing, Grace: 5 * time.Minute, Now: now}
+		if err := GCReconciled(s, scopeOf(dataDir, []string{"nomad"}), false, false, rec, &GCText{W: &bytes.Buffer{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(ipamdir.New(dataDir, "nomad").Marker(ipamdir.UnlistedMarker))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unlistedState
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st.MissingSince["web@eth0"]; ok {
+		t.Errorf("web@eth0, released, is still remembered as unlisted: %s", b)
+	}
+	if since, ok := st.MissingSince["young@eth0"]; !ok || !since.Equal(first) {
+		t.Errorf("young@eth0, kept, is not remembered missing since %s: %s", first, b)
+	}
+}
+
+// gc, with or without --runtime, of a data dir the plugin never served (a
+// bare bridge's /var/lib/cni/networks: leases, no records) finds nothing
+// to release and creates nothing there (issue 43: it made
+// .nomad-bridge-cni/<network> for its markers).
+func TestGCOfADirectoryThePluginNeverServedCreatesNothing(t *testing.T) {
+	_, s, _ := fixture(t)
+	dataDir := t.TempDir()
+	leases := filepath.Join(dataDir, "podman")
+	if err := os.MkdirAll(leases, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{"lock": "", "last_reserved_ip.0": "10.88.0.5", "10.88.0.5": "c1\r\neth0"} {
+		if err := os.WriteFile(filepath.Join(leases, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rec := range []*Reconcile{nil, {Runtime: "nomad", Listing: &runtimes.Listing{IDs: map[string]bool{}}, Grace: 5 * time.Minute, Now: s.Host.Now()}} {
+		var text bytes.Buffer
+		if err := GCReconciled(s, scopeOf(dataDir, []string{"podman"}), false, false, rec, &GCText{W: &text}); err != nil {
+			t.Fatal(err)
+		}
+		if text.String() != "nothing to release\n" {
+			t.Errorf("gc (runtime %v) said:\n%s", rec != nil, text.String())
+		}
+		if _, err := os.Lstat(filepath.Join(dataDir, ipamdir.RecordDirName)); !os.IsNotExist(err) {
+			t.Errorf("gc (runtime %v) created %s: %v", rec != nil, ipamdir.RecordDirName, err)
 		}
 	}
 }
