@@ -2,6 +2,7 @@ package doctor
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"time"
@@ -25,28 +26,53 @@ const nomadConfigDir = "/etc/nomad.d"
 // nomadClient reads the client's settings from the running agent (its
 // API, through the nomad CLI and its NOMAD_ADDR and NOMAD_TOKEN), else
 // from the configuration files in /etc/nomad.d, else takes Nomad's
-// defaults; Source says which, and why not the API.
+// defaults; Source says which, and why not the API. The agent's version
+// comes from its API, else from `nomad version`, the CLI's own.
 func nomadClient() NomadClient {
 	why := "no nomad CLI in PATH"
-	if path, err := exec.LookPath("nomad"); err == nil {
+	path, err := exec.LookPath("nomad")
+	nc, ok := NomadClient{}, false
+	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		b, err := (&runtimes.Nomad{Command: path}).API(ctx, "/v1/agent/self")
 		if err == nil {
-			nc, perr := parseAgentSelf(b)
-			if perr == nil {
-				return nc
-			}
-			err = perr
+			nc, err = parseAgentSelf(b)
+			ok = err == nil
 		}
-		why = err.Error()
+		if err != nil {
+			why = err.Error()
+		}
 	}
-	nc, ok := readNomadConfigDir(nomadConfigDir)
 	if !ok {
-		nc = NomadDefaults()
+		if nc, ok = readNomadConfigDir(nomadConfigDir); !ok {
+			nc = NomadDefaults()
+		}
+		nc.Source += " (the agent's API: " + why + ")"
 	}
-	nc.Source += " (the agent's API: " + why + ")"
+	if nc.Version == "" {
+		nc.Version, nc.VersionSource = nomadCLIVersion(path)
+	}
 	return nc
+}
+
+// nomadCLIVersion is what `nomad version` prints: the agent's version too
+// unless the agent runs another binary (one upgraded, not yet restarted).
+// Unknown, it returns "" and why.
+func nomadCLIVersion(path string) (version, source string) {
+	if path == "" {
+		return "", "no nomad CLI in PATH"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "version").Output()
+	if err == nil {
+		version, err = parseNomadVersion(string(out))
+	}
+	if err != nil {
+		return "", fmt.Sprintf("%s version: %v", path, err)
+	}
+	return version, fmt.Sprintf("%s version, the CLI's: the agent's unless it runs another binary", path)
 }
 
 // nomadInstalled: a Nomad binary in PATH or its configuration directory.

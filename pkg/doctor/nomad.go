@@ -31,6 +31,10 @@ type NomadClient struct {
 	BridgeName string
 	// Subnets are bridge_network_subnet and bridge_network_subnet_ipv6.
 	Subnets []netip.Prefix
+	// Version is the agent's Nomad version ("" unknown): it decides how
+	// the fingerprint reads cni_path. VersionSource says where it was
+	// read, or why it is unknown.
+	Version, VersionSource string
 }
 
 // Nomad's client defaults (client/config and command/agent).
@@ -69,12 +73,14 @@ func (s nomadSettings) resolve(source string) NomadClient {
 // NomadDefaults are the settings of a client configured with none.
 func NomadDefaults() NomadClient { return nomadSettings{}.resolve("Nomad's defaults") }
 
-// agentSelf is the part of /v1/agent/self the doctor reads.
+// agentSelf is the part of /v1/agent/self the doctor reads: the agent's
+// configuration, whose Version is the agent's build (version.VersionInfo).
 type agentSelf struct {
 	Config struct {
 		Client *struct {
 			CNIPath, CNIConfigDir, BridgeNetworkName, BridgeNetworkSubnet, BridgeNetworkSubnetIPv6 string
 		}
+		Version *struct{ Version, VersionPrerelease string }
 	} `json:"config"`
 }
 
@@ -88,7 +94,25 @@ func parseAgentSelf(b []byte) (NomadClient, error) {
 	if c == nil {
 		return NomadClient{}, fmt.Errorf("/v1/agent/self has no client configuration")
 	}
-	return nomadSettings{CNIPath: c.CNIPath, CNIConfigDir: c.CNIConfigDir, BridgeName: c.BridgeNetworkName, Subnet: c.BridgeNetworkSubnet, Subnet6: c.BridgeNetworkSubnetIPv6}.resolve("the agent's API (/v1/agent/self)"), nil
+	nc := nomadSettings{CNIPath: c.CNIPath, CNIConfigDir: c.CNIConfigDir, BridgeName: c.BridgeNetworkName, Subnet: c.BridgeNetworkSubnet, Subnet6: c.BridgeNetworkSubnetIPv6}.resolve("the agent's API (/v1/agent/self)")
+	if v := self.Config.Version; v != nil && v.Version != "" {
+		nc.Version, nc.VersionSource = v.Version, "the agent's API"
+		if v.VersionPrerelease != "" {
+			nc.Version += "-" + v.VersionPrerelease
+		}
+	}
+	return nc, nil
+}
+
+// parseNomadVersion reads the version `nomad version` prints on its first
+// line ("Nomad v2.0.6-dev").
+func parseNomadVersion(out string) (string, error) {
+	first, _, _ := strings.Cut(out, "\n")
+	v, ok := strings.CutPrefix(strings.TrimSpace(first), "Nomad v")
+	if !ok || v == "" {
+		return "", fmt.Errorf("no version in %q", first)
+	}
+	return v, nil
 }
 
 // hclSetting matches `key = "value"` in an HCL file: the client keys the
@@ -181,18 +205,27 @@ var nomadSemver = sync.OnceValue(func() *regexp.Regexp {
 	return regexp.MustCompile(`^v?[0-9]+(\.[0-9]+){0,2}(-[0-9A-Za-z\-~]+(\.[0-9A-Za-z\-~]+)*|-?[A-Za-z\-~]+[0-9A-Za-z\-~]*(\.[0-9A-Za-z\-~]+)*)?(\+[0-9A-Za-z\-~]+(\.[0-9A-Za-z\-~]+)*)?$`)
 })
 
-// nomadRecordedBridge is the version Nomad's fingerprint records for
-// `bridge` (attr.plugins.cni.version.bridge), found its way: it runs every
-// executable of each cni_path directory in order, with no arguments and
-// no CNI_PATH, takes the first token of the output that parses as a
-// version, and a later directory's overwrites an earlier one's (an output
-// without one records nothing); it stops at a directory it cannot read or
-// that is empty. from is the bridge whose version it keeps.
-func nomadRecordedBridge(cniPath []string, version func(string) (string, error)) (v, from string, ok bool) {
+// bridgeRecord is what Nomad's fingerprint records for `bridge`
+// (attr.plugins.cni.version.bridge): Version, "" for nothing, printed by
+// From.
+type bridgeRecord struct{ Version, From string }
+
+// nomadRecordedBridge finds what Nomad's fingerprint records for bridge,
+// its way: it runs every executable of each cni_path directory in order,
+// with no arguments and no CNI_PATH, takes the first token of the output
+// that parses as a version, and a later directory's overwrites an earlier
+// one's (an output without one records nothing). A directory it cannot
+// read or that is empty is logged and passed by Nomad 1.11.2 and later;
+// with stops (earlier Nomads) the scan ends there, at stop ("" when it
+// read every directory), why says how.
+func nomadRecordedBridge(cniPath []string, version func(string) (string, error), stops bool) (rec bridgeRecord, stop, why string) {
 	for _, dir := range cniPath {
 		entries, err := os.ReadDir(dir)
-		if err != nil || len(entries) == 0 {
-			return v, from, ok
+		if stops && err != nil {
+			return rec, dir, fmt.Sprintf("cannot read it: %v", err)
+		}
+		if stops && len(entries) == 0 {
+			return rec, dir, "empty"
 		}
 		path := filepath.Join(dir, "bridge")
 		fi, err := os.Stat(path)
@@ -205,12 +238,33 @@ func nomadRecordedBridge(cniPath []string, version func(string) (string, error))
 		}
 		for _, tok := range strings.Fields(out) {
 			if nomadSemver().MatchString(tok) {
-				v, from, ok = tok, path, true
+				rec = bridgeRecord{tok, path}
 				break
 			}
 		}
 	}
-	return v, from, ok
+	return rec, "", ""
+}
+
+// nomadStops reports whether the fingerprint of Nomad version v ends its
+// scan of cni_path at an empty or unreadable directory, as every Nomad
+// before 1.11.2 does (1.10.x included); known is false when v is not a
+// version. A pre-release counts as its release: the change was made
+// before 1.11.2 was released.
+func nomadStops(v string) (stops, known bool) {
+	_, n, ok := firstVersion(v)
+	if !ok {
+		return false, false
+	}
+	return n[0] < 1 || n[0] == 1 && (n[1] < 11 || n[1] == 11 && n[2] < 2), true
+}
+
+// describe says what Nomad records for bridge, for a finding.
+func (r bridgeRecord) describe() string {
+	if r.Version == "" {
+		return "no version of bridge"
+	}
+	return fmt.Sprintf("bridge %s (from %s)", r.Version, r.From)
 }
 
 // atLeast13 reports whether a recorded version is 1.3.0 or later: Nomad
@@ -221,18 +275,60 @@ func atLeast13(v string) bool {
 }
 
 // checkNomad reports the client settings the doctor used and what Nomad
-// records for bridge, which decides whether it sends CHECK.
+// records for bridge, which decides whether it sends CHECK. A CNI path
+// given to the doctor is read in place of the agent's cni_path. When the
+// agent's version is unknown, the fingerprint is judged as Nomad 1.11.2
+// and later make it, and the finding says what an older one records
+// instead, when that differs.
 func checkNomad(o Options, nc NomadClient) []Finding {
-	fs := []Finding{{Level: OK, Check: "nomad", Subject: "client", Message: fmt.Sprintf("settings from %s: cni_path %s, cni_config_dir %s, bridge %s, subnets %s", nc.Source, strings.Join(nc.CNIPath, ":"), nc.CNIConfigDir, nc.BridgeName, prefixes(nc.Subnets))}}
-	v, from, ok := nomadRecordedBridge(nc.CNIPath, o.Version)
-	where := strings.Join(nc.CNIPath, ":")
+	client := fmt.Sprintf("settings from %s: cni_path %s, cni_config_dir %s, bridge %s, subnets %s", nc.Source, strings.Join(nc.CNIPath, ":"), nc.CNIConfigDir, nc.BridgeName, prefixes(nc.Subnets))
+	cniPath, where := nc.CNIPath, "cni_path "+strings.Join(nc.CNIPath, ":")
+	if o.CNIPathGiven && !slices.Equal(o.CNIPath, nc.CNIPath) {
+		cniPath, where = o.CNIPath, "the CNI path given (--cni-path or CNI_PATH) "+strings.Join(o.CNIPath, ":")
+		client += "; the doctor reads " + where + " in place of the agent's cni_path"
+	}
+	if nc.Version != "" {
+		client += fmt.Sprintf("; Nomad %s (from %s)", nc.Version, nc.VersionSource)
+	}
+	fs := []Finding{{Level: OK, Check: "nomad", Subject: "client", Message: client}}
+
+	stops, known := nomadStops(nc.Version)
+	modern, _, _ := nomadRecordedBridge(cniPath, o.Version, false)
+	old, stop, why := nomadRecordedBridge(cniPath, o.Version, true)
+	rec, note, stopFix := modern, "", ""
 	switch {
-	case !ok:
-		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from cni_path %s: it never sends CHECK (no CHECK-time sweep)", where), Fix: fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where)})
-	case !atLeast13(v):
-		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of cni_path %s that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep)", v, from, where), Fix: fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", from)})
+	case known && stops && stop != "":
+		rec = old
+		note = fmt.Sprintf("; Nomad %s, as every Nomad before 1.11.2, reads no further than %s (%s)", nc.Version, stop, why)
+		if old != modern && atLeast13(modern.Version) {
+			stopFix = fmt.Sprintf("take %s out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records %s", stop, modern.describe())
+		}
+	case !known && old != modern:
+		unknown := "unknown"
+		if nc.VersionSource != "" {
+			unknown += ": " + nc.VersionSource
+		}
+		note = fmt.Sprintf("; judged as Nomad 1.11.2 and later read cni_path (the agent's version is %s): an older Nomad reads no further than %s (%s), and records %s instead", unknown, stop, why, old.describe())
+		switch {
+		case atLeast13(old.Version) && !atLeast13(modern.Version):
+			note += ", and sends CHECK"
+		case !atLeast13(old.Version) && atLeast13(modern.Version):
+			note += ", and never sends CHECK"
+		}
+	}
+	or := func(fix string) string {
+		if stopFix != "" {
+			return stopFix
+		}
+		return fix
+	}
+	switch {
+	case rec.Version == "":
+		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep)%s", where, note), Fix: or(fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))})
+	case !atLeast13(rec.Version):
+		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, note), Fix: or(fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))})
 	default:
-		fs = append(fs, Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of cni_path %s that prints a version): it sends CHECK on restore", v, from, where)})
+		fs = append(fs, Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): it sends CHECK on restore%s", rec.Version, rec.From, where, note)})
 	}
 	return fs
 }

@@ -10,9 +10,9 @@ import (
 )
 
 // Nomad keeps the version of the last cni_path directory's bridge that
-// prints one; a front copy's output does not matter then, an output
-// without a version records nothing, and an empty or unreadable
-// directory ends the scan.
+// prints one; a front copy's output does not matter then, and an output
+// without a version records nothing. An empty or unreadable directory is
+// passed by Nomad 1.11.2 and later, and ends the scan of older ones.
 func TestNomadRecordedBridge(t *testing.T) {
 	root := t.TempDir()
 	dir := func(name string, bridgePrints string) string {
@@ -37,25 +37,132 @@ func TestNomadRecordedBridge(t *testing.T) {
 	if err := os.MkdirAll(empty, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	absent := filepath.Join(root, "absent")
 	version := func(path string) (string, error) {
 		b, err := os.ReadFile(path)
 		return string(b), err
 	}
 	for _, c := range []struct {
-		path      []string
-		want, frm string
+		path []string
+		// want and frm: Nomad 1.11.2 and later; old and oldFrm, earlier
+		// ones, which stop at stop.
+		want, frm, old, oldFrm, stop string
 	}{
-		{[]string{front, stamped}, "v1.10.0", stamped},
-		{[]string{stamped, front}, "1.1.0", front},
-		{[]string{stamped, quiet}, "v1.10.0", stamped},
-		{[]string{quiet}, "", ""},
-		{[]string{stamped, noBridge}, "v1.10.0", stamped},
-		{[]string{front, empty, stamped}, "1.1.0", front},
-		{[]string{filepath.Join(root, "absent"), stamped}, "", ""},
+		{[]string{front, stamped}, "v1.10.0", stamped, "v1.10.0", stamped, ""},
+		{[]string{stamped, front}, "1.1.0", front, "1.1.0", front, ""},
+		{[]string{stamped, quiet}, "v1.10.0", stamped, "v1.10.0", stamped, ""},
+		{[]string{quiet}, "", "", "", "", ""},
+		{[]string{stamped, noBridge}, "v1.10.0", stamped, "v1.10.0", stamped, ""},
+		{[]string{front, empty, stamped}, "v1.10.0", stamped, "1.1.0", front, empty},
+		{[]string{absent, stamped}, "v1.10.0", stamped, "", "", absent},
+		{[]string{empty, stamped}, "v1.10.0", stamped, "", "", empty},
 	} {
-		v, from, _ := nomadRecordedBridge(c.path, version)
-		if v != c.want || (c.frm != "" && from != filepath.Join(c.frm, "bridge")) {
-			t.Errorf("cni_path %q: recorded %q from %q, want %q from %s", c.path, v, from, c.want, c.frm)
+		rec, stop, _ := nomadRecordedBridge(c.path, version, false)
+		if rec.Version != c.want || (c.frm != "" && rec.From != filepath.Join(c.frm, "bridge")) || stop != "" {
+			t.Errorf("cni_path %q, Nomad 1.11.2: recorded %+v, stopped at %q; want %q from %s", c.path, rec, stop, c.want, c.frm)
+		}
+		rec, stop, _ = nomadRecordedBridge(c.path, version, true)
+		if rec.Version != c.old || (c.oldFrm != "" && rec.From != filepath.Join(c.oldFrm, "bridge")) || stop != c.stop {
+			t.Errorf("cni_path %q, Nomad 1.11.1: recorded %+v, stopped at %q; want %q from %s, stopped at %q", c.path, rec, stop, c.old, c.oldFrm, c.stop)
+		}
+	}
+}
+
+// Nomad changed its fingerprint's rule in 1.11.2 (2.x too).
+func TestNomadStops(t *testing.T) {
+	for v, want := range map[string][2]bool{
+		"1.10.5": {true, true}, "1.11.1": {true, true}, "v1.11.1": {true, true}, "0.12.0": {true, true},
+		"1.11.2": {false, true}, "1.11.2-dev": {false, true}, "1.12.0": {false, true}, "2.0.6-dev": {false, true}, "2.0.0+ent": {false, true},
+		"": {false, false}, "unknown": {false, false},
+	} {
+		if stops, known := nomadStops(v); stops != want[0] || known != want[1] {
+			t.Errorf("Nomad %q: stops %v, known %v; want %v", v, stops, known, want)
+		}
+	}
+	for out, want := range map[string]string{
+		"Nomad v2.0.6-dev\nBuildDate 2026-11-30T10:00:00Z\nRevision abc\n": "2.0.6-dev",
+		"Nomad v1.10.5+ent\n":      "1.10.5+ent",
+		"nomad: command not found": "",
+	} {
+		if v, err := parseNomadVersion(out); v != want || (err != nil) != (want == "") {
+			t.Errorf("nomad version printed %q: read %q, %v; want %q", out, v, err, want)
+		}
+	}
+}
+
+// The doctor judges Nomad's fingerprint by the agent's version: cni_path
+// starts with an empty directory (issue 43: Nomad 2.0.6-dev recorded
+// bridge v1.10.0 and sent CHECK, the doctor said it recorded nothing).
+// Unknown, the doctor judges it as a recent Nomad does, and says what an
+// older one records instead.
+func TestDoctorJudgesNomadsFingerprintByItsVersion(t *testing.T) {
+	h := newHost(t)
+	empty := filepath.Join(h.root, "empty")
+	if err := os.MkdirAll(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cniPath := []string{empty, h.bin}
+	run := func(version string) *Report {
+		return Run(Options{
+			ConfDirs: []string{h.conf}, Nomad: true, EUID: 1000,
+			NomadClient: func() NomadClient {
+				nc := nomadSettings{CNIPath: strings.Join(cniPath, ":"), CNIConfigDir: h.conf}.resolve("test")
+				nc.Version, nc.VersionSource = version, "the test"
+				return nc
+			},
+			Version:   func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
+			OnTmpfs:   func(string) (bool, error) { return true, nil },
+			FreeBytes: func(string) (uint64, error) { return 1 << 30, nil },
+		})
+	}
+	bridge := func(r *Report) Finding {
+		for _, f := range r.Findings {
+			if f.Check == "nomad" && f.Subject == "bridge" {
+				return f
+			}
+		}
+		t.Fatalf("no nomad: bridge finding in:\n%s", findings(r))
+		return Finding{}
+	}
+	recorded := "Nomad records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + empty + ":" + h.bin + " that prints a version): it sends CHECK on restore"
+	for _, c := range []struct {
+		version string
+		level   Level
+		message string
+		fix     string
+	}{
+		{"2.0.6-dev", OK, recorded, ""},
+		{"1.11.2", OK, recorded, ""},
+		{"", OK, recorded + "; judged as Nomad 1.11.2 and later read cni_path (the agent's version is unknown: the test): an older Nomad reads no further than " + empty + " (empty), and records no version of bridge instead, and never sends CHECK", ""},
+		{"1.11.1", Warn, "Nomad records no version of bridge from cni_path " + empty + ":" + h.bin + ": it never sends CHECK (no CHECK-time sweep); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
+			"take " + empty + " out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ")"},
+	} {
+		f := bridge(run(c.version))
+		if f.Level != c.level || f.Message != c.message || f.Fix != c.fix {
+			t.Errorf("Nomad %q:\n got %s: %s\n fix: %s\nwant %s: %s\n fix: %s", c.version, f.Level, f.Message, f.Fix, c.level, c.message, c.fix)
+		}
+	}
+}
+
+// A CNI path given to the doctor (--cni-path, CNI_PATH) is what its
+// nomad: lines read, and they say so (issue 43: they read the agent's
+// cni_path).
+func TestDoctorNomadLinesReadTheGivenCNIPath(t *testing.T) {
+	h := newHost(t)
+	r := Run(Options{
+		ConfDirs: []string{h.conf}, CNIPath: []string{h.bin}, CNIPathGiven: true, Nomad: true, EUID: 1000,
+		NomadClient: func() NomadClient { return nomadSettings{CNIPath: "/nowhere", CNIConfigDir: h.conf}.resolve("test") },
+		Version:     func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
+		OnTmpfs:     func(string) (bool, error) { return true, nil },
+		FreeBytes:   func(string) (uint64, error) { return 1 << 30, nil },
+	})
+	text := findings(r)
+	for _, want := range []string{
+		"✓ nomad: client: settings from test: cni_path /nowhere, cni_config_dir " + h.conf + ", bridge nomad, subnets 172.26.64.0/20; the doctor reads the CNI path given (--cni-path or CNI_PATH) " + h.bin + " in place of the agent's cni_path\n",
+		"✓ nomad: bridge: Nomad records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of the CNI path given (--cni-path or CNI_PATH) " + h.bin + " that prints a version): it sends CHECK on restore\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in:\n%s", want, text)
 		}
 	}
 }
@@ -97,6 +204,13 @@ func TestNomadClientSettings(t *testing.T) {
 	nc, err := parseAgentSelf([]byte(self))
 	if err != nil || !slices.Equal(nc.CNIPath, []string{"/a", "/b"}) || nc.CNIConfigDir != "/etc/cni/nomad" || nc.BridgeName != "nomad" || nc.Subnets[0].String() != "172.30.0.0/16" || !strings.Contains(nc.Source, "API") {
 		t.Errorf("from the API: %+v, %v", nc, err)
+	}
+	if nc.Version != "" {
+		t.Errorf("a version read from an API that gives none: %q", nc.Version)
+	}
+	self = `{"config": {"Client": {"CNIPath": "/a"}, "Version": {"Revision": "abc", "Version": "2.0.6", "VersionPrerelease": "dev", "VersionMetadata": ""}}}`
+	if nc, err := parseAgentSelf([]byte(self)); err != nil || nc.Version != "2.0.6-dev" || nc.VersionSource != "the agent's API" {
+		t.Errorf("the agent's version: %q from %q, %v", nc.Version, nc.VersionSource, err)
 	}
 	if _, err := parseAgentSelf([]byte(`{"config": {}}`)); err == nil {
 		t.Error("a server-only agent's settings were read")
