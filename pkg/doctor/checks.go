@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -171,11 +172,42 @@ func checkDataDirs(o Options, ours []*conflists.Network) []Finding {
 		default:
 			fs = append(fs, Finding{Level: OK, Check: "dataDir", Subject: d, Message: "a tmpfs: leases die with the boot"})
 		}
-		if free, err := o.FreeBytes(d); err == nil && free < 1<<20 {
-			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: fmt.Sprintf("%d bytes free: records and leases cannot be written", free), Fix: "make room on that filesystem"})
+		if f := roomFinding(o, d); f != nil {
+			fs = append(fs, *f)
 		}
 	}
 	return fs
+}
+
+// An ADD writes a record and a lease, the record through a temporary
+// file, and host-local its last reserved address (plus markers on a
+// network's first ADD): a few files of a few hundred bytes, each a 4 KiB
+// page on a tmpfs. Below addBytes or addInodes (room for about two ADDs)
+// the next one can fail; below the margin (a few dozen) it is worth a
+// look, no more: ADDs still work.
+const (
+	addBytes, addInodes       = 64 << 10, 16
+	marginBytes, marginInodes = 1 << 20, 256
+)
+
+// roomFinding judges the room left in a data dir by what ADDs need, or is
+// nil when there is plenty (or it cannot be told).
+func roomFinding(o Options, d string) *Finding {
+	r, err := o.Free(d)
+	if err != nil {
+		return nil
+	}
+	free := fmt.Sprintf("%d bytes and %d inodes free", r.Bytes, r.Inodes)
+	if r.Inodes == math.MaxUint64 {
+		free = fmt.Sprintf("%d bytes free", r.Bytes)
+	}
+	switch {
+	case r.Bytes < addBytes || r.Inodes < addInodes:
+		return &Finding{Level: Error, Check: "dataDir", Subject: d, Message: free + ": an ADD cannot write its record and lease", Fix: "make room on that filesystem"}
+	case r.Bytes < marginBytes || r.Inodes < marginInodes:
+		return &Finding{Level: Warn, Check: "dataDir", Subject: d, Message: "nearly full: " + free, Fix: "make room on that filesystem before ADDs fail"}
+	}
+	return nil
 }
 
 // checkClashes: two networks with one name or one bridge, or overlapping

@@ -59,9 +59,9 @@ type Options struct {
 	Version func(path string) (string, error)
 	// OnTmpfs tells whether a directory lives in memory.
 	OnTmpfs func(dir string) (bool, error)
-	// FreeBytes is the space left for a directory.
-	FreeBytes func(dir string) (uint64, error)
-	Sweeper   *reclaim.Sweeper
+	// Free is the room left for a directory, as root sees it.
+	Free    func(dir string) (Room, error)
+	Sweeper *reclaim.Sweeper
 	// EUID is the doctor's effective user: the plugin runs as root, and
 	// what it owns cannot be judged by another user.
 	EUID int
@@ -69,6 +69,10 @@ type Options struct {
 	// nomad is the client's settings, read once by Run.
 	nomad NomadClient
 }
+
+// Room is what a filesystem has free: bytes, and inodes (math.MaxUint64
+// where it has no fixed number of them).
+type Room struct{ Bytes, Inodes uint64 }
 
 // Run checks the host.
 func Run(o Options) *Report {

@@ -21,6 +21,9 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 
 var boot = time.Unix(1764576000, 0)
 
+// plenty is a data dir's room that no check minds.
+var plenty = Room{Bytes: 1 << 30, Inodes: 1 << 20}
+
 // host is a fake host: configuration and bin directories, a data
 // directory, the versions plugins print, and a sweeper on a fixed boot.
 type host struct {
@@ -32,6 +35,8 @@ type host struct {
 	// front are bin dirs before bin in the CNI path; euid the doctor's user.
 	front []string
 	euid  int
+	// room is the data dir's free space (nil: plenty).
+	room *Room
 }
 
 func newHost(t *testing.T) *host {
@@ -97,9 +102,14 @@ func (h *host) run() *Report {
 			}
 			return h.versions[filepath.Base(path)], nil
 		},
-		OnTmpfs:   func(string) (bool, error) { return h.tmpfs, nil },
-		FreeBytes: func(string) (uint64, error) { return 1 << 30, nil },
-		Sweeper:   sw,
+		OnTmpfs: func(string) (bool, error) { return h.tmpfs, nil },
+		Free: func(string) (Room, error) {
+			if h.room != nil {
+				return *h.room, nil
+			}
+			return plenty, nil
+		},
+		Sweeper: sw,
 	})
 }
 
@@ -187,6 +197,43 @@ func TestHostWithProblems(t *testing.T) {
 		t.Error("a host with problems is OK")
 	}
 	h.golden("problems", r)
+}
+
+// A data dir is judged by what an ADD writes there (a record and a lease:
+// a few KiB, a few inodes): too little for that is an error, little more
+// a warning (issue 43: under 1 MiB was an error where ADDs worked).
+func TestDataDirRoom(t *testing.T) {
+	for _, c := range []struct {
+		room    Room
+		level   Level
+		message string
+	}{
+		{Room{Bytes: 1 << 30, Inodes: 1 << 20}, OK, ""},
+		{Room{Bytes: 512 << 10, Inodes: 1 << 20}, Warn, "nearly full: 524288 bytes and 1048576 inodes free"},
+		{Room{Bytes: 1 << 30, Inodes: 100}, Warn, "nearly full: 1073741824 bytes and 100 inodes free"},
+		{Room{Bytes: 32 << 10, Inodes: 1 << 20}, Error, "32768 bytes and 1048576 inodes free: an ADD cannot write its record and lease"},
+		{Room{Bytes: 1 << 30, Inodes: 8}, Error, "1073741824 bytes and 8 inodes free: an ADD cannot write its record and lease"},
+	} {
+		h := newHost(t)
+		h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+		h.room = &c.room
+		r := h.run()
+		var got []Finding
+		for _, f := range r.Findings {
+			if f.Check == "dataDir" && f.Level != OK {
+				got = append(got, f)
+			}
+		}
+		switch {
+		case c.level == OK && len(got) != 0:
+			t.Errorf("room %+v: %+v", c.room, got)
+		case c.level != OK && (len(got) != 1 || got[0].Level != c.level || got[0].Message != c.message):
+			t.Errorf("room %+v: %+v; want %s %q", c.room, got, c.level, c.message)
+		}
+		if r.OK != (c.level != Error) {
+			t.Errorf("room %+v: OK %v", c.room, r.OK)
+		}
+	}
 }
 
 // A network no container has used yet has no directory under its dataDir:
@@ -332,4 +379,16 @@ func findings(r *Report) string {
 	var b bytes.Buffer
 	WriteText(&b, r)
 	return b.String()
+}
+
+// The host's probe reads root's room: some bytes and inodes in a temp dir,
+// and an error where there is no directory.
+func TestFreeRoom(t *testing.T) {
+	r, err := freeRoom(t.TempDir())
+	if err != nil || r.Bytes == 0 || r.Inodes == 0 {
+		t.Errorf("freeRoom(temp dir) = %+v, %v", r, err)
+	}
+	if _, err := freeRoom(filepath.Join(t.TempDir(), "absent")); err == nil {
+		t.Error("freeRoom of no directory: no error")
+	}
 }

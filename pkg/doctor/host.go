@@ -3,6 +3,7 @@ package doctor
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"time"
@@ -17,7 +18,7 @@ import (
 // what each plugin prints when Nomad fingerprints it, whether a directory
 // is a tmpfs and how much room it has. The caller adds what to read.
 func HostOptions() Options {
-	return Options{Nomad: nomadInstalled(), NomadClient: nomadClient, Version: pluginVersion, OnTmpfs: onTmpfs, FreeBytes: freeBytes, EUID: os.Geteuid()}
+	return Options{Nomad: nomadInstalled(), NomadClient: nomadClient, Version: pluginVersion, OnTmpfs: onTmpfs, Free: freeRoom, EUID: os.Geteuid()}
 }
 
 // nomadConfigDir is where Nomad's packages keep the agent's configuration.
@@ -100,10 +101,20 @@ func onTmpfs(dir string) (bool, error) {
 	return mem, err
 }
 
-func freeBytes(dir string) (uint64, error) {
+// freeRoom is what root may still write under dir (the plugin runs as
+// root, so blocks reserved for it count). A filesystem that reports no
+// inodes at all (btrfs) allocates them as it goes.
+func freeRoom(dir string) (Room, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, err
+		return Room{}, fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	return st.Bavail * uint64(st.Bsize), nil
+	r := Room{Bytes: st.Bfree * uint64(st.Frsize), Inodes: st.Ffree}
+	if st.Frsize == 0 {
+		r.Bytes = st.Bfree * uint64(st.Bsize)
+	}
+	if st.Files == 0 {
+		r.Inodes = math.MaxUint64
+	}
+	return r, nil
 }

@@ -110,9 +110,9 @@ func TestDoctorJudgesNomadsFingerprintByItsVersion(t *testing.T) {
 				nc.Version, nc.VersionSource = version, "the test"
 				return nc
 			},
-			Version:   func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
-			OnTmpfs:   func(string) (bool, error) { return true, nil },
-			FreeBytes: func(string) (uint64, error) { return 1 << 30, nil },
+			Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
+			OnTmpfs: func(string) (bool, error) { return true, nil },
+			Free:    func(string) (Room, error) { return plenty, nil },
 		})
 	}
 	bridge := func(r *Report) Finding {
@@ -154,7 +154,7 @@ func TestDoctorNomadLinesReadTheGivenCNIPath(t *testing.T) {
 		NomadClient: func() NomadClient { return nomadSettings{CNIPath: "/nowhere", CNIConfigDir: h.conf}.resolve("test") },
 		Version:     func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
 		OnTmpfs:     func(string) (bool, error) { return true, nil },
-		FreeBytes:   func(string) (uint64, error) { return 1 << 30, nil },
+		Free:        func(string) (Room, error) { return plenty, nil },
 	})
 	text := findings(r)
 	for _, want := range []string{
@@ -239,9 +239,9 @@ func TestDoctorUsesTheNomadClientsSettings(t *testing.T) {
 			nc := nomadSettings{CNIPath: h.bin, CNIConfigDir: nomadConf, BridgeName: "nbr0", Subnet: "10.99.0.0/20"}.resolve("test")
 			return nc
 		},
-		Version:   func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
-		OnTmpfs:   func(string) (bool, error) { return true, nil },
-		FreeBytes: func(string) (uint64, error) { return 1 << 30, nil },
+		Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
+		OnTmpfs: func(string) (bool, error) { return true, nil },
+		Free:    func(string) (Room, error) { return plenty, nil },
 	})
 	text := findings(r)
 	for _, want := range []string{
