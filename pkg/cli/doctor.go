@@ -13,7 +13,10 @@ const doctorUsage = `Usage: nomad-bridge-cni doctor [--json] [--conf-dir DIR]...
 Checks this host, reading only: the conflists that use the plugin (in
 /etc/cni/net.d, /opt/cni/config, Apptainer's and k3s's directories, and each
 --conf-dir), each entry validated as ADD would; every plugin their chains need
-in the CNI bin dirs, with the version Nomad would read; each dataDir (exists,
+where the runtime that reads each conflist looks (--cni-path for all when
+given; else Nomad's cni_path for its cni_config_dir, the default plugin dirs
+of containerd, CRI-O and podman for /etc/cni/net.d), with the version Nomad
+would read; each dataDir (exists,
 safe, tmpfs, free space); networks that clash (one name, one bridge, or
 overlapping subnets in different lease directories, Nomad's built-in bridge
 network included when Nomad is installed); legacy leases waiting, and stale,
@@ -28,7 +31,7 @@ func (c *cli) doctor(args []string) int {
 	flags := c.flagSet("doctor", doctorUsage)
 	jsonOut := flags.Bool("json", false, "print JSON instead of text")
 	confDirs := flags.StringArray("conf-dir", nil, "also look for conflists here (repeatable)")
-	cniPath := flags.String("cni-path", envOr("CNI_PATH", "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order")
+	cniPath := flags.String("cni-path", envOr("CNI_PATH", "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order: every conflist is judged by them")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}

@@ -31,6 +31,25 @@ var DefaultDirs = []string{
 	"/var/lib/rancher/k3s/agent/etc/cni/net.d",
 }
 
+// Reader is who reads the configuration files of a directory, and where
+// they look for plugins unless told otherwise.
+type Reader struct {
+	Runtimes   string
+	PluginDirs []string
+}
+
+// DefaultReaders are the runtimes that read each of DefaultDirs but
+// Nomad's (its client's cni_path says where it looks), with their default
+// plugin directories: podman's cni_plugin_dirs (containers.conf), which
+// hold containerd's bin_dir, CRI-O's plugin_dirs and the usual CNI_PATH of
+// cnitool; Apptainer's "cni plugin path"; k3s's bundled plugins.
+var DefaultReaders = map[string]Reader{
+	"/etc/cni/net.d":                           {"containerd, CRI-O, podman and cnitool", []string{"/opt/cni/bin", "/usr/local/libexec/cni", "/usr/libexec/cni", "/usr/local/lib/cni", "/usr/lib/cni"}},
+	"/etc/apptainer/network":                   {"Apptainer", []string{"/usr/libexec/apptainer/cni"}},
+	"/usr/local/etc/apptainer/network":         {"Apptainer", []string{"/usr/local/libexec/apptainer/cni"}},
+	"/var/lib/rancher/k3s/agent/etc/cni/net.d": {"k3s", []string{"/var/lib/rancher/k3s/data/cni", "/var/lib/rancher/k3s/data/current/bin"}},
+}
+
 // PluginName is the type that names the plugin in an entry.
 const PluginName = "nomad-bridge-cni"
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -100,35 +101,121 @@ func installFix(name, where string) string {
 	return fmt.Sprintf("install the %q CNI plugin into one of %s", name, where)
 }
 
-// checkPlugins finds every plugin the plugin's chains need in the CNI bin
-// dirs, and reads its version as Nomad does.
+// pluginPath is where the runtime that reads a conflist looks for
+// plugins: dirs, who says whose they are ("" for the CNI path given to the
+// doctor), and whether the doctor can tell (else a plugin found nowhere is
+// worth a look, not broken: the runtime may look elsewhere).
+type pluginPath struct {
+	dirs  []string
+	who   string
+	known bool
+}
+
+// pluginPathOf is the plugin path a conflist's file is judged by: the
+// one given to the doctor; Nomad's cni_path for its cni_config_dir; the
+// default plugin dirs of the runtimes that read its directory; else, the
+// reader unknown, the doctor's CNI path and every runtime's default dirs.
+func pluginPathOf(o Options, file string) pluginPath {
+	dir := filepath.Clean(filepath.Dir(file))
+	switch {
+	case o.CNIPathGiven:
+		return pluginPath{o.CNIPath, "", true}
+	case o.Nomad && dir == filepath.Clean(o.nomad.CNIConfigDir):
+		return pluginPath{o.nomad.CNIPath, "Nomad's cni_path ", true}
+	}
+	readers := o.Readers
+	if readers == nil {
+		readers = conflists.DefaultReaders
+	}
+	if r, ok := readers[dir]; ok {
+		return pluginPath{r.PluginDirs, "the default plugin dirs of " + r.Runtimes + ", ", true}
+	}
+	dirs := slices.Clone(o.CNIPath)
+	for _, conf := range slices.Sorted(maps.Keys(readers)) {
+		for _, d := range readers[conf].PluginDirs {
+			if !slices.Contains(dirs, d) {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	return pluginPath{dirs, "", false}
+}
+
+// checkPlugins finds every plugin the plugin's chains need in the plugin
+// path of the runtime that reads each chain's conflist, and reads its
+// version as Nomad does.
 func checkPlugins(o Options, ours []*conflists.Network, fr front) []Finding {
-	var need []string
+	type group struct {
+		path pluginPath
+		// need are the plugins, in order; files, the files that need each.
+		need  []string
+		files map[string][]string
+	}
+	var groups []*group
 	for _, n := range ours {
+		pp := pluginPathOf(o, n.File)
+		i := slices.IndexFunc(groups, func(g *group) bool { return slices.Equal(g.path.dirs, pp.dirs) && g.path.who == pp.who })
+		if i < 0 {
+			i = len(groups)
+			groups = append(groups, &group{path: pp, files: map[string][]string{}})
+		}
+		g := groups[i]
 		for _, t := range append(slices.Clone(n.Plugins), n.Conf.Delegate, netconf.HostLocal) {
-			if t != "" && t != "flannel" && !slices.Contains(need, t) {
-				need = append(need, t)
+			if t == "" || t == "flannel" {
+				continue
+			}
+			if !slices.Contains(g.need, t) {
+				g.need = append(g.need, t)
+			}
+			if !slices.Contains(g.files[t], n.File) {
+				g.files[t] = append(g.files[t], n.File)
 			}
 		}
 	}
 	var fs []Finding
-	where := strings.Join(o.CNIPath, ":")
+	seen := map[string]bool{}
+	for _, g := range groups {
+		fs = append(fs, checkPluginsIn(o, g.path, g.need, g.files, fr, seen)...)
+	}
+	return fs
+}
+
+// checkPluginsIn finds the plugins need in their plugin path (files are
+// the files that need each); seen are the plugins already reported.
+func checkPluginsIn(o Options, pp pluginPath, need []string, files map[string][]string, fr front, seen map[string]bool) []Finding {
+	var fs []Finding
+	where := strings.Join(pp.dirs, ":")
+	// The front copy's reference bridge counts where the path starts with
+	// the doctor's, in which that copy was found.
+	behindFront := fr.path != "" && len(pp.dirs) >= len(o.CNIPath) && slices.Equal(pp.dirs[:len(o.CNIPath)], o.CNIPath)
 	for _, name := range need {
 		find := plugin.FindDelegate // past the plugin itself, as it delegates
 		if name == pluginName {
 			find = invoke.FindInPath
 		}
-		if name == "bridge" && fr.path != "" {
+		if name == "bridge" && behindFront {
 			if fr.real == "" {
 				continue // findFront said so
 			}
 			find = func(string, []string) (string, error) { return fr.real, nil }
 		}
-		path, err := find(name, o.CNIPath)
-		if err != nil {
+		path, err := find(name, pp.dirs)
+		neededBy := strings.Join(files[name], ", ")
+		switch {
+		case err != nil && pp.who == "" && pp.known:
 			fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s: %v", where, err), Fix: installFix(name, where)})
 			continue
+		case err != nil && pp.known:
+			fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s%s (for %s): %v", pp.who, where, neededBy, err), Fix: installFix(name, where)})
+			continue
+		case err != nil:
+			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s (for %s): %v; the doctor cannot tell which runtime reads %s, so not where it looks for plugins", where, neededBy, err, neededBy),
+				Fix: fmt.Sprintf("install %s where the runtime that reads %s looks for plugins, or tell the doctor where that is: nomad-bridge-cni doctor --cni-path DIRS", name, neededBy)})
+			continue
+		case seen[path]:
+			continue
 		}
+		seen[path] = true
 		out, err := o.Version(path)
 		tok, _, ok := firstVersion(out)
 		switch {

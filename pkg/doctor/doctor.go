@@ -53,6 +53,9 @@ type Options struct {
 	// network then counts in the clash check, and its fingerprint of
 	// bridge decides whether it sends CHECK.
 	Nomad bool
+	// Readers are the runtimes that read each configuration directory, and
+	// where they look for plugins (nil: conflists.DefaultReaders).
+	Readers map[string]conflists.Reader
 	// NomadClient reads the client's settings (nil: Nomad's defaults).
 	NomadClient func() NomadClient
 	// Version runs a plugin with no arguments and returns what it printed.
