@@ -248,3 +248,41 @@ func TestGCOfAWrongDataDirKeepsTheLiveRulesOfACustomOne(t *testing.T) {
 	e.assertNAT(t, live.cid, natWant{Masq: []netip.Addr{liveAddr.Addr()}})
 	e.assertNAT(t, orphanCID, natWant{})
 }
+
+// TestGCOfADirectoryThePluginNeverServedCreatesNothing: gc, with and
+// without --runtime nomad (a stand-in nomad CLI that lists nothing), of a
+// bare bridge's lease directory finds nothing to release and writes
+// nothing there (issue 43: it created .nomad-bridge-cni/<network> for its
+// markers).
+func TestGCOfADirectoryThePluginNeverServedCreatesNothing(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	bare := filepath.Join(t.TempDir(), "networks")
+	leases := filepath.Join(bare, e.netName)
+	if err := os.MkdirAll(leases, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{"lock": "", "last_reserved_ip.0": "10.88.0.5", "10.88.0.5": "c1\r\neth0"} {
+		if err := os.WriteFile(filepath.Join(leases, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake := t.TempDir()
+	script := "#!/bin/sh\ncase \"$3\" in\n/v1/agent/self) echo '{\"stats\": {\"client\": {\"node_id\": \"n1\"}}}' ;;\n/v1/node/n1/allocations) echo '[]' ;;\n*) exit 1 ;;\nesac\n"
+	if err := os.WriteFile(filepath.Join(fake, "nomad"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := treeState(t, bare)
+	for _, args := range [][]string{
+		{"gc", "--data-dir", bare},
+		{"gc", "--runtime", "nomad", "--data-dir", bare},
+	} {
+		r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: args, env: []string{"PATH=" + fake + ":" + os.Getenv("PATH")}})
+		if r.err != nil || r.stdout != "nothing to release\n" {
+			t.Errorf("%v: %v\nstdout: %s\nstderr: %s", args, r.err, r.stdout, r.stderr)
+		}
+		if after := treeState(t, bare); after != before {
+			t.Errorf("%v changed %s:\n--- before\n%s--- after\n%s", args, bare, before, after)
+		}
+	}
+}

@@ -670,3 +670,62 @@ func TestDoctorReadsTheNomadClient(t *testing.T) {
 		}
 	}
 }
+
+// TestDoctorOnASmallDataDir: a dataDir of 512 KiB holds ADDs; the doctor
+// says it is nearly full, a warning, not an error (issue 43: less than
+// 1 MiB free was "records and leases cannot be written", exit 1).
+func TestDoctorOnASmallDataDir(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.mountTinyTmpfs(t, "512k")
+	e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+	e.mustCNI(t, "add", e.addNetns(t, "a"), "")
+	text, _ := e.doctorCmd(t, "doctor", "--conf-dir", e.confDir, "--cni-path", e.bin)
+	if want := "! dataDir: " + e.dataDir + ": nearly full: "; !strings.Contains(text, want) {
+		t.Errorf("doctor lacks %q:\n%s", want, text)
+	}
+	if strings.Contains(text, "✗ dataDir: "+e.dataDir) {
+		t.Errorf("doctor calls a dataDir that ADDs work in broken:\n%s", text)
+	}
+}
+
+// TestDoctorJudgesNomadsFingerprintByTheAgentsVersion: cni_path starts
+// with an empty directory, which Nomad's fingerprint passes from 1.11.2
+// and stops at before (issue 43: Nomad 2.0.6-dev recorded bridge v1.10.0
+// and sent CHECK, the doctor said it recorded nothing). The version comes
+// from the agent's API (a stand-in nomad CLI), else from `nomad version`.
+func TestDoctorJudgesNomadsFingerprintByTheAgentsVersion(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	empty := t.TempDir()
+	cniPath := empty + ":" + e.bin
+	fake := t.TempDir()
+	nomad := filepath.Join(fake, "nomad")
+	self := fmt.Sprintf(`{"config": {"Client": {"CNIPath": %q, "CNIConfigDir": %q}, "Version": {"Version": "1.11.1", "VersionPrerelease": ""}}}`, cniPath, e.confDir)
+	for _, c := range []struct {
+		name, script string
+		env          []string
+		want         []string
+	}{
+		{"api", "#!/bin/sh\n[ \"$1 $2 $3\" = \"operator api /v1/agent/self\" ] || exit 1\ncat <<'JSON'\n" + self + "\nJSON\n", []string{"CNI_PATH"}, []string{
+			"; Nomad 1.11.1 (from the agent's API)",
+			"! nomad: bridge: Nomad records no version of bridge from cni_path " + cniPath + ": it never sends CHECK (no CHECK-time sweep); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
+		}},
+		{"cli", "#!/bin/sh\n[ \"$1\" = version ] || { echo 'Error querying agent: connection refused' >&2; exit 1; }\necho 'Nomad v2.0.6-dev'\necho 'BuildDate 2026-11-30T10:00:00Z'\n", []string{"CNI_PATH=" + cniPath}, []string{
+			"; Nomad 2.0.6-dev (from " + nomad + " version, the CLI's: the agent's unless it runs another binary)",
+			"✓ nomad: bridge: Nomad records bridge v1.10.0 (from " + filepath.Join(e.bin, "bridge") + ", the last bridge of the CNI path given (--cni-path or CNI_PATH) " + cniPath + " that prints a version): it sends CHECK on restore",
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := os.WriteFile(nomad, []byte(c.script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: []string{"doctor", "--conf-dir", e.confDir}, env: append([]string{"PATH=" + fake + ":" + os.Getenv("PATH")}, c.env...)})
+			for _, want := range c.want {
+				if !strings.Contains(r.stdout, want) {
+					t.Errorf("doctor output lacks %q:\n%s\nstderr: %s", want, r.stdout, r.stderr)
+				}
+			}
+		})
+	}
+}
