@@ -29,7 +29,7 @@
 #   dist/SHA256SUMS                                    sha256sum format, all of the above
 #
 # The .deb and .rpm packages are written by nfpm (github.com/goreleaser/nfpm/v2,
-# pinned in go.mod's tool block, run with `go tool nfpm`) from one generated
+# pinned in scripts/release/tools/go.mod) from one generated
 # config. The tarballs are written with GNU tar: nfpm writes packages only, no
 # plain tarballs.
 #
@@ -435,12 +435,15 @@ EOF
 	} >"$3"
 }
 
-# nfpm runs for the build machine (not GOOS/GOARCH), at the version go.mod pins.
-nfpm() { env -u GOOS -u GOARCH GOFLAGS=-mod=readonly "$GO" tool nfpm "$@"; }
+# nfpm runs for the build machine (not GOOS/GOARCH), at the version
+# scripts/release/tools/go.mod pins (a module of its own: see there).
+TOOLS=$ROOT/scripts/release/tools
+env -u GOOS -u GOARCH GOFLAGS=-mod=readonly "$GO" build -C "$TOOLS" -o "$WORK/nfpm" github.com/goreleaser/nfpm/v2/cmd/nfpm
+nfpm() { "$WORK/nfpm" "$@"; }
 
 LICENSE_ID=$(license_id)
 write_copyright "$WORK/copyright"
-step "nfpm $(GOFLAGS=-mod=readonly "$GO" list -m -f '{{.Version}}' github.com/goreleaser/nfpm/v2)"
+step "nfpm $(GOFLAGS=-mod=readonly "$GO" -C "$TOOLS" list -m -f '{{.Version}}' github.com/goreleaser/nfpm/v2)"
 declare -A RPM_ARCH=([amd64]=x86_64 [arm64]=aarch64)
 for arch in "${ARCHES[@]}"; do
 	deb=${NAME}_${DEBV}_$arch.deb
