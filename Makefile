@@ -16,12 +16,21 @@ PLUGINS_VERSION  = $(shell $(GO) list -m -f '{{.Version}}' github.com/containern
 # fingerprints plugins by the semver they print; module-proxy builds print
 # "version unknown" unless stamped, so they are stamped the way a release is
 # (cnitool does not link the variable; the linker ignores it there). The
-# block's other tools (nfpm, for `make release`) are not plugins.
-TOOLS           = $(filter github.com/containernetworking/%,$(shell $(GO) list tool))
+# release packager is pinned apart (scripts/release/tools/go.mod), so that
+# nothing but `make release` downloads its module tree.
+TOOLS           = $(shell $(GO) list tool)
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
-.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-storm test-podman test-containerd test-release test-reboot bench install install-as-bridge demo release clean
+.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-storm test-podman test-containerd test-release test-reboot bench install install-as-bridge demo release clean deps-test deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release
+
+# The Debian packages each target needs, installed when missing (as root):
+# one list, scripts/deps.sh, which .ci/run uses too.
+DEPS := bash scripts/deps.sh
+deps-test:
+	@$(DEPS) unit e2e podman containerd
+deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release:
+	@$(DEPS) $(@:deps-%=%)
 
 all: build plugins
 
@@ -37,14 +46,14 @@ plugins:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -ldflags '$(PLUGIN_LDFLAGS)' -o $(BIN)/ $(TOOLS)
 
-test: test-unit test-e2e test-podman test-containerd
+test: deps-test test-unit test-e2e test-podman test-containerd
 
-test-unit:
+test-unit: deps-unit
 	$(GO) vet ./...
 	$(GO) test -count=1 ./pkg/... ./cmd/... ./internal/... ./test/bench/cmd/nbcbench/
 
 # The e2e tests need root, iptables and the binaries in $(BIN).
-test-e2e: build build-crashpoints plugins
+test-e2e: deps-e2e build build-crashpoints plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -timeout 30m -skip '^TestStorm$$' ./test/e2e/
 
 # The storm (test/e2e/storm_test.go): for STORM_DURATION, STORM_WORKERS
@@ -55,7 +64,7 @@ test-e2e: build build-crashpoints plugins
 # Not part of `make test`. Needs what test-e2e needs.
 STORM_DURATION ?= 60s
 STORM_WORKERS  ?= 6
-test-storm: build plugins
+test-storm: deps-e2e build plugins
 	NBC_STORM=1 NBC_STORM_DURATION=$(STORM_DURATION) NBC_STORM_WORKERS=$(STORM_WORKERS) NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -run '^TestStorm$$' -timeout 30m ./test/e2e/
 
 # Real podman (4.x, CNI backend) containers on networks that adopt the
@@ -63,7 +72,7 @@ test-storm: build plugins
 # bridge, and rootless podman with a throw-away user. Needs root, podman,
 # runc, busybox-static, uidmap and slirp4netns (.ci/run installs them);
 # podman's bridge networks also chain tuning, built by `plugins`.
-test-podman: build plugins
+test-podman: deps-podman build plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v ./test/podman/
 
 # crictl, pinned in a module of its own (test/containerd/tools/go.mod's tool
@@ -76,14 +85,14 @@ crictl:
 # by crictl, on containerd's conflist with the one-word edit and, as the
 # control, without it. Needs root, containerd (with ctr), runc, ip and
 # iptables (.ci/run installs them).
-test-containerd: build plugins crictl
+test-containerd: deps-containerd build plugins crictl
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -timeout 20m ./test/containerd/
 
 # Builds the release artifacts into a temp dir and checks them, installs the
 # .deb (dpkg) and the .rpm (rpm) into throw-away roots, and builds again to
 # prove the bytes are the same (`go test -short ./test/release/` skips that
 # second build).
-test-release:
+test-release: deps-release
 	$(GO) test -count=1 -v ./test/release/
 
 # A real reboot of a Debian VM under qemu (TCG): allocations restored after the
@@ -110,12 +119,12 @@ install-as-bridge: build
 	install -m 0755 $(BIN)/nomad-bridge-cni $(DESTDIR)$(FRONT_PREFIX)/bridge
 
 # Release artifacts in dist/: static linux/amd64 and linux/arm64 tarballs,
-# .debs and .rpms (written by nfpm, pinned in go.mod's tool block), SHA256SUMS.
+# .debs and .rpms (written by nfpm, pinned in scripts/release/tools/go.mod), SHA256SUMS.
 # Version from git; `make release VERSION=vX.Y.Z` overrides.
 release:
 	bash scripts/release/release.sh
 
-demo: build plugins
+demo: deps-demo build plugins
 	BIN=$(BIN) bash test/demo/demo.sh
 
 clean:
