@@ -18,6 +18,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 // TestNFTablesIPMasqAgainstBridge: rules made by bridge's own nftables
@@ -26,7 +28,7 @@ import (
 // through knftables, as bridge reads it.
 func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
-		skipOrFail(t, "bridge's nftables ipMasq needs the nft binary (.ci/run installs nftables)")
+		testhost.SkipOrFail(t, "bridge's nftables ipMasq needs the nft binary (.ci/run installs nftables)")
 	}
 	netns := nftNamespace(t)
 	var err error
@@ -194,16 +196,6 @@ func nftComment(network, ifname, containerID string) string {
 	return comment
 }
 
-// skipOrFail skips outside CI and fails in CI, where root and every tool
-// are there (test/internal/testhost.SkipOrFail, which pkg/ cannot import).
-func skipOrFail(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s (CI is set: this test must run)", why)
-	}
-	t.Skip(why)
-}
-
 // A comment whole names its attachment exactly; one bridge cut names the
 // beginning of its container ID, and says so; another network's is not
 // read.
@@ -229,7 +221,7 @@ func TestParseNFTComment(t *testing.T) {
 // end of such a TLV).
 func TestNFTablesReleaseSurvivesMalformedUserdata(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
-		skipOrFail(t, "bridge's nftables ipMasq needs the nft binary (.ci/run installs nftables)")
+		testhost.SkipOrFail(t, "bridge's nftables ipMasq needs the nft binary (.ci/run installs nftables)")
 	}
 	netns := nftNamespace(t)
 	var err error
@@ -342,7 +334,7 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 func nftNamespace(t *testing.T) ns.NetNS {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "nftables in a namespace needs root")
+		testhost.SkipOrFail(t, "nftables in a namespace needs root")
 	}
 	netns, err := testutils.NewNS()
 	if err != nil {

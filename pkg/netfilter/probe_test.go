@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 // TestProbeFindsWhatTheListingFinds: in a throw-away namespace, rules made
@@ -181,16 +182,16 @@ func inOwnNetns(t *testing.T) bool {
 		return true
 	}
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "a network namespace of its own needs root")
+		testhost.SkipOrFail(t, "a network namespace of its own needs root")
 	}
 	for _, bin := range []string{"unshare", "iptables", "ip6tables"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			skipOrFail(t, bin+" not in PATH (.ci/run installs util-linux and iptables)")
+			testhost.SkipOrFail(t, bin+" not in PATH (.ci/run installs util-linux and iptables)")
 		}
 	}
 	for _, bin := range []string{"iptables", "ip6tables"} {
 		if path, _ := exec.LookPath(bin); !nftBacked(path) {
-			skipOrFail(t, bin+" is not iptables-nft here: the probe does not apply")
+			testhost.SkipOrFail(t, bin+" is not iptables-nft here: the probe does not apply")
 		}
 	}
 	cmd := exec.Command("unshare", "--net", os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")

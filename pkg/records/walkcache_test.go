@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
@@ -29,25 +29,7 @@ func tmpfsStore(t *testing.T) *Store {
 // diskStore is a store whose data dir is not on tmpfs.
 func diskStore(t *testing.T) *Store {
 	t.Helper()
-	for _, dir := range []string{t.TempDir(), "."} {
-		f, err := os.Open(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		onTmpfs := statefile.OnTmpfs(int(f.Fd()))
-		f.Close()
-		if onTmpfs {
-			continue
-		}
-		d, err := os.MkdirTemp(dir, "nbc-records-test-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(d) })
-		return NewStore(ipamdir.New(d, "nomad"))
-	}
-	t.Fatal("no directory off tmpfs to test in (the temp dir and the package's are both tmpfs)")
-	return nil
+	return NewStore(ipamdir.New(testhost.DirOffTmpfs(t), "nomad"))
 }
 
 func writeRecords(t *testing.T, s *Store, n int) map[Key]*Record {

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 const (

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 func TestMain(m *testing.M) {

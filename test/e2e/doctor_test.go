@@ -17,7 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 var updateDoctorGolden = flag.Bool("update", false, "rewrite the doctor test's golden files (testdata/doctor)")
@@ -120,7 +120,7 @@ func TestDoctor(t *testing.T) {
 		{
 			name: "datadir-not-tmpfs",
 			setup: func(t *testing.T, e *testEnv, h *doctorHost) {
-				dir := persistentDir(t)
+				dir := testhost.DirOffTmpfs(t)
 				h.names = append(h.names, [2]string{dir, "PERSISTENT"})
 				entryOfType(t, h.conf, pluginType)["dataDir"] = dir
 				e.writeConflist(t, h.conf)

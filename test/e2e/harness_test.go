@@ -23,9 +23,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 const (

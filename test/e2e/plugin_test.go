@@ -9,9 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 // TestAddCheckDel is the plugin's basic life cycle through cnitool, once
@@ -213,7 +211,7 @@ func TestNonTmpfsWarning(t *testing.T) {
 	t.Run("persistent-dataDir", func(t *testing.T) {
 		e := newEnv(t)
 		e.requirePlugin(t)
-		e.persistDir = persistentDir(t)
+		e.persistDir = testhost.DirOffTmpfs(t)
 		conf := e.confFor(t, "minimal.conflist")
 		entryOfType(t, conf, pluginType)["dataDir"] = e.persistDir
 		e.writeConflist(t, conf)
@@ -260,27 +258,4 @@ func TestNonTmpfsWarning(t *testing.T) {
 			t.Errorf("tmpfs warning marker written on a tmpfs dataDir: %v", err)
 		}
 	})
-}
-
-// persistentDir returns a fresh directory on a filesystem that survives a
-// reboot (not tmpfs or ramfs): the system temp dir is tmpfs on some hosts,
-// so /var/tmp and the test's own working directory (the checkout) are tried
-// too. Having none is a failure in CI and a skip elsewhere.
-func persistentDir(t *testing.T) string {
-	t.Helper()
-	cwd, _ := os.Getwd()
-	for _, parent := range []string{os.TempDir(), "/var/tmp", cwd} {
-		var st unix.Statfs_t
-		if parent == "" || unix.Statfs(parent, &st) != nil || st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC {
-			continue
-		}
-		dir, err := os.MkdirTemp(parent, ".nbc-e2e-persistent-")
-		if err != nil {
-			continue
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		return dir
-	}
-	testhost.SkipOrFail(t, "no persistent (non-tmpfs) filesystem among the temp dir, /var/tmp and the checkout")
-	return ""
 }

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 // A runtime that gives up on an ADD kills the plugin, not its delegates:

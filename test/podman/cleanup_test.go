@@ -12,9 +12,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/iptstate"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 // cleanup removes everything the env created, in whatever state the test

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 const pluginType = "nomad-bridge-cni"

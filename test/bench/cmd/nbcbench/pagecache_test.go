@@ -7,30 +7,20 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 )
 
 // A file just written is in the page cache; evictBinaries must leave none
 // of it there, or the cold-start table measures a state no node has after
 // a boot.
 func TestEvictBinariesDropsTheirPages(t *testing.T) {
-	dir := t.TempDir()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Type == unix.TMPFS_MAGIC {
-		// tmpfs keeps its files in the page cache: nothing to evict to.
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is on tmpfs: the eviction cannot be checked there", dir)
-		}
-		t.Skipf("%s is on tmpfs: the eviction cannot be checked there", dir)
-	}
+	// tmpfs keeps its files in the page cache: nothing to evict to.
+	dir := testhost.DirOffTmpfs(t)
 	bin := filepath.Join(dir, "bridge")
 	if err := os.WriteFile(bin, bytes.Repeat([]byte("x"), 1<<20), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	extra := filepath.Join(t.TempDir(), "floor")
+	extra := filepath.Join(testhost.DirOffTmpfs(t), "floor")
 	if err := os.WriteFile(extra, bytes.Repeat([]byte("y"), 64<<10), 0o755); err != nil {
 		t.Fatal(err)
 	}
