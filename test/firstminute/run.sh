@@ -33,7 +33,7 @@ mkdir -p "$W/upper" "$W/work" "$W/root"
 mount -t overlay overlay -o "lowerdir=/,upperdir=$W/upper,workdir=$W/work" "$W/root"
 R=$W/root
 for d in proc sys dev run; do mount --rbind "/$d" "$R/$d"; done
-mount -t tmpfs -o size=2g tmpfs "$R/tmp"
+mount -t tmpfs -o size=6g tmpfs "$R/tmp"
 
 # The packages make demo and make test-unit need, as a fresh machine lacks
 # them. dpkg leaves what depends on them with a missing dependency, which
@@ -49,8 +49,19 @@ for cmd in iptables ping nft mkfs.ext4; do
 	! chroot "$R" sh -c "command -v $cmd" >/dev/null || die "$cmd is still there after the purge"
 done
 
-printf '==> a fresh clone runs make demo and make test-unit\n'
+# Empty Go caches, as on a new machine: every module is downloaded, and
+# the release packager's tree must not be.
+printf '==> a fresh clone runs make demo and make test-unit, with empty Go caches\n'
 git clone -q "$REPO" "$R/tmp/nbc"
-chroot "$R" env -i HOME=/root PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-	CI=true TERM=dumb bash -c 'cd /tmp/nbc && make demo && make test-unit' || die "make demo or make test-unit failed on a root without the packages"
+in_root() {
+	chroot "$R" env -i HOME=/root PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		GOMODCACHE=/tmp/gomod GOCACHE=/tmp/gocache GOFLAGS=-modcacherw CI=true TERM=dumb bash -c "cd /tmp/nbc && $1"
+}
+start=$SECONDS
+in_root 'make demo' || die "make demo failed on a root without the packages"
+printf '==> make demo took %d s, package installs and module downloads included\n' $((SECONDS - start))
+in_root 'make test-unit' || die "make test-unit failed on a root without the packages"
+if [[ -e $R/tmp/gomod/github.com/goreleaser ]]; then
+	die "make demo or make test-unit downloaded the release packager's modules (nfpm): they belong to make release only"
+fi
 printf '==> first minute: make demo and make test-unit installed what they needed and passed\n'
