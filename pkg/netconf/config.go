@@ -263,15 +263,9 @@ func (c *Config) parseLog(raw map[string]json.RawMessage) error {
 // chain will (CHECK relies on it; bridge would fail half-way).
 func checkPrevResult(raw map[string]json.RawMessage, cniVersion string) error {
 	prev, ok := raw["prevResult"]
-	if !ok || isNull(prev) || prevResultSurelyValid(prev, cniVersion) {
+	if !ok || isNull(prev) {
 		return nil
 	}
-	return parsePrevResult(prev, cniVersion)
-}
-
-// parsePrevResult is the CNI library's check of a prevResult, the one
-// every plugin of the chain runs.
-func parsePrevResult(prev json.RawMessage, cniVersion string) error {
 	conf := &types.PluginConf{CNIVersion: cniVersion}
 	if err := json.Unmarshal(prev, &conf.RawPrevResult); err != nil || conf.RawPrevResult == nil {
 		return types.NewError(types.ErrDecodingFailure, `"prevResult" must be a JSON object`, "")

@@ -139,7 +139,7 @@ func (s *Store) write(r *Record, beforeRename func(tmp string) error) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("create record directory %s: %w", s.dir, err)
 	}
-	b, err := encode(r)
+	b, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", r.Key(), err)
 	}
@@ -180,7 +180,7 @@ func (s *Store) Read(k Key) (*Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read record %s: %w", k, err)
 	}
-	return s.decode(fileName(k), b, nil)
+	return s.decode(fileName(k), b)
 }
 
 // Remove deletes the record of k; a missing record is not an error.
@@ -345,9 +345,6 @@ type walk struct {
 	// cache: the directory is on tmpfs, where the walk cache holds (see
 	// walkcache.go); nil elsewhere.
 	cache *cacheUpdate
-	// bootID is the boot ID last decoded, which the next record most
-	// likely shares (see knownStrings).
-	bootID atomic.Pointer[string]
 }
 
 // readRecord is what reading one entry gave: a record, an error, or
@@ -384,7 +381,7 @@ func (w *walk) readEntry(e statefile.DirEnt) readRecord {
 		return readRecord{} // deliver says what it is
 	}
 	if b, ok := w.cache.lookup(name, e.Ino()); ok {
-		if r, err := w.s.decode(name, b, &w.bootID); err == nil && cacheable(r) {
+		if r, err := w.s.decode(name, b); err == nil && cacheable(r) {
 			r.fromCache = true
 			if w.prepare != nil {
 				w.prepare(r)
@@ -399,7 +396,7 @@ func (w *walk) readEntry(e statefile.DirEnt) readRecord {
 	if err != nil {
 		return readRecord{err: fmt.Errorf("read record: %w", err)}
 	}
-	r, err := w.s.decode(name, b, &w.bootID)
+	r, err := w.s.decode(name, b)
 	if err != nil {
 		return readRecord{err: err}
 	}
@@ -525,15 +522,10 @@ func (l *Listing) damaged(name string, err error) {
 }
 
 // decode parses a record and checks it belongs where it was found.
-// bootID, when not nil, is the boot ID of the walk's records decoded
-// before (see knownStrings).
-func (s *Store) decode(name string, b []byte, bootID *atomic.Pointer[string]) (*Record, error) {
+func (s *Store) decode(name string, b []byte) (*Record, error) {
 	var r Record
-	if !decodeFast(b, &r, knownStrings{network: s.network, name: name, bootID: bootID}) {
-		r = Record{}
-		if err := json.Unmarshal(b, &r); err != nil {
-			return nil, fmt.Errorf("record %s: %w", filepath.Join(s.dir, name), err)
-		}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("record %s: %w", filepath.Join(s.dir, name), err)
 	}
 	var problem string
 	switch {

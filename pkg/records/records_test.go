@@ -1,7 +1,6 @@
 package records
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -176,34 +175,6 @@ func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
 	for _, kept := range []string{".tmp-222-2", ".tmp-x-3", ".migrated", "c1@eth0"} {
 		if _, err := os.Stat(filepath.Join(s.Dir(), kept)); err != nil {
 			t.Errorf("%s removed: %v", kept, err)
-		}
-	}
-}
-
-// What Write writes takes the fast path (else it buys nothing), and the
-// forms it must leave to encoding/json do not.
-func TestDecodeFastTakesWhatWriteWrites(t *testing.T) {
-	r := &Record{Version: FormatVersion, Network: "nomad", ContainerID: "c1", IfName: "eth0",
-		Netns: "/var/run/netns/ä", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 1 << 40}, NetnsCookie: 1<<64 - 1,
-		BootID: "b", Created: time.Date(2026, 12, 1, 1, 2, 3, 4, time.UTC), State: Started,
-		PID: 1 << 31, PIDStart: 7, IPs: []string{"10.0.0.2/24"}}
-	b, err := json.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got Record
-	if !decodeFast(b, &got, knownStrings{}) {
-		t.Fatalf("fast path refused %s", b)
-	}
-	if !reflect.DeepEqual(&got, r) {
-		t.Errorf("fast path: %+v, want %+v", got, *r)
-	}
-	for _, in := range []string{
-		`{"Version":1}`, `{"ips":null}`, `{"netns":"a\"b"}`, "{\"netns\":\"\xff\"}", `{"version":1.0}`,
-		`{"version":01}`, `{"pidStart":-1}`, `{"version":1}x`, `{"version":1,}`, `{"extra":1}`, `{"created":"yesterday"}`,
-	} {
-		if decodeFast([]byte(in), &Record{}, knownStrings{}) {
-			t.Errorf("fast path accepted %s", in)
 		}
 	}
 }
