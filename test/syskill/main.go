@@ -11,7 +11,8 @@
 // own count), so with Go's changing threads a K ≥ 2 mostly never fires;
 // this counts once for the whole tree.
 //
-// With -k 0 it only counts. The exit status is the program's (128+signal
+// With -k 0 it only counts. syskill returns once every process of the
+// tree is gone and reaped (it is their subreaper). The exit status is the program's (128+signal
 // if a signal ended it), or 137 if syskill killed it. -report writes
 // {"killed":…,"count":…,"at":{…}}: count is K when killed, else every
 // counted call. -log writes one line per counted call.

@@ -170,8 +170,9 @@ func exists(t *testing.T, path string) bool {
 }
 
 // sh's script: three file operations, each in a child process (touch, mv,
-// rm), then one more that must not happen after a kill.
-const script = "touch a; mv a b; rm b; touch after"
+// rm; mv in a subshell's child), then one more that must not happen after
+// a kill.
+const script = "touch a; (mv a b; true); rm b; touch after"
 
 // TestCountsAcrossProcesses: -k 0 counts every chosen call of sh's
 // children and lets the program finish.
@@ -212,6 +213,11 @@ func TestKillsBeforeTheCall(t *testing.T) {
 			}
 			if rep.At.Comm != tc.comm || rep.At.Class != tc.class {
 				t.Errorf("killed at %+v, want %s's %s", *rep.At, tc.comm, tc.class)
+			}
+			// Reaped, not a zombie, even mv, whose parent (the subshell)
+			// died with it and left it to init.
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", rep.At.PID)); err == nil {
+				t.Errorf("pid %d (%s) still exists after syskill returned", rep.At.PID, rep.At.Comm)
 			}
 			entries, _ := os.ReadDir(dir)
 			var got []string

@@ -82,6 +82,14 @@ func trace(o options) (report, int, error) {
 	// The tracer is the thread that started the program: every ptrace
 	// call must come from it, so this goroutine keeps it to the end.
 	runtime.LockOSThread()
+	// Orphans of the tree (a plugin whose runtime was killed) are ours to
+	// reap, not init's: when syskill exits, no pid of the tree is left,
+	// not even a zombie. An init that reaps late (some sandboxes' does
+	// so about once a second) would leave the killed plugin's pid looking
+	// alive to the next command that checks it.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return report{}, 0, fmt.Errorf("PR_SET_CHILD_SUBREAPER: %w", err)
+	}
 	cmd := exec.Command(o.argv[0], o.argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Ptrace: true}
@@ -107,7 +115,7 @@ func trace(o options) (report, int, error) {
 	for {
 		tid, err := wait4(-1, &ws)
 		if errors.Is(err, unix.ECHILD) {
-			break // every tracee is gone
+			break // every tracee is gone, and reaped
 		}
 		if err != nil {
 			return report{}, 0, err
