@@ -12,10 +12,11 @@
 // this counts once for the whole tree.
 //
 // With -k 0 it only counts. syskill returns once every process of the
-// tree is gone and reaped (it is their subreaper). The exit status is the program's (128+signal
-// if a signal ended it), or 137 if syskill killed it. -report writes
-// {"killed":…,"count":…,"at":{…}}: count is K when killed, else every
-// counted call. -log writes one line per counted call.
+// tree is gone and reaped (it is their subreaper). The exit status is the
+// program's (128+signal if a signal ended it), or 137 if syskill killed
+// it. -report writes {"killed":…,"count":…,"at":{…},"byClass":{…}}: count
+// is K when killed, else every counted call. -log writes one JSON line per
+// counted call, like "at" with its number k.
 //
 // What counts, at syscall entry (amd64 numbers):
 //
@@ -43,7 +44,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
@@ -54,7 +54,8 @@ var classes = []string{"unlink", "rename", "create", "write", "flock", "nlsend",
 
 // hit is one counted call.
 type hit struct {
-	PID    int    `json:"pid"` // the thread group, as kill -9 would name it
+	K      int    `json:"k,omitempty"` // its number, in -log's lines
+	PID    int    `json:"pid"`         // the thread group, as kill -9 would name it
 	TID    int    `json:"tid"`
 	Comm   string `json:"comm"`
 	Call   string `json:"call"`
@@ -73,7 +74,7 @@ type report struct {
 type options struct {
 	k     int
 	calls map[string]bool
-	log   io.Writer
+	log   *json.Encoder
 	argv  []string
 }
 
@@ -107,7 +108,8 @@ func runMain(args []string) int {
 			return 2
 		}
 		defer f.Close()
-		o.log = f
+		o.log = json.NewEncoder(f)
+		o.log.SetEscapeHTML(false)
 	}
 	rep, code, err := trace(o)
 	if err != nil {

@@ -263,9 +263,13 @@ func TestThreadsCountedGlobally(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	threads := map[string]bool{}
+	threads := map[int]bool{}
 	for line := range strings.Lines(string(raw)) {
-		threads[strings.Fields(line)[1]] = true // pid/tid
+		var h hit
+		if err := json.Unmarshal([]byte(line), &h); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		threads[h.TID] = true
 	}
 	if len(threads) != 6 {
 		t.Fatalf("the creates came from %d threads, want 6:\n%s", len(threads), raw)
@@ -305,7 +309,7 @@ func TestWhatCounts(t *testing.T) {
 	if want := map[string]int{"nlsend": 1, "flock": 2}; code != 0 || !maps.Equal(rep.ByClass, want) {
 		t.Fatalf("exit %d, by class %v, want exit 0 and %v; counted:\n%s", code, rep.ByClass, want, raw)
 	}
-	if !strings.Contains(string(raw), "sendto fd ") || !strings.Contains(string(raw), "netlink protocol 0") {
+	if !strings.Contains(string(raw), `"call":"sendto","class":"nlsend","detail":"fd `) || !strings.Contains(string(raw), "netlink protocol 0") {
 		t.Errorf("the netlink send is not described as one:\n%s", raw)
 	}
 }

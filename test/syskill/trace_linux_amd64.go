@@ -239,9 +239,9 @@ func (t *tracer) syscallStop(tid int) {
 	if t.log == nil && t.count != t.k {
 		return
 	}
-	h := hit{PID: tgid(tid), TID: tid, Comm: comm(tid), Call: c.name, Class: c.class, Detail: detail(tid, si)}
+	h := hit{K: t.count, PID: tgid(tid), TID: tid, Comm: comm(tid), Call: c.name, Class: c.class, Detail: detail(tid, si)}
 	if t.log != nil {
-		fmt.Fprintf(t.log, "%d %d/%d %s %s %s\n", t.count, h.PID, h.TID, h.Comm, h.Call, h.Detail)
+		_ = t.log.Encode(h)
 	}
 	if t.count == t.k {
 		t.at = &h
