@@ -22,7 +22,7 @@ TOOLS           = $(shell $(GO) list tool)
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
-.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-storm test-podman test-containerd test-release test-reboot bench install install-as-bridge demo release clean deps-test deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release
+.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-syskill test-storm test-podman test-containerd test-release test-reboot bench install install-as-bridge demo release clean deps-test deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release
 
 # The Debian packages each target needs, installed when missing (as root):
 # one list, scripts/deps.sh, which .ci/run uses too.
@@ -55,6 +55,14 @@ test-unit: deps-unit
 # The e2e tests need root, iptables and the binaries in $(BIN).
 test-e2e: deps-e2e build build-crashpoints plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -timeout 30m -skip '^TestStorm$$' ./test/e2e/
+
+# test/e2e/syskill_test.go at every K instead of test-e2e's sample: each
+# state-changing path killed (test/syskill, built by the test) at each of
+# its unlinks, renames, creates, writes, flocks, netlink sends and execs,
+# counted over the runtime and everything it starts. Not part of `make
+# test`: about 2600 kills, over an hour. Needs what test-e2e needs.
+test-syskill: deps-e2e build plugins
+	NBC_SYSKILL_ALL=1 NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -run '^TestSyskill$$' -timeout 4h ./test/e2e/
 
 # The storm (test/e2e/storm_test.go): for STORM_DURATION, STORM_WORKERS
 # workers churn containers on one network of Nomad's chain through go-cni

@@ -359,12 +359,18 @@ func TestCrashPointsAdoption(t *testing.T) {
 }
 
 // newCrashScene starts the test's network with A and B attached on
-// Nomad's chain, each with a port mapping.
+// Nomad's chain, each with a port mapping, through the armed plugin.
 func newCrashScene(t *testing.T, gcVerb bool) (*testEnv, *crashScene) {
 	t.Helper()
 	e := newEnv(t)
 	e.requirePlugin(t)
 	e.useCrashpointPlugin(t)
+	return e, e.newScene(t, gcVerb)
+}
+
+// newScene is newCrashScene's network, through e's plugin.
+func (e *testEnv) newScene(t *testing.T, gcVerb bool) *crashScene {
+	t.Helper()
 	conf := e.reclaimConf(t, "nomad.conflist")
 	// Every CHECK sweeps: a killed CHECK must be finished by the next one.
 	entryOfType(t, conf, pluginType)["checkSweepInterval"] = "0s"
@@ -377,7 +383,7 @@ func newCrashScene(t *testing.T, gcVerb bool) (*testEnv, *crashScene) {
 	pa, _ := parseResult(t, e.mustCNI(t, "add", s.a, s.capA)).addrIn(t, e.subnet4)
 	pb, _ := parseResult(t, e.mustCNI(t, "add", s.b, s.capB)).addrIn(t, e.subnet4)
 	s.addrA, s.addrB = pa.Addr(), pb.Addr()
-	return e, s
+	return s
 }
 
 // assertLiveB checks B kept everything: its lease, its record, its NAT

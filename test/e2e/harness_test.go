@@ -386,14 +386,25 @@ func (e *testEnv) gcWithValid(t *testing.T, confPath string, valid ...netns) err
 	if err != nil {
 		t.Fatalf("load conflist: %v", err)
 	}
-	args := &libcni.GCArgs{}
+	var cids []string
 	for _, ns := range valid {
-		args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: ns.cid, IfName: ifName})
+		cids = append(cids, ns.cid)
+	}
+	return e.gcList(list, cids)
+}
+
+// gcList is gcWithValid's GC of list with the container IDs' eth0 as the
+// valid list; a test binary sending GC as a runtime (syskill_test.go) has
+// no *testing.T.
+func (e *testEnv) gcList(list *libcni.NetworkConfigList, validCIDs []string) error {
+	args := &libcni.GCArgs{}
+	for _, cid := range validCIDs {
+		args.ValidAttachments = append(args.ValidAttachments, types.GCAttachment{ContainerID: cid, IfName: ifName})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	if err := e.libcniConfig().GCNetworkList(ctx, list, args); err != nil {
-		return fmt.Errorf("GC %s: %w", e.netName, err)
+		return fmt.Errorf("GC %s: %w", list.Name, err)
 	}
 	return nil
 }

@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(listenEnv); addr != "" {
 		os.Exit(serveOnce(addr, os.Getenv(tokenEnv)))
 	}
+	if os.Getenv(gcHelperEnv) != "" {
+		os.Exit(gcHelperMain(os.Args[1:]))
+	}
 	snap := snapshotHost()
 	code := m.Run()
 	if err := snap.restore(); err != nil {

@@ -20,7 +20,7 @@ import (
 
 // The approach is the e2e suite's (test/e2e/harness_test.go,
 // iptables_test.go, main_test.go; the iptables reader is shared with it,
-// test/internal/iptstate): delete what is named after the
+// internal/iptstate): delete what is named after the
 // run's networks, containers and subnets, then the shared chains the run
 // created if nothing else uses them, then check that nothing is left.
 
