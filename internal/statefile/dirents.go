@@ -144,7 +144,8 @@ func modeOfStat(mode uint32) fs.FileMode {
 	return modeOfDirentType(byte(mode & unix.S_IFMT >> 12))
 }
 
-// OnTmpfs reports whether the directory open as fd is on a tmpfs.
+// OnTmpfs reports whether the directory open as fd is in memory (see
+// InMemory).
 func OnTmpfs(fd int) bool {
 	var st unix.Statfs_t
 	for {
@@ -152,6 +153,13 @@ func OnTmpfs(fd int) bool {
 		if err == unix.EINTR {
 			continue
 		}
-		return err == nil && st.Type == unix.TMPFS_MAGIC
+		return err == nil && InMemory(st.Type)
 	}
+}
+
+// InMemory is the one answer to "is this a tmpfs": a filesystem of type
+// fsType (statfs's f_type) keeps its files in memory, and they die with
+// the boot (tmpfs, or ramfs).
+func InMemory(fsType int64) bool {
+	return fsType == unix.TMPFS_MAGIC || fsType == unix.RAMFS_MAGIC
 }

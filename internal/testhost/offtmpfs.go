@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // DirOffTmpfs is a directory on a filesystem that is not tmpfs, for tests
@@ -23,7 +25,7 @@ func DirOffTmpfs(t testing.TB) string {
 	if err := unix.Statfs(dir, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Type != unix.TMPFS_MAGIC && st.Type != unix.RAMFS_MAGIC {
+	if !statefile.InMemory(st.Type) {
 		return dir
 	}
 	if missing := MissingTools("mkfs.ext4", "mount", "umount"); len(missing) > 0 {

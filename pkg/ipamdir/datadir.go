@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // EnsureDataDir creates the data directory (0700: leases name containers)
@@ -26,7 +28,7 @@ func (d Dir) OnTmpfs() (bool, int64, error) {
 	if err := unix.Statfs(d.DataDir, &st); err != nil {
 		return false, 0, fmt.Errorf("statfs dataDir %s: %w", d.DataDir, err)
 	}
-	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, st.Type, nil
+	return statefile.InMemory(st.Type), st.Type, nil
 }
 
 // CheckUsable tells whether an ADD could keep a lease in the data
