@@ -1,18 +1,17 @@
 package ipamdir
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
 
 // LockFileName is host-local's lock file in a network's directory
@@ -85,7 +84,7 @@ func (d Dir) lock(create bool) (func(), error) {
 	}
 	if err := flockWithin(f, LockTimeout); err != nil {
 		if errors.Is(err, ErrLockTimeout) {
-			return nil, fmt.Errorf("lock %s: %w (waited %s; %s)", path, err, LockTimeout, lockHolders(st.Dev, st.Ino))
+			return nil, fmt.Errorf("lock %s: %w (waited %s; %s)", path, err, LockTimeout, lockHolders(path))
 		}
 		f.Close()
 		return nil, fmt.Errorf("lock %s: %w", path, err)
@@ -146,34 +145,21 @@ func flockWithin(f *os.File, timeout time.Duration) error {
 	}
 }
 
-// lockHolders names the processes /proc/locks says hold a flock on the
-// file (dev, ino), for an error message.
-func lockHolders(dev, ino uint64) string {
-	f, err := os.Open("/proc/locks")
+// lockHolders names the processes that hold the lock file at path, for an
+// error message (sysinfo.FlockHolders, the one finder of a flock's
+// holders).
+func lockHolders(path string) string {
+	pids, err := sysinfo.FlockHolders("", path)
 	if err != nil {
 		return "cannot tell who holds it: " + err.Error()
 	}
-	defer f.Close()
-	// "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; a waiter's line
-	// starts with "1: -> FLOCK".
-	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(dev), unix.Minor(dev), ino)
-	var holders []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 6 || fields[1] != "FLOCK" || fields[5] != want {
-			continue
-		}
-		pid, err := strconv.Atoi(fields[4])
-		if err != nil || pid <= 0 {
-			holders = append(holders, "a process in another pid namespace")
-			continue
-		}
-		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		holders = append(holders, fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm))))
+	if len(pids) == 0 {
+		return "no process of this pid namespace holds it"
 	}
-	if len(holders) == 0 {
-		return "no holder found in /proc/locks"
+	holders := make([]string, len(pids))
+	for i, pid := range pids {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		holders[i] = fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm)))
 	}
 	return "held by " + strings.Join(holders, ", ")
 }

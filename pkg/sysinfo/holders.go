@@ -204,51 +204,68 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 	return h, true, nil
 }
 
-// KillLockHolders SIGKILLs the processes, other than this one, with a
-// descriptor on the file at path (same device and inode, by a stat of
-// every /proc/<pid>/fd/<n>) through which its exclusive flock is held
-// (a "FLOCK ... WRITE" lock line in /proc/<pid>/fdinfo/<n>: descriptors
-// inherited from the locker share its lock).
+// KillLockHolders SIGKILLs the processes, other than this one, that hold
+// the exclusive flock of the file at path (FlockHolders).
 func (r *Real) KillLockHolders(path string) ([]int, error) {
+	holders, err := FlockHolders(r.procRoot(), path)
+	if err != nil {
+		return nil, err
+	}
+	var killed []int
+	var errs []error
+	for _, pid := range holders {
+		if pid == os.Getpid() {
+			continue
+		}
+		if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill pid %d: %w", pid, err))
+		} else {
+			killed = append(killed, pid)
+		}
+	}
+	return killed, errors.Join(errs...)
+}
+
+// FlockHolders are the processes with a descriptor
+// on the file at path (same device and inode, by a stat of every
+// /proc/<pid>/fd/<n>) through which its exclusive flock is held (a
+// "FLOCK ... WRITE" lock line in /proc/<pid>/fdinfo/<n>): descriptors
+// inherited from the locker share its lock, which /proc/locks names by
+// the locker's pid alone, however long ago it exited. procRoot "" is
+// /proc.
+func FlockHolders(procRoot, path string) ([]int, error) {
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
 	var target unix.Stat_t
 	if err := unix.Stat(path, &target); err != nil {
 		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	root := r.procRoot()
-	procs, err := os.ReadDir(root)
+	procs, err := os.ReadDir(procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
-	self := os.Getpid()
-	var killed []int
-	var errs []error
+	var holders []int
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
-		if err != nil || pid <= 0 || pid == self {
+		if err != nil || pid <= 0 {
 			continue
 		}
-		fdDir := filepath.Join(root, p.Name(), "fd")
+		fdDir := filepath.Join(procRoot, p.Name(), "fd")
 		fds, err := os.ReadDir(fdDir)
 		if err != nil {
 			continue // exited, or a kernel thread
 		}
 		for _, fd := range fds {
 			var st unix.Stat_t
-			if unix.Stat(filepath.Join(fdDir, fd.Name()), &st) != nil || st.Dev != target.Dev || st.Ino != target.Ino {
-				continue
+			if unix.Stat(filepath.Join(fdDir, fd.Name()), &st) == nil && st.Dev == target.Dev && st.Ino == target.Ino &&
+				holdsExclusiveFlock(filepath.Join(procRoot, p.Name(), "fdinfo", fd.Name())) {
+				holders = append(holders, pid)
+				break
 			}
-			if !holdsExclusiveFlock(filepath.Join(root, p.Name(), "fdinfo", fd.Name())) {
-				continue
-			}
-			if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("kill pid %d: %w", pid, err))
-			} else {
-				killed = append(killed, pid)
-			}
-			break
 		}
 	}
-	return killed, errors.Join(errs...)
+	return holders, nil
 }
 
 // holdsExclusiveFlock reports whether the fdinfo file of a descriptor shows
