@@ -35,7 +35,7 @@ type Plugin struct {
 	// Reclaim is what the records and sweeps work through.
 	Reclaim reclaim.Env
 	// onTmpfs tells whether a dataDir lives in memory; nil means statfs
-	// (netconf.Config.OnTmpfs). Tests replace it.
+	// (ipamdir.Dir.OnTmpfs). Tests replace it.
 	onTmpfs func(ipamdir.Dir) (bool, int64, error)
 }
 
