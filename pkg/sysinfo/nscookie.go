@@ -1,94 +1,21 @@
 package sysinfo
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// The nsfs ioctls a namespace's cookie is read with, from outside it.
-const (
-	// nsGetNSType is NS_GET_NSTYPE (Linux 4.11): the CLONE_NEW* type of
-	// the namespace a file names.
-	nsGetNSType = 0xb703 // _IO(0xb7, 0x3)
-	// nsGetID is NS_GET_ID (Linux 6.18): the namespace's 64-bit id, never
-	// reused within a boot. Since that kernel a network namespace's
-	// SO_NETNS_COOKIE is that same id (net_cookie is taken from the
-	// namespace tree's id generator), which nsIDIsCookie checks once.
-	nsGetID = 0x8008b70d // _IOR(0xb7, 13, __u64)
-)
+// nsGetNSType is NS_GET_NSTYPE (Linux 4.11): the CLONE_NEW* type of the
+// namespace a file names.
+const nsGetNSType = 0xb703 // _IO(0xb7, 0x3)
 
-// errNoNSGetID is a kernel without NS_GET_ID (or NS_GET_NSTYPE): the
-// cookie must be read by entering the namespace.
-var errNoNSGetID = errors.New("the kernel has no NS_GET_ID")
-
-// NetnsCookie reads the namespace's id with NS_GET_ID where the kernel
-// makes it the cookie: an open and a few syscalls, no capability, and
-// nothing entered. Entering the namespace costs a thread and two setns
-// (a third of what an ADD added to the floor plugin's own time,
-// BENCHMARKS.md), and is what older kernels still need.
-func (r *Real) NetnsCookie(path string) (uint64, error) {
-	if r.nsIDIsCookie() {
-		id, err := netnsID(path)
-		if !errors.Is(err, errNoNSGetID) {
-			if err != nil {
-				return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
-			}
-			return id, nil
-		}
-	}
-	return r.cookieInside(path)
-}
-
-// nsIDIsCookie reports, once per process, whether this kernel's
-// NS_GET_ID of a network namespace is its SO_NETNS_COOKIE: a record keeps
-// the cookie, and a cookie read one way must compare equal to one read
-// the other way, or a live namespace would look re-created. It compares
-// the two for the namespace of a socket of its own (SIOCGSKNS): no path,
-// no entering, and no thread of its own to lock.
-func (r *Real) nsIDIsCookie() bool {
-	r.cookieByID.Do(func() {
-		sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return
-		}
-		defer unix.Close(sock)
-		cookie, err := unix.GetsockoptUint64(sock, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-		if err != nil {
-			return
-		}
-		nsfd, err := unix.IoctlRetInt(sock, unix.SIOCGSKNS)
-		if err != nil {
-			return
-		}
-		defer unix.Close(nsfd)
-		id, err := ioctlNSGetID(nsfd)
-		r.idIsCookie = err == nil && id == cookie
-	})
-	return r.idIsCookie
-}
-
-// netnsID is NS_GET_ID of the network namespace at path.
-func netnsID(path string) (uint64, error) {
-	fd, err := openNetns(path)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	return ioctlNSGetID(fd)
-}
-
-// ioctlNSGetID is NS_GET_ID of the namespace file open as fd.
-func ioctlNSGetID(fd int) (uint64, error) {
-	var id uint64
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), nsGetID, uintptr(unsafe.Pointer(&id))); errno != 0 {
-		return 0, errNoNSGetID
-	}
-	return id, nil
-}
+// NetnsCookie reads the namespace's cookie from a socket made inside it
+// (cookieInside): the one way every supported kernel has. Reading the id
+// from outside (NS_GET_ID, Linux 6.18) saved about 0.1 ms an ADD, which a
+// 30–140 ms verb cannot show.
+func (r *Real) NetnsCookie(path string) (uint64, error) { return r.cookieInside(path) }
 
 // openNetns opens the network namespace at path, read-only and without
 // blocking: a FIFO planted there cannot hang the caller, and what is not

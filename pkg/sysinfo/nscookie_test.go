@@ -40,11 +40,9 @@ func newNetns(t *testing.T) string {
 	return "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/net"
 }
 
-// The cookie NetnsCookie reads from outside (NS_GET_ID, where the kernel
-// makes the id the cookie) is what a socket inside the namespace says: a
-// record written with one is judged with the other, and a difference
-// would make a live namespace look re-created.
-func TestNetnsCookieFromOutsideIsTheSocketCookie(t *testing.T) {
+// A namespace's cookie is what a socket inside it says, and two
+// namespaces have two cookies.
+func TestNetnsCookieOfTwoNamespaces(t *testing.T) {
 	requireRoot(t, "entering a namespace")
 	r := &Real{}
 	cookies := map[uint64]string{}
@@ -53,33 +51,17 @@ func TestNetnsCookieFromOutsideIsTheSocketCookie(t *testing.T) {
 		if err != nil || got == 0 {
 			t.Fatalf("NetnsCookie(%s) = %d, %v", path, got, err)
 		}
-		inside, err := r.cookieInside(path)
-		if err != nil {
-			t.Fatalf("cookie of %s read inside it: %v", path, err)
-		}
-		if got != inside {
-			t.Errorf("NetnsCookie(%s) = %d, the socket inside says %d", path, got, inside)
-		}
 		if other, dup := cookies[got]; dup {
 			t.Errorf("%s and %s have the same cookie %d", other, path, got)
 		}
 		cookies[got] = path
-		id, err := netnsID(path)
-		switch {
-		case errors.Is(err, errNoNSGetID):
-			t.Logf("this kernel has no NS_GET_ID: cookies are read inside the namespace")
-		case err != nil:
-			t.Errorf("NS_GET_ID of %s: %v", path, err)
-		case id != inside:
-			t.Errorf("NS_GET_ID of %s is %d, its cookie %d: the id must not be taken for the cookie", path, id, inside)
-			if r.nsIDIsCookie() {
-				t.Errorf("nsIDIsCookie is true where NS_GET_ID is not the cookie")
-			}
-		case !r.nsIDIsCookie():
-			t.Errorf("NS_GET_ID is the cookie, but nsIDIsCookie says it is not: every cookie still enters its namespace")
-		default:
-			t.Logf("%s: cookie %d read with NS_GET_ID", path, got)
-		}
+	}
+	own, err := socketNetnsCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cookies[own] != "/proc/self/ns/net" {
+		t.Errorf("this process's socket says cookie %d; NetnsCookie said %v", own, cookies)
 	}
 }
 
@@ -91,7 +73,7 @@ func TestNetnsCookieOfAPlantedFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &Real{}
-	for name, read := range map[string]func(string) (uint64, error){"NetnsCookie": r.NetnsCookie, "cookieInside": r.cookieInside} {
+	for name, read := range map[string]func(string) (uint64, error){"NetnsCookie": r.NetnsCookie} {
 		done := make(chan error, 1)
 		go func() {
 			_, err := read(fifo)

@@ -14,7 +14,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,15 +46,11 @@ type Host interface {
 	Netns(path string) (NetnsID, error)
 	// NetnsCookie is the namespace's SO_NETNS_COOKIE (Linux 5.14+): unlike
 	// its inode number, which the kernel hands out again once a namespace
-	// is gone, a cookie is never reused within a boot. Since Linux 6.18
-	// it is read from outside (NS_GET_ID); before, reading it means
-	// entering the namespace (tens of microseconds, and a capability), so
-	// it is only asked for when inodes alone cannot tell two namespaces
-	// apart.
+	// is gone, a cookie is never reused within a boot. Reading it means
+	// entering the namespace (tens of microseconds, and a capability).
 	NetnsCookie(path string) (uint64, error)
 	// LinkAddrs are the addresses of the link ifName in the namespace at
-	// path (asked from outside it where the host has an id for it, else
-	// entering it); none when there is no such link.
+	// path, read inside it; none when there is no such link.
 	LinkAddrs(path, ifName string) ([]net.IP, error)
 	// ProcessStart is the start time (clock ticks since boot, field 22 of
 	// /proc/<pid>/stat) of pid; ok is false when there is no such process.
@@ -91,10 +86,6 @@ type Real struct {
 	// nsfsDev is the device of nsfs, once a statfs proved it: nsfs has a
 	// single superblock, so a file on that device is a namespace file.
 	nsfsDev atomic.Uint64
-	// cookieByID tells once whether NS_GET_ID reads a network
-	// namespace's cookie (idIsCookie; see NetnsCookie).
-	cookieByID sync.Once
-	idIsCookie bool
 	// ProcRoot is where processes are read from; "" means /proc.
 	ProcRoot string
 }
