@@ -77,7 +77,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 			// bridge crashed or was killed part-way: undo what it may have
 			// done (lease, veth, rules) before dropping the record. If
 			// that fails too, the pending record stays for a sweep.
-			if derr := p.delegateDel(conf, delegateConf); derr != nil {
+			if derr := p.delegateDel(conf, delegateConf, p.Exec); derr != nil {
 				p.warnf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
 				keep = true
 				return addErr

@@ -3,7 +3,6 @@ package plugin
 import (
 	"errors"
 	"net"
-	"os"
 	"strings"
 	"syscall"
 
@@ -49,13 +48,12 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		return p.delElsewhere(conf, args, attacher, other.Key())
 	}
 	usable := args.Netns != "" && attacher.NamespaceUsable(args.Netns)
+	exec := p.Exec
 	if args.Netns != "" && !usable {
 		// bridge handles a missing path, but fails on a path that is no
 		// longer a namespace (an unmounted netns file); with no netns it
 		// just releases the lease, which is all that is left to do there.
-		if err := os.Setenv("CNI_NETNS", ""); err != nil {
-			return types.NewError(types.ErrInternal, "failed to clear CNI_NETNS for the delegate", err.Error())
-		}
+		exec = withEnv(exec, "CNI_NETNS", "")
 	}
 	// What bridge will find on the interface, and tear the rules of down
 	// (see Attacher.TornDown). An error proves nothing: EndDel then lists
@@ -64,7 +62,7 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 	if usable {
 		onLink, _ = p.Reclaim.Host.LinkAddrs(args.Netns, args.IfName)
 	}
-	if err := p.delegateDel(conf, delegateConf); err == nil {
+	if err := p.delegateDel(conf, delegateConf, exec); err == nil {
 		attacher.TornDown = onLink
 	} else {
 		// bridge's teardown fails on what an earlier attachment of the
@@ -74,7 +72,7 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		// (bridge's DEL is idempotent).
 		removed, rerr := attacher.ReleaseNAT(conf.Dir(), attachmentKey(args))
 		switch {
-		case rerr == nil && len(removed) > 0 && p.delegateDel(conf, delegateConf) == nil:
+		case rerr == nil && len(removed) > 0 && p.delegateDel(conf, delegateConf, exec) == nil:
 			p.warnf("DEL %s: %s failed on NAT rules an earlier attachment left (%s); removed them, then it succeeded", attachmentKey(args), conf.Delegate, strings.Join(removed, ", "))
 		case errors.Is(err, syscall.EROFS) || strings.Contains(err.Error(), syscall.EROFS.Error()):
 			// A read-only data dir: host-local's DEL fails creating its
@@ -118,10 +116,10 @@ func (p *Plugin) delElsewhere(conf *netconf.Config, args *skel.CmdArgs, attacher
 
 // delegateDel runs the delegate's DEL within a delegateTimeout of its own
 // (a rollback never inherits the expired bound of the ADD it undoes).
-func (p *Plugin) delegateDel(conf *netconf.Config, delegateConf []byte) error {
+func (p *Plugin) delegateDel(conf *netconf.Config, delegateConf []byte, exec invoke.Exec) error {
 	ctx, cancel := delegateCtx(conf)
 	defer cancel()
-	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
+	if err := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, exec); err != nil {
 		return delegateError(ctx, conf.Delegate, "del", err)
 	}
 	return nil

@@ -119,3 +119,23 @@ func truncate(s string, n int) string {
 	}
 	return s
 }
+
+// envExec is an invoke.Exec whose delegates get key=value in their
+// environment, whatever the process's own: how a verb changes what its
+// delegate sees (a DEL's CNI_NETNS) without os.Setenv.
+type envExec struct {
+	invoke.Exec
+	key, value string
+}
+
+func withEnv(e invoke.Exec, key, value string) invoke.Exec { return &envExec{e, key, value} }
+
+func (e *envExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
+	env := make([]string, 0, len(environ)+1)
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, e.key+"=") {
+			env = append(env, kv)
+		}
+	}
+	return e.Exec.ExecPlugin(ctx, pluginPath, stdin, append(env, e.key+"="+e.value))
+}

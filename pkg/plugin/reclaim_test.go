@@ -116,6 +116,11 @@ func TestDelClearsNetnsForDelegateWhenNamespaceIsNotOne(t *testing.T) {
 	if got := h.exec.only(t).Env["CNI_NETNS"]; got != "" {
 		t.Errorf("delegate got CNI_NETNS=%q, want empty so bridge only releases the lease", got)
 	}
+	// The delegate's environment is built for it: the plugin's own is
+	// not a control channel.
+	if got := os.Getenv("CNI_NETNS"); got != "/var/run/netns/gone" {
+		t.Errorf("the plugin's own CNI_NETNS became %q", got)
+	}
 }
 
 func TestCheckSweepsTheNetworkButReturnsChecksVerdict(t *testing.T) {
