@@ -20,6 +20,7 @@ import (
 	"syscall"
 
 	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 )
 
 // RecordDirName is the plugin's directory under the data directory. A CNI
@@ -63,6 +64,32 @@ const lastReservedPrefix = "last_reserved_ip."
 // Lease is the path of the lease of ip (host-local names a lease after
 // its address).
 func (d Dir) Lease(ip net.IP) string { return filepath.Join(d.Leases(), ip.String()) }
+
+// LeaseContent is what host-local writes in the lease of an attachment
+// (backend/disk: "<containerID>\r\n<ifname>").
+func LeaseContent(containerID, ifName string) string {
+	return containerID + disk.LineBreak + ifName
+}
+
+// ErrEmptyLease is a lease file with nothing in it.
+var ErrEmptyLease = errors.New("empty")
+
+// ParseLease decodes host-local's "<containerID>\r\n<ifname>" (or the
+// older "<containerID>", with ifName ""), trimmed the way disk.Store trims
+// before matching; content is what it matched on.
+func ParseLease(b []byte) (containerID, ifName, content string, err error) {
+	content = strings.TrimSpace(string(b))
+	if content == "" {
+		return "", "", "", ErrEmptyLease
+	}
+	containerID, ifName, _ = strings.Cut(content, disk.LineBreak)
+	if containerID == "" || containerID != strings.TrimSpace(containerID) || strings.ContainsAny(containerID, "\r\n\x00") || strings.ContainsAny(ifName, "\r\n\x00") {
+		// Its content is not shown: a data dir given by mistake (/etc)
+		// must not have the plugin print what its files hold.
+		return "", "", "", fmt.Errorf("not a host-local reservation (%d bytes that are not \"<container ID>\\r\\n<ifname>\")", len(b))
+	}
+	return containerID, ifName, content, nil
+}
 
 // RecordName is the file name of an attachment's record,
 // "<containerID>@<ifname>": a container ID cannot contain '@' (skel

@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
@@ -106,7 +107,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 // asking for nothing. One context bounds all of it, as one delegate call.
 func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netconf.Config, delegateConf []byte, attach *reclaim.PendingAdd) (types.Result, error) {
 	exec := p.execHolding(attach.LockFile())
-	free := freeAddresses(conf.Dir().Leases(), attach.Previous)
+	free := freeAddresses(conf.Dir(), attach.Previous)
 	if len(free) == 0 || asksForIP(args.Args) {
 		return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)
 	}
@@ -127,9 +128,8 @@ func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netc
 }
 
 // freeAddresses are the addresses of cidrs (as records keep them) that no
-// lease file in leaseDir holds: host-local names each lease after its
-// address. What cannot be told is not free.
-func freeAddresses(leaseDir string, cidrs []string) []string {
+// lease file in d holds. What cannot be told is not free.
+func freeAddresses(d ipamdir.Dir, cidrs []string) []string {
 	var free []string
 	for _, c := range cidrs {
 		prefix, err := netip.ParsePrefix(c)
@@ -137,7 +137,7 @@ func freeAddresses(leaseDir string, cidrs []string) []string {
 			continue
 		}
 		addr := prefix.Addr().Unmap()
-		if _, err := os.Lstat(filepath.Join(leaseDir, addr.String())); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Lstat(d.Lease(addr.AsSlice())); errors.Is(err, fs.ErrNotExist) {
 			free = append(free, addr.String())
 		}
 	}

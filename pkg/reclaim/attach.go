@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -491,7 +489,7 @@ func (s *Attacher) HoldsNothing(d ipamdir.Dir, key records.Key) bool {
 // attachment; a path the record names outside the entry's legacy
 // directory is left alone (legacyLeasePaths).
 func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
-	want := rec.ContainerID + disk.LineBreak + rec.IfName
+	want := ipamdir.LeaseContent(rec.ContainerID, rec.IfName)
 	paths := legacyLeasePaths(rec, s.LegacyDataDir)
 	if len(paths) < len(rec.LegacyLeases) {
 		s.logf("%s: %s: its record names legacy leases outside %s, left alone: %s", d.Network, rec.Key(), ipamdir.New(s.LegacyDataDir, d.Network).Leases(), strings.Join(rec.LegacyLeases, ", "))

@@ -103,7 +103,7 @@ func attachmentAddrs(a *Attachment) []netip.Addr {
 // leasedElsewhere names the lease that holds addr in a network under
 // roots other than a's own lease (its file in own, naming a), or "".
 func leasedElsewhere(roots []string, own ipamdir.Dir, a *Attachment, addr netip.Addr) (string, error) {
-	ownLease := filepath.Join(own.Leases(), addr.String())
+	ownLease := own.Lease(addr.AsSlice())
 	for _, root := range roots {
 		nets, err := os.ReadDir(root)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -116,7 +116,7 @@ func leasedElsewhere(roots []string, own ipamdir.Dir, a *Attachment, addr netip.
 			if !n.IsDir() {
 				continue // a link is never followed out of a data dir
 			}
-			path := filepath.Join(root, n.Name(), addr.String())
+			path := ipamdir.New(root, n.Name()).Lease(addr.AsSlice())
 			if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 				continue
 			} else if err != nil {

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
@@ -304,8 +303,6 @@ func releaseLeases(path string, list *leaseList, doomed map[records.Key]bool) er
 	return d.remove(leases)
 }
 
-var errEmptyLease = errors.New("empty")
-
 // EmptyLeaseError is a lease file with nothing in it. host-local creates
 // a lease (O_EXCL) and writes it under its lock: one found empty by a
 // holder of that lock is a write its host-local died in (killed with the
@@ -345,7 +342,7 @@ func readLease(dirfd int, dir, name string) (Lease, error) {
 		return Lease{}, fmt.Errorf("read lease: %w", err)
 	}
 	key, content, err := parseLease(b)
-	if errors.Is(err, errEmptyLease) {
+	if errors.Is(err, ipamdir.ErrEmptyLease) {
 		return Lease{}, &EmptyLeaseError{Path: path}
 	}
 	if err != nil {
@@ -354,18 +351,8 @@ func readLease(dirfd int, dir, name string) (Lease, error) {
 	return Lease{Path: path, Key: key, ModTime: time.Unix(st.Mtim.Unix()), content: content}, nil
 }
 
-// parseLease decodes host-local's "<containerID>\r\n<ifname>" (or the older
-// "<containerID>"), trimmed the way disk.Store trims before matching.
+// parseLease is ipamdir.ParseLease, keyed as the records are.
 func parseLease(b []byte) (records.Key, string, error) {
-	content := strings.TrimSpace(string(b))
-	if content == "" {
-		return records.Key{}, "", errEmptyLease
-	}
-	cid, ifname, _ := strings.Cut(content, disk.LineBreak)
-	if cid == "" || cid != strings.TrimSpace(cid) || strings.ContainsAny(cid, "\r\n\x00") || strings.ContainsAny(ifname, "\r\n\x00") {
-		// Its content is not shown: a data dir given by mistake (/etc)
-		// must not have the plugin print what its files hold.
-		return records.Key{}, "", fmt.Errorf("not a host-local reservation (%d bytes that are not \"<container ID>\\r\\n<ifname>\")", len(b))
-	}
-	return records.Key{ContainerID: cid, IfName: ifname}, content, nil
+	cid, ifName, content, err := ipamdir.ParseLease(b)
+	return records.Key{ContainerID: cid, IfName: ifName}, content, err
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -311,7 +310,7 @@ func migratedVerdict(r *records.Record, legacyDataDir string) Verdict {
 	if len(paths) == 0 {
 		return Verdict{State: Unknown, Reason: fmt.Sprintf("migrated, but its record names no lease in %s (%s): damaged or edited, kept until its DEL", ipamdir.New(legacyDataDir, r.Network).Leases(), strings.Join(r.LegacyLeases, ", "))}
 	}
-	want := r.ContainerID + disk.LineBreak + r.IfName
+	want := ipamdir.LeaseContent(r.ContainerID, r.IfName)
 	for _, path := range paths {
 		b, err := statefile.ReadFileNoFollow(path)
 		switch {
