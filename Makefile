@@ -22,14 +22,14 @@ TOOLS           = $(shell $(GO) list tool)
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
 
-.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-syskill test-storm test-podman test-containerd test-release test-reboot bench install install-as-bridge demo release clean deps-test deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release
+.PHONY: all build build-crashpoints plugins crictl test test-unit test-e2e test-syskill test-storm test-podman test-containerd test-release test-prom test-reboot bench install install-as-bridge demo release clean deps-test deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release deps-prom
 
 # The Debian packages each target needs, installed when missing (as root):
 # one list, scripts/deps.sh, which .ci/run uses too.
 DEPS := bash scripts/deps.sh
 deps-test:
-	@$(DEPS) unit e2e podman containerd
-deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release:
+	@$(DEPS) unit e2e podman containerd prom
+deps-demo deps-unit deps-e2e deps-podman deps-containerd deps-release deps-prom:
 	@$(DEPS) $(@:deps-%=%)
 
 all: build plugins
@@ -46,14 +46,15 @@ plugins:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -buildvcs=false -trimpath -ldflags '$(PLUGIN_LDFLAGS)' -o $(BIN)/ $(TOOLS)
 
-test: deps-test test-unit test-e2e test-podman test-containerd
+test: deps-test test-unit test-e2e test-prom test-podman test-containerd
 
 test-unit: deps-unit
 	$(GO) vet ./...
 	$(GO) test -count=1 ./pkg/... ./cmd/... ./internal/... ./test/bench/cmd/nbcbench/
 
-# The e2e tests need root, iptables and the binaries in $(BIN).
-test-e2e: deps-e2e build build-crashpoints plugins
+# The e2e tests need root, iptables and the binaries in $(BIN); the
+# Prometheus one (prometheus_test.go) Debian's prometheus and node_exporter.
+test-e2e: deps-e2e deps-prom build build-crashpoints plugins
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -timeout 30m -skip '^TestStorm$$' ./test/e2e/
 
 # test/e2e/syskill_test.go at every K instead of test-e2e's sample: each
@@ -95,6 +96,13 @@ crictl:
 # iptables (.ci/run installs them).
 test-containerd: deps-containerd build plugins crictl
 	NBC_BIN_DIR=$(BIN) $(GO) test -count=1 -p 1 -v -timeout 20m ./test/containerd/
+
+# The shipped alerting rules (packaging/prometheus): promtool check rules,
+# and promtool test rules over the plugin's metrics in each situation
+# (test/prometheus, seconds, no root). The rules against a real Prometheus
+# and node_exporter are test-e2e's TestPrometheusAlerts.
+test-prom: deps-prom
+	$(GO) test -count=1 -v ./test/prometheus/
 
 # Builds the release artifacts into a temp dir and checks them, installs the
 # .deb (dpkg) and the .rpm (rpm) into throw-away roots, and builds again to

@@ -6,7 +6,7 @@
 # `apt-get install`. Needs root to install; on a host without apt-get it
 # names the packages and stops.
 #
-# Groups: demo, unit, e2e, podman, containerd, release, ci (every group, and
+# Groups: demo, unit, e2e, podman, containerd, release, prom, ci (every group, and
 # what .ci/run itself uses).
 set -euo pipefail
 
@@ -43,13 +43,16 @@ release    dpkg-deb                 dpkg              reads the .deb
 release    rpm                      rpm               reads and installs the .rpm
 release    deb-systemd-helper       init-system-helpers  runs the .deb'"'"'s maintainer scripts
 release    systemd-analyze          systemd           checks the systemd units
+prom       promtool                 prometheus        checks and unit-tests the alerting rules; the e2e test runs a Prometheus of its own
+prom       prometheus               prometheus        the e2e test'"'"'s Prometheus, on a loopback port of its own (not the Debian service)
+prom       prometheus-node-exporter prometheus-node-exporter  the e2e test'"'"'s node_exporter, reading the metrics textfile
 ci         git                      git               clones and versions
 ci         make                     make              the build
 '
 
-[[ $# -gt 0 ]] || { echo "usage: $0 GROUP... (demo unit e2e podman containerd release ci)" >&2; exit 2; }
+[[ $# -gt 0 ]] || { echo "usage: $0 GROUP... (demo unit e2e podman containerd release prom ci)" >&2; exit 2; }
 want=" $* "
-[[ $want == *" ci "* ]] && want=" demo unit e2e podman containerd release ci "
+[[ $want == *" ci "* ]] && want=" demo unit e2e podman containerd release prom ci "
 
 declare -A why=()
 missing=()

@@ -69,6 +69,10 @@ type Options struct {
 	// what it owns cannot be judged by another user.
 	EUID int
 
+	// PrometheusRules and PrometheusConfig are the packaged alerting rules
+	// and a local Prometheus's configuration ("": not checked).
+	PrometheusRules, PrometheusConfig string
+
 	// nomad is the client's settings, read once by Run.
 	nomad NomadClient
 }
@@ -117,6 +121,9 @@ func Run(o Options) *Report {
 	fs = append(fs, checkState(o, ours, nets)...)
 	if o.Nomad && front.path != "" {
 		fs = append(fs, checkNomadBuiltinState(o, nets)...)
+	}
+	if o.PrometheusRules != "" {
+		fs = append(fs, checkPrometheus(o.PrometheusRules, o.PrometheusConfig)...)
 	}
 	r := &Report{Findings: fs, OK: true}
 	for _, f := range fs {

@@ -18,7 +18,8 @@ import (
 // what each plugin prints when Nomad fingerprints it, whether a directory
 // is a tmpfs and how much room it has. The caller adds what to read.
 func HostOptions() Options {
-	return Options{Nomad: nomadInstalled(), NomadClient: nomadClient, Version: pluginVersion, OnTmpfs: onTmpfs, Free: freeRoom, EUID: os.Geteuid()}
+	return Options{Nomad: nomadInstalled(), NomadClient: nomadClient, Version: pluginVersion, OnTmpfs: onTmpfs, Free: freeRoom, EUID: os.Geteuid(),
+		PrometheusRules: PrometheusRules, PrometheusConfig: PrometheusConfig}
 }
 
 // nomadConfigDir is where Nomad's packages keep the agent's configuration.

@@ -27,6 +27,10 @@ type Network struct {
 	OrphanRules  int
 	RangeSize    float64 // 0: unknown (no conflist found)
 	LastSweepAge float64 // seconds; negative: no CHECK sweep this boot
+	// DataDir is the network's data dir; Tmpfs says whether it lives in
+	// memory, TmpfsKnown whether statfs could tell.
+	DataDir           string
+	Tmpfs, TmpfsKnown bool
 	// Releases counts released attachments by cause, across runs.
 	Releases map[string]int
 }
@@ -38,7 +42,10 @@ func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64
 	now := s.Host.Now()
 	for _, d := range scope.Dirs {
 		name := d.Network
-		n := Network{Name: name, Attachments: map[reclaim.State]int{}, RangeSize: ranges[name], LastSweepAge: -1}
+		n := Network{Name: name, Attachments: map[reclaim.State]int{}, RangeSize: ranges[name], LastSweepAge: -1, DataDir: d.DataDir}
+		if mem, _, err := d.OnTmpfs(); err == nil {
+			n.Tmpfs, n.TmpfsKnown = mem, true
+		}
 		count := func(a *reclaim.Attachment) {
 			n.Attachments[a.Verdict.State]++
 			n.Leases += len(a.Leases)
@@ -90,11 +97,16 @@ func Write(w io.Writer, nets []Network) error {
 			ew.printf("nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
 		}
 	})
+	gauge("data_dir_tmpfs", "1 when a network's data dir is a tmpfs (leases die with the boot), 0 when it is not (absent when statfs failed).", func(n Network) {
+		if n.TmpfsKnown {
+			ew.printf("nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=%q} %d\n", n.Name, n.DataDir, map[bool]int{true: 1}[n.Tmpfs])
+		}
+	})
 	ew.printf("# HELP nomad_bridge_cni_releases_total Attachments released on a network (leases, NAT rules, records), by cause, counted by the plugin across runs.\n# TYPE nomad_bridge_cni_releases_total counter\n")
 	for _, n := range nets {
 		causes := make([]string, 0, len(n.Releases))
 		for c := range n.Releases {
-			if c != reclaim.ForwardKeptCount {
+			if c != reclaim.ForwardKeptCount && c != reclaim.RefusedLiveCount {
 				causes = append(causes, c)
 			}
 		}
@@ -106,6 +118,12 @@ func Write(w io.Writer, nets []Network) error {
 	ew.printf("# HELP nomad_bridge_cni_firewall_rules_kept_total Addresses of released attachments whose firewall plugin rules (CNI-FORWARD) were kept because another network leases the address, counted across runs.\n# TYPE nomad_bridge_cni_firewall_rules_kept_total counter\n")
 	for _, n := range nets {
 		ew.printf("nomad_bridge_cni_firewall_rules_kept_total{network=%q} %d\n", n.Name, n.Releases[reclaim.ForwardKeptCount])
+	}
+	// Written as 0 too: increase() sees the first refusal only if the
+	// series was there before it.
+	ew.printf("# HELP nomad_bridge_cni_add_refusals_total ADDs refused because the container's earlier attachment is still in a live namespace (detached, or attached elsewhere), counted across runs.\n# TYPE nomad_bridge_cni_add_refusals_total counter\n")
+	for _, n := range nets {
+		ew.printf("nomad_bridge_cni_add_refusals_total{network=%q,reason=\"live-namespace\"} %d\n", n.Name, n.Releases[reclaim.RefusedLiveCount])
 	}
 	return ew.err
 }

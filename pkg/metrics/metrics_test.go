@@ -60,7 +60,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 	if err := os.WriteFile(d.Marker(ipamdir.LastSweepMarker), []byte(fmt.Sprintf("%s %d", host.ID, host.Clock.UnixNano())), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(d.Marker(ipamdir.ReleasesMarker), []byte(`{"earlier-boot":4,"namespace-gone":2,"firewall-rules-kept":1}`), 0o600); err != nil {
+	if err := os.WriteFile(d.Marker(ipamdir.ReleasesMarker), []byte(`{"earlier-boot":4,"namespace-gone":2,"firewall-rules-kept":1,"refused-live-namespace":3}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	host.Clock = host.Clock.Add(90 * time.Second)
@@ -114,9 +114,19 @@ func TestMetricsParseAndCount(t *testing.T) {
 		{value("releases_total", map[string]string{"network": "web", "reason": "earlier-boot"}), 4},
 		{value("releases_total", map[string]string{"network": "web", "reason": "namespace-gone"}), 2},
 		{value("firewall_rules_kept_total", map[string]string{"network": "web"}), 1},
+		{value("add_refusals_total", map[string]string{"network": "web", "reason": "live-namespace"}), 3},
+		// t.TempDir is wherever TMPDIR is: compare with statfs's answer.
+		{value("data_dir_tmpfs", map[string]string{"network": "web", "data_dir": dataDir}), map[bool]float64{true: 1}[onTmpfs(t, d)]},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %g, want %g\n%s", c.got, c.want, out.String())
+		}
+	}
+	for _, m := range families["nomad_bridge_cni_releases_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "reason" && (l.GetValue() == reclaim.RefusedLiveCount || l.GetValue() == reclaim.ForwardKeptCount) {
+				t.Errorf("releases_total counts %s, which is no release", l.GetValue())
+			}
 		}
 	}
 	for _, f := range families {
@@ -128,4 +138,13 @@ func TestMetricsParseAndCount(t *testing.T) {
 			t.Errorf("%s is %s, want %s", f.GetName(), f.GetType(), want)
 		}
 	}
+}
+
+func onTmpfs(t *testing.T, d ipamdir.Dir) bool {
+	t.Helper()
+	mem, _, err := d.OnTmpfs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mem
 }

@@ -144,6 +144,7 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 		if v.Holder != nil {
 			held = v.Holder.String()
 		}
+		s.countRefusal(d)
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now; refused while that container runs there, so that its address is not handed out twice. Nothing to do by hand: the runtime stops the container and sends DEL (Nomad kills the allocation's tasks and reschedules it as the job's reschedule policy says); to free it now, stop the container or allocation (nomad alloc stop, podman stop)", old.Key(), d.Network, old.NetnsID.Ino, held, netnsPath), Detail: v.Reason}
 	}
 	if old.State == records.Migrated {
@@ -160,10 +161,24 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 		// retry, or its DEL, comes to a verdict.
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s may still be attached to %s, and the plugin cannot tell (%s): refused so that its address is not handed out twice; retry, or DEL it before adding it again", old.Key(), d.Network, v.Reason), Detail: v.Reason}
 	}
+	s.countRefusal(d)
 	if old.NetnsID == nsID {
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath)}
 	}
 	return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), d.Network, old.Netns, netnsPath)}
+}
+
+// countRefusal counts an ADD refused for a live earlier attachment, under
+// host-local's lock as every count is written. Failing to is logged by
+// countReleases, or here: only the metric is off, the refusal stands.
+func (s *Attacher) countRefusal(d ipamdir.Dir) {
+	unlock, err := d.Lock()
+	if err != nil {
+		s.logf("%s: count refusal: %v", d.Network, err)
+		return
+	}
+	defer unlock()
+	s.countReleases(d, map[string]int{RefusedLiveCount: 1})
 }
 
 // leasesOf are the leases in d that name key, or its container alone (a

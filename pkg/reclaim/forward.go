@@ -29,6 +29,12 @@ import (
 // kept because another network leases them.
 const ForwardKeptCount = "firewall-rules-kept"
 
+// RefusedLiveCount is the key, among a network's release counts, of the
+// ADDs refused because the container's earlier attachment is in a live
+// namespace (metrics' add_refusals_total): kept with the releases so that
+// one file, written under one lock, holds every count.
+const RefusedLiveCount = "refused-live-namespace"
+
 // leaseRoots are the data dirs whose networks' leases may hold an address
 // on this host: the swept one, the legacy one, host-local's and the
 // plugin's defaults, and the others the caller knows (the conflists').

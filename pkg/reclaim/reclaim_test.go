@@ -437,6 +437,9 @@ func TestBeginAddRefusesARealDuplicate(t *testing.T) {
 		t.Fatalf("BeginAdd of a live attachment = %v", err)
 	}
 	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
+	if n := w.attach.Releases(w.dir())[RefusedLiveCount]; n != 1 {
+		t.Errorf("refusal counted %d times, want 1", n)
+	}
 
 	w.host.Processes[777] = 1
 	w.record(&records.Record{ContainerID: "c2", IfName: "eth0", Netns: "/run/netns/c1", BootID: "boot-1", State: records.Started, PID: 777, PIDStart: 1})

@@ -12,7 +12,9 @@
 #                                                      module's, from the module cache; docs/,
 #                                                      examples/ (the conflists), and the units'
 #                                                      options file, nomad-bridge-cni.default, to
-#                                                      copy to /etc/default); nothing lands in
+#                                                      copy to /etc/default);
+#                                                      usr/share/nomad-bridge-cni/prometheus/ (the
+#                                                      alerting rules); nothing lands in
 #                                                      /opt/cni/bin but the binary
 #   dist/nomad-bridge-cni_<debversion>_amd64.deb      the binary, the units in
 #   dist/nomad-bridge-cni_<debversion>_arm64.deb      /usr/lib/systemd/system, the conffile
@@ -205,6 +207,11 @@ fi
 for f in "${DOCS[@]}"; do
 	[[ -f $ROOT/$f ]] || die "$ROOT/$f is missing"
 done
+# Prometheus's alerting rules, for rule_files: not docs (a Prometheus reads
+# them where they are), so beside the docs in /usr/share/<name>/.
+RULES=packaging/prometheus/$NAME.rules.yml
+PROMDIR=/usr/share/$NAME/prometheus
+[[ -f $ROOT/$RULES ]] || die "$ROOT/$RULES is missing"
 # Shipped under /usr/share/doc/<name>/: the guides (docs/*.md) and the example
 # conflists (conflist/*), and the systemd units with their options file.
 mapfile -t GUIDES < <(cd "$ROOT" && find docs -maxdepth 1 -type f -name '*.md' | sort)
@@ -289,6 +296,7 @@ for arch in "${ARCHES[@]}"; do
 	for f in "${EXAMPLES[@]}"; do install -D -m 0644 "$ROOT/$f" "$doc/examples/${f#conflist/}"; done
 	install -m 0644 "$ROOT/packaging/nomad-bridge-cni.default" "$doc/nomad-bridge-cni.default"
 	for f in "${UNITS[@]}"; do install -D -m 0644 "$ROOT/packaging/systemd/$f" "$st/usr/lib/systemd/system/$f"; done
+	install -D -m 0644 "$ROOT/$RULES" "$st$PROMDIR/${RULES##*/}"
 	find "$st" -type d -exec chmod 0755 {} +
 	tar --format=gnu --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$EPOCH" \
 		-C "$st" -cf - . | gzip -9n >"$WORK/out/$tgz"
@@ -418,6 +426,7 @@ EOF
 		nfpm_content "$WORK/bin/$arch/$NAME" "/opt/cni/bin/$NAME" 755 '' ''
 		for f in "${UNITS[@]}"; do nfpm_content "$ROOT/packaging/systemd/$f" "$units/$f" 644 '' ''; done
 		nfpm_content "$ROOT/packaging/nomad-bridge-cni.default" "$options" 644 '' 'config|noreplace'
+		nfpm_content "$ROOT/$RULES" "$PROMDIR/${RULES##*/}" 644 '' ''
 		for f in README.md SECURITY.md; do nfpm_content "$ROOT/$f" "$doc/$f" 644 '' "$doctype"; done
 		for f in "${GUIDES[@]}"; do nfpm_content "$ROOT/$f" "$doc/docs/${f#docs/}" 644 '' "$doctype"; done
 		for f in "${EXAMPLES[@]}"; do nfpm_content "$ROOT/$f" "$doc/examples/${f#conflist/}" 644 '' "$doctype"; done
@@ -428,7 +437,7 @@ EOF
 			nfpm_content "$ROOT/packaging/nomad-bridge-cni.preset" "/usr/lib/systemd/system-preset/80-$NAME.preset" 644 '' ''
 			nfpm_content "$WORK/THIRD_PARTY_LICENSES" "$lic/THIRD_PARTY_LICENSES" 644 '' license
 			[[ ! -f $ROOT/LICENSE ]] || nfpm_content "$ROOT/LICENSE" "$lic/LICENSE" 644 '' license
-			for f in "$doc" "$doc/docs" "$doc/examples" "$lic"; do
+			for f in "$doc" "$doc/docs" "$doc/examples" "$lic" "${PROMDIR%/*}" "$PROMDIR"; do
 				printf '  - dst: %s\n    type: dir\n    file_info: {mode: 0755}\n' "$f"
 			done
 		fi

@@ -116,7 +116,7 @@ func checkRpm(t *testing.T, root, path, arch, version string, bin []byte, commit
 		wants[p] = w
 	}
 	wants["/opt/cni/bin/"+name] = rpmFile{mode: "100755", digest: sha256Hex(bin)}
-	for _, d := range []string{doc, doc + "/docs", doc + "/examples", lic} {
+	for _, d := range []string{doc, doc + "/docs", doc + "/examples", lic, "/usr/share/" + name, "/usr/share/" + name + "/prometheus"} {
 		wants[d] = rpmFile{mode: "40755"}
 	}
 	for p, w := range wants {
@@ -183,7 +183,7 @@ func checkRpmRoot(t *testing.T, repo, pkg, rpmVersion, version string) {
 		return nil
 	})
 	files := shipped(t, repo, "rpm")
-	owned := []string{"/usr/share/doc/" + name, "/usr/share/doc/" + name + "/docs", "/usr/share/doc/" + name + "/examples", "/usr/share/licenses/" + name}
+	owned := []string{"/usr/share/doc/" + name, "/usr/share/doc/" + name + "/docs", "/usr/share/doc/" + name + "/examples", "/usr/share/licenses/" + name, "/usr/share/" + name, "/usr/share/" + name + "/prometheus"}
 	var unowned []string
 	for _, d := range parentsOf(files) {
 		if !slices.Contains(owned, d) {

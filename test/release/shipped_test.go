@@ -64,6 +64,7 @@ func shipped(t *testing.T, root, kind string) map[string]shippedFile {
 			out["/usr/lib/systemd/system/"+f] = shippedFile{src: "packaging/systemd/" + f, mode: 0o644}
 		})
 	}
+	out["/usr/share/"+name+"/prometheus/"+name+".rules.yml"] = shippedFile{src: "packaging/prometheus/" + name + ".rules.yml", mode: 0o644}
 	options := shippedFile{src: "packaging/nomad-bridge-cni.default", mode: 0o644}
 	switch kind {
 	case "tgz":
