@@ -96,20 +96,17 @@ func printError(err *types.Error) int {
 	return 1
 }
 
-// precheck refuses what skel would misreport: stdin that is not a JSON
-// object (skel reads null as an empty config, "missing network name"),
-// and an empty "cniVersion" (skel reads it as 0.1.0 and reports that
-// version as the problem).
+// precheck refuses what skel would misreport: a JSON null (skel reads it
+// as an empty config, "missing network name"), and an empty "cniVersion"
+// (skel reads it as 0.1.0 and reports that version as the problem).
 func precheck(data []byte) *types.Error {
-	var conf map[string]json.RawMessage
-	if json.Unmarshal(data, &conf) != nil || conf == nil {
-		// Anything else skel reports as it is.
-		if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
-			return types.NewError(types.ErrDecodingFailure, "failed to decode network configuration", "configuration is not a JSON object")
-		}
-		return nil
+	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+		return types.NewError(types.ErrDecodingFailure, "failed to decode network configuration", "configuration is not a JSON object")
 	}
-	if v, ok := conf["cniVersion"]; ok && string(bytes.TrimSpace(v)) == `""` {
+	var conf struct {
+		CNIVersion *string `json:"cniVersion"`
+	}
+	if json.Unmarshal(data, &conf) == nil && conf.CNIVersion != nil && *conf.CNIVersion == "" {
 		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("\"cniVersion\" is empty: set it to one of %q", SupportedVersions.SupportedVersions()), "")
 	}
 	return nil
