@@ -315,7 +315,13 @@ func (a *PendingAdd) Complete(ips []string) error {
 	a.Record.PID, a.Record.PIDStart = 0, 0
 	a.Record.IPs = ips
 	defer a.Close()
-	return a.store.Write(a.Record)
+	if err := a.store.Write(a.Record); err != nil {
+		return err
+	}
+	if len(a.Previous) > 0 {
+		a.attacher.forget(a.dir, a.Record.Key()) // its record names them now
+	}
+	return nil
 }
 
 // Abort undoes an ADD that failed, in a sweep's order: the NAT rules and
@@ -426,6 +432,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	if err := store.DropCaches(); err != nil {
 		return err
 	}
+	s.forget(d, key)
 	return store.Remove(key)
 }
 

@@ -1,6 +1,8 @@
 package reclaim
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"slices"
 
@@ -18,7 +20,10 @@ import (
 // addresses of each attachment it releases because its namespace died (or
 // its boot did), and an ADD that finds no record asks for those. Only a
 // hint: an address taken since is not asked for (freeAddresses), and an
-// entry lost to a kill only costs the container its old address.
+// entry lost to a kill only costs the container its old address. Entries
+// are keyed by a hash of the attachment, so that nothing in the data dir
+// names a container the plugin released; its DEL, or its ADD completing,
+// forgets it.
 
 // maxRemembered bounds the marker, and maxRememberedBytes its size (under
 // what a marker is read up to): the oldest entries go first. A range's
@@ -46,7 +51,7 @@ func remembersCause(cause string) bool {
 // the record that names them.
 func (s *Env) remember(d ipamdir.Dir, key records.Key, ips []string) error {
 	all := readRemembered(d)
-	all[ipamdir.RecordName(key.ContainerID, key.IfName)] = remembered{IPs: ips, At: s.Host.Now().Unix()}
+	all[rememberedKey(key)] = remembered{IPs: ips, At: s.Host.Now().Unix()}
 	for {
 		b, err := json.Marshal(all)
 		if err != nil {
@@ -72,7 +77,37 @@ func dropOldest(all map[string]remembered) {
 // Remembered are the addresses a sweep released of key, if it remembers
 // them (see remember).
 func Remembered(d ipamdir.Dir, key records.Key) []string {
-	return slices.Clone(readRemembered(d)[ipamdir.RecordName(key.ContainerID, key.IfName)].IPs)
+	return slices.Clone(readRemembered(d)[rememberedKey(key)].IPs)
+}
+
+// forget drops key's entry, if there is one, under host-local's lock as
+// remember writes: its ADD completed, or its DEL came. Failing to only
+// leaves a hint the bound drops in time.
+func (s *Env) forget(d ipamdir.Dir, key records.Key) {
+	if _, ok := readRemembered(d)[rememberedKey(key)]; !ok {
+		return
+	}
+	unlock, err := d.LockExisting()
+	if err != nil {
+		s.logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
+		return
+	}
+	defer unlock()
+	all := readRemembered(d)
+	delete(all, rememberedKey(key))
+	b, err := json.Marshal(all)
+	if err == nil {
+		err = newBootMarker(d, ipamdir.RememberedMarker).write(b)
+	}
+	if err != nil {
+		s.logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
+	}
+}
+
+// rememberedKey names key's entry without naming its container.
+func rememberedKey(key records.Key) string {
+	sum := sha256.Sum256([]byte(ipamdir.RecordName(key.ContainerID, key.IfName)))
+	return hex.EncodeToString(sum[:16])
 }
 
 func readRemembered(d ipamdir.Dir) map[string]remembered {

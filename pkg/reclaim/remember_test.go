@@ -1,9 +1,11 @@
 package reclaim
 
 import (
+	"os"
 	"strings"
 	"testing"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -32,6 +34,17 @@ func TestARestoreAfterASweepAsksForTheAddressItHad(t *testing.T) {
 	if strings.Join(att.Previous, ",") != "10.0.0.3/24" {
 		t.Errorf("the restore asks for %v, want 10.0.0.3/24", att.Previous)
 	}
+	// Nothing in the data dir names the container the sweep released.
+	if b, _ := os.ReadFile(w.dir().Marker(ipamdir.RememberedMarker)); len(b) == 0 || strings.Contains(string(b), "lost") {
+		t.Errorf("the remembered marker names the released container, or is empty: %s", b)
+	}
+	// Once the ADD completes, the record names the addresses again.
+	if err := att.Complete([]string{"10.0.0.3/24"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := Remembered(w.dir(), records.Key{ContainerID: "lost", IfName: "eth0"}); got != nil {
+		t.Errorf("still remembered after the ADD completed: %v", got)
+	}
 	// Another container of the network never had an address here.
 	fresh, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "new", IfName: "eth0"}, "/run/netns/other")
 	if err != nil {
@@ -40,6 +53,21 @@ func TestARestoreAfterASweepAsksForTheAddressItHad(t *testing.T) {
 	defer fresh.Close()
 	if len(fresh.Previous) != 0 {
 		t.Errorf("a new container asks for %v", fresh.Previous)
+	}
+}
+
+// A DEL forgets what a sweep remembered of its attachment.
+func TestDelForgetsTheRememberedAddresses(t *testing.T) {
+	w := newWorld(t)
+	key := records.Key{ContainerID: "gone", IfName: "eth0"}
+	if err := w.env.remember(w.dir(), key, []string{"10.0.0.5/24"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.attach.EndDel(w.dir(), key); err != nil {
+		t.Fatal(err)
+	}
+	if got := Remembered(w.dir(), key); got != nil {
+		t.Errorf("still remembered after its DEL: %v", got)
 	}
 }
 
