@@ -313,9 +313,9 @@ func (e *testEnv) retryAdd(t *testing.T, x netns, port int, others ...netns) {
 	t.Helper()
 	live := append(slices.Clone(others), x)
 	capArgs := portMappings(port)
-	out, stderr, err := e.cnitool("add", x, capArgs)
+	out, _, err := e.cnitool("add", x, capArgs)
 	if err != nil {
-		t.Logf("the retried ADD of %s failed: %v\nstderr: %s", x.name, err, stderr)
+		t.Logf("the retried ADD of %s failed: %v", x.name, err)
 		e.assertAddrsHeld(t, live...)
 		e.mustCNI(t, "del", x, capArgs)
 		out = e.mustCNI(t, "add", x, capArgs)
