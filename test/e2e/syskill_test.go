@@ -79,7 +79,10 @@ func TestSyskill(t *testing.T) {
 	runner := buildSyskill(t)
 	paths := []syskillPath{
 		{
-			// A first ADD of C; next: the runtime retries it, then DELs C.
+			// A first ADD of C; next: the runtime retries it, then DELs C,
+			// and a sweep runs (it releases an empty lease: host-local
+			// killed between creating and writing it names nobody, so no
+			// DEL can tell it is C's).
 			name: "add",
 			cmd: func(t *testing.T, e *testEnv, s *crashScene) *exec.Cmd {
 				s.c = e.addNetns(t, "c")
@@ -89,6 +92,7 @@ func TestSyskill(t *testing.T) {
 				e.retryAdd(t, s.c, s.portA+7, s.a, s.b)
 				e.mustCNI(t, "del", s.c, portMappings(s.portA+7))
 				e.assertNoTrace(t, s.c.cid)
+				e.operatorSweep(t)
 				e.assertLiveB(t, s)
 				assertLease(t, e.leaseDir(), s.addrA, s.a.cid)
 				e.assertNAT(t, s.a.cid, natWant{Masq: []netip.Addr{s.addrA}, DNAT: []portMap{{s.portA, s.addrA}}})
@@ -97,7 +101,8 @@ func TestSyskill(t *testing.T) {
 		},
 		{
 			// Nomad's restore of A (new namespace at the same path, ADD
-			// without DEL); next: the runtime retries it, then DELs A.
+			// without DEL); next: the runtime retries it, then DELs A,
+			// and a sweep runs (as for "add").
 			name: "re-add",
 			cmd: func(t *testing.T, e *testEnv, s *crashScene) *exec.Cmd {
 				e.replaceNetns(t, s.a, false)
@@ -106,6 +111,8 @@ func TestSyskill(t *testing.T) {
 			next: func(t *testing.T, e *testEnv, s *crashScene) {
 				e.retryAdd(t, s.a, s.portA, s.b)
 				e.mustCNI(t, "del", s.a, s.capA)
+				e.assertNoTrace(t, s.a.cid)
+				e.operatorSweep(t)
 				e.assertOnlyB(t, s)
 			},
 		},
@@ -313,9 +320,9 @@ func (e *testEnv) retryAdd(t *testing.T, x netns, port int, others ...netns) {
 	t.Helper()
 	live := append(slices.Clone(others), x)
 	capArgs := portMappings(port)
-	out, stderr, err := e.cnitool("add", x, capArgs)
+	out, _, err := e.cnitool("add", x, capArgs)
 	if err != nil {
-		t.Logf("the retried ADD of %s failed: %v\nstderr: %s", x.name, err, stderr)
+		t.Logf("the retried ADD of %s failed: %v", x.name, err)
 		e.assertAddrsHeld(t, live...)
 		e.mustCNI(t, "del", x, capArgs)
 		out = e.mustCNI(t, "add", x, capArgs)
