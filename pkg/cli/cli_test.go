@@ -184,7 +184,7 @@ func TestMissingConfDirIsAUsageError(t *testing.T) {
 }
 
 // --grace and --remove-mounts only act with --runtime: given without it,
-// they are refused, not silently ignored (issue 42).
+// they are refused, not silently ignored.
 func TestGCRuntimeOptionsNeedRuntime(t *testing.T) {
 	for _, opt := range [][]string{{"--grace", "10m"}, {"--remove-mounts"}} {
 		c, _, stderr := fakeNATCLI()

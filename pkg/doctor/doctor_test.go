@@ -201,7 +201,7 @@ func TestHostWithProblems(t *testing.T) {
 
 // A data dir is judged by what an ADD writes there (a record and a lease:
 // a few KiB, a few inodes): too little for that is an error, little more
-// a warning (issue 43: under 1 MiB was an error where ADDs worked).
+// a warning (regression: under 1 MiB was an error where ADDs worked).
 func TestDataDirRoom(t *testing.T) {
 	for _, c := range []struct {
 		room    Room

@@ -91,7 +91,7 @@ func TestNomadStops(t *testing.T) {
 }
 
 // The doctor judges Nomad's fingerprint by the agent's version: cni_path
-// starts with an empty directory (issue 43: Nomad 2.0.6-dev recorded
+// starts with an empty directory (regression: Nomad 2.0.6-dev recorded
 // bridge v1.10.0 and sent CHECK, the doctor said it recorded nothing).
 // Unknown, the doctor judges it as a recent Nomad does, and says what an
 // older one records instead.
@@ -145,7 +145,7 @@ func TestDoctorJudgesNomadsFingerprintByItsVersion(t *testing.T) {
 }
 
 // A CNI path given to the doctor (--cni-path, CNI_PATH) is what its
-// nomad: lines read, and they say so (issue 43: they read the agent's
+// nomad: lines read, and they say so (regression: they read the agent's
 // cni_path).
 func TestDoctorNomadLinesReadTheGivenCNIPath(t *testing.T) {
 	h := newHost(t)

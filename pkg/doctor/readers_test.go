@@ -11,7 +11,7 @@ import (
 )
 
 // Installed as bridge in Nomad's cni_path, the plugin's conflists are
-// judged by the plugin path of the runtime that reads each (issue 43:
+// judged by the plugin path of the runtime that reads each (regression:
 // podman's 87-podman-bridge.conflist in /etc/cni/net.d was judged by
 // Nomad's cni_path: "✗ plugin: tuning: not found", exit 1): Nomad's own
 // by its cni_path, those of a directory that containerd, CRI-O and podman

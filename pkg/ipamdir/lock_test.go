@@ -176,7 +176,7 @@ func TestCheckPlanted(t *testing.T) {
 		{"symlinked-lock", func(t *testing.T, dir string) {
 			mustOK(t, os.Symlink(filepath.Join(t.TempDir(), "x"), filepath.Join(dir, LockFileName)))
 		}, "follow it out"},
-		// Issue 42: host-local wrote the address through a planted
+		// Regression: host-local wrote the address through a planted
 		// last_reserved_ip.0 link. No link of any kind is host-local's.
 		{"symlinked-last-reserved", func(t *testing.T, dir string) {
 			mustOK(t, os.Symlink(filepath.Join(t.TempDir(), "x"), filepath.Join(dir, "last_reserved_ip.0")))

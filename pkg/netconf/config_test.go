@@ -151,7 +151,7 @@ func TestParseDefaults(t *testing.T) {
 }
 
 // Both GC entries list exactly what the plugin's sweep kept, under the one
-// key host-local reads, however the runtime spelled it (issue 42: forwarded
+// key host-local reads, however the runtime spelled it (regression: forwarded
 // as "cni.dev/attachments", host-local found no list and released every
 // lease).
 func TestGCConfigs(t *testing.T) {
@@ -210,7 +210,7 @@ func TestGCConfigs(t *testing.T) {
 
 // host-local decodes ipam with encoding/json, which takes "datadir" or
 // "DATADIR" for its dataDir: every spelling must be overridden, as host-local
-// itself reads the result (issue 42: a lower-case "datadir" won and the
+// itself reads the result (regression: a lower-case "datadir" won and the
 // leases went there), and read as the legacy directory.
 func TestEverySpellingOfDataDirIsOverridden(t *testing.T) {
 	for _, key := range []string{"dataDir", "datadir", "DATADIR", "DataDir", "dataDIR"} {
@@ -367,7 +367,7 @@ func TestValidAttachments(t *testing.T) {
 		{name: "bad container id", extra: `,"cni.dev/valid-attachments":[{"containerID":"../x","ifname":"eth0"}]`, bad: true},
 		{name: "empty container id", extra: `,"cni.dev/valid-attachments":[{"ifname":"eth0"}]`, bad: true},
 		{name: "bad ifname", extra: `,"cni.dev/valid-attachments":[{"containerID":"a","ifname":"a/b"}]`, bad: true},
-		// host-local's GC would release the container it names (issue 42).
+		// host-local's GC would release the container it names.
 		{name: "no ifname", extra: `,"cni.dev/valid-attachments":[{"containerID":"a"}]`, bad: true},
 	}
 	for _, tc := range cases {

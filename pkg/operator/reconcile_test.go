@@ -97,7 +97,7 @@ func TestGCReleasesNothingWhileTheRuntimeRestoresOrTheAttachmentIsYoung(t *testi
 	}
 }
 
-// A released attachment is forgotten by .unlisted (issue 43: it stayed
+// A released attachment is forgotten by .unlisted (regression: it stayed
 // listed there); one kept (younger than the grace) is remembered with its
 // first time missing.
 func TestGCForgetsWhatItReleasedInTheUnlistedMarker(t *testing.T) {
@@ -131,7 +131,7 @@ func TestGCForgetsWhatItReleasedInTheUnlistedMarker(t *testing.T) {
 
 // gc, with or without --runtime, of a data dir the plugin never served (a
 // bare bridge's /var/lib/cni/networks: leases, no records) finds nothing
-// to release and creates nothing there (issue 43: it made
+// to release and creates nothing there (regression: it made
 // .nomad-bridge-cni/<network> for its markers).
 func TestGCOfADirectoryThePluginNeverServedCreatesNothing(t *testing.T) {
 	_, s, _ := fixture(t)

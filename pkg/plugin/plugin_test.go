@@ -397,7 +397,7 @@ func TestGCRunsHostLocalEvenIfDelegateFails(t *testing.T) {
 // On a network the plugin never served, CHECK and the GC verb create
 // nothing: host-local, which would make the network's directory and lock
 // to find no lease, is shown an empty directory of its own on CHECK, and
-// not asked on GC (issue 42: a failed CHECK left <net>/lock and the record
+// not asked on GC (regression: a failed CHECK left <net>/lock and the record
 // directory).
 func TestCheckAndGCOnANetworkNeverServedCreateNothing(t *testing.T) {
 	h := newHarness(t, "bridge", "host-local")

@@ -129,7 +129,7 @@ func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {
 // completed: the record stays pending with no addresses while the
 // container works. The runtime's retry, a re-ADD into the same live
 // namespace, must not take it for an ADD that died before allocating
-// (issue 42: it released the live container's lease and NAT rules, and a
+// (regression: it released the live container's lease and NAT rules, and a
 // second container could be given the address). What host-local and the
 // namespace hold decides, not the record alone.
 func TestReADDAfterAKilledADDKeepsWhatItGot(t *testing.T) {

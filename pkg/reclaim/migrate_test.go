@@ -179,7 +179,7 @@ func TestReAddOfALiveMigratedAttachmentIsRefused(t *testing.T) {
 
 // With no legacy directory there is nothing to move, and nothing is
 // written: a verb on a network the plugin never served leaves nothing
-// (issue 42: a failed ADD left .migrated).
+// (regression: a failed ADD left .migrated).
 func TestMigrateWithoutLegacyDirectoryCreatesNothing(t *testing.T) {
 	w := newWorld(t)
 	legacy := filepath.Join(t.TempDir(), "absent")
@@ -283,7 +283,7 @@ func TestMigrateRewritesACopyKilledBeforeItsWrite(t *testing.T) {
 
 // A record is a file anyone with the data dir can edit: the legacy leases
 // it names are trusted only in the network's directory under the entry's
-// legacy data dir (issue 42: a DEL deleted any file a damaged record named
+// legacy data dir (regression: a DEL deleted any file a damaged record named
 // that held "<cid>\r\n<ifname>", and created a lock beside it).
 func TestLegacyLeasesOutsideTheLegacyDirAreNeverTouched(t *testing.T) {
 	w := newWorld(t)

@@ -338,7 +338,7 @@ func TestDamagedFilesAreSkippedAndKept(t *testing.T) {
 // empty lease a sweep finds under that lock is a write whose host-local
 // was killed, and no DEL can ever release it (it names nobody). A sweep
 // releases it, unless a record names its address, and a dry run only
-// reports it (issue 42: every gc said "skipped: …: empty" and the address
+// reports it (regression: every gc said "skipped: …: empty" and the address
 // was lost until the next boot).
 func TestEmptyLeaseIsReleased(t *testing.T) {
 	for name, req := range map[string]Request{"check": {}, "gc-verb": {GC: true}, "dry-run": {DryRun: true}} {

@@ -13,7 +13,7 @@ import (
 // Nomad re-creates a lost allocation's namespace, then restores the others
 // with CHECK, whose sweep may come before the lost one's ADD: that sweep
 // releases it (its namespace was replaced), and the ADD must still ask for
-// the address it had (issue 43: it got the next free one).
+// the address it had (regression: it got the next free one).
 func TestARestoreAfterASweepAsksForTheAddressItHad(t *testing.T) {
 	w := newWorld(t)
 	w.container("lost", "10.0.0.3")

@@ -252,7 +252,7 @@ func TestGCOfAWrongDataDirKeepsTheLiveRulesOfACustomOne(t *testing.T) {
 // TestGCOfADirectoryThePluginNeverServedCreatesNothing: gc, with and
 // without --runtime nomad (a stand-in nomad CLI that lists nothing), of a
 // bare bridge's lease directory finds nothing to release and writes
-// nothing there (issue 43: it created .nomad-bridge-cni/<network> for its
+// nothing there (regression: it created .nomad-bridge-cni/<network> for its
 // markers).
 func TestGCOfADirectoryThePluginNeverServedCreatesNothing(t *testing.T) {
 	e := newEnv(t)

@@ -231,7 +231,7 @@ func TestCrashPoints(t *testing.T) {
 			// A first ADD; next: the runtime retries it into the same,
 			// live namespace, then DELs it. Killed after bridge finished
 			// and before its record was completed, the container works:
-			// the retry must not release its address (issue 42: it did,
+			// the retry must not release its address (regression: it did,
 			// and a second container asking for the address got it).
 			name: "add-retry",
 			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
@@ -346,7 +346,7 @@ func TestCrashPointsAdoption(t *testing.T) {
 		e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
 		// gc learns the legacy directory, where L's migrated record's
 		// lease was, from the conflist: a record's own paths are not
-		// trusted (issue 42).
+		// trusted.
 		if _, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--conf-dir", e.confDir); err != nil {
 			t.Fatalf("gc: %v\n%s", err, stderr)
 		}

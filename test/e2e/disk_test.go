@@ -168,7 +168,7 @@ type damagedEntry struct {
 // among the leases make CHECK refuse to run host-local (which would read
 // and write through them), the CHECK is refused and changes nothing, and
 // the sweep is the operator's gc; empty leases no record names are writes
-// whose host-local died, and go (issue 42).
+// whose host-local died, and go.
 func TestDamagedStateSkipped(t *testing.T) {
 	e := newEnv(t)
 	e.requirePlugin(t)
@@ -230,7 +230,7 @@ func TestDamagedStateSkipped(t *testing.T) {
 	// host-local's network directory.
 	file(L, ip(150), "\x00\x01garbage\x00", time.Time{}, "lease with binary garbage")
 	// Empty leases no record names are writes whose host-local died: the
-	// sweep releases them (issue 42), they are not kept like the rest.
+	// sweep releases them, they are not kept like the rest.
 	emptyLeases := []string{writeTestFile(t, filepath.Join(L, ip(151)), "", 0o600), writeTestFile(t, filepath.Join(L, ip(152)), "", 0o600)}
 	if err := os.Chtimes(emptyLeases[1], beforeBoot, beforeBoot); err != nil {
 		t.Fatal(err)

@@ -672,7 +672,7 @@ func TestDoctorReadsTheNomadClient(t *testing.T) {
 }
 
 // TestDoctorOnASmallDataDir: a dataDir of 512 KiB holds ADDs; the doctor
-// says it is nearly full, a warning, not an error (issue 43: less than
+// says it is nearly full, a warning, not an error (regression: less than
 // 1 MiB free was "records and leases cannot be written", exit 1).
 func TestDoctorOnASmallDataDir(t *testing.T) {
 	e := newEnv(t)
@@ -691,7 +691,7 @@ func TestDoctorOnASmallDataDir(t *testing.T) {
 
 // TestDoctorJudgesNomadsFingerprintByTheAgentsVersion: cni_path starts
 // with an empty directory, which Nomad's fingerprint passes from 1.11.2
-// and stops at before (issue 43: Nomad 2.0.6-dev recorded bridge v1.10.0
+// and stops at before (regression: Nomad 2.0.6-dev recorded bridge v1.10.0
 // and sent CHECK, the doctor said it recorded nothing). The version comes
 // from the agent's API (a stand-in nomad CLI), else from `nomad version`.
 func TestDoctorJudgesNomadsFingerprintByTheAgentsVersion(t *testing.T) {

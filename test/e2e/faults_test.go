@@ -149,7 +149,7 @@ func TestFullTmpfs(t *testing.T) {
 				e.assertNoTrace(t, ns.cid)
 			} else if entries, _ := os.ReadDir(e.dataDir); len(entries) != 1 {
 				// A network the plugin never served: the failed ADD left
-				// nothing (issue 42), beside the filler; a sweep would
+				// nothing, beside the filler; a sweep would
 				// find no data dir there.
 				t.Errorf("the failed ADD on a new network left %v", entries)
 			}
@@ -408,7 +408,7 @@ func removeOrFail(t *testing.T, p string) {
 // it leaves an empty file named after the address, which names nobody: no
 // DEL releases it. A sweep, which holds host-local's lock (the only lock
 // host-local writes leases under), releases it, and the address can be
-// had again (issue 42: every gc skipped it as "empty", and the address was
+// had again (regression: every gc skipped it as "empty", and the address was
 // lost until the next boot).
 func TestEmptyLeaseIsReleasedBySweep(t *testing.T) {
 	e := newEnv(t)

@@ -291,7 +291,7 @@ func TestOneWordConflistBehindTheFrontCopy(t *testing.T) {
 // who ran install-as-bridge into two directories), or one behind a script
 // of that name, must never call each other: each copy's lookup skipped only
 // its own file, so /a/bridge ran /b/bridge, which ran /a/bridge, each in a
-// process group of its own that no timeout above could stop (issue 42: a
+// process group of its own that no timeout above could stop (regression: a
 // fork bomb). Past the copies the reference bridge is found and used; with
 // none, the ADD fails at once, saying why.
 func TestCopiesOfThePluginNeverCallEachOther(t *testing.T) {

@@ -156,7 +156,7 @@ func hostileCases() []hostileCase {
 		{name: "json-array", stdin: rawStdin(`[{"name":"x"}]`), codes: []int{codeDecoding}},
 		{name: "json-string", stdin: rawStdin(`"hello"`), codes: []int{codeDecoding}},
 		{name: "json-number", stdin: rawStdin(`42`), codes: []int{codeDecoding}},
-		// Issue 42: skel read null as an empty config (code 7).
+		// Regression: skel read null as an empty config (code 7).
 		{name: "json-null", stdin: rawStdin(`null`), codes: []int{codeDecoding}},
 		{name: "json-null-DEL", command: "DEL", stdin: rawStdin(` null `), codes: []int{codeDecoding}},
 		{name: "json-trailing-garbage", codes: []int{codeDecoding}, stdin: func(t *testing.T, e *testEnv) []byte {
@@ -494,7 +494,7 @@ func truncateText(s string, n int) string {
 // and ifname of one it did (a runtime's stale cache, a script's typo):
 // bridge deletes CNI_IFNAME in CNI_NETNS whoever it belongs to, so it must
 // not be run. The DEL succeeds, as a DEL must, says why, and the live
-// container keeps its interface, address, lease and NAT rules (issue 42:
+// container keeps its interface, address, lease and NAT rules (regression:
 // its eth0 was deleted).
 func TestDelOfAnotherIDKeepsTheLiveInterface(t *testing.T) {
 	e := newEnv(t)
@@ -524,7 +524,7 @@ func TestDelOfAnotherIDKeepsTheLiveInterface(t *testing.T) {
 
 // A verb that fails on a network the plugin never served leaves nothing:
 // not the data dir, not the marker that makes the network's NAT rules the
-// plugin's, not host-local's directory or lock (issue 42: an ADD that only
+// plugin's, not host-local's directory or lock (regression: an ADD that only
 // bridge refused left the data dir, .owned and .migrated; a failed CHECK
 // left <net>/lock and the record directory). Run on a data dir that does
 // not exist yet, on tmpfs and off it (where the not-on-tmpfs warning

@@ -117,7 +117,7 @@ func assertOnlyAddrOnIf(t *testing.T, ns netns, addr netip.Prefix) {
 // others with CHECK (whose sweep releases the lost one: its namespace was
 // replaced), and only then sends the lost one's ADD, without a DEL
 // (client/allocrunner/networking.go serialises them behind one lock). The
-// restored allocation must still get its address back (issue 43: it got
+// restored allocation must still get its address back (regression: it got
 // the next free one whenever a CHECK swept first).
 func TestRestoreAfterAnotherCHECKSweptKeepsTheAddress(t *testing.T) {
 	e := newEnv(t)

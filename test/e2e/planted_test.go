@@ -54,7 +54,7 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 			}
 			return p
 		}, "symlink", false},
-		// Issue 42: ADD wrote the address it handed out through a
+		// Regression: ADD wrote the address it handed out through a
 		// planted last_reserved_ip.0 link, out of the data dir.
 		{"symlinked-last-reserved", func(t *testing.T, e *testEnv, outside string) string {
 			p := filepath.Join(e.leaseDir(), "last_reserved_ip.0")

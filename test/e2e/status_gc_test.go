@@ -113,7 +113,7 @@ func TestGC(t *testing.T) {
 // The GC verb with the list under the spec's first name,
 // "cni.dev/attachments", which the plugin honours: host-local, to which
 // the plugin forwards GC, must keep the listed container's lease too
-// (issue 42: it read no list and released every lease, the listed live
+// (regression: it read no list and released every lease, the listed live
 // container's included, while its record and NAT rules stayed).
 func TestGCWithTheOldListKeyKeepsWhatItLists(t *testing.T) {
 	f := newGCFixture(t, false)
