@@ -50,7 +50,7 @@ test: deps-test test-unit test-e2e test-prom test-podman test-containerd
 
 test-unit: deps-unit
 	$(GO) vet ./...
-	$(GO) test -count=1 ./pkg/... ./cmd/... ./internal/... ./test/bench/cmd/nbcbench/
+	$(GO) test -count=1 ./pkg/... ./cmd/... ./internal/... ./test/kit/... ./test/bench/cmd/nbcbench/
 
 # The e2e tests need root, iptables and the binaries in $(BIN); the
 # Prometheus one (prometheus_test.go) Debian's prometheus and node_exporter.

@@ -12,9 +12,9 @@ import (
 	"github.com/mattn/go-shellwords"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 )
 
 const about = "CNI nomad-bridge-cni plugin v0.0.0-test"

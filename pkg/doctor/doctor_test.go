@@ -14,7 +14,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")

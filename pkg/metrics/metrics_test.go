@@ -17,7 +17,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 )
 
 // A network with a live attachment, a stale one and a record-less lease

@@ -19,7 +19,7 @@ import (
 	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // TestNFTablesIPMasqAgainstBridge: rules made by bridge's own nftables

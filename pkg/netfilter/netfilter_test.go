@@ -10,7 +10,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/utils"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 )
 
 func TestSnapshotFindsOnlyTheNetworksContainers(t *testing.T) {

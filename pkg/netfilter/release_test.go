@@ -9,7 +9,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/utils"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 )
 
 // askedRelease lists "nomad"'s iptables rules in f as a sweep does and

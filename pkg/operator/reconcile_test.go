@@ -14,7 +14,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 )
 
 // gc --runtime: the fixture's live attachments "web" (its namespace there)

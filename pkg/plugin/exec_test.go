@@ -12,7 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/procwait"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/procwait"
 )
 
 func script(t *testing.T, body string) string {

@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )

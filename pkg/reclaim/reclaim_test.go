@@ -13,13 +13,13 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/dirstate"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 )
 
 const net1 = "nomad"

@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // tmpfsStore is a store whose data dir is on tmpfs (/dev/shm), where the

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
 )
 
 // A pod run, stopped and removed the way kubelet does: while it runs, its

@@ -14,7 +14,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/utils"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
 )
 
 // leases reads host-local's lease files of the env's network: address ->

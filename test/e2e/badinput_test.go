@@ -12,7 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // TestBadConfigTouchesNothing runs the plugin binary directly, as a runtime

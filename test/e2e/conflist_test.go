@@ -9,7 +9,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // ---------------------------------------------------------------------------

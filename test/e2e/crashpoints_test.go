@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // Crash points: every path that changes state is killed (SIGKILL, as kill

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
 )
 
 // Hostile state on disk. The plugin must refuse data

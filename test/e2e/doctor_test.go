@@ -17,7 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 var updateDoctorGolden = flag.Bool("update", false, "rewrite the doctor test's golden files (testdata/doctor)")

@@ -20,7 +20,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"golang.org/x/sys/unix"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
 )
 
 // Running a plugin binary as a runtime does (the CNI environment libcni

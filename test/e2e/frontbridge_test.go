@@ -13,7 +13,7 @@ import (
 	gocni "github.com/containerd/go-cni"
 	"github.com/containernetworking/cni/pkg/invoke"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // nomadBridgeConflist is the conflist Nomad's client generates in code for

@@ -9,7 +9,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/utils"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
 )
 
 // ipFamilies are the iptables front ends.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // k3sSubnetEnv is the /run/flannel/subnet.env k3s writes on its first node

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // noAddresses is host-local's error when every address of the range is

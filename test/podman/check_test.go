@@ -14,8 +14,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/utils"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
 )
 
 // checkServes checks container c on network n, through interface ifname:

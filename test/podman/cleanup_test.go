@@ -12,9 +12,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // cleanup removes everything the env created, in whatever state the test

@@ -18,8 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 const (

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
 )
 
 // leasesDoc is what the tests read of `nomad-bridge-cni leases --json`.

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 const pluginType = "nomad-bridge-cni"

@@ -22,7 +22,7 @@ import (
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/elfcheck"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 const (

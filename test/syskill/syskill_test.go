@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/testhost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // The test binary is the runner too (runnerEnv: runMain on its arguments)

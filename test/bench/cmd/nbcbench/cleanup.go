@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/utils"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
 )
 
 // The approach is the e2e suite's (test/e2e/harness_test.go,

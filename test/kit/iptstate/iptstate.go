@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/hostcmd"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
 )
 
 // timeout bounds one iptables command (-w waits for the xtables lock).

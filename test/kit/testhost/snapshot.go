@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/iptstate"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
 )
 
 // forwardingSysctls are what bridge's isGateway turns on.
