@@ -77,91 +77,48 @@ const DefaultLimit = 64 << 10
 // ReadFileNoFollow reads a small state file without following a symlink
 // planted in its place, and refuses files larger than DefaultLimit.
 func ReadFileNoFollow(path string) ([]byte, error) {
-	b, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", path, DefaultLimit, 0)
+	b, _, err := ReadSmall(path, DefaultLimit)
 	return b, err
 }
 
-// OpenAt opens name in the directory open as dirfd (unix.AT_FDCWD for a
-// plain path) read-only, without following a symlink and without blocking
-// on a FIFO planted in its place (O_NONBLOCK changes nothing for a regular
-// file). It returns a raw descriptor: an *os.File costs four fcntl and a
-// failing epoll_ctl more per file, which dominates a sweep over thousands
-// of tiny files.
-func OpenAt(dirfd int, name string) (int, error) {
-	for {
-		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-		if err != unix.EINTR {
-			return fd, err
-		}
-	}
+// Open opens path read-only without following a symlink planted in its
+// place and without blocking on a FIFO planted there (O_NONBLOCK changes
+// nothing for a regular file).
+func Open(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 }
 
-// ReadMode says how ReadSmallFileAt reads.
-type ReadMode uint8
-
-const (
-	// WithStat also returns the file's fstat, and reads into a buffer
-	// of the file's size.
-	WithStat ReadMode = 1 << iota
-	// ShortReadEnds takes a read that returns less than asked as the
-	// end of the file, saving the read that would return 0. A regular
-	// file on a local filesystem (tmpfs, ext4, xfs: where data dirs
-	// live) returns less only at its end; a /proc file may return less
-	// at any point, so its readers must not set it. For state files whose
-	// content is checked when decoded: what is cut short is reported as
-	// damaged, never taken for something else.
-	ShortReadEnds
-)
-
-// ReadSmallFileAt reads name, in the directory dir open as dirfd (openat:
-// no walk of the whole path per file; unix.AT_FDCWD and "" for a plain
-// path), if it holds at most limit bytes: OpenAt, read until EOF, close,
-// and fstat when mode has WithStat. dir only names the file in errors,
-// joined when one happens (a Join per file costs 10 % of a sweep).
-func ReadSmallFileAt(dirfd int, dir, name string, limit int, mode ReadMode) ([]byte, *unix.Stat_t, error) {
-	path := func() string { return filepath.Join(dir, name) }
-	fd, err := OpenAt(dirfd, name)
+// ReadSmall reads path, a regular file of at most limit bytes, and gives
+// its FileInfo. Anything else is refused before it is read: a FIFO with
+// a writer would block the read.
+func ReadSmall(path string, limit int64) ([]byte, fs.FileInfo, error) {
+	f, err := Open(path)
 	if err != nil {
-		return nil, nil, &os.PathError{Op: "open", Path: path(), Err: err}
+		return nil, nil, err
 	}
-	defer unix.Close(fd)
-	var st *unix.Stat_t
-	if mode&WithStat != 0 {
-		st = &unix.Stat_t{}
-		if err := unix.Fstat(fd, st); err != nil {
-			return nil, nil, &os.PathError{Op: "fstat", Path: path(), Err: err}
-		}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
 	}
-	size := 512
-	if st != nil && st.Size >= 0 && st.Size < int64(limit) {
-		// One allocation and (with ShortReadEnds) one read: growing from
-		// 512 bytes costs a large file dozens of both.
-		size = int(st.Size) + 1
+	if !fi.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
 	}
-	b := make([]byte, 0, size)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		want := min(cap(b), limit+1) - len(b)
-		n, err := unix.Read(fd, b[len(b):len(b)+want])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("read %s: %w", path(), err)
-		}
-		if n == 0 {
-			return b, st, nil
-		}
-		b = b[:len(b)+n]
-		if len(b) > limit {
-			return nil, nil, fmt.Errorf("%s: larger than %d bytes", path(), limit)
-		}
-		if n < want && mode&ShortReadEnds != 0 {
-			return b, st, nil
-		}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", path, err)
 	}
+	if int64(len(b)) > limit {
+		return nil, nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
+	}
+	return b, fi, nil
+}
+
+// InMemory is the one answer to "is this a tmpfs": a filesystem of type
+// fsType (statfs's f_type) keeps its files in memory, and they die with
+// the boot (tmpfs, or ramfs).
+func InMemory(fsType int64) bool {
+	return fsType == unix.TMPFS_MAGIC || fsType == unix.RAMFS_MAGIC
 }
 
 // EachDirEntry calls fn for every entry of dir, read 1024 at a time, so a

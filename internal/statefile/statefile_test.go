@@ -8,8 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 func TestTempWriter(t *testing.T) {
@@ -51,8 +49,9 @@ func TestWriteAtomic(t *testing.T) {
 }
 
 // What a root process must not do in a directory others can plant things
-// in: follow a symlink, block on a FIFO, read without bound.
-func TestReadSmallFileAtRefusesWhatWasPlanted(t *testing.T) {
+// in: follow a symlink, block on a FIFO (even one a writer holds open),
+// read without bound.
+func TestReadSmallRefusesWhatWasPlanted(t *testing.T) {
 	dir := t.TempDir()
 	target := filepath.Join(dir, "target")
 	if err := os.WriteFile(target, []byte("secret"), 0o600); err != nil {
@@ -61,9 +60,15 @@ func TestReadSmallFileAtRefusesWhatWasPlanted(t *testing.T) {
 	if err := os.Symlink(target, filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	writer, err := os.OpenFile(fifo, os.O_RDWR, 0) // a writer that never writes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
 	if err := os.WriteFile(filepath.Join(dir, "big"), []byte(strings.Repeat("x", 100)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -73,18 +78,17 @@ func TestReadSmallFileAtRefusesWhatWasPlanted(t *testing.T) {
 	if _, err := ReadFileNoFollow(filepath.Join(dir, "link")); err == nil {
 		t.Error("followed a symlink")
 	}
-	// Returns at once (an empty read), instead of waiting for a writer.
-	if b, err := ReadFileNoFollow(filepath.Join(dir, "fifo")); err != nil || len(b) != 0 {
-		t.Errorf("FIFO: %q, %v", b, err)
+	if _, err := ReadFileNoFollow(fifo); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("FIFO: %v", err)
 	}
-	if _, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", filepath.Join(dir, "big"), 99, 0); err == nil || !strings.Contains(err.Error(), "larger than 99 bytes") {
+	if _, _, err := ReadSmall(filepath.Join(dir, "big"), 99); err == nil || !strings.Contains(err.Error(), "larger than 99 bytes") {
 		t.Errorf("oversized file: %v", err)
 	}
 }
 
-// ShortReadEnds saves the read that returns 0, and must still read every
-// size whole, buffer boundaries included, and refuse what is too large.
-func TestReadSmallFileAtReadsEverySizeWhole(t *testing.T) {
+// Every size up to the limit is read whole, with its FileInfo, and one
+// byte more is refused.
+func TestReadSmallReadsEverySizeWhole(t *testing.T) {
 	dir := t.TempDir()
 	const limit = 3000
 	for _, size := range []int{0, 1, 511, 512, 513, 1023, 1024, 1025, 2048, limit} {
@@ -93,20 +97,15 @@ func TestReadSmallFileAtReadsEverySizeWhole(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(want), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		for _, mode := range []ReadMode{0, ShortReadEnds, WithStat | ShortReadEnds} {
-			b, st, err := ReadSmallFileAt(unix.AT_FDCWD, "", filepath.Join(dir, name), limit, mode)
-			if err != nil || string(b) != want {
-				t.Errorf("size %d, mode %d: read %d bytes, %v", size, mode, len(b), err)
-			}
-			if (st != nil) != (mode&WithStat != 0) || (st != nil && st.Size != int64(size)) {
-				t.Errorf("size %d, mode %d: stat %+v", size, mode, st)
-			}
+		b, fi, err := ReadSmall(filepath.Join(dir, name), limit)
+		if err != nil || string(b) != want || fi.Size() != int64(size) {
+			t.Errorf("size %d: read %d bytes, %v, %v", size, len(b), fi, err)
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "over"), []byte(strings.Repeat("r", limit+1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := ReadSmallFileAt(unix.AT_FDCWD, "", filepath.Join(dir, "over"), limit, ShortReadEnds); err == nil {
+	if _, _, err := ReadSmall(filepath.Join(dir, "over"), limit); err == nil {
 		t.Error("a file one byte over the limit was read")
 	}
 }

@@ -3,6 +3,7 @@ package ipamdir
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -223,10 +224,8 @@ type PlantedError struct {
 func (e *PlantedError) Error() string { return e.err.Error() }
 func (e *PlantedError) Unwrap() error { return e.err }
 
-// checkPlantedIn lists dir with getdents64 and joins a path only for an
-// entry that is not a regular file: every verb checks a network's whole
-// lease directory, and os.File.ReadDir's per-entry work was most of the
-// 150 µs that cost at 250 leases.
+// checkPlantedIn refuses, in dir and the directories under it up to
+// depth levels, what is not a regular file.
 func checkPlantedIn(dir string, depth int) error {
 	f, err := os.Open(dir)
 	if err != nil {
@@ -237,7 +236,7 @@ func checkPlantedIn(dir string, depth int) error {
 	}
 	defer f.Close()
 	var planted error
-	err = statefile.EachDirEnt(f, func(e statefile.DirEnt) {
+	err = statefile.EachDirEntry(f, func(e fs.DirEntry) {
 		mode := e.Type()
 		if planted != nil || mode.IsRegular() {
 			return

@@ -339,9 +339,6 @@ func (a *PendingAdd) Abort() error {
 	if err := a.attacher.ReleaseLeasesOf(a.dir, a.Record.Key()); err != nil {
 		return fmt.Errorf("release the leases of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
-	if err := a.store.DropCaches(); err != nil {
-		return err
-	}
 	return a.store.Remove(a.Record.Key())
 }
 
@@ -428,9 +425,6 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 		if err := s.releaseLegacy(d, rec); err != nil {
 			return err
 		}
-	}
-	if err := store.DropCaches(); err != nil {
-		return err
 	}
 	s.forget(d, key)
 	return store.Remove(key)

@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 )
@@ -140,6 +138,6 @@ func leasedElsewhere(roots []string, own ipamdir.Dir, a *Attachment, addr netip.
 // leaseNames reports whether the lease file at path names a (host-local's
 // "<containerID>\r\n<ifname>", or the container ID alone).
 func leaseNames(path string, a *Attachment) bool {
-	l, err := readLease(unix.AT_FDCWD, "", path)
+	l, err := readLease(path)
 	return err == nil && l.Key.ContainerID == a.Key.ContainerID && (l.Key.IfName == "" || l.Key.IfName == a.Key.IfName)
 }

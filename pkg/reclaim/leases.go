@@ -93,7 +93,7 @@ func (d *leaseDir) read(ip net.IP) (Lease, error) {
 	if d == nil {
 		return Lease{}, fs.ErrNotExist
 	}
-	l, err := readLease(int(d.f.Fd()), d.path, ip.String())
+	l, err := readLease(filepath.Join(d.path, ip.String()))
 	l.IP = ip
 	return l, err
 }
@@ -125,7 +125,7 @@ func (d *leaseDir) list() *leaseListing {
 		return nil
 	}
 	l := &leaseListing{regular: map[[16]byte]string{}}
-	err := statefile.EachDirEnt(d.f, func(e statefile.DirEnt) {
+	err := statefile.EachDirEntry(d.f, func(e fs.DirEntry) {
 		name := e.Name()
 		if ipamdir.IsHostLocalBookkeeping(name) {
 			return
@@ -212,7 +212,7 @@ func (d *leaseDir) visit(name string, regular bool, skip func([16]byte) bool, fn
 	if ip != nil && skip != nil && skip(ip16(ip)) {
 		return
 	}
-	l, err := readLease(int(d.f.Fd()), d.path, name)
+	l, err := readLease(filepath.Join(d.path, name))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		// Released since the directory was read.
@@ -237,7 +237,7 @@ func (d *leaseDir) remove(leases []Lease) error {
 	var errs []error
 	for _, l := range leases {
 		name := filepath.Base(l.Path)
-		again, err := readLease(dirfd, d.path, name)
+		again, err := readLease(filepath.Join(d.path, name))
 		if errors.Is(err, fs.ErrNotExist) {
 			d.gone(l)
 			continue
@@ -333,11 +333,9 @@ func (d *leaseDir) removeEmpty(name string) error {
 	return nil
 }
 
-// readLease reads one reservation, name in dir open as dirfd (or, with
-// unix.AT_FDCWD and dir "", the path name).
-func readLease(dirfd int, dir, name string) (Lease, error) {
-	path := filepath.Join(dir, name)
-	b, st, err := statefile.ReadSmallFileAt(dirfd, dir, name, maxLeaseSize, statefile.WithStat|statefile.ShortReadEnds)
+// readLease reads one reservation.
+func readLease(path string) (Lease, error) {
+	b, fi, err := statefile.ReadSmall(path, maxLeaseSize)
 	if err != nil {
 		return Lease{}, fmt.Errorf("read lease: %w", err)
 	}
@@ -348,7 +346,7 @@ func readLease(dirfd int, dir, name string) (Lease, error) {
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease %s: %w", path, err)
 	}
-	return Lease{Path: path, Key: key, ModTime: time.Unix(st.Mtim.Unix()), content: content}, nil
+	return Lease{Path: path, Key: key, ModTime: fi.ModTime(), content: content}, nil
 }
 
 // parseLease is ipamdir.ParseLease, keyed as the records are.

@@ -58,7 +58,7 @@ func TestLeaseDirHoldsOnlyRegularFilesNamedAsHostLocalDoes(t *testing.T) {
 
 	// A lease whose name only parses as an address is not the one named
 	// after it: removing it keeps 10.0.0.3 out and fd00::2 in.
-	odd, err := readLease(int(d.f.Fd()), dir, "::ffff:10.0.0.3")
+	odd, err := readLease(filepath.Join(dir, "::ffff:10.0.0.3"))
 	if err != nil {
 		t.Fatal(err)
 	}

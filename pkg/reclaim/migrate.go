@@ -178,11 +178,20 @@ func copyLease(l Lease, target string) (bool, error) {
 	crashpoint.Step("create lease " + target)
 	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o600)
 	if errors.Is(err, fs.ErrExist) {
+		st, serr := os.Lstat(target)
+		switch {
+		case serr != nil:
+			return false, fmt.Errorf("inspect %s: %w", target, serr)
+		case st.Mode()&fs.ModeSymlink != 0:
+			return false, fmt.Errorf("%s is a symlink (planted?): not followed", target)
+		case !st.Mode().IsRegular():
+			return false, nil // something else holds the address
+		}
 		existing, rerr := statefile.ReadFileNoFollow(target)
 		if rerr != nil {
 			return false, fmt.Errorf("read %s: %w", target, rerr)
 		}
-		if st, serr := os.Lstat(target); len(existing) > 0 || serr != nil || !st.Mode().IsRegular() {
+		if len(existing) > 0 {
 			return bytes.Equal(bytes.TrimSpace(existing), content), nil
 		}
 		crashpoint.Step("rewrite empty lease " + target)

@@ -620,10 +620,8 @@ func TestSweepReadsNoLeaseALiveRecordClaims(t *testing.T) {
 	}
 }
 
-// tmpfsDir is a temp dir on tmpfs, where data dirs belong and where the
-// record walk keeps its cache (records' walkcache.go): the sweeps of these
-// tests take records from it whenever a sweep before them read the same
-// files. /dev/shm is a tmpfs on every Linux host this runs on.
+// tmpfsDir is a temp dir on tmpfs, where data dirs belong. /dev/shm is a
+// tmpfs on every Linux host this runs on.
 func tmpfsDir(t *testing.T) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/dev/shm", "nbc-reclaim-test-")

@@ -7,7 +7,6 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -111,56 +110,6 @@ type judge struct {
 	// legacyDataDir is the entry's legacy lease directory's parent, where
 	// migrated attachments' leases are (see migratedVerdict).
 	legacyDataDir string
-	// prefetched are namespace lookups made by prefetch on the goroutines
-	// that read the records, each taken by its record's verdict.
-	prefetchMu sync.Mutex
-	prefetched map[*records.Record]netnsLookup
-}
-
-// netnsLookup is one answer of Host.Netns.
-type netnsLookup struct {
-	id  sysinfo.NetnsID
-	err error
-}
-
-// prefetch looks up the namespace of a record that a sweep judges as soon
-// as it reads it (an attachment with addresses, not a pending ADD: see
-// sweep.record), on the goroutine that read the record, in parallel with
-// the others: it is most of a live attachment's cost. Its verdict takes
-// the answer at most a chunk of records later (records.walkChunk). An
-// answer that is that much older changes nothing: a live namespace is kept
-// either way, and a path that no longer names its namespace is then
-// checked against the namespace's holders, as before.
-func (j *judge) prefetch(r *records.Record) {
-	if j.valid != nil || r.BootID != j.bootID || r.State != records.Complete || r.Netns == "" || len(r.IPs) == 0 {
-		return
-	}
-	id, err := j.host.Netns(r.Netns)
-	j.prefetchMu.Lock()
-	defer j.prefetchMu.Unlock()
-	if j.prefetched == nil {
-		j.prefetched = map[*records.Record]netnsLookup{}
-	}
-	j.prefetched[r] = netnsLookup{id, err}
-}
-
-// netns is r's namespace: the prefetched answer, taken once, else a look.
-func (j *judge) netns(r *records.Record) (sysinfo.NetnsID, error) {
-	j.prefetchMu.Lock()
-	got, ok := j.prefetched[r]
-	delete(j.prefetched, r)
-	j.prefetchMu.Unlock()
-	if ok {
-		return got.id, got.err
-	}
-	return j.host.Netns(r.Netns)
-}
-
-// forget drops what was prefetched for r and not taken.
-func (j *judge) forget(r *records.Record) {
-	j.prefetchMu.Lock()
-	delete(j.prefetched, r)
-	j.prefetchMu.Unlock()
 }
 
 // overdueExitWait bounds how long a judge waits for the processes it
@@ -278,7 +227,7 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 	if r.Netns == "" {
 		return Verdict{State: Unknown, Reason: "record has no namespace path"}
 	}
-	id, err := j.netns(r)
+	id, err := j.host.Netns(r.Netns)
 	var gone string
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

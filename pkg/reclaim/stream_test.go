@@ -176,9 +176,8 @@ func TestNFTablesRulesOfStaleAttachmentsOnly(t *testing.T) {
 	}
 }
 
-// A network read on several goroutines, chunk after chunk, with its
-// namespaces looked up there (judge.prefetch): exactly the attachments
-// whose namespace is gone go, and a namespace replaced since is caught.
+// A large network: exactly the attachments whose namespace is gone go,
+// and a namespace replaced since is caught.
 func TestSweepOfALargeNetworkJudgesEveryAttachmentByItsOwnNamespace(t *testing.T) {
 	w := newWorld(t)
 	const n = 600
@@ -205,33 +204,6 @@ func TestSweepOfALargeNetworkJudgesEveryAttachmentByItsOwnNamespace(t *testing.T
 	left := w.leases()
 	slices.Sort(left)
 	equal(t, "leases left", left, wantLeft)
-}
-
-// A prefetched namespace answers its record's verdict once; a later
-// verdict of the same record looks again.
-func TestPrefetchedNamespaceIsTakenOnce(t *testing.T) {
-	w := newWorld(t)
-	w.container("c1", "10.0.0.2")
-	store := records.NewStore(w.dir())
-	r, err := store.Read(records.Key{ContainerID: "c1", IfName: "eth0"})
-	if err != nil || r == nil {
-		t.Fatal(r, err)
-	}
-	j, err := newJudge(w.host, store, nil, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	j.prefetch(r)
-	delete(w.host.Namespaces, "/run/netns/c1")
-	if v := j.recordVerdict(r); v.State != Live {
-		t.Errorf("verdict on the prefetched look = %v, want live", v)
-	}
-	if v := j.recordVerdict(r); v.State != Stale {
-		t.Errorf("second verdict = %v, want stale: the namespace is gone", v)
-	}
-	if len(j.prefetched) != 0 {
-		t.Errorf("%d lookups left", len(j.prefetched))
-	}
 }
 
 // An owned network's rules are listed from the start of its sweep, while

@@ -115,8 +115,7 @@ type Report struct {
 // next is read (or, when NAT rules must go first, at the end of a batch or
 // of the sweep), so that what it holds grows with what it must still
 // decide, not with the network (see sweep). A sweep with nothing to
-// release logs nothing, and writes nothing but its caches (the walk
-// cache when records changed, the NAT cache when the ruleset did).
+// release logs nothing and writes nothing.
 //
 // A release is ordered so that a kill at any step leaves what the next
 // sweep finds: NAT rules first, then the leases, then the record, which
@@ -140,9 +139,6 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	defer unlock()
 
 	store := records.NewStore(req.Dir)
-	if req.DryRun {
-		store = store.WithoutCacheWrites()
-	}
 	j, err := newJudge(s.Host, store, req.Valid, req.GC)
 	if err != nil {
 		return nil, err
@@ -202,9 +198,6 @@ type sweep struct {
 	// claimed are the addresses judged in pass 1; named, every address a
 	// record names, whatever its lease holds.
 	claimed, named map[[16]byte]struct{}
-	// releasedKeys are the attachments released, which the walk cache
-	// drops.
-	releasedKeys map[records.Key]struct{}
 	// later are the attachments judged after pass 2.
 	later map[records.Key]*Attachment
 	// backends are the NAT backends (Netfilter.Backends) and rules their
@@ -223,13 +216,6 @@ type sweep struct {
 	// a listing was started after the first stale verdict.
 	listing  *natListing
 	relisted bool
-	// natProber is the backend whose probe served the sweep, and
-	// natFresh its answer if it read the rules (for the NAT cache);
-	// natTouched: the sweep removed rules, so they are probed again
-	// before the cache is written (saveNATOwners).
-	natProber  netfilter.Prober
-	natFresh   netfilter.Probed
-	natTouched bool
 	// cniScanErr: a scan for running CNI commands failed in this sweep
 	// (cniCommand).
 	cniScanErr error
@@ -309,7 +295,7 @@ func (w *sweep) run() error {
 			// A record that cannot be read may be a live container's.
 			w.saw(k, true) // its file is named for it
 		}
-	}, w.judge.prefetch)
+	})
 	if err != nil {
 		return err
 	}
@@ -333,8 +319,6 @@ func (w *sweep) run() error {
 	}
 	w.flushBatch()
 	w.releaseNAT()
-	w.records.SaveWalkCache(listing, func(k records.Key) bool { _, ok := w.releasedKeys[k]; return ok })
-	w.saveNATOwners()
 	return nil
 }
 
@@ -352,14 +336,6 @@ func (w *sweep) record(r *records.Record) {
 		return
 	}
 	a.Verdict = w.judge.verdict(a)
-	w.judge.forget(r)
-	if r.FromCache() && a.Verdict.State != Live {
-		// The walk cache only spares the reads of records judged live:
-		// anything else is judged again on its file (see records'
-		// walkcache.go), as it would be without the cache.
-		w.recordFromFile(a.Key)
-		return
-	}
 	trust := !w.req.DryRun && !w.req.GC && a.Verdict.State != Stale
 	for _, cidr := range r.IPs {
 		ip, ok := addressOf(cidr)
@@ -385,20 +361,6 @@ func (w *sweep) record(r *records.Record) {
 	}
 	sortLeases(a.Leases)
 	w.judged(a)
-}
-
-// recordFromFile is pass 1 for the record of k read from its file, as a
-// walk without its cache would have read it: damaged, it is reported and
-// its attachment seen; gone, a DEL took it since the listing.
-func (w *sweep) recordFromFile(k records.Key) {
-	r, err := w.records.Read(k)
-	switch {
-	case err != nil:
-		w.problem(err)
-		w.saw(k, true)
-	case r != nil:
-		w.record(r)
-	}
 }
 
 // lease is pass 2: a lease no record claimed, kept for the end.
@@ -610,10 +572,6 @@ func (w *sweep) cniCommand(cid string) *netfilter.BusyError {
 
 func (w *sweep) released(rel Release) {
 	w.report.Released++
-	if w.releasedKeys == nil {
-		w.releasedKeys = map[records.Key]struct{}{}
-	}
-	w.releasedKeys[rel.Key] = struct{}{}
 	if !w.req.DryRun {
 		w.logf("%s: released %s", w.req.Dir.Network, rel)
 	}

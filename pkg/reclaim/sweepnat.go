@@ -44,11 +44,6 @@ type natListing struct {
 	rules  []netfilter.Rules
 	errs   []error
 	probed []bool
-	// prober is the backend a probe of this listing asked, if that probe
-	// named its ruleset; fresh is its answer when it read the rules, for
-	// the next sweep to keep (saveNATOwners); zero when none did.
-	prober netfilter.Prober
-	fresh  netfilter.Probed
 }
 
 // startListing lists the network's rules in every backend (probe: probes
@@ -62,61 +57,18 @@ func (w *sweep) startListing(probe bool) {
 	l := &natListing{done: make(chan struct{}), rules: make([]netfilter.Rules, n), errs: make([]error, n), probed: make([]bool, n)}
 	w.listing = l
 	backends, network := w.backends, w.req.Dir.Network
-	kept := w.keptNATOwners()
 	go func() {
 		defer close(l.done)
 		for i, b := range backends {
 			if pr, ok := b.(netfilter.Prober); ok && probe {
-				if p, err := pr.ProbeSince(network, kept); err == nil {
+				if p, err := pr.ProbeSince(network, nil); err == nil {
 					l.rules[i], l.probed[i] = probedRules(netfilter.ContainerOwners(p.Owners)), true
-					if p.ID != (netfilter.RulesetID{}) {
-						// A probe that can name its ruleset can be kept.
-						l.prober = pr
-						if !p.Kept {
-							l.fresh = p
-						}
-					}
 					continue
 				}
 			}
 			l.rules[i], l.errs[i] = b.List(network)
 		}
 	}()
-}
-
-// natOwnersKey is the key the NAT cache keeps a probe's owners under
-// (records.Store.SaveNATCache): the boot and the ruleset they were read
-// from.
-func natOwnersKey(boot string, id netfilter.RulesetID) string {
-	return fmt.Sprintf("boot %s netns %d generation %d families %s", boot, id.Cookie, id.Gen, id.Families)
-}
-
-// keptNATOwners looks up what an earlier sweep's probe kept.
-func (w *sweep) keptNATOwners() func(netfilter.RulesetID) ([]string, bool) {
-	boot := w.judge.bootID
-	return func(id netfilter.RulesetID) ([]string, bool) { return w.records.LoadNATCache(natOwnersKey(boot, id)) }
-}
-
-// saveNATOwners keeps, for the next sweep, the owners a probe of this
-// sweep read; when the sweep removed rules, they are probed again first
-// (its own removals are a commit, and one that leaves the cache out of
-// date would make the next sweep write it).
-func (w *sweep) saveNATOwners() {
-	if w.natProber == nil || w.req.DryRun {
-		return
-	}
-	fresh := w.natFresh
-	if w.natTouched {
-		p, err := w.natProber.ProbeSince(w.req.Dir.Network, nil)
-		if err != nil {
-			return
-		}
-		fresh = p
-	}
-	if fresh.ID == (netfilter.RulesetID{}) {
-		return
-	}
-	w.records.SaveNATCache(natOwnersKey(w.judge.bootID, fresh.ID), fresh.Owners)
 }
 
 // listNAT makes the network's listing (or waits for the one under way)
@@ -130,9 +82,6 @@ func (w *sweep) listNAT() {
 	w.startListing(false)
 	<-w.listing.done
 	w.natListed = true
-	if w.listing.prober != nil {
-		w.natProber, w.natFresh = w.listing.prober, w.listing.fresh
-	}
 	w.rules = make([]netfilter.Rules, len(w.backends))
 	copy(w.probed, w.listing.probed)
 	for i, b := range w.backends {
@@ -325,7 +274,6 @@ func (w *sweep) releaseRulesOf(ps []pendingRelease, shared bool) {
 			}
 			continue
 		}
-		w.natTouched = true
 		removed, failed := w.rules[i].Release(owners)
 		for _, owner := range owners {
 			p := &ps[first[owner]]
@@ -393,7 +341,6 @@ func (w *sweep) releaseOrphans(i int) {
 	var removed map[string][]string
 	var failed map[string]error
 	if !w.req.DryRun {
-		w.natTouched = true
 		removed, failed = rules.Release(owners)
 	}
 	for _, o := range doomed {

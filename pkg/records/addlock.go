@@ -3,6 +3,7 @@ package records
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -66,25 +67,24 @@ func (s *Store) PathOf(k Key) string { return filepath.Join(s.dir, fileName(k)) 
 
 // AddRunning reports whether a process of the ADD that wrote k's record
 // still holds its lock (WriteLocked). A record that is gone has no ADD
-// running. It opens the record with statefile.OpenAt: a FIFO planted in
-// its place cannot block it.
+// running. It opens the record with statefile.Open: a FIFO planted in its
+// place cannot block it.
 func (s *Store) AddRunning(k Key) (bool, error) {
-	path := filepath.Join(s.dir, fileName(k))
-	fd, err := statefile.OpenAt(unix.AT_FDCWD, path)
-	if errors.Is(err, unix.ENOENT) {
+	f, err := statefile.Open(filepath.Join(s.dir, fileName(k)))
+	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("test the lock of record %s: %w", k, &os.PathError{Op: "open", Path: path, Err: err})
+		return false, fmt.Errorf("test the lock of record %s: %w", k, err)
 	}
-	defer unix.Close(fd)
+	defer f.Close()
 	// A shared lock, dropped with the descriptor: it never keeps the
 	// record's writer from anything.
-	switch err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); {
+	switch err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); {
 	case err == unix.EWOULDBLOCK:
 		return true, nil
 	case err != nil:
-		return false, fmt.Errorf("test the lock of record %s: %w", k, &os.PathError{Op: "flock", Path: path, Err: err})
+		return false, fmt.Errorf("test the lock of record %s: %w", k, &os.PathError{Op: "flock", Path: f.Name(), Err: err})
 	}
 	return false, nil
 }

@@ -12,11 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
@@ -71,15 +67,7 @@ type Record struct {
 	// LegacyLeases are a migrated attachment's lease files in the legacy
 	// directory.
 	LegacyLeases []string `json:"legacyLeases,omitempty"`
-
-	// fromCache: a walk took this record from its cache, not its file.
-	fromCache bool
 }
-
-// FromCache reports whether a walk took r from the walk cache rather than
-// from its file (see walkcache.go): what acts on r must read it again
-// unless r's verdict leaves it alone.
-func (r *Record) FromCache() bool { return r.fromCache }
 
 // Key identifies an attachment, as in the CNI GC verb.
 type Key struct {
@@ -101,24 +89,12 @@ func (r *Record) Key() Key { return Key{r.ContainerID, r.IfName} }
 type Store struct {
 	dir     string
 	network string
-	// noCacheWrites: walks take records from the walk cache but leave
-	// it as it is (WithoutCacheWrites).
-	noCacheWrites bool
 }
 
 // NewStore names the record directory for network under dataDir; nothing
 // is created until the first Write.
 func NewStore(d ipamdir.Dir) *Store {
 	return &Store{dir: d.Records(), network: d.Network}
-}
-
-// WithoutCacheWrites is s for what must change nothing in the data dir (a
-// dry run): its walks still take records from the walk cache, and never
-// write it.
-func (s *Store) WithoutCacheWrites() *Store {
-	c := *s
-	c.noCacheWrites = true
-	return &c
 }
 
 // Dir is where the network's records live.
@@ -262,37 +238,24 @@ type Listing struct {
 	Temps map[string]int
 	// onDamaged, when set, takes what Problems and Damaged would hold.
 	onDamaged func(err error, k Key, named bool)
-	// cache is what SaveWalkCache writes.
-	cache *cacheUpdate
 }
 
 // Walk reads the records of the network, calling fn with each, so that a
-// sweep holds a few records at a time (walkChunk), not the network.
+// sweep holds one record at a time, not the network.
 func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
-	return s.WalkStreaming(fn, nil, nil)
+	return s.WalkStreaming(fn, nil)
 }
-
-// walkChunk is how many directory entries WalkStreaming reads ahead of
-// fn: enough that starting its readers costs little per record (about
-// 1 µs each), few enough that what is held stays small.
-const walkChunk = 128
-
-// walkReaders bounds the goroutines that read one chunk: a record costs
-// an openat, a read and a close (≈ 10 µs on a VM), which is what a sweep
-// over a thousand live attachments spends most of its time on.
-const walkReaders = 4
 
 // WalkStreaming is Walk that hands each file that is not a valid record to
 // damaged (with the attachment its name gives, if any) instead of keeping
 // it in the Listing: 100 000 planted files are then never held at once.
+// Records come in name order within each batch of the directory
+// (statefile.EachDirEntry).
 //
-// Records are read and decoded on up to walkReaders goroutines, a chunk of
-// the directory at a time; fn and damaged are called on the caller's
-// goroutine, in name order within each batch of the directory, as a
-// one-by-one walk would. prepare, when set, runs on the reading goroutine
-// with each valid record before fn gets it: per-record work that may run
-// in parallel (a sweep looks at the record's namespace there).
-func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, named bool), prepare func(*Record)) (*Listing, error) {
+// One record after the other, each read from its file, no cache: the
+// sweep over bridge's 1023 live attachments stays within make bench's
+// bound (BENCHMARKS.md, "node sweep").
+func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, named bool)) (*Listing, error) {
 	l := &Listing{onDamaged: damaged}
 	dir, err := os.Open(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -302,201 +265,46 @@ func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, n
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
 	defer dir.Close()
-	w := &walk{s: s, dirfd: int(dir.Fd()), prepare: prepare}
-	if statefile.OnTmpfs(w.dirfd) {
-		w.cache = &cacheUpdate{found: loadWalkCache(w.dirfd, s.dir)}
-	}
-	err = statefile.EachDirBatchIno(dir, func(entries []statefile.DirEnt) {
-		// Chunk k+1 is read while chunk k is delivered: fn's own work
-		// (a sweep's verdicts and releases) overlaps the reading.
-		var chunks [][]statefile.DirEnt
-		for len(entries) > 0 {
-			n := min(len(entries), walkChunk)
-			chunks, entries = append(chunks, entries[:n]), entries[n:]
-		}
-		wait := w.start(chunks[0], &w.read[0])
-		for k, chunk := range chunks {
-			wait()
-			if k+1 < len(chunks) {
-				wait = w.start(chunks[k+1], &w.read[(k+1)%2])
+	err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
+		name := e.Name()
+		switch {
+		case strings.HasPrefix(name, statefile.TempPrefix) && e.Type().IsRegular():
+			if pid, ok := statefile.TempWriter(name); ok {
+				l.addTemp(name, pid)
 			}
-			for i, e := range chunk {
-				w.deliver(l, e, &w.read[k%2][i], fn)
+		case strings.HasPrefix(name, "."):
+			// A boot marker (.migrated, ...) or a temp file of unknown
+			// origin.
+		case !e.Type().IsRegular():
+			l.damaged(name, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
+		default:
+			r, err := s.readFile(name)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				// Removed since the directory was read: a DEL.
+			case err != nil:
+				l.damaged(name, err)
+			default:
+				fn(r)
 			}
 		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
-	if !s.noCacheWrites {
-		l.cache = w.cache
-	}
 	return l, nil
 }
 
-// walk is one WalkStreaming under way.
-type walk struct {
-	s       *Store
-	dirfd   int
-	prepare func(*Record)
-	// read is what was read of two chunks' entries, by index: the one
-	// being delivered and the one being read.
-	read [2][walkChunk]readRecord
-	// cache: the directory is on tmpfs, where the walk cache holds (see
-	// walkcache.go); nil elsewhere.
-	cache *cacheUpdate
-}
-
-// readRecord is what reading one entry gave: a record, an error, or
-// neither (not a record file, or removed since the listing); and the
-// bytes of a record read from its file, for the walk cache.
-type readRecord struct {
-	r    *Record
-	err  error
-	read []byte
-}
-
-// start reads the chunk's record files into out on other goroutines
-// (several when the chunk is large enough to gain from them), and returns
-// what waits for them to be done.
-func (w *walk) start(entries []statefile.DirEnt, out *[walkChunk]readRecord) (wait func()) {
-	readers := max(1, min(walkReaders, runtime.GOMAXPROCS(0), len(entries)/16))
-	var next atomic.Int32
-	var wg sync.WaitGroup
-	for range readers {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < len(entries); i = int(next.Add(1)) - 1 {
-				out[i] = w.readEntry(entries[i])
-			}
-		})
-	}
-	return wg.Wait
-}
-
-// readEntry reads and decodes one entry if it is a record file: from the
-// walk cache when it lists the file's name and inode, else from the file.
-func (w *walk) readEntry(e statefile.DirEnt) readRecord {
-	name := e.Name()
-	if strings.HasPrefix(name, ".") || !e.Type().IsRegular() {
-		return readRecord{} // deliver says what it is
-	}
-	if b, ok := w.cache.lookup(name, e.Ino()); ok {
-		if r, err := w.s.decode(name, b); err == nil && cacheable(r) {
-			r.fromCache = true
-			if w.prepare != nil {
-				w.prepare(r)
-			}
-			return readRecord{r: r}
-		}
-	}
-	b, _, err := statefile.ReadSmallFileAt(w.dirfd, w.s.dir, name, statefile.DefaultLimit, statefile.ShortReadEnds)
-	if errors.Is(err, fs.ErrNotExist) {
-		return readRecord{} // removed since the directory was read: a DEL
-	}
+// readFile reads and decodes the record file name.
+func (s *Store) readFile(name string) (*Record, error) {
+	b, err := statefile.ReadFileNoFollow(filepath.Join(s.dir, name))
 	if err != nil {
-		return readRecord{err: fmt.Errorf("read record: %w", err)}
-	}
-	r, err := w.s.decode(name, b)
-	if err != nil {
-		return readRecord{err: err}
-	}
-	if w.prepare != nil {
-		w.prepare(r)
-	}
-	return readRecord{r: r, read: b}
-}
-
-// deliver hands one entry to the walk's caller, in order.
-func (w *walk) deliver(l *Listing, e statefile.DirEnt, got *readRecord, fn func(*Record)) {
-	name := e.Name()
-	r, err, read := got.r, got.err, got.read
-	*got = readRecord{} // held no longer than needed
-	switch {
-	case strings.HasPrefix(name, statefile.TempPrefix) && e.Type().IsRegular():
-		if pid, ok := statefile.TempWriter(name); ok {
-			l.addTemp(name, pid)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, err
 		}
-	case strings.HasPrefix(name, "."):
-		// A boot marker (.migrated, ...), the walk cache, a temp file of
-		// unknown origin.
-	case !e.Type().IsRegular():
-		l.damaged(name, fmt.Errorf("record %s: not a regular file", filepath.Join(w.s.dir, name)))
-	case err != nil:
-		l.damaged(name, err)
-	case r != nil:
-		w.keep(name, e.Ino(), r, read)
-		fn(r)
+		return nil, fmt.Errorf("read record: %w", err)
 	}
-}
-
-// keep notes r's bytes for the next walk's cache: read from its file now
-// (a miss), or found in the cache.
-func (w *walk) keep(name string, ino uint64, r *Record, read []byte) {
-	c := w.cache
-	if c == nil || c.overflow || !cacheable(r) {
-		return
-	}
-	data := read
-	if r.fromCache {
-		data = c.found[name].data
-	} else {
-		c.misses++
-	}
-	if len(c.next) == walkCacheMax {
-		c.overflow, c.next = true, nil
-		return
-	}
-	if c.next == nil {
-		// Most walks meet the records the cache holds, and maybe a few more.
-		c.next = make([]cachedRecord, 0, min(len(c.found)+16, walkCacheMax))
-	}
-	c.next = append(c.next, cachedRecord{name: name, ino: ino, data: data})
-}
-
-// lookup is the found cache's bytes of the record file name with inode
-// ino, if any.
-func (u *cacheUpdate) lookup(name string, ino uint64) ([]byte, bool) {
-	if u == nil {
-		return nil, false
-	}
-	return u.found.lookup(name, ino)
-}
-
-// cacheUpdate is one walk's view of the walk cache: the cache it found
-// (nil: none, or unusable), the cacheable records it met, for the next
-// walk, until they were more than walkCacheMax (overflow), and how many of
-// them it read from their files.
-type cacheUpdate struct {
-	found    walkCache
-	next     []cachedRecord
-	overflow bool
-	misses   int
-}
-
-// SaveWalkCache leaves the next walk the records the walk that made l
-// found, less those drop names (the ones the caller has since removed),
-// unless the cache already holds exactly them. A walk of a store made
-// WithoutCacheWrites, or off tmpfs, writes nothing.
-func (s *Store) SaveWalkCache(l *Listing, drop func(Key) bool) {
-	u := l.cache
-	if u == nil {
-		return
-	}
-	if u.overflow {
-		if u.found != nil {
-			saveWalkCache(s.dir, nil)
-		}
-		return
-	}
-	// u.next is this walk's own and read nowhere else: filtered in place.
-	u.next = slices.DeleteFunc(u.next, func(c cachedRecord) bool {
-		cid, ifname, _ := ipamdir.ParseRecordName(c.name)
-		return drop != nil && drop(Key{ContainerID: cid, IfName: ifname})
-	})
-	if u.misses == 0 && len(u.next) == len(u.found) {
-		return // the cache holds exactly these: the common sweep writes nothing
-	}
-	saveWalkCache(s.dir, u.next)
+	return s.decode(name, b)
 }
 
 func (l *Listing) addTemp(name string, pid int) {

@@ -121,9 +121,10 @@ func (e *testEnv) recordNames(t *testing.T) []string {
 
 // recordMarkers are the plugin's per-network marker files next to the
 // records: the legacy migration's, the not-tmpfs warning's, the last CHECK
-// sweep's, the release counts and the walk cache. They are not records; a
+// sweep's, the release counts, the ownership marker and the remembered
+// addresses. They are not records; a
 // temp file is.
-var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned", ".walk-cache", ".nat-cache", ".remembered"}
+var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned", ".remembered"}
 
 // assertRecordsExactly checks that the record directory holds records of
 // exactly cids, besides the markers; a leftover temp file counts.
