@@ -45,7 +45,22 @@ type delegateExec struct {
 	// depth is this process's delegation depth; its delegates get one
 	// more (see EnvDelegating).
 	depth int
+	// netnsOverride is the CNI_NETNS_OVERRIDE the runtime set, if
+	// netnsOverrideSet: the delegates get that, or none, whatever the
+	// process's own environment says (see EnvNetnsOverride).
+	netnsOverride    string
+	netnsOverrideSet bool
 }
+
+// EnvNetnsOverride, set to "1" or "true", switches off upstream skel's
+// check that CNI_NETNS is not the plugin's own namespace. skel reads it
+// from the process environment only, so pkg/skel sets it there: skel runs
+// its check after ADD and DEL, too late (bridge has already deleted the
+// host's link on DEL), and by opening CNI_NETNS, which blocks for ever on
+// a FIFO planted there. The verbs refuse the plugin's own namespace
+// first, without opening it (see refuseOwnNamespace). The delegates,
+// whose environment delegateExec builds, get the runtime's value.
+const EnvNetnsOverride = "CNI_NETNS_OVERRIDE"
 
 // lookups maps a plugin name and CNI_PATH to where the plugin was found.
 type lookups map[string]string
@@ -82,7 +97,7 @@ func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin 
 	crashpoint.Step("exec " + pluginPath)
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, pluginPath)
-	cmd.Env = append(environ, EnvDelegating+"="+strconv.Itoa(e.depth+1))
+	cmd.Env = e.env(environ)
 	cmd.Stdin = bytes.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -111,6 +126,21 @@ func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin 
 		detail = "no output"
 	}
 	return nil, fmt.Errorf("%s: %v; stdout: %q", pluginPath, err, truncate(detail, 512))
+}
+
+// env is a delegate's environment: environ, with the runtime's
+// CNI_NETNS_OVERRIDE (or none) and the delegation depth.
+func (e *delegateExec) env(environ []string) []string {
+	env := make([]string, 0, len(environ)+2)
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, EnvNetnsOverride+"=") {
+			env = append(env, kv)
+		}
+	}
+	if e.netnsOverrideSet {
+		env = append(env, EnvNetnsOverride+"="+e.netnsOverride)
+	}
+	return append(env, EnvDelegating+"="+strconv.Itoa(e.depth+1))
 }
 
 func truncate(s string, n int) string {

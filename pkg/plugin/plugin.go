@@ -39,10 +39,14 @@ type Plugin struct {
 	onTmpfs func(ipamdir.Dir) (bool, int64, error)
 }
 
-// New returns a Plugin wired to the real process.
+// New returns a Plugin wired to the real process. It reads the runtime's
+// environment as it is now: its delegates get the CNI_NETNS_OVERRIDE the
+// runtime set, whatever the process's own says later (see
+// EnvNetnsOverride).
 func New() *Plugin {
+	override, set := os.LookupEnv(EnvNetnsOverride)
 	return &Plugin{
-		Exec:    &delegateExec{stderr: os.Stderr, found: &lookups{}, depth: DelegationDepth()},
+		Exec:    &delegateExec{stderr: os.Stderr, found: &lookups{}, depth: DelegationDepth(), netnsOverride: override, netnsOverrideSet: set},
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
 		Reclaim: reclaim.NewEnv(os.Stderr),
@@ -51,83 +55,89 @@ func New() *Plugin {
 
 // Funcs lists the verbs for skel.
 func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
+	return skel.CNIFuncs{Add: p.verb("add", p.add), Del: p.verb("del", p.del), Check: p.verb("check", p.check), Status: p.verb("status", p.status), GC: p.verb("gc", p.gc)}
 }
 
-// Add, Del, Check, Status and GC are the CNI verbs: each parses the entry
-// once and runs the verb on it (see run).
-func (p *Plugin) Add(args *skel.CmdArgs) error    { return p.run("add", args, p.add) }
-func (p *Plugin) Del(args *skel.CmdArgs) error    { return p.run("del", args, p.del) }
-func (p *Plugin) Check(args *skel.CmdArgs) error  { return p.run("check", args, p.check) }
-func (p *Plugin) Status(args *skel.CmdArgs) error { return p.run("status", args, p.status) }
-func (p *Plugin) GC(args *skel.CmdArgs) error     { return p.run("gc", args, p.gc) }
+// Add, Del, Check, Status and GC are the CNI verbs as Funcs gives them
+// to skel (see verb).
+func (p *Plugin) Add(args *skel.CmdArgs) error    { return p.verb("add", p.add)(args) }
+func (p *Plugin) Del(args *skel.CmdArgs) error    { return p.verb("del", p.del)(args) }
+func (p *Plugin) Check(args *skel.CmdArgs) error  { return p.verb("check", p.check)(args) }
+func (p *Plugin) Status(args *skel.CmdArgs) error { return p.verb("status", p.status)(args) }
+func (p *Plugin) GC(args *skel.CmdArgs) error     { return p.verb("gc", p.gc)(args) }
 
-// verb is one CNI verb on an entry the plugin manages, parsed once.
-type verb func(args *skel.CmdArgs, conf *netconf.Config) error
+// verbFunc is one CNI verb on an entry the plugin manages, parsed once.
+type verbFunc func(args *skel.CmdArgs, conf *netconf.Config) error
 
-// run parses the entry, refuses the plugin's own namespace, whatever the
-// verb (bridge's DEL would delete a host link before skel noticed), and
-// runs the verb on the entries the plugin manages (with the entry's log
-// file, when it names one); every other entry goes
-// to the delegate as it came (see netconf.Config's Passthrough): installed
-// as `bridge`, the plugin receives the runtime's dhcp or static bridge
-// networks too, and must be invisible there.
-func (p *Plugin) run(name string, args *skel.CmdArgs, v verb) error {
-	conf, err := netconf.Parse(args.StdinData)
-	if err != nil {
-		return err
-	}
-	// Parsing touches nothing; this refusal comes before anything else
-	// does, and is logged like the verb's own.
-	checked := func(args *skel.CmdArgs, conf *netconf.Config) error {
-		if err := p.refuseOwnNamespace(args.Netns); err != nil {
+// verb is the CNI verb v as skel calls it: it parses the entry, refuses
+// the plugin's own namespace, whatever the verb (bridge's DEL would delete
+// a host link before skel noticed), and runs v on the entries the plugin
+// manages, with the entry's log file when it names one; every other entry
+// goes to the delegate as it came (see netconf.Config's Passthrough):
+// installed as `bridge`, the plugin receives the runtime's dhcp or static
+// bridge networks too, and must be invisible there. It calls v itself, so
+// that one frame of ours lies between skel and the verb.
+func (p *Plugin) verb(name string, v verbFunc) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		conf, err := netconf.Parse(args.StdinData)
+		if err != nil {
 			return err
 		}
+		// Parsing touches nothing; the refusal comes before anything else
+		// does, and is logged like the verb's own.
+		end := p.logTo(name, args, conf)
 		depth := DelegationDepth()
-		if depth >= MaxDelegationDepth {
-			return types.NewError(types.ErrInvalidNetworkConfig,
+		err = p.refuseOwnNamespace(args.Netns)
+		switch {
+		case err != nil:
+		case depth >= MaxDelegationDepth:
+			err = types.NewError(types.ErrInvalidNetworkConfig,
 				fmt.Sprintf("nomad-bridge-cni (%s) was called through %d copies of itself: copies in CNI_PATH %q call one another (installed twice as %q, or behind a script of that name?); refused so that they do not call each other without end: keep one copy in front of the reference plugins", conf.Type, depth, os.Getenv("CNI_PATH"), conf.Delegate), "")
-		}
-		if conf.Passthrough || (conf.Type == conf.Delegate && depth > 0) {
+		case conf.Passthrough || (conf.Type == conf.Delegate && depth > 0):
 			// Installed under its delegate's name and called by the
 			// plugin itself (both install modes on one host): the
 			// caller does the work, this copy is the delegate's stand-in.
-			return p.passThrough(name, conf, args.StdinData)
+			err = p.passThrough(name, conf, args.StdinData)
+		default:
+			err = v(args, conf)
 		}
-		return v(args, conf)
+		return end(err)
 	}
-	if conf.LogFile == "" {
-		return checked(args, conf)
-	}
-	return p.runLogged(name, args, conf, checked)
 }
 
-// runLogged is run with the entry's log file: what the verb writes to
-// stderr goes there too, one JSON line each, and so does its refusal.
-func (p *Plugin) runLogged(name string, args *skel.CmdArgs, conf *netconf.Config, v verb) error {
+// logTo opens the entry's log file, if it names one, for the verb name:
+// until the returned end is called with the verb's outcome, what the verb
+// writes to stderr goes there too, one JSON line each; end logs the
+// outcome (the refusal, or done), and returns it. Without a log file, end
+// returns the outcome and does nothing else.
+func (p *Plugin) logTo(name string, args *skel.CmdArgs, conf *netconf.Config) (end func(error) error) {
+	if conf.LogFile == "" {
+		return func(err error) error { return err }
+	}
 	log, err := eventlog.Open(conf.LogFile, conf.LogLevel, eventlog.Attachment{
 		Command: strings.ToUpper(name), Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns})
 	if err != nil {
 		p.warnf("warning: %v; nothing is logged there", err)
-		return v(args, conf)
+		return func(err error) error { return err }
 	}
-	defer log.Close()
 	stderr, reclaimLog := p.Stderr, p.Reclaim.Log
-	defer func() { p.Stderr, p.Reclaim.Log = stderr, reclaimLog }()
 	p.Stderr = teeTo(stderr, log.Lines())
 	p.Reclaim.Log = teeTo(reclaimLog, log.Lines())
 	log.Event(eventlog.Debug, "start", name, nil)
-	verr := v(args, conf)
-	var cniErr *types.Error
-	switch {
-	case errors.As(verr, &cniErr):
-		log.Event(eventlog.Error, "refusal", cniErr.Msg, map[string]any{"code": cniErr.Code, "details": cniErr.Details})
-	case verr != nil:
-		log.Event(eventlog.Error, "refusal", verr.Error(), nil)
-	default:
-		log.Event(eventlog.Debug, "done", name, nil)
+	return func(verr error) error {
+		var cniErr *types.Error
+		switch {
+		case errors.As(verr, &cniErr):
+			log.Event(eventlog.Error, "refusal", cniErr.Msg, map[string]any{"code": cniErr.Code, "details": cniErr.Details})
+		case verr != nil:
+			log.Event(eventlog.Error, "refusal", verr.Error(), nil)
+		default:
+			log.Event(eventlog.Debug, "done", name, nil)
+		}
+		p.Stderr, p.Reclaim.Log = stderr, reclaimLog
+		log.Close()
+		return verr
 	}
-	return verr
 }
 
 // teeTo writes to w (when set) and to log.

@@ -31,7 +31,7 @@ func TestAboutUnderTheDelegatesNameLeadsWithTheDelegatesVersion(t *testing.T) {
 	env := map[string]string{"CNI_PATH": dir}
 	// One buffer for both streams, as Nomad's CombinedOutput reads them.
 	var combined bytes.Buffer
-	code := run("bridge", nil, func(k string) string { return env[k] }, &combined, &combined)
+	code := runTool("bridge", nil, func(k string) string { return env[k] }, &combined, &combined)
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, combined.String())
 	}
@@ -49,7 +49,7 @@ func TestAboutUnderTheDelegatesNameLeadsWithTheDelegatesVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	combined.Reset()
-	run("bridge", nil, func(k string) string { return env[k] }, &combined, &combined)
+	runTool("bridge", nil, func(k string) string { return env[k] }, &combined, &combined)
 	if got := firstSemver(combined.String()); got == Version {
 		t.Errorf("unstamped delegate: the first version printed is the plugin's own:\n%s", combined.String())
 	}
@@ -58,7 +58,7 @@ func TestAboutUnderTheDelegatesNameLeadsWithTheDelegatesVersion(t *testing.T) {
 func TestAboutUnderAnotherNameWithoutADelegateIsItsOwn(t *testing.T) {
 	env := map[string]string{"CNI_PATH": t.TempDir()}
 	var out, errOut bytes.Buffer
-	code := run("nbc", nil, func(k string) string { return env[k] }, &out, &errOut)
+	code := runTool("nbc", nil, func(k string) string { return env[k] }, &out, &errOut)
 	if code != 0 || out.String() != About()+"\n" {
 		t.Errorf("exit %d, stdout %q; want the plugin's own about line", code, out.String())
 	}
@@ -71,7 +71,7 @@ func TestAboutUnderAnotherNameWithoutADelegateIsItsOwn(t *testing.T) {
 // have been the default directories, it still names none.
 func TestAboutUnderTheDelegatesNameWithoutCNIPathNamesNoDelegate(t *testing.T) {
 	var combined bytes.Buffer
-	code := run("bridge", nil, func(string) string { return "" }, &combined, &combined)
+	code := runTool("bridge", nil, func(string) string { return "" }, &combined, &combined)
 	out := combined.String()
 	if code != 0 || !strings.Contains(out, "installed as bridge") || !strings.Contains(out, "none is set here") {
 		t.Errorf("exit %d:\n%s", code, out)

@@ -21,28 +21,15 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 )
 
-// Main runs the binary and returns its exit code.
+// Main runs the binary and returns its exit code. In CNI mode it hands
+// the process to the CNI skeleton, which reads the CNI_* environment and
+// stdin, calls the verb (plugin.Plugin's Funcs) and prints either our
+// result or a types.Error on stdout.
 func Main(args []string) int {
-	return run(filepath.Base(os.Args[0]), args, os.Getenv, os.Stdout, os.Stderr)
-}
-
-// run dispatches; invokedAs is the name the binary was started by, which
-// is its delegate's when it is installed as `bridge`.
-func run(invokedAs string, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	switch {
-	case getenv("CNI_COMMAND") != "":
-		return runCNI(getenv("CNI_COMMAND"))
-	case len(args) == 0:
-		return printAbout(invokedAs, getenv, stdout, stderr)
-	default:
-		return cli.Run(args, stdout, stderr, About())
+	command := os.Getenv("CNI_COMMAND")
+	if command == "" {
+		return runTool(filepath.Base(os.Args[0]), args, os.Getenv, os.Stdout, os.Stderr)
 	}
-}
-
-// runCNI hands the process to the CNI skeleton, which reads the CNI_*
-// environment and stdin, and prints either our result or a types.Error
-// on stdout.
-func runCNI(command string) int {
 	if command != "VERSION" { // VERSION reads no stdin
 		stdin, err := capStdin(os.Stdin, netconf.MaxConfigSize)
 		if err != nil {
@@ -50,43 +37,24 @@ func runCNI(command string) int {
 		}
 		os.Stdin = stdin
 	}
-	if err := cniskel.PluginMainFuncsWithError(withoutSkelNetnsCheck(plugin.New().Funcs()), SupportedVersions, About()); err != nil {
+	// The plugin reads the runtime's CNI_NETNS_OVERRIDE first, for its
+	// delegates; then skel's own-namespace check is switched off (see
+	// plugin.EnvNetnsOverride): skel reads that from the environment only.
+	p := plugin.New()
+	_ = os.Setenv(plugin.EnvNetnsOverride, "1")
+	if err := cniskel.PluginMainFuncsWithError(p.Funcs(), SupportedVersions, About()); err != nil {
 		return printError(err)
 	}
 	return 0
 }
 
-// netnsOverrideEnv switches off upstream skel's check that CNI_NETNS is not
-// the plugin's own namespace.
-const netnsOverrideEnv = "CNI_NETNS_OVERRIDE"
-
-// withoutSkelNetnsCheck switches off skel's own-namespace check for this
-// process: skel runs it after ADD and DEL, too late (bridge has already
-// deleted the host's link on DEL), and by opening CNI_NETNS, which blocks
-// for ever on a FIFO planted there. The verbs refuse the plugin's own
-// namespace first, without opening it. The runtime's own
-// CNI_NETNS_OVERRIDE is put back before a verb runs, for its delegates.
-func withoutSkelNetnsCheck(funcs cniskel.CNIFuncs) cniskel.CNIFuncs {
-	value, set := os.LookupEnv(netnsOverrideEnv)
-	_ = os.Setenv(netnsOverrideEnv, "1")
-	restore := func() {
-		if set {
-			_ = os.Setenv(netnsOverrideEnv, value)
-		} else {
-			_ = os.Unsetenv(netnsOverrideEnv)
-		}
+// runTool runs the binary outside CNI mode; invokedAs is the name it was
+// started by, which is its delegate's when it is installed as `bridge`.
+func runTool(invokedAs string, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		return printAbout(invokedAs, getenv, stdout, stderr)
 	}
-	wrap := func(verb func(*cniskel.CmdArgs) error) func(*cniskel.CmdArgs) error {
-		if verb == nil {
-			return nil
-		}
-		return func(args *cniskel.CmdArgs) error {
-			restore()
-			return verb(args)
-		}
-	}
-	funcs.Add, funcs.Del, funcs.Check, funcs.GC, funcs.Status = wrap(funcs.Add), wrap(funcs.Del), wrap(funcs.Check), wrap(funcs.GC), wrap(funcs.Status)
-	return funcs
+	return cli.Run(args, stdout, stderr, About())
 }
 
 func printError(err *types.Error) int {

@@ -13,7 +13,7 @@ import (
 func run4(t *testing.T, env map[string]string, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run(PluginName, args, func(k string) string { return env[k] }, &stdout, &stderr)
+	code := runTool(PluginName, args, func(k string) string { return env[k] }, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 
