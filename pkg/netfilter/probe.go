@@ -21,8 +21,13 @@ import (
 // without `iptables -S`: on a host whose iptables is iptables-nft, the
 // rules are nftables rules, and the two chains a sweep reads (POSTROUTING,
 // CNI-HOSTPORT-DNAT) are dumped over netlink in-process. `iptables -S`
-// decodes the whole nat table in a process of its own: ≈ 50 ms with the
-// rules of 1023 containers, where the dump of the two chains takes a few.
+// decodes the whole nat table in a process of its own. Through
+// google/nftables, which decodes every expression of every rule, the probe
+// is not the cheaper one on a full bridge: with 1000 commented rules in
+// POSTROUTING (2-core VM, medians), a probe took 31 ms, `iptables -S` and
+// `ip6tables -S` 19 ms, the hand-written dump it replaced 6–7 ms. What a
+// probe still saves is the listing of an unchanged ruleset (kept: one
+// generation read, 0.2 ms).
 // A probe has only the owners, not the rulespecs a Delete needs: a sweep
 // that finds an owner to release lists the rules again with iptables.
 
