@@ -1,10 +1,10 @@
 package netfilter
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
@@ -15,7 +15,7 @@ import (
 // recognises a rule by its comment: a hash of the network, a hash of
 // "<ifname>:<containerID>", then a readable tail.
 //
-// The rules are listed and deleted here over netlink (nftnetlink.go), as
+// The rules are listed and deleted here over netlink (nftrules.go), as
 // `nft` itself does, instead of through bridge's own functions: those run
 // nft through sigs.k8s.io/knftables, whose package init (a dozen regular
 // expressions) was a third of the plugin's start-up work on every verb,
@@ -130,7 +130,7 @@ func (r *nftRules) Owners() []RuleOwner {
 	return out
 }
 
-// Release deletes the owners' rules in one batch, listed again: what the
+// Release deletes the owners' rules (deleteRules), listed again: what the
 // first listing saw may have changed since (a DEL that won). The owners
 // released are no longer in the listing.
 func (r *nftRules) Release(owners []string) (map[string][]string, map[string]error) {
@@ -162,35 +162,36 @@ func (r *nftRules) Release(owners []string) (map[string][]string, map[string]err
 }
 
 // eachIPMasqRule lists the rules of bridge's ipMasq chain and deletes, in
-// one netlink batch, those whose comment doomed selects. Without bridge's
-// table or chain there are no such rules: nothing to do, as bridge's GC
-// finds when its chain does not exist. Nor are there any this process
-// could have made without netlink access to nftables (not root).
+// as few netlink batches as the socket's buffers take (deleteRules), those
+// whose comment doomed selects. Without bridge's table or chain there are
+// no such rules: nothing to do, as bridge's GC finds when its chain does
+// not exist. Nor are there any this process could have made without
+// netlink access to nftables (not root).
 func eachIPMasqRule(doomed func(comment string) bool) error {
-	c, err := dialProbe()
+	c, err := dialNFT()
 	if err != nil {
 		return nil
 	}
-	defer c.Close()
-	var refs []nftRuleRef
-	err = c.eachRule(unix.NFPROTO_INET, ipMasqTable, ipMasqChain, func(r *nftRule) {
-		comment, ok := udataComment(r.userdata)
-		if ok && doomed(string(comment)) {
-			refs = append(refs, nftRuleRef{family: unix.NFPROTO_INET, table: ipMasqTable, chain: ipMasqChain, handle: r.handle})
-		}
-	})
-	if errors.Is(err, unix.EPERM) {
+	defer c.CloseLasting()
+	rules, err := listRules(c, nftables.TableFamilyINet, ipMasqTable, ipMasqChain)
+	if isErrno(err, unix.EPERM) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("list rules of inet %s %s: %w", ipMasqTable, ipMasqChain, err)
 	}
-	if len(refs) == 0 {
+	var gone []*nftables.Rule
+	for _, r := range rules {
+		if comment, ok := udataComment(r.UserData); ok && doomed(string(comment)) {
+			gone = append(gone, r)
+		}
+	}
+	if len(gone) == 0 {
 		return nil
 	}
 	crashpoint.Step("nftables delete rules")
-	if err := c.deleteRules(refs); err != nil {
-		return fmt.Errorf("delete %d rules of inet %s %s: %w", len(refs), ipMasqTable, ipMasqChain, err)
+	if err := deleteRules(c, gone); err != nil {
+		return fmt.Errorf("delete %d rules of inet %s %s: %w", len(gone), ipMasqTable, ipMasqChain, err)
 	}
 	return nil
 }

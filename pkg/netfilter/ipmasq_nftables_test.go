@@ -316,7 +316,7 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 		}
 		for _, r := range left.byComment["c1"] {
 			if r.namesAny(addr) {
-				t.Errorf("rule %d of c1 at 10.0.0.5 left", r.ref.handle)
+				t.Errorf("rule %d of c1 at 10.0.0.5 left", r.ref.Handle)
 			}
 		}
 		if what, err := (&Cleaner{}).ListPortmapNFT(); err != nil || what.byComment != nil {

@@ -2,13 +2,12 @@ package netfilter
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net/netip"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
-
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
@@ -37,7 +36,7 @@ type PortmapNFTRules struct {
 // expressions compare or load, where portmap names the container's
 // address.
 type portmapNFTRule struct {
-	ref    nftRuleRef
+	ref    *nftables.Rule // table, chain and handle only
 	values [][]byte
 }
 
@@ -48,60 +47,69 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 	if !c.PortmapNFT {
 		return &PortmapNFTRules{}, nil
 	}
-	conn, err := dialProbe()
+	conn, err := dialNFT()
 	if err != nil {
 		return &PortmapNFTRules{}, nil
 	}
-	defer conn.Close()
+	defer conn.CloseLasting()
 	p := &PortmapNFTRules{byComment: map[string][]portmapNFTRule{}}
-	for _, family := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
-		err := conn.eachRule(family, portmapNFTTable, "", func(r *nftRule) {
-			c, ok := udataComment(r.userdata)
-			if !ok {
-				return
-			}
-			rule := portmapNFTRule{ref: nftRuleRef{family: family, table: portmapNFTTable, chain: string(r.chain), handle: r.handle}}
-			eachExprValue(r.exprs, func(v []byte) { rule.values = append(rule.values, bytes.Clone(v)) })
-			p.byComment[string(c)] = append(p.byComment[string(c)], rule)
-		})
-		if errors.Is(err, unix.EPERM) {
+	for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		rules, err := portmapRules(conn, family)
+		if isErrno(err, unix.EPERM) {
 			return &PortmapNFTRules{}, nil
 		}
 		if err != nil {
 			return nil, fmt.Errorf("list rules of %s: %w", portmapNFTTable, err)
 		}
+		for _, r := range rules {
+			c, ok := udataComment(r.UserData)
+			if !ok {
+				continue
+			}
+			rule := portmapNFTRule{ref: &nftables.Rule{Table: r.Table, Chain: r.Chain, Handle: r.Handle}}
+			for _, e := range r.Exprs {
+				rule.values = appendExprValue(rule.values, e)
+			}
+			p.byComment[string(c)] = append(p.byComment[string(c)], rule)
+		}
 	}
 	return p, nil
 }
 
-// eachExprValue calls fn with what each cmp expression compares with and
-// each immediate loads (NFTA_DATA_VALUE): the daddr/saddr of a masquerade
-// rule, the address a dnat loads.
-func eachExprValue(exprs []byte, fn func([]byte)) {
-	nlmsg.EachAttr(exprs, func(typ uint16, elem []byte) {
-		if typ != unix.NFTA_LIST_ELEM {
-			return
+// portmapRules lists the rules of every chain of family's cni_hostport
+// table: a rule dump names one chain.
+func portmapRules(conn *nftables.Conn, family nftables.TableFamily) ([]*nftables.Rule, error) {
+	chains, err := conn.ListChainsOfTableFamily(family)
+	if err != nil {
+		return nil, err
+	}
+	var out []*nftables.Rule
+	for _, ch := range chains {
+		if ch.Table == nil || ch.Table.Name != portmapNFTTable {
+			continue
 		}
-		name, data := namedAttr(elem, unix.NFTA_EXPR_NAME, unix.NFTA_EXPR_DATA)
-		var dataType uint16
-		switch name {
-		case "cmp":
-			dataType = unix.NFTA_CMP_DATA
-		case "immediate":
-			dataType = unix.NFTA_IMMEDIATE_DATA
-		default:
-			return
+		rules, err := listRules(conn, family, portmapNFTTable, ch.Name)
+		if err != nil {
+			return nil, err
 		}
-		nlmsg.EachAttr(data, func(typ uint16, v []byte) {
-			if typ == dataType {
-				nlmsg.EachAttr(v, func(typ uint16, value []byte) {
-					if typ == unix.NFTA_DATA_VALUE {
-						fn(value)
-					}
-				})
-			}
-		})
-	})
+		out = append(out, rules...)
+	}
+	return out, nil
+}
+
+// appendExprValue appends what a cmp expression compares with or an
+// immediate loads (NFTA_DATA_VALUE): the daddr/saddr of a masquerade rule,
+// the address a dnat loads.
+func appendExprValue(values [][]byte, e expr.Any) [][]byte {
+	switch e := e.(type) {
+	case *expr.Cmp:
+		return append(values, e.Data)
+	case *expr.Immediate:
+		if e.Data != nil {
+			return append(values, e.Data)
+		}
+	}
+	return values
 }
 
 // Has reports whether some rule commented containerID names one of addrs:
@@ -118,13 +126,14 @@ func (p *PortmapNFTRules) Has(containerID string, addrs []netip.Addr) bool {
 	return false
 }
 
-// Release deletes, in one batch, the rules commented containerID that
-// name one of addrs, and describes what went (dryRun: what would go).
+// Release deletes the rules commented containerID that name one of addrs
+// (one batch: a container has far fewer than nftBatchRules), and
+// describes what went (dryRun: what would go).
 func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun bool) ([]string, error) {
 	if p == nil || len(p.byComment[containerID]) == 0 {
 		return nil, nil
 	}
-	var refs []nftRuleRef
+	var refs []*nftables.Rule
 	for _, r := range p.byComment[containerID] {
 		if r.namesAny(addrs) {
 			refs = append(refs, r.ref)
@@ -137,13 +146,13 @@ func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun
 	if dryRun {
 		return what, nil
 	}
-	conn, err := dialProbe()
+	conn, err := dialNFT()
 	if err != nil {
 		return nil, fmt.Errorf("delete %d portmap rules of %s: %w", len(refs), containerID, err)
 	}
-	defer conn.Close()
+	defer conn.CloseLasting()
 	crashpoint.Step("nftables delete portmap rules")
-	if err := conn.deleteRules(refs); err != nil {
+	if err := deleteRules(conn, refs); err != nil {
 		// A rule gone since the listing (portmap's DEL won) aborts the
 		// whole batch: the files stay, and the next sweep lists again.
 		return nil, fmt.Errorf("delete %d portmap rules of %s: %w", len(refs), containerID, err)

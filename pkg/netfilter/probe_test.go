@@ -1,6 +1,7 @@
 package netfilter
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -14,9 +15,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
-	"golang.org/x/sys/unix"
+	"github.com/google/nftables/xt"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/nlmsg"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -281,15 +281,33 @@ func TestUdataCommentOfMalformedUserdata(t *testing.T) {
 	}
 }
 
+// An xt comment match's info is NUL-terminated in 256 bytes: what
+// follows the NUL is no part of the comment, whether google/nftables
+// decoded it (xt.Comment) or not (xt.Unknown).
+func TestMatchComment(t *testing.T) {
+	info := make([]byte, xt.CommentSize)
+	copy(info, "name: \"n\" id: \"c\"\x00junk")
+	comment := xt.Comment(bytes.TrimRight(info, "\x00"))
+	unknown := xt.Unknown(info)
+	for _, i := range []xt.InfoAny{&comment, &unknown} {
+		if c, ok := matchComment(i); !ok || c != `name: "n" id: "c"` {
+			t.Errorf("matchComment(%T) = %q, %v", i, c, ok)
+		}
+	}
+	if c, ok := matchComment(&xt.Tcp{}); ok {
+		t.Errorf("matchComment of a tcp match = %q", c)
+	}
+}
+
 func FuzzRuleComments(f *testing.F) {
 	f.Add([]byte{8, 0, 7, 0, 0, 3, 'h', 'i'})
-	f.Add(nlmsg.AppendStringAttr(nil, unix.NFTA_RULE_TABLE, "nat"))
+	f.Add([]byte("nat\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = udataComment(b)
-		if r, ok := parseNFTRule(b); ok {
-			r.comments(func(c []byte) { _ = string(c) })
-			eachExprValue(r.exprs, func(v []byte) { _ = string(v) })
-		}
-		eachExprValue(b, func(v []byte) { _ = string(v) })
+		comment, unknown := xt.Comment(b), xt.Unknown(b)
+		_, _ = matchComment(&comment)
+		_, _ = matchComment(&unknown)
+		ruleComments(&nftables.Rule{UserData: b, Exprs: []expr.Any{&expr.Match{Name: "comment", Info: &unknown}}}, func(c string) { _ = c })
+		_ = appendExprValue(nil, &expr.Cmp{Data: b})
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -78,16 +79,16 @@ func nftLeft(t *testing.T, table, chain string) []uint64 {
 	return nftHandles(t, conn, tab, &nftables.Chain{Table: tab, Name: chain})
 }
 
-// withProbe runs fn in a throw-away network namespace, with a probe socket
-// dialled there.
-func withProbe(t *testing.T, fn func(c *probeConn)) {
+// withNFT runs fn in a throw-away network namespace, with a socket to
+// nftables dialled there.
+func withNFT(t *testing.T, fn func(c *nftables.Conn)) {
 	t.Helper()
 	err := nftNamespace(t).Do(func(ns.NetNS) error {
-		c, err := dialProbe()
+		c, err := dialNFT()
 		if err != nil {
 			return err
 		}
-		defer c.Close()
+		defer c.CloseLasting()
 		fn(c)
 		return nil
 	})
@@ -96,61 +97,57 @@ func withProbe(t *testing.T, fn func(c *probeConn)) {
 	}
 }
 
-func refsOf(table, chain string, handles ...uint64) []nftRuleRef {
-	out := make([]nftRuleRef, len(handles))
+func refsOf(table, chain string, handles ...uint64) []*nftables.Rule {
+	tab := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: table}
+	out := make([]*nftables.Rule, len(handles))
 	for i, h := range handles {
-		out[i] = nftRuleRef{family: unix.NFPROTO_IPV4, table: table, chain: chain, handle: h}
+		out[i] = &nftables.Rule{Table: tab, Chain: &nftables.Chain{Table: tab, Name: chain}, Handle: h}
 	}
 	return out
 }
 
-// The dump lists what google/nftables made, with handles and comments, and
-// a table or chain that does not exist has no rules.
-func TestNFTDumpListsRulesWithHandlesAndComments(t *testing.T) {
-	withProbe(t, func(c *probeConn) {
+// The listing lists what was made, with handles and comments, and a table
+// or chain that does not exist has no rules.
+func TestNFTListsRulesWithHandlesAndComments(t *testing.T) {
+	withNFT(t, func(c *nftables.Conn) {
 		handles := nftTestChain(t, "t", "c", 3)
 		nftTestChain(t, "t", "other", 1)
 		var got []string
-		err := c.eachRule(unix.NFPROTO_IPV4, "t", "c", func(r *nftRule) {
-			comment, _ := udataComment(r.userdata)
-			got = append(got, fmt.Sprintf("%s/%s %d %s", r.table, r.chain, r.handle, comment))
-		})
+		rules, err := listRules(c, nftables.TableFamilyIPv4, "t", "c")
+		for _, r := range rules {
+			comment, _ := udataComment(r.UserData)
+			got = append(got, fmt.Sprintf("%s/%s %d %s", r.Table.Name, r.Chain.Name, r.Handle, comment))
+		}
 		want := []string{}
 		for i, h := range handles {
 			want = append(want, fmt.Sprintf("t/c %d rule %d", h, i))
 		}
 		if err != nil || !slices.Equal(got, want) {
-			t.Fatalf("dump of t/c: %q, %v; want %q", got, err, want)
+			t.Fatalf("listing of t/c: %q, %v; want %q", got, err, want)
 		}
-		n := 0
-		if err := c.eachRule(unix.NFPROTO_IPV4, "t", "", func(*nftRule) { n++ }); err != nil || n != 4 {
-			t.Errorf("dump of table t: %d rules, %v; want both chains' 4", n, err)
-		}
-		for _, where := range [][2]string{{"t", "missing"}, {"missing", "c"}, {"missing", ""}} {
-			n := 0
-			if err := c.eachRule(unix.NFPROTO_IPV4, where[0], where[1], func(*nftRule) { n++ }); err != nil || n != 0 {
-				t.Errorf("dump of %q: %d rules, %v; want none, no error", where, n, err)
+		for _, where := range [][2]string{{"t", "missing"}, {"missing", "c"}} {
+			if rules, err := listRules(c, nftables.TableFamilyIPv4, where[0], where[1]); err != nil || len(rules) != 0 {
+				t.Errorf("listing of %q: %d rules, %v; want none, no error", where, len(rules), err)
 			}
 		}
-		n = 0
-		if err := c.eachRule(unix.NFPROTO_IPV6, "t", "c", func(*nftRule) { n++ }); err != nil || n != 0 {
-			t.Errorf("dump of ip6 t/c: %d rules, %v; want none (the table is ip's)", n, err)
+		if rules, err := listRules(c, nftables.TableFamilyIPv6, "t", "c"); err != nil || len(rules) != 0 {
+			t.Errorf("listing of ip6 t/c: %d rules, %v; want none (the table is ip's)", len(rules), err)
 		}
 	})
 }
 
 // More rules than one batch holds (a gc of a leaked /20) go in several
-// batches, and all of them go: in one, the deletions of 4000 rules named
-// like bridge's are over 300 KB, which one sendmsg cannot carry.
+// batches, and all of them go: in one, the deletions of 4000 rules are
+// over what one sendmsg can carry, and their acknowledgements over what
+// the socket can receive.
 func TestNFTDeleteRulesInSeveralBatches(t *testing.T) {
-	withProbe(t, func(c *probeConn) {
+	withNFT(t, func(c *nftables.Conn) {
 		const n = 4000
-		handles := nftTestChain(t, ipMasqTable, ipMasqChain, n)
-		refs := refsOf(ipMasqTable, ipMasqChain, handles...)
-		if batch, k, _, _ := c.deleteBatch(refs); k >= n || len(batch) > nftBatchMax {
-			t.Fatalf("one batch of %d bytes holds %d deletions of %d: want several, each at most %d bytes", len(batch), k, n, nftBatchMax)
+		if nftBatchRules >= n || nftBatchRules*548 > 64<<10 {
+			t.Fatalf("a batch of %d deletions: want several for %d, each at most 64 KiB", nftBatchRules, n)
 		}
-		if err := c.deleteRules(refs[:n-1]); err != nil {
+		handles := nftTestChain(t, ipMasqTable, ipMasqChain, n)
+		if err := deleteRules(c, refsOf(ipMasqTable, ipMasqChain, handles[:n-1]...)); err != nil {
 			t.Fatalf("delete: %v", err)
 		}
 		if left := nftLeft(t, ipMasqTable, ipMasqChain); !slices.Equal(left, handles[n-1:]) {
@@ -163,10 +160,10 @@ func TestNFTDeleteRulesInSeveralBatches(t *testing.T) {
 // since the listing (a plugin's own DEL won) fails the deletion of the
 // others in its batch, which stay for the next listing.
 func TestNFTDeleteRulesFailsWholeAndSaysSo(t *testing.T) {
-	withProbe(t, func(c *probeConn) {
+	withNFT(t, func(c *nftables.Conn) {
 		handles := nftTestChain(t, "t", "c", 3)
 		gone := handles[2] + 1000
-		err := c.deleteRules(refsOf("t", "c", handles[0], gone, handles[2]))
+		err := deleteRules(c, refsOf("t", "c", handles[0], gone, handles[2]))
 		if !errors.Is(err, unix.ENOENT) {
 			t.Fatalf("delete with a rule that is not there: %v, want ENOENT", err)
 		}
@@ -174,16 +171,33 @@ func TestNFTDeleteRulesFailsWholeAndSaysSo(t *testing.T) {
 			t.Fatalf("after the failed batch: %v, want all of %v", left, handles)
 		}
 		// The socket is still in step: the next batch and its answer.
-		if err := c.deleteRules(refsOf("t", "c", handles[0], handles[2])); err != nil {
+		if err := deleteRules(c, refsOf("t", "c", handles[0], handles[2])); err != nil {
 			t.Fatalf("delete: %v", err)
 		}
 		if left := nftLeft(t, "t", "c"); !slices.Equal(left, handles[1:2]) {
 			t.Fatalf("left: %v, want %v", left, handles[1:2])
 		}
-		if err := c.deleteRules(refsOf("missing", "c", 1)); !errors.Is(err, unix.ENOENT) {
+		if err := deleteRules(c, refsOf("missing", "c", 1)); !errors.Is(err, unix.ENOENT) {
 			t.Fatalf("delete in a table that does not exist: %v, want ENOENT", err)
 		}
 	})
+}
+
+// google/nftables v0.3.0 formats a dump's receive error with %v: the
+// errno is still told, from its text.
+func TestIsErrnoThroughGetRulesFormatting(t *testing.T) {
+	op := &netlink.OpError{Op: "receive", Err: unix.EPERM}
+	for _, err := range []error{op, fmt.Errorf("receiveAckAware: %v", op), fmt.Errorf("x: %w", unix.EPERM)} {
+		if !isErrno(err, unix.EPERM) {
+			t.Errorf("isErrno(%q, EPERM) = false", err)
+		}
+		if isErrno(err, unix.ENOENT) {
+			t.Errorf("isErrno(%q, ENOENT) = true", err)
+		}
+	}
+	if isErrno(nil, unix.EPERM) || isErrno(errors.New("operation not permitted"), unix.EPERM) {
+		t.Error("isErrno of nil or a bare text: true")
+	}
 }
 
 // A gc that releases the nftables ipMasq rules of a leaked /20 (4000
