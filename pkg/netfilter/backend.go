@@ -55,24 +55,6 @@ func (c *Cleaner) Backends() []Backend {
 	return []Backend{iptablesBackend{c}, c.NFTables}
 }
 
-// Prober is a backend that can name a network's owners of rules for less
-// than List costs, without what Release needs: a sweep that finds no owner
-// to release needs no more; one that does lists. It can answer from what
-// an earlier probe of the network kept, while the rules it read are
-// unchanged (Cleaner.ProbeSince); kept may be nil. ErrNoProbe when this
-// host's rules cannot be probed (List them).
-type Prober interface {
-	ProbeSince(network string, kept func(RulesetID) ([]string, bool)) (Probed, error)
-}
-
-func (b iptablesBackend) ProbeSince(network string, kept func(RulesetID) ([]string, bool)) (Probed, error) {
-	if b.c.ProbeFunc != nil {
-		cids, err := b.c.ProbeFunc(network)
-		return Probed{Owners: cids}, err
-	}
-	return b.c.ProbeSince(network, kept)
-}
-
 // ContainerOwners are iptables owners: container IDs.
 func ContainerOwners(cids []string) []RuleOwner {
 	out := make([]RuleOwner, len(cids))

@@ -61,8 +61,6 @@ type Cleaner struct {
 	// NFTables is bridge's nftables ipMasq backend; nil leaves nftables
 	// alone.
 	NFTables Backend
-	// ProbeFunc, if set, stands for the probe (tests' fake tables).
-	ProbeFunc func(network string) ([]string, error)
 	// PortmapNFT releases portmap's nftables rules of released
 	// attachments (ListPortmapNFT); false leaves them alone.
 	PortmapNFT bool

@@ -1,6 +1,7 @@
 package netfilter
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,8 +11,7 @@ import (
 )
 
 // The nftables rules this package releases (bridge's ipMasq rules,
-// portmap's hostport rules) and the rules the probe reads are listed and
-// deleted through google/nftables: a rule dump (Conn.GetRules) and
+// portmap's hostport rules) are listed and deleted through google/nftables: a rule dump (Conn.GetRules) and
 // deletions by handle (Conn.DelRule, Conn.Flush), what `nft delete rule
 // ... handle N` sends.
 
@@ -92,4 +92,34 @@ func deleteRules(c *nftables.Conn, rules []*nftables.Rule) error {
 		rules = rules[n:]
 	}
 	return nil
+}
+
+// cString is a string without its terminating NUL and what follows.
+func cString(b []byte) []byte {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		return b[:i]
+	}
+	return b
+}
+
+// udataTypeComment is libnftnl's NFTNL_UDATA_RULE_COMMENT: the TLV type
+// of a rule's comment in its userdata, as nft and bridge write it.
+const udataTypeComment = 0
+
+// udataComment is the comment in a rule's userdata (libnftnl's TLVs: a
+// type byte, a length byte, the value), without its NUL. Unlike
+// userdata.Get, a length past the end is no comment, not a panic: anyone
+// with CAP_NET_ADMIN writes userdata.
+func udataComment(b []byte) ([]byte, bool) {
+	for len(b) >= 2 {
+		typ, l := b[0], int(b[1])
+		if 2+l > len(b) {
+			return nil, false
+		}
+		if typ == udataTypeComment {
+			return cString(b[2 : 2+l]), true
+		}
+		b = b[2+l:]
+	}
+	return nil, false
 }

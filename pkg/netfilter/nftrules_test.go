@@ -15,8 +15,8 @@ import (
 )
 
 // nftTestChain makes table t and chain c in family ip with n rules, each
-// commented "rule <i>", through google/nftables (a client other than the
-// one under test), and returns their handles in order.
+// commented "rule <i>", with google/nftables directly, and returns their
+// handles in order.
 func nftTestChain(t *testing.T, table, chain string, n int) []uint64 {
 	t.Helper()
 	comments := make([]string, n)
@@ -238,3 +238,19 @@ func TestNFTablesReleaseOfALeakedSubnet(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A rule's userdata is anyone's: a TLV whose length runs past the end is
+// no comment (userdata.Get, which the nftables release used, panics on it).
+func TestUdataCommentOfMalformedUserdata(t *testing.T) {
+	good := userdata.AppendString(userdata.AppendUint32(nil, 7, 42), userdata.TypeComment, "hi")
+	if c, ok := udataComment(good); !ok || string(c) != "hi" {
+		t.Fatalf("udataComment(%x) = %q, %v", good, c, ok)
+	}
+	for _, b := range [][]byte{nil, {0}, {0, 5, 'a'}, {7, 200, 1, 2}, append([]byte{7, 1, 0}, 0, 9, 'x')} {
+		if c, ok := udataComment(b); ok {
+			t.Errorf("udataComment(%x) = %q, want none", b, c)
+		}
+	}
+}
+
+// An xt comment match's info is NUL-terminated in 256 bytes: what

@@ -205,11 +205,9 @@ type sweep struct {
 	// owned network's sweep, else at its first stale attachment.
 	// natUnknown: a listing failed, so no stale attachment's files may go
 	// (they are what finds its rules next time). owners is what the sweep
-	// knows of each backend's owners; probed: rules holds only the owners
-	// a probe found (probedRules).
+	// knows of each backend's owners.
 	backends              []netfilter.Backend
 	rules                 []netfilter.Rules
-	probed                []bool
 	owners                []ownerSets
 	natListed, natUnknown bool
 	// listing is the listing under way or made (startListing); relisted:

@@ -15,57 +15,44 @@ import (
 // attachment, record or other data dir holds are orphans, released on a
 // network proved the plugin's.
 
-// startNAT finds the backends; an owned network's rules are probed from
-// the start, on another goroutine while the records are read, so that
-// what the orphans need is gathered only where there are rules. A probe
-// (netfilter.Prober: iptables-nft's two chains over netlink) names the
-// owners only: the sweep lists the rules (an iptables and an ip6tables
-// exec, ≈ 50 ms with a thousand containers' rules) only once it has
-// something to release.
+// startNAT finds the backends; an owned network's rules are listed from
+// the start, on another goroutine while the records are read (an iptables
+// and an ip6tables exec: their time overlaps the walk's), so that what
+// the orphans need is there when the walk ends.
 func (w *sweep) startNAT() {
 	if w.Netfilter != nil {
 		w.backends = w.Netfilter.Backends()
 	}
 	w.owners = make([]ownerSets, len(w.backends))
-	w.probed = make([]bool, len(w.backends))
 	for i, b := range w.backends {
 		w.owners[i].tracked = b.Shared()
 	}
 	if w.owned {
-		w.startListing(true)
+		w.startListing()
 	}
 }
 
 // natListing is the listing of the network's rules, made once on its own
-// goroutine; listNAT waits for it and takes it in. probed: that backend's
-// rules were probed (probedRules), not listed.
+// goroutine; listNAT waits for it and takes it in.
 type natListing struct {
-	done   chan struct{}
-	rules  []netfilter.Rules
-	errs   []error
-	probed []bool
+	done  chan struct{}
+	rules []netfilter.Rules
+	errs  []error
 }
 
-// startListing lists the network's rules in every backend (probe: probes
-// those that can be), once, on a goroutine of its own: Backend.List and
-// Probe touch nothing of the sweep. A probe that fails is a listing.
-func (w *sweep) startListing(probe bool) {
+// startListing lists the network's rules in every backend, once, on a
+// goroutine of its own: Backend.List touches nothing of the sweep.
+func (w *sweep) startListing() {
 	if w.listing != nil {
 		return
 	}
 	n := len(w.backends)
-	l := &natListing{done: make(chan struct{}), rules: make([]netfilter.Rules, n), errs: make([]error, n), probed: make([]bool, n)}
+	l := &natListing{done: make(chan struct{}), rules: make([]netfilter.Rules, n), errs: make([]error, n)}
 	w.listing = l
 	backends, network := w.backends, w.req.Dir.Network
 	go func() {
 		defer close(l.done)
 		for i, b := range backends {
-			if pr, ok := b.(netfilter.Prober); ok && probe {
-				if p, err := pr.ProbeSince(network, nil); err == nil {
-					l.rules[i], l.probed[i] = probedRules(netfilter.ContainerOwners(p.Owners)), true
-					continue
-				}
-			}
 			l.rules[i], l.errs[i] = b.List(network)
 		}
 	}()
@@ -79,11 +66,10 @@ func (w *sweep) listNAT() {
 	if w.natListed {
 		return
 	}
-	w.startListing(false)
+	w.startListing()
 	<-w.listing.done
 	w.natListed = true
 	w.rules = make([]netfilter.Rules, len(w.backends))
-	copy(w.probed, w.listing.probed)
 	for i, b := range w.backends {
 		if err := w.listing.errs[i]; err != nil {
 			w.errs = append(w.errs, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
@@ -96,36 +82,6 @@ func (w *sweep) listNAT() {
 			w.owners[i].tracked = true
 		}
 	}
-}
-
-// probedRules are a probe's owners (netfilter.Prober): no rule of theirs
-// is described or released before the backend is listed (listBackend).
-type probedRules []netfilter.RuleOwner
-
-func (r probedRules) Owners() []netfilter.RuleOwner { return r }
-func (probedRules) Owned(string) []string           { return nil }
-func (probedRules) Release(owners []string) (map[string][]string, map[string]error) {
-	failed := map[string]error{}
-	for _, o := range owners {
-		failed[o] = errors.New("probed, not listed: nothing released")
-	}
-	return map[string][]string{}, failed
-}
-
-// listBackend replaces backend i's probe with its listing, for the
-// orphans the probe found. The listing is the one they are judged by:
-// the records are read again after it (readRecordsAgain), so that an ADD
-// that began since the first read is found and its rules kept.
-func (w *sweep) listBackend(i int) bool {
-	b := w.backends[i]
-	rules, err := b.List(w.req.Dir.Network)
-	if err != nil {
-		w.errs = append(w.errs, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
-		return false
-	}
-	w.rules[i], w.probed[i] = rules, false
-	w.recordsRead = false
-	return true
 }
 
 // listNATForRelease is listNAT for the release of a stale attachment. Its
@@ -316,20 +272,13 @@ func (w *sweep) releaseNAT() {
 }
 
 // releaseOrphans releases backend i's rules whose owner the network holds
-// nothing of, in one go, and reports each owner as an orphan. Owners a
-// probe found are judged again from a listing before anything goes.
+// nothing of, in one go, and reports each owner as an orphan.
 func (w *sweep) releaseOrphans(i int) {
 	b, set := w.backends[i], &w.owners[i]
 	if w.rules[i] == nil || !set.tracked {
 		return
 	}
 	doomed := w.orphans(i)
-	if len(doomed) > 0 && w.probed[i] {
-		if !w.listBackend(i) {
-			return
-		}
-		doomed = w.orphans(i)
-	}
 	if len(doomed) == 0 {
 		return
 	}

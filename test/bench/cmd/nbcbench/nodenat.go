@@ -17,7 +17,7 @@ import (
 
 // The node cell's live network is swept as on a real node, where each of
 // the 1023 containers has bridge's ipMasq rules: a POSTROUTING jump and a
-// chain of two rules, in both the listing and the probe. The rules live in
+// chain of two rules, in the listing. The rules live in
 // a network namespace of the cell's own (`unshare --net`, gone with the
 // process): the host's tables are not touched, and the in-process sweep's
 // goroutines and the gc processes all see that namespace.

@@ -302,7 +302,7 @@ func renderMarkdown(w io.Writer, r *Results) {
 	}
 	if len(r.Node) == 2 {
 		live, stale := r.Node[0], r.Node[1]
-		p("**2b. At a node's size** — bridge gives a bridge at most 1024 ports, so a CHECK sweeps at most %d live attachments; a /20 leaked for a while is %d stale leases for one gc. Same synthetic directories as above. The live network's containers each have bridge's ipMasq rules (%d iptables rules in all, in a network namespace of the cell's own), as on a node: the sweep probes or lists them; in-process and gc %d reps interleaved. The %d stale leases have no rules (see below why); that network is rebuilt for each of its %d reps.", live.Leases, stale.Leases, live.NATRules, live.InProc.N, stale.Leases, stale.Process.N)
+		p("**2b. At a node's size** — bridge gives a bridge at most 1024 ports, so a CHECK sweeps at most %d live attachments; a /20 leaked for a while is %d stale leases for one gc. Same synthetic directories as above. The live network's containers each have bridge's ipMasq rules (%d iptables rules in all, in a network namespace of the cell's own), as on a node: the sweep lists them; in-process and gc %d reps interleaved. The %d stale leases have no rules (see below why); that network is rebuilt for each of its %d reps.", live.Leases, stale.Leases, live.NATRules, live.InProc.N, stale.Leases, stale.Process.N)
 		p("")
 		p("| network | in-process ms (p90) | in-process CPU ms | gc process ms (p90) | gc CPU ms | peak RSS MiB |")
 		p("|---|---:|---:|---:|---:|---:|")

@@ -283,8 +283,8 @@ func (e *Env) benchNode(res *Results) error {
 	if err := e.ensureLiveNetns(); err != nil {
 		return err
 	}
-	// Owned, as a network the plugin has added to: its sweeps probe or
-	// list the NAT rules from the start.
+	// Owned, as a network the plugin has added to: its sweeps list
+	// the NAT rules from the start.
 	live := e.synthNet("node-live", nodeLiveLeases, 0)
 	stale := e.synthNet("node-stale", nodeStaleLeases, 100)
 	live.spec.Owned, stale.spec.Owned = true, true
