@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// A ratio of medians from 40 rounds is a point, and the 1.3× goal is judged
+// A ratio of medians from 40 rounds is a point, and the floor goal is judged
 // on a difference of about a millisecond: on this kind of VM the rounds'
 // spread can be wider than that. Each per-verb goal against the floor
 // plugin is therefore judged on the ratio's bootstrap interval: met when the

@@ -19,7 +19,7 @@ import (
 // The latency table's added cost (A−B against C−B) is a difference of two
 // medians of ≈ 100–200 ms verbs whose spread is mostly bridge's, firewall's
 // and iptables' own: with 40 rounds it moves by several ms between runs,
-// about what the 1.3× goal allows (0.3 × C−B). What the plugin and the
+// more than a goal of a few tenths of C−B would allow. What the plugin and the
 // floor plugin each add is their process's own time: from its exec to its
 // exit, minus the lifetime of the delegate it runs (bridge, and whatever
 // bridge runs); processes the plugin runs itself count as its own. perf's sched tracepoints give both for every process of
