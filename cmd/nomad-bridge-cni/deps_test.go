@@ -9,7 +9,7 @@ import (
 )
 
 // Every verb pays the init of every package the binary links. Some are
-// kept out on purpose (see BENCHMARKS.md, "Start-up" and "Cold start"):
+// kept out on purpose (see BENCHMARKS.md, "Decisions the numbers made"):
 // knftables, whose init compiles a dozen regular expressions, came back
 // once through host-local's config loader, linked for doctor's range
 // sizes. google/nftables and mdlayher/netlink are linked (pkg/netfilter's

@@ -254,7 +254,7 @@ func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
 //
 // One record after the other, each read from its file, no cache: the
 // sweep over bridge's 1023 live attachments stays within make bench's
-// bound (BENCHMARKS.md, "node sweep").
+// bound (BENCHMARKS.md, "Decisions the numbers made").
 func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, named bool)) (*Listing, error) {
 	l := &Listing{onDamaged: damaged}
 	dir, err := os.Open(s.dir)

@@ -12,7 +12,7 @@ import (
 // The page-cache state of a binary's file moves its exec cost by several
 // per cent with the same bytes: a file the Go linker has just written
 // (through a shared mapping) execs slower than a copy of it, and both
-// change again once read back from disk (BENCHMARKS.md, "Cold start").
+// change again once read back from disk (BENCHMARKS.md, "How it measures").
 // On a node, /opt/cni/bin is read back from disk after each boot, so every
 // binary under test is put in that state before the run: written back and
 // dropped from the page cache, to be read in again by its first exec.
