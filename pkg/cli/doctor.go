@@ -1,10 +1,11 @@
 package cli
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
 )
 
@@ -30,19 +31,13 @@ Flags:
 func (c *cli) doctor(args []string) int {
 	flags := c.flagSet("doctor", doctorUsage)
 	jsonOut := flags.Bool("json", false, "print JSON instead of text")
-	confDirs := flags.StringArray("conf-dir", nil, "also look for conflists here (repeatable)")
+	confDirs := flags.confDirFlag("also look for conflists here (repeatable)")
 	cniPath := flags.String("cni-path", envOr("CNI_PATH", "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order: every conflist is judged by them")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
-	if flags.NArg() > 0 {
-		return c.fail(2, fmt.Errorf("doctor takes no arguments, got %q", flags.Args()), "doctor")
-	}
-	if err := checkConfDirs(*confDirs); err != nil {
-		return c.fail(2, err, "doctor")
-	}
 	o := doctor.HostOptions()
-	o.ConfDirs = withDefaultConfDirs(*confDirs)
+	o.ConfDirs = append(slices.Clone(conflists.DefaultDirs), *confDirs...)
 	o.CNIPath = filepath.SplitList(*cniPath)
 	o.CNIPathGiven = flags.Changed("cni-path") || os.Getenv("CNI_PATH") != ""
 	o.Sweeper = c.sweeper()
