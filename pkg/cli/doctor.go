@@ -7,6 +7,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 )
 
 const doctorUsage = `Usage: nomad-bridge-cni doctor [--json] [--conf-dir DIR]... [--cni-path DIRS]
@@ -44,7 +45,7 @@ func (c *cli) doctor(args []string) int {
 	r := doctor.Run(o)
 	var err error
 	if *jsonOut {
-		err = doctor.WriteJSON(c.stdout, r)
+		err = operator.WriteJSON(c.stdout, r)
 	} else {
 		err = doctor.WriteText(c.stdout, r)
 	}

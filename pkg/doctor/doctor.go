@@ -6,7 +6,6 @@
 package doctor
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -141,11 +140,4 @@ func WriteText(w io.Writer, r *Report) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
-}
-
-// WriteJSON prints the report as indented JSON.
-func WriteJSON(w io.Writer, r *Report) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
 }
