@@ -364,15 +364,11 @@ func (c *cli) parse(flags *command, args []string) (int, bool) {
 	return 0, false
 }
 
+// fail prints err, and for a usage error (code 2) where cmd's help is.
 func (c *cli) fail(code int, err error, cmd string) int {
-	hint := "nomad-bridge-cni --help"
-	if cmd != "" {
-		hint = "nomad-bridge-cni " + cmd + " --help"
-	}
+	fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
 	if code == 2 {
-		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\nRun '%s' for usage.\n", err, hint)
-	} else {
-		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
+		fmt.Fprintf(c.stderr, "Run '%s --help' for usage.\n", strings.TrimSpace(binaryName+" "+cmd))
 	}
 	return code
 }
