@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,7 +34,7 @@ func (c *cli) doctor(args []string) int {
 	flags := c.flagSet("doctor", doctorUsage)
 	jsonOut := flags.Bool("json", false, "print JSON instead of text")
 	confDirs := flags.confDirFlag("also look for conflists here (repeatable)")
-	cniPath := flags.String("cni-path", envOr("CNI_PATH", "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order: every conflist is judged by them")
+	cniPath := flags.String("cni-path", cmp.Or(os.Getenv("CNI_PATH"), "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order: every conflist is judged by them")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
@@ -56,11 +57,4 @@ func (c *cli) doctor(args []string) int {
 		return 1
 	}
 	return 0
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }

@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -8,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -55,15 +55,9 @@ type nomadSettings struct {
 
 // resolve fills Nomad's defaults in.
 func (s nomadSettings) resolve(source string) NomadClient {
-	or := func(v, def string) string {
-		if v == "" {
-			return def
-		}
-		return v
-	}
-	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(or(s.CNIPath, nomadDefaultCNIPath)),
-		CNIConfigDir: or(s.CNIConfigDir, nomadDefaultCNIConfigDir), BridgeName: or(s.BridgeNetworkName, nomadDefaultBridge)}
-	for _, sub := range []string{or(s.BridgeNetworkSubnet, nomadDefaultSubnet), s.BridgeNetworkSubnetIPv6} {
+	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(cmp.Or(s.CNIPath, nomadDefaultCNIPath)),
+		CNIConfigDir: cmp.Or(s.CNIConfigDir, nomadDefaultCNIConfigDir), BridgeName: cmp.Or(s.BridgeNetworkName, nomadDefaultBridge)}
+	for _, sub := range []string{cmp.Or(s.BridgeNetworkSubnet, nomadDefaultSubnet), s.BridgeNetworkSubnetIPv6} {
 		if p, err := netip.ParsePrefix(sub); err == nil {
 			nc.Subnets = append(nc.Subnets, p.Masked())
 		}
@@ -122,24 +116,21 @@ var hclSetting = sync.OnceValue(func() *regexp.Regexp {
 
 // readNomadConfigDir reads the client settings from the agent's
 // configuration files in dir (*.hcl and *.json), which Nomad loads in
-// lexical order, a later file's value winning.
+// lexical order (os.ReadDir's), a later file's value winning.
 func readNomadConfigDir(dir string) (NomadClient, bool) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return NomadClient{}, false
 	}
-	var names []string
-	for _, e := range entries {
-		if n := e.Name(); e.Type().IsRegular() && (strings.HasSuffix(n, ".hcl") || strings.HasSuffix(n, ".json")) {
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
 	var s nomadSettings
 	var read []string
 	keys := map[string]*string{"cni_path": &s.CNIPath, "cni_config_dir": &s.CNIConfigDir, "bridge_network_name": &s.BridgeNetworkName,
 		"bridge_network_subnet": &s.BridgeNetworkSubnet, "bridge_network_subnet_ipv6": &s.BridgeNetworkSubnetIPv6}
-	for _, n := range names {
+	for _, e := range entries {
+		n := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(n, ".hcl") && !strings.HasSuffix(n, ".json") {
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(dir, n))
 		if err != nil || len(b) > 1<<20 {
 			continue
