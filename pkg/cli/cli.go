@@ -166,7 +166,7 @@ func (c *cli) common(flags *command) *commonFlags {
 // data dir never takes the NAT rules of another's containers for orphans)
 // and the networks' legacy dirs (gc migrates from them, as CHECK does).
 func hostNetworks(extra []string) []*conflists.Network {
-	return conflists.Networks(conflists.Read(append(slices.Clone(conflists.DefaultDirs), extra...)))
+	return conflists.Networks(conflists.Read(append(slices.Clone(conflists.DefaultDirs), extra...), false))
 }
 
 func (c *cli) leases(args []string) (code int) {

@@ -89,13 +89,11 @@ type Network struct {
 }
 
 // Read reads every configuration file (.conflist, .conf, .json) in dirs; a
-// directory that does not exist is a runtime not installed here.
-func Read(dirs []string) []File { return ReadAs(dirs, false) }
-
-// ReadAs is Read on a host where, when bridgeIsPlugin, the plugin is
-// installed as "bridge" in front of the reference plugins: an entry of
-// type "bridge" with host-local is then the plugin's too.
-func ReadAs(dirs []string, bridgeIsPlugin bool) []File {
+// directory that does not exist is a runtime not installed here. With
+// bridgeIsPlugin (the plugin installed as "bridge" in front of the
+// reference plugins), an entry of type "bridge" with host-local is the
+// plugin's too.
+func Read(dirs []string, bridgeIsPlugin bool) []File {
 	var files []File
 	for _, dir := range dirs {
 		entries, err := os.ReadDir(dir)
