@@ -12,7 +12,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"sort"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -39,7 +38,7 @@ type Network struct {
 }
 
 // Collect reads every network of scope as `leases` does (a dry-run sweep:
-// it changes nothing).
+// it changes nothing), in scope's order (ipamdir.List's, by name).
 func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64) ([]Network, error) {
 	var out []Network
 	now := s.Host.Now()
@@ -66,7 +65,6 @@ func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64
 		n.Releases = s.Releases(d)
 		out = append(out, n)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
