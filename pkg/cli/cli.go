@@ -149,7 +149,7 @@ func (c *cli) run(args []string) int {
 type commonFlags struct {
 	dataDir, network string
 	json             bool
-	confDirs         []string
+	confDirs         *[]string
 }
 
 func (c *cli) common(flags *command) *commonFlags {
@@ -157,16 +157,16 @@ func (c *cli) common(flags *command) *commonFlags {
 	flags.StringVar(&f.dataDir, "data-dir", ipamdir.DefaultDataDir, "the plugin's dataDir")
 	flags.StringVar(&f.network, "network", "", "only this network (default: every network under the data dir)")
 	flags.BoolVar(&f.json, "json", false, "print JSON instead of text")
-	flags.StringArrayVar(&f.confDirs, "conf-dir", nil, "also read the conflists here, for the data dirs they use (repeatable)")
+	f.confDirs = flags.confDirFlag("also read the conflists here, for the data dirs they use (repeatable)")
 	return f
 }
 
-// scope is the command's networks, with what the host's conflists say of
-// them: the data dirs they use (a sweep of one data dir never takes the NAT
-// rules of another's containers for orphans) and the networks' legacy
-// dirs (gc migrates from them, as CHECK does).
-func (f *commonFlags) scope(dirs []ipamdir.Dir) operator.Scope {
-	return operator.NewScope(f.dataDir, dirs, conflists.Networks(conflists.Read(withDefaultConfDirs(f.confDirs))))
+// hostNetworks are the networks of the host's conflists (and extra's):
+// a command's scope takes from them the data dirs they use (a sweep of one
+// data dir never takes the NAT rules of another's containers for orphans)
+// and the networks' legacy dirs (gc migrates from them, as CHECK does).
+func hostNetworks(extra []string) []*conflists.Network {
+	return conflists.Networks(conflists.Read(append(slices.Clone(conflists.DefaultDirs), extra...), false))
 }
 
 func (c *cli) leases(args []string) (code int) {
@@ -175,12 +175,6 @@ func (c *cli) leases(args []string) (code int) {
 	runtime := flags.String("runtime", "", "mark what this runtime ("+strings.Join(runtimes.Names, ", ")+") does not list, and name what it lists that holds nothing here")
 	if code, done := c.parse(flags, args); done {
 		return code
-	}
-	if flags.NArg() > 0 {
-		return c.fail(2, fmt.Errorf("leases takes no arguments, got %q", flags.Args()), "leases")
-	}
-	if err := checkConfDirs(f.confDirs); err != nil {
-		return c.fail(2, err, "leases")
 	}
 	var listing *runtimes.Listing
 	if *runtime != "" {
@@ -202,7 +196,7 @@ func (c *cli) leases(args []string) (code int) {
 	if listing != nil {
 		sink = &operator.Drift{Sink: sink, Runtime: *runtime, Listing: listing, Note: note}
 	}
-	if err := operator.Leases(c.sweeper(), f.scope(dirs), sink); err != nil {
+	if err := operator.Leases(c.sweeper(), operator.NewScope(f.dataDir, dirs, hostNetworks(*f.confDirs)), sink); err != nil {
 		return c.fail(1, err, "")
 	}
 	return 0
@@ -231,12 +225,7 @@ func (c *cli) gc(args []string) (code int) {
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
-	if flags.NArg() > 0 {
-		return c.fail(2, fmt.Errorf("gc takes no arguments, got %q", flags.Args()), "gc")
-	}
-	if err := checkConfDirs(f.confDirs); err != nil {
-		return c.fail(2, err, "gc")
-	}
+	var rec *operator.Reconcile
 	if *runtime == "" {
 		// Accepted silently, they would read as in force.
 		for _, name := range []string{"grace", "remove-mounts"} {
@@ -244,9 +233,7 @@ func (c *cli) gc(args []string) (code int) {
 				return c.fail(2, fmt.Errorf("--%s is only meaningful with --runtime", name), "gc")
 			}
 		}
-	}
-	var rec *operator.Reconcile
-	if *runtime != "" {
+	} else {
 		if *grace < time.Minute {
 			return c.fail(2, fmt.Errorf("--grace %s: at least 1m (a runtime's list lags behind its ADDs)", *grace), "gc")
 		}
@@ -256,43 +243,40 @@ func (c *cli) gc(args []string) (code int) {
 		}
 		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now(), RemoveMounts: *removeMounts}
 	}
-	if !*allDataDirs {
-		dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
-		if err != nil {
-			return c.fail(1, err, "")
-		}
-		defer c.reportSkipped(skipped, &code)
-		var sink operator.GCSink = &operator.GCText{W: c.stdout, DryRun: *dryRun}
-		if f.json {
-			sink = operator.NewGCJSON(c.stdout, f.dataDir, *dryRun)
-		}
-		if err := operator.GCReconciled(c.sweeper(), f.scope(dirs), *dryRun, *orphans, rec, sink); err != nil {
-			return c.fail(1, err, "")
-		}
-		return 0
-	}
-	if f.json {
+	if *allDataDirs && f.json {
 		return c.fail(2, errors.New("--json prints one data dir's document: run gc --json --data-dir D for each data dir"), "gc")
 	}
-	nets := conflists.Networks(conflists.Read(withDefaultConfDirs(f.confDirs)))
-	for _, dataDir := range conflists.PluginDataDirs(f.dataDir, nets) {
-		if _, err := os.Stat(dataDir); errors.Is(err, fs.ErrNotExist) {
-			fmt.Fprintf(c.stdout, "data dir %s: does not exist, nothing to sweep\n", dataDir)
-			continue
+	nets := hostNetworks(*f.confDirs)
+	dataDirs, only := []string{f.dataDir}, f.network
+	if *allDataDirs {
+		// A data dir without the network is no error: each is listed whole.
+		dataDirs, only = conflists.PluginDataDirs(f.dataDir, nets), ""
+	}
+	var skipped []error
+	defer func() { c.reportSkipped(skipped, &code) }()
+	for _, dataDir := range dataDirs {
+		if *allDataDirs {
+			if _, err := os.Stat(dataDir); errors.Is(err, fs.ErrNotExist) {
+				fmt.Fprintf(c.stdout, "data dir %s: does not exist, nothing to sweep\n", dataDir)
+				continue
+			}
+			fmt.Fprintf(c.stdout, "data dir %s:\n", dataDir)
 		}
-		fmt.Fprintf(c.stdout, "data dir %s:\n", dataDir)
-		dirs, skipped, err := ipamdir.List(dataDir, "")
-		if err == nil && f.network != "" {
-			dirs = slices.DeleteFunc(dirs, func(d ipamdir.Dir) bool { return d.Network != f.network })
-		}
+		dirs, skippedHere, err := ipamdir.List(dataDir, only)
 		if err != nil {
 			// The others are still swept; the failure is the exit status.
 			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
 			code = 1
 			continue
 		}
-		c.reportSkipped(skipped, &code)
-		sink := &operator.GCText{W: c.stdout, DryRun: *dryRun}
+		skipped = append(skipped, skippedHere...)
+		if f.network != "" {
+			dirs = slices.DeleteFunc(dirs, func(d ipamdir.Dir) bool { return d.Network != f.network })
+		}
+		var sink operator.GCSink = &operator.GCText{W: c.stdout, DryRun: *dryRun}
+		if f.json {
+			sink = operator.NewGCJSON(c.stdout, dataDir, *dryRun)
+		}
 		if err := operator.GCReconciled(c.sweeper(), operator.NewScope(dataDir, dirs, nets), *dryRun, *orphans, rec, sink); err != nil {
 			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
 			code = 1
@@ -332,15 +316,18 @@ func checkConfDirs(dirs []string) error {
 	return nil
 }
 
-// withDefaultConfDirs is where runtimes keep conflists, and extra.
-func withDefaultConfDirs(extra []string) []string {
-	return append(append([]string{}, conflists.DefaultDirs...), extra...)
-}
-
-// command is a flag set and the help text printed before its flags.
+// command is a flag set, the help text printed before its flags, and its
+// --conf-dir flag's value, if it has one.
 type command struct {
 	*pflag.FlagSet
-	help string
+	help     string
+	confDirs *[]string
+}
+
+// confDirFlag adds the --conf-dir flag, which parse checks.
+func (cmd *command) confDirFlag(help string) *[]string {
+	cmd.confDirs = cmd.StringArray("conf-dir", nil, help)
+	return cmd.confDirs
 }
 
 func (c *cli) flagSet(name, help string) *command {
@@ -357,29 +344,31 @@ func (cmd *command) usage(w io.Writer) {
 	fmt.Fprint(w, cmd.FlagUsages())
 }
 
-// parse handles -h (usage on stdout, exit 0) and bad flags (exit 2).
+// parse handles -h (usage on stdout, exit 0), and bad flags, arguments
+// given to a subcommand and a --conf-dir that is not a directory (exit 2).
 func (c *cli) parse(flags *command, args []string) (int, bool) {
+	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), binaryName))
 	err := flags.Parse(args)
 	switch {
-	case err == nil:
-		return 0, false
 	case errors.Is(err, pflag.ErrHelp):
 		flags.usage(c.stdout)
 		return 0, true
+	case err == nil && name != "" && flags.NArg() > 0:
+		err = fmt.Errorf("%s takes no arguments, got %q", name, flags.Args())
+	case err == nil && flags.confDirs != nil:
+		err = checkConfDirs(*flags.confDirs)
 	}
-	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), binaryName))
-	return c.fail(2, err, name), true
+	if err != nil {
+		return c.fail(2, err, name), true
+	}
+	return 0, false
 }
 
+// fail prints err, and for a usage error (code 2) where cmd's help is.
 func (c *cli) fail(code int, err error, cmd string) int {
-	hint := "nomad-bridge-cni --help"
-	if cmd != "" {
-		hint = "nomad-bridge-cni " + cmd + " --help"
-	}
+	fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
 	if code == 2 {
-		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\nRun '%s' for usage.\n", err, hint)
-	} else {
-		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
+		fmt.Fprintf(c.stderr, "Run '%s --help' for usage.\n", strings.TrimSpace(binaryName+" "+cmd))
 	}
 	return code
 }

@@ -1,11 +1,14 @@
 package cli
 
 import (
-	"fmt"
+	"cmp"
 	"os"
 	"path/filepath"
+	"slices"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/doctor"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 )
 
 const doctorUsage = `Usage: nomad-bridge-cni doctor [--json] [--conf-dir DIR]... [--cni-path DIRS]
@@ -30,26 +33,20 @@ Flags:
 func (c *cli) doctor(args []string) int {
 	flags := c.flagSet("doctor", doctorUsage)
 	jsonOut := flags.Bool("json", false, "print JSON instead of text")
-	confDirs := flags.StringArray("conf-dir", nil, "also look for conflists here (repeatable)")
-	cniPath := flags.String("cni-path", envOr("CNI_PATH", "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order: every conflist is judged by them")
+	confDirs := flags.confDirFlag("also look for conflists here (repeatable)")
+	cniPath := flags.String("cni-path", cmp.Or(os.Getenv("CNI_PATH"), "/opt/cni/bin"), "the CNI bin dirs, colon-separated, in the runtime's order: every conflist is judged by them")
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
-	if flags.NArg() > 0 {
-		return c.fail(2, fmt.Errorf("doctor takes no arguments, got %q", flags.Args()), "doctor")
-	}
-	if err := checkConfDirs(*confDirs); err != nil {
-		return c.fail(2, err, "doctor")
-	}
 	o := doctor.HostOptions()
-	o.ConfDirs = withDefaultConfDirs(*confDirs)
+	o.ConfDirs = append(slices.Clone(conflists.DefaultDirs), *confDirs...)
 	o.CNIPath = filepath.SplitList(*cniPath)
 	o.CNIPathGiven = flags.Changed("cni-path") || os.Getenv("CNI_PATH") != ""
 	o.Sweeper = c.sweeper()
 	r := doctor.Run(o)
 	var err error
 	if *jsonOut {
-		err = doctor.WriteJSON(c.stdout, r)
+		err = operator.WriteJSON(c.stdout, r)
 	} else {
 		err = doctor.WriteText(c.stdout, r)
 	}
@@ -60,11 +57,4 @@ func (c *cli) doctor(args []string) int {
 		return 1
 	}
 	return 0
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }

@@ -31,23 +31,17 @@ Flags:
 func (c *cli) metrics(args []string) (code int) {
 	flags := c.flagSet("metrics", metricsUsage)
 	dataDir := flags.String("data-dir", ipamdir.DefaultDataDir, "the plugin's dataDir")
-	confDirs := flags.StringArray("conf-dir", nil, "also look for conflists here (repeatable)")
+	confDirs := flags.confDirFlag("also look for conflists here (repeatable)")
 	textfile := flags.String("textfile", "", "write to this file, atomically, instead of stdout (node_exporter's textfile collector reads *.prom)")
 	if code, done := c.parse(flags, args); done {
 		return code
-	}
-	if flags.NArg() > 0 {
-		return c.fail(2, fmt.Errorf("metrics takes no arguments, got %q", flags.Args()), "metrics")
-	}
-	if err := checkConfDirs(*confDirs); err != nil {
-		return c.fail(2, err, "metrics")
 	}
 	dirs, skipped, err := ipamdir.List(*dataDir, "")
 	if err != nil {
 		return c.fail(1, err, "")
 	}
 	defer c.reportSkipped(skipped, &code)
-	hostNets := conflists.Networks(conflists.Read(withDefaultConfDirs(*confDirs)))
+	hostNets := hostNetworks(*confDirs)
 	nets, err := metrics.Collect(c.sweeper(), operator.NewScope(*dataDir, dirs, hostNets), conflists.RangeAddresses(hostNets))
 	if err != nil {
 		return c.fail(1, err, "")

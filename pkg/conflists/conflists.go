@@ -89,13 +89,11 @@ type Network struct {
 }
 
 // Read reads every configuration file (.conflist, .conf, .json) in dirs; a
-// directory that does not exist is a runtime not installed here.
-func Read(dirs []string) []File { return ReadAs(dirs, false) }
-
-// ReadAs is Read on a host where, when bridgeIsPlugin, the plugin is
-// installed as "bridge" in front of the reference plugins: an entry of
-// type "bridge" with host-local is then the plugin's too.
-func ReadAs(dirs []string, bridgeIsPlugin bool) []File {
+// directory that does not exist is a runtime not installed here. With
+// bridgeIsPlugin (the plugin installed as "bridge" in front of the
+// reference plugins), an entry of type "bridge" with host-local is the
+// plugin's too.
+func Read(dirs []string, bridgeIsPlugin bool) []File {
 	var files []File
 	for _, dir := range dirs {
 		entries, err := os.ReadDir(dir)
@@ -170,28 +168,28 @@ func readFile(path string, bridgeIsPlugin bool) File {
 		file.Err, file.NotCNI = fmt.Errorf("JSON: %w", err), true
 		return file
 	}
-	entries := list.Plugins
-	if len(entries) == 0 && list.Type != "" { // a single .conf
-		entries = []json.RawMessage{raw}
+	raws := list.Plugins
+	if len(raws) == 0 && list.Type != "" { // a single .conf
+		raws = []json.RawMessage{raw}
 	}
-	var types []string
-	for _, e := range entries {
-		var t struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(e, &t)
-		types = append(types, t.Type)
+	// An entry that is not an object stays nil, of no type.
+	entries := make([]map[string]any, len(raws))
+	types := make([]string, len(raws))
+	for i, e := range raws {
+		_ = json.Unmarshal(e, &entries[i])
+		types[i], _ = entries[i]["type"].(string)
 	}
 	for i, e := range entries {
 		entry, ours := bridgeEntry(e, bridgeIsPlugin)
 		if entry == nil {
 			continue
 		}
-		n := describe(path, list.Name, entry)
-		n.Entry = i
 		stdin, err := withListKeys(entry, list.Name, list.CNIVersion)
-		if err == nil {
-			n.Addresses = rangeAddresses(stdin)
+		ranges, rangesErr := hostLocalRanges(stdin)
+		n := describe(path, list.Name, entry, ranges)
+		n.Entry = i
+		if err == nil && rangesErr == nil {
+			n.Addresses = rangeAddresses(ranges)
 		}
 		if ours {
 			n.Ours, n.Plugins = true, types
@@ -213,11 +211,7 @@ func readFile(path string, bridgeIsPlugin bool) File {
 // and whether it is the plugin's: "type" nomad-bridge-cni (or bridge, when
 // bridgeIsPlugin), or flannel's "delegate" (flannel passes it to its
 // delegate type, bridge by default).
-func bridgeEntry(raw json.RawMessage, bridgeIsPlugin bool) (map[string]any, bool) {
-	var e map[string]any
-	if json.Unmarshal(raw, &e) != nil {
-		return nil, false
-	}
+func bridgeEntry(e map[string]any, bridgeIsPlugin bool) (map[string]any, bool) {
 	if e["type"] == "flannel" {
 		d, ok := e["delegate"].(map[string]any)
 		if !ok {
@@ -239,21 +233,18 @@ func bridgeEntry(raw json.RawMessage, bridgeIsPlugin bool) (map[string]any, bool
 // withListKeys adds the conflist's name and cniVersion to an entry, as
 // libcni does before running it.
 func withListKeys(entry map[string]any, name, version string) ([]byte, error) {
-	e := map[string]any{}
-	for k, v := range entry {
-		e[k] = v
+	if _, ok := entry["name"]; !ok {
+		entry["name"] = name
 	}
-	if _, ok := e["name"]; !ok {
-		e["name"] = name
+	if _, ok := entry["cniVersion"]; !ok {
+		entry["cniVersion"] = version
 	}
-	if _, ok := e["cniVersion"]; !ok {
-		e["cniVersion"] = version
-	}
-	return json.Marshal(e)
+	return json.Marshal(entry)
 }
 
-// describe reads what a clash check needs of a bridge entry.
-func describe(file, name string, e map[string]any) *Network {
+// describe reads what a clash check needs of a bridge entry: its bridge,
+// where it keeps leases, and each subnet of its ranges once.
+func describe(file, name string, e map[string]any, ranges []hostLocalRange) *Network {
 	n := &Network{File: file, Name: name, Bridge: "cni0"}
 	if b, ok := e["bridge"].(string); ok {
 		n.Bridge = b
@@ -264,70 +255,58 @@ func describe(file, name string, e map[string]any) *Network {
 		dataDir = d
 	}
 	n.Dir = ipamdir.New(dataDir, name)
-	if s, ok := ipam["subnet"].(string); ok {
-		n.addSubnet(s)
-	}
-	ranges, _ := ipam["ranges"].([]any)
-	for _, set := range ranges {
-		rs, _ := set.([]any)
-		for _, r := range rs {
-			if m, ok := r.(map[string]any); ok {
-				if s, ok := m["subnet"].(string); ok {
-					n.addSubnet(s)
-				}
-			}
+	for _, r := range ranges {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(r.Subnet)); err == nil && !slices.Contains(n.Subnets, p.Masked()) {
+			n.Subnets = append(n.Subnets, p.Masked())
 		}
 	}
 	return n
 }
 
-func (n *Network) addSubnet(s string) {
-	if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && !slices.Contains(n.Subnets, p.Masked()) {
-		n.Subnets = append(n.Subnets, p.Masked())
-	}
-}
-
-// rangeAddresses counts the addresses of an entry's ranges as host-local
-// reads them (plugins/ipam/host-local/backend/allocator: the old
-// single-range keys first, then "ranges"; rangeStart defaults to the
-// subnet's first address after the network's, rangeEnd to its last, less
-// the broadcast address in IPv4), or 0 if host-local would refuse them (a
-// subnet too small or with host bits set, a bound outside its subnet, a
-// start after its end, ranges that overlap). host-local's own loader is
-// not linked for this: it brings bridge's nftables package, whose init
-// every verb of the plugin would pay.
-func rangeAddresses(entry []byte) float64 {
+// hostLocalRanges are an entry's ranges as host-local reads them
+// (plugins/ipam/host-local/backend/allocator): the old single-range keys
+// first, then "ranges", each range set's in order. A key of the wrong
+// type is an error, and the others are still read.
+func hostLocalRanges(entry []byte) ([]hostLocalRange, error) {
 	var conf struct {
 		IPAM struct {
 			hostLocalRange
 			Ranges [][]hostLocalRange `json:"ranges"`
 		} `json:"ipam"`
 	}
-	if json.Unmarshal(entry, &conf) != nil {
-		return 0
-	}
-	ranges := conf.IPAM.Ranges
+	err := json.Unmarshal(entry, &conf)
+	var ranges []hostLocalRange
 	if conf.IPAM.Subnet != "" {
-		ranges = append([][]hostLocalRange{{conf.IPAM.hostLocalRange}}, ranges...)
+		ranges = append(ranges, conf.IPAM.hostLocalRange)
 	}
+	return append(ranges, slices.Concat(conf.IPAM.Ranges...)...), err
+}
+
+// rangeAddresses counts the addresses of an entry's ranges as host-local
+// does (rangeStart defaults to the subnet's first address after the
+// network's, rangeEnd to its last, less the broadcast address in IPv4), or
+// 0 if host-local would refuse them (a subnet too small or with host bits
+// set, a bound outside its subnet, a start after its end, ranges that
+// overlap). host-local's own loader is not linked for this: it brings
+// bridge's nftables package, whose init every verb of the plugin would
+// pay.
+func rangeAddresses(ranges []hostLocalRange) float64 {
 	var bounds [][2]netip.Addr
 	total := new(big.Int)
-	for _, set := range ranges {
-		for _, r := range set {
-			start, end, ok := r.bounds()
-			if !ok {
+	for _, r := range ranges {
+		start, end, ok := r.bounds()
+		if !ok {
+			return 0
+		}
+		for _, b := range bounds {
+			if start.Is4() == b[0].Is4() && start.Compare(b[1]) <= 0 && b[0].Compare(end) <= 0 {
 				return 0
 			}
-			for _, b := range bounds {
-				if start.Is4() == b[0].Is4() && start.Compare(b[1]) <= 0 && b[0].Compare(end) <= 0 {
-					return 0
-				}
-			}
-			bounds = append(bounds, [2]netip.Addr{start, end})
-			s, e := start.As16(), end.As16()
-			n := new(big.Int).Sub(new(big.Int).SetBytes(e[:]), new(big.Int).SetBytes(s[:]))
-			total.Add(total, n.Add(n, big.NewInt(1)))
 		}
+		bounds = append(bounds, [2]netip.Addr{start, end})
+		s, e := start.As16(), end.As16()
+		n := new(big.Int).Sub(new(big.Int).SetBytes(e[:]), new(big.Int).SetBytes(s[:]))
+		total.Add(total, n.Add(n, big.NewInt(1)))
 	}
 	f, _ := new(big.Float).SetInt(total).Float64()
 	return f

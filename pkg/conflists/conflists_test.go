@@ -35,7 +35,7 @@ func TestDataDirs(t *testing.T) {
 	write(t, root, "20-db.conflist", entry("db", "bridge", "", `"dataDir": "`+custom+`/", `+ranges))
 	write(t, root, "30-plain.conflist", entry("plain", "bridge", "", ranges))
 	write(t, root, "40-rel.conflist", entry("rel", "bridge", "", `"dataDir": "rel/dir", `+ranges))
-	got := DataDirsOf(Networks(Read([]string{root, filepath.Join(root, "absent")})))
+	got := DataDirsOf(Networks(Read([]string{root, filepath.Join(root, "absent")}, false)))
 	want := []string{data, custom, "/var/lib/cni/networks"}
 	if !slices.Equal(got, want) {
 		t.Errorf("DataDirs = %v, want %v", got, want)
@@ -66,7 +66,7 @@ func TestRangeAddresses(t *testing.T) {
 		write(t, root, name+".conflist", entry(name, PluginName, "", ipam))
 	}
 	write(t, root, "bare.conflist", entry("bare", "bridge", "", `"ranges": [[{"subnet": "10.9.0.0/24"}]]`))
-	got := RangeAddresses(Networks(Read([]string{root})))
+	got := RangeAddresses(Networks(Read([]string{root}, false)))
 	want := map[string]float64{
 		"whole24":  254,
 		"bounded":  50,
@@ -96,7 +96,7 @@ func TestReadReportsWhatItCannotUse(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(root, "40-dir.conflist"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	files := Read([]string{root})
+	files := Read([]string{root}, false)
 	if len(files) != 3 {
 		t.Fatalf("files = %+v, want 3 (a directory is not a file)", files)
 	}

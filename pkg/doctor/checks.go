@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -33,9 +34,9 @@ func firstVersion(out string) (string, [3]int, bool) {
 	for _, tok := range strings.Fields(out) {
 		if m := semver().FindStringSubmatch(tok); m != nil && strings.TrimRight(tok, ",") == tok {
 			var v [3]int
-			fmt.Sscan(m[1], &v[0])
-			fmt.Sscan(m[2], &v[1])
-			fmt.Sscan(m[3], &v[2])
+			for i := range v {
+				v[i], _ = strconv.Atoi(m[i+1])
+			}
 			return tok, v, true
 		}
 	}
@@ -335,8 +336,10 @@ func checkClashes(o Options, nets []*conflists.Network) []Finding {
 
 // checkState summarizes, per network of the plugin, what `leases` judges:
 // legacy leases still waiting for the migration, and attachments that are
-// stale, detached or unknown, and NAT rules nobody holds.
-func checkState(o Options, ours, nets []*conflists.Network) []Finding {
+// stale, detached or unknown, and NAT rules nobody holds. Nomad's built-in
+// bridge network is the plugin's too when it is installed as bridge in
+// cni_path (front).
+func checkState(o Options, ours, nets []*conflists.Network, front bool) []Finding {
 	var fs []Finding
 	done := map[string]bool{}
 	for _, n := range ours {
@@ -348,35 +351,28 @@ func checkState(o Options, ours, nets []*conflists.Network) []Finding {
 		if k := countLeases(legacy); k > 0 && n.Conf.LegacyDataDir != n.Conf.DataDir {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
 		}
-		if o.Sweeper == nil || o.EUID != 0 {
-			continue
+		if _, err := os.Stat(n.Conf.DataDir); err == nil {
+			fs = append(fs, stateFindings(o, n, nets, n.Name)...)
 		}
-		if _, err := os.Stat(n.Conf.DataDir); err != nil {
-			continue
-		}
-		count, err := stateCounts(o.Sweeper, operator.NewScope(n.Dir.DataDir, []ipamdir.Dir{n.Dir}, nets))
-		if err != nil {
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("cannot read: %v", err)})
-			continue
-		}
-		fs = append(fs, stateFinding(n.Name, n.Dir, count))
+	}
+	if n := nomadBuiltin(o.nomad); o.Nomad && front && !slices.ContainsFunc(nets, func(c *conflists.Network) bool { return c.Dir.Leases() == n.Dir.Leases() }) {
+		fs = append(fs, stateFindings(o, n, nets, n.Name+" (Nomad's built-in bridge network)")...)
 	}
 	return fs
 }
 
-// checkNomadBuiltinState is checkState for Nomad's built-in bridge
-// network, the plugin's when it is installed as bridge in cni_path.
-func checkNomadBuiltinState(o Options, nets []*conflists.Network) []Finding {
-	n := nomadBuiltin(o.nomad)
-	if o.Sweeper == nil || o.EUID != 0 || slices.ContainsFunc(nets, func(c *conflists.Network) bool { return c.Dir.Leases() == n.Dir.Leases() }) {
+// stateFindings says what the attachments of network n are, for a root
+// doctor with a sweeper; subject names n.
+func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, subject string) []Finding {
+	if o.Sweeper == nil || o.EUID != 0 {
 		return nil
 	}
 	count, err := stateCounts(o.Sweeper, operator.NewScope(n.Dir.DataDir, []ipamdir.Dir{n.Dir}, nets))
 	if err != nil {
-		return []Finding{{Level: Warn, Check: "state", Subject: n.Name + " (Nomad's built-in bridge network)", Message: fmt.Sprintf("cannot read: %v", err)}}
+		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: fmt.Sprintf("cannot read: %v", err)}}
 	}
 	f := stateFinding(n.Name, n.Dir, count)
-	f.Subject += " (Nomad's built-in bridge network)"
+	f.Subject = subject
 	return []Finding{f}
 }
 

@@ -14,7 +14,7 @@ import (
 func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []Finding) {
 	var nets []*conflists.Network
 	var fs []Finding
-	for _, f := range conflists.ReadAs(dirs, bridgeIsPlugin) {
+	for _, f := range conflists.Read(dirs, bridgeIsPlugin) {
 		switch {
 		case f.NotCNI:
 			fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("not a CNI configuration (%v)", f.Err), Fix: "runtimes skip it too; remove it or fix it"})

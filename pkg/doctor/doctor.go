@@ -6,7 +6,6 @@
 package doctor
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -112,59 +111,33 @@ func Run(o Options) *Report {
 			ours = append(ours, n)
 		}
 	}
-	if len(ours) == 0 && !slices.ContainsFunc(fs, func(f Finding) bool { return f.Level == Error }) {
+	if len(ours) == 0 && !slices.ContainsFunc(fs, isError) {
 		fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: strings.Join(o.ConfDirs, ", "), Message: "no conflist uses " + pluginName, Fix: "change \"type\": \"bridge\" to \"type\": \"" + pluginName + "\" in one, or pass --conf-dir"})
 	}
 	fs = append(fs, checkPlugins(o, ours, front)...)
 	fs = append(fs, checkDataDirs(o, ours)...)
 	fs = append(fs, checkClashes(o, nets)...)
-	fs = append(fs, checkState(o, ours, nets)...)
-	if o.Nomad && front.path != "" {
-		fs = append(fs, checkNomadBuiltinState(o, nets)...)
-	}
+	fs = append(fs, checkState(o, ours, nets, front.path != "")...)
 	if o.PrometheusRules != "" {
 		fs = append(fs, checkPrometheus(o.PrometheusRules, o.PrometheusConfig)...)
 	}
-	r := &Report{Findings: fs, OK: true}
-	for _, f := range fs {
-		if f.Level == Error {
-			r.OK = false
-		}
-	}
-	return r
+	return &Report{Findings: fs, OK: !slices.ContainsFunc(fs, isError)}
 }
 
-// mark is the sign WriteText puts in front of a finding of level l.
-func mark(l Level) string {
-	switch l {
-	case OK:
-		return "✓"
-	case Warn:
-		return "!"
-	case Error:
-		return "✗"
-	}
-	return ""
-}
+func isError(f Finding) bool { return f.Level == Error }
+
+// marks are the signs WriteText puts in front of a finding of each level.
+var marks = map[Level]string{OK: "✓", Warn: "!", Error: "✗"}
 
 // WriteText prints one line per finding, its fix indented below.
 func WriteText(w io.Writer, r *Report) error {
+	var b strings.Builder
 	for _, f := range r.Findings {
-		if _, err := fmt.Fprintf(w, "%s %s: %s: %s\n", mark(f.Level), f.Check, f.Subject, f.Message); err != nil {
-			return err
-		}
+		fmt.Fprintf(&b, "%s %s: %s: %s\n", marks[f.Level], f.Check, f.Subject, f.Message)
 		if f.Fix != "" {
-			if _, err := fmt.Fprintf(w, "    fix: %s\n", f.Fix); err != nil {
-				return err
-			}
+			fmt.Fprintf(&b, "    fix: %s\n", f.Fix)
 		}
 	}
-	return nil
-}
-
-// WriteJSON prints the report as indented JSON.
-func WriteJSON(w io.Writer, r *Report) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	_, err := io.WriteString(w, b.String())
+	return err
 }

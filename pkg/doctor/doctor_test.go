@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
@@ -119,7 +120,7 @@ func (h *host) golden(name string, r *Report) {
 	if err := WriteText(&text, r); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := WriteJSON(&js, r); err != nil {
+	if err := operator.WriteJSON(&js, r); err != nil {
 		h.t.Fatal(err)
 	}
 	for file, got := range map[string][]byte{name + ".txt": text.Bytes(), name + ".json": js.Bytes()} {

@@ -82,7 +82,7 @@ func nomadInstalled() bool {
 	if _, err := exec.LookPath("nomad"); err == nil {
 		return true
 	}
-	_, err := os.Stat("/etc/nomad.d")
+	_, err := os.Stat(nomadConfigDir)
 	return err == nil
 }
 
@@ -110,10 +110,8 @@ func freeRoom(dir string) (Room, error) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return Room{}, fmt.Errorf("statfs %s: %w", dir, err)
 	}
+	// Linux fills f_frsize in from f_bsize where a filesystem leaves it 0.
 	r := Room{Bytes: st.Bfree * uint64(st.Frsize), Inodes: st.Ffree}
-	if st.Frsize == 0 {
-		r.Bytes = st.Bfree * uint64(st.Bsize)
-	}
 	if st.Files == 0 {
 		r.Inodes = math.MaxUint64
 	}

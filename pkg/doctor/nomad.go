@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -8,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -47,22 +47,17 @@ const (
 	nomadBuiltinNetwork = "nomad"
 )
 
-// nomadSettings are the client settings as read, "" where not set.
+// nomadSettings are the client settings as read, "" where not set; the
+// names are those of the agent's API.
 type nomadSettings struct {
-	CNIPath, CNIConfigDir, BridgeName, Subnet, Subnet6 string
+	CNIPath, CNIConfigDir, BridgeNetworkName, BridgeNetworkSubnet, BridgeNetworkSubnetIPv6 string
 }
 
 // resolve fills Nomad's defaults in.
 func (s nomadSettings) resolve(source string) NomadClient {
-	or := func(v, def string) string {
-		if v == "" {
-			return def
-		}
-		return v
-	}
-	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(or(s.CNIPath, nomadDefaultCNIPath)),
-		CNIConfigDir: or(s.CNIConfigDir, nomadDefaultCNIConfigDir), BridgeName: or(s.BridgeName, nomadDefaultBridge)}
-	for _, sub := range []string{or(s.Subnet, nomadDefaultSubnet), s.Subnet6} {
+	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(cmp.Or(s.CNIPath, nomadDefaultCNIPath)),
+		CNIConfigDir: cmp.Or(s.CNIConfigDir, nomadDefaultCNIConfigDir), BridgeName: cmp.Or(s.BridgeNetworkName, nomadDefaultBridge)}
+	for _, sub := range []string{cmp.Or(s.BridgeNetworkSubnet, nomadDefaultSubnet), s.BridgeNetworkSubnetIPv6} {
 		if p, err := netip.ParsePrefix(sub); err == nil {
 			nc.Subnets = append(nc.Subnets, p.Masked())
 		}
@@ -77,9 +72,7 @@ func NomadDefaults() NomadClient { return nomadSettings{}.resolve("Nomad's defau
 // configuration, whose Version is the agent's build (version.VersionInfo).
 type agentSelf struct {
 	Config struct {
-		Client *struct {
-			CNIPath, CNIConfigDir, BridgeNetworkName, BridgeNetworkSubnet, BridgeNetworkSubnetIPv6 string
-		}
+		Client  *nomadSettings
 		Version *struct{ Version, VersionPrerelease string }
 	} `json:"config"`
 }
@@ -90,11 +83,10 @@ func parseAgentSelf(b []byte) (NomadClient, error) {
 	if err := json.Unmarshal(b, &self); err != nil {
 		return NomadClient{}, fmt.Errorf("decode /v1/agent/self: %w", err)
 	}
-	c := self.Config.Client
-	if c == nil {
+	if self.Config.Client == nil {
 		return NomadClient{}, fmt.Errorf("/v1/agent/self has no client configuration")
 	}
-	nc := nomadSettings{CNIPath: c.CNIPath, CNIConfigDir: c.CNIConfigDir, BridgeName: c.BridgeNetworkName, Subnet: c.BridgeNetworkSubnet, Subnet6: c.BridgeNetworkSubnetIPv6}.resolve("the agent's API (/v1/agent/self)")
+	nc := self.Config.Client.resolve("the agent's API (/v1/agent/self)")
 	if v := self.Config.Version; v != nil && v.Version != "" {
 		nc.Version, nc.VersionSource = v.Version, "the agent's API"
 		if v.VersionPrerelease != "" {
@@ -124,36 +116,21 @@ var hclSetting = sync.OnceValue(func() *regexp.Regexp {
 
 // readNomadConfigDir reads the client settings from the agent's
 // configuration files in dir (*.hcl and *.json), which Nomad loads in
-// lexical order, a later file's value winning.
+// lexical order (os.ReadDir's), a later file's value winning.
 func readNomadConfigDir(dir string) (NomadClient, bool) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return NomadClient{}, false
 	}
-	var names []string
-	for _, e := range entries {
-		if n := e.Name(); e.Type().IsRegular() && (strings.HasSuffix(n, ".hcl") || strings.HasSuffix(n, ".json")) {
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
 	var s nomadSettings
 	var read []string
-	set := func(key, v string) {
-		switch key {
-		case "cni_path":
-			s.CNIPath = v
-		case "cni_config_dir":
-			s.CNIConfigDir = v
-		case "bridge_network_name":
-			s.BridgeName = v
-		case "bridge_network_subnet":
-			s.Subnet = v
-		case "bridge_network_subnet_ipv6":
-			s.Subnet6 = v
+	keys := map[string]*string{"cni_path": &s.CNIPath, "cni_config_dir": &s.CNIConfigDir, "bridge_network_name": &s.BridgeNetworkName,
+		"bridge_network_subnet": &s.BridgeNetworkSubnet, "bridge_network_subnet_ipv6": &s.BridgeNetworkSubnetIPv6}
+	for _, e := range entries {
+		n := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(n, ".hcl") && !strings.HasSuffix(n, ".json") {
+			continue
 		}
-	}
-	for _, n := range names {
 		b, err := os.ReadFile(filepath.Join(dir, n))
 		if err != nil || len(b) > 1<<20 {
 			continue
@@ -165,8 +142,8 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 			}
 			if json.Unmarshal(b, &doc) == nil {
 				for k, v := range doc.Client {
-					if str, ok := v.(string); ok {
-						set(k, str)
+					if str, ok := v.(string); ok && keys[k] != nil {
+						*keys[k] = str
 						found = true
 					}
 				}
@@ -174,7 +151,7 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 		} else {
 			for line := range strings.Lines(string(b)) {
 				if m := hclSetting().FindStringSubmatch(line); m != nil {
-					set(m[1], m[2])
+					*keys[m[1]] = m[2]
 					found = true
 				}
 			}

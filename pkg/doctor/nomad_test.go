@@ -236,7 +236,7 @@ func TestDoctorUsesTheNomadClientsSettings(t *testing.T) {
 	r := Run(Options{
 		ConfDirs: []string{h.conf}, CNIPath: []string{"/nowhere"}, Nomad: true, EUID: 1000,
 		NomadClient: func() NomadClient {
-			nc := nomadSettings{CNIPath: h.bin, CNIConfigDir: nomadConf, BridgeName: "nbr0", Subnet: "10.99.0.0/20"}.resolve("test")
+			nc := nomadSettings{CNIPath: h.bin, CNIConfigDir: nomadConf, BridgeNetworkName: "nbr0", BridgeNetworkSubnet: "10.99.0.0/20"}.resolve("test")
 			return nc
 		},
 		Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,10 +37,8 @@ func ParseLevel(s string) (Level, error) {
 	if s == "" {
 		return Info, nil
 	}
-	for i, name := range Levels {
-		if s == name {
-			return Level(i), nil
-		}
+	if i := slices.Index(Levels, s); i >= 0 {
+		return Level(i), nil
 	}
 	return Info, fmt.Errorf("%q is not one of %s", s, strings.Join(Levels, ", "))
 }
@@ -134,26 +133,25 @@ func (w lineWriter) Write(p []byte) (int, error) {
 		if msg == "" {
 			continue
 		}
-		event, level := kindOf(msg)
-		w.l.Event(level, event, msg, nil)
+		w.l.Event(Info, kindOf(msg), msg, nil)
 	}
 	return len(p), nil
 }
 
-// kindOf sorts a line the plugin writes to stderr: a release of what a
-// dead attachment held, a recovery (the plugin finished or undid what
-// something else left), a warning, or other news.
-func kindOf(msg string) (event string, level Level) {
+// kindOf sorts a line the plugin writes to stderr, each logged at Info: a
+// release of what a dead attachment held, a recovery (the plugin finished
+// or undid what something else left), a warning, or other news.
+func kindOf(msg string) string {
 	switch {
 	case strings.HasPrefix(msg, "warning:"):
-		return "warning", Info
+		return "warning"
 	case strings.Contains(msg, ": released "):
-		return "release", Info
+		return "release"
 	case strings.Contains(msg, "removed what bridge left"), strings.Contains(msg, "abandoned by a writer"),
 		strings.Contains(msg, ": migrated "), strings.Contains(msg, "then it succeeded"),
 		strings.Contains(msg, "released by the plugin"), strings.Contains(msg, "nothing to delete"),
 		strings.Contains(msg, "legacy lease is removed instead"), strings.Contains(msg, "ended"):
-		return "recovery", Info
+		return "recovery"
 	}
-	return "info", Info
+	return "info"
 }

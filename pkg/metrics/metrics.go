@@ -7,9 +7,11 @@
 package metrics
 
 import (
+	"bufio"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -36,7 +38,7 @@ type Network struct {
 }
 
 // Collect reads every network of scope as `leases` does (a dry-run sweep:
-// it changes nothing).
+// it changes nothing), in scope's order (ipamdir.List's, by name).
 func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64) ([]Network, error) {
 	var out []Network
 	now := s.Host.Now()
@@ -63,78 +65,60 @@ func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64
 		n.Releases = s.Releases(d)
 		out = append(out, n)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
-// Write prints the networks as gauges.
+// Write prints the networks as gauges and counters.
 func Write(w io.Writer, nets []Network) error {
-	ew := &errWriter{w: w}
-	gauge := func(name, help string, each func(n Network)) {
-		ew.printf("# HELP nomad_bridge_cni_%s %s\n# TYPE nomad_bridge_cni_%s gauge\n", name, help, name)
+	// A bufio.Writer keeps its first error and drops what follows it.
+	bw := bufio.NewWriter(w)
+	family := func(name, typ, help string, each func(n Network)) {
+		fmt.Fprintf(bw, "# HELP nomad_bridge_cni_%s %s\n# TYPE nomad_bridge_cni_%s %s\n", name, help, name, typ)
 		for _, n := range nets {
 			each(n)
 		}
 	}
+	gauge := func(name, help string, each func(n Network)) { family(name, "gauge", help, each) }
 	gauge("attachments", "Attachments of a network by state, as `leases` judges them.", func(n Network) {
 		for _, st := range States {
-			ew.printf("nomad_bridge_cni_attachments{network=%q,state=%q} %d\n", n.Name, st, n.Attachments[st])
+			fmt.Fprintf(bw, "nomad_bridge_cni_attachments{network=%q,state=%q} %d\n", n.Name, st, n.Attachments[st])
 		}
 	})
 	gauge("leases", "host-local leases held on a network.", func(n Network) {
-		ew.printf("nomad_bridge_cni_leases{network=%q} %d\n", n.Name, n.Leases)
+		fmt.Fprintf(bw, "nomad_bridge_cni_leases{network=%q} %d\n", n.Name, n.Leases)
 	})
 	gauge("range_addresses", "Addresses in a network's ranges, rangeStart to rangeEnd (from its conflist; absent when none was found).", func(n Network) {
 		if n.RangeSize > 0 {
-			ew.printf("nomad_bridge_cni_range_addresses{network=%q} %g\n", n.Name, n.RangeSize)
+			fmt.Fprintf(bw, "nomad_bridge_cni_range_addresses{network=%q} %g\n", n.Name, n.RangeSize)
 		}
 	})
 	gauge("orphan_nat_rule_sets", "Containers with NAT rules on a network but no lease or record.", func(n Network) {
-		ew.printf("nomad_bridge_cni_orphan_nat_rule_sets{network=%q} %d\n", n.Name, n.OrphanRules)
+		fmt.Fprintf(bw, "nomad_bridge_cni_orphan_nat_rule_sets{network=%q} %d\n", n.Name, n.OrphanRules)
 	})
 	gauge("last_check_sweep_age_seconds", "Seconds since a CHECK last swept a network in this boot (absent when none did).", func(n Network) {
 		if n.LastSweepAge >= 0 {
-			ew.printf("nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
+			fmt.Fprintf(bw, "nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
 		}
 	})
 	gauge("data_dir_tmpfs", "1 when a network's data dir is a tmpfs (leases die with the boot), 0 when it is not (absent when statfs failed).", func(n Network) {
 		if n.TmpfsKnown {
-			ew.printf("nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=%q} %d\n", n.Name, n.DataDir, map[bool]int{true: 1}[n.Tmpfs])
+			fmt.Fprintf(bw, "nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=%q} %d\n", n.Name, n.DataDir, map[bool]int{true: 1}[n.Tmpfs])
 		}
 	})
-	ew.printf("# HELP nomad_bridge_cni_releases_total Attachments released on a network (leases, NAT rules, records), by cause, counted by the plugin across runs.\n# TYPE nomad_bridge_cni_releases_total counter\n")
-	for _, n := range nets {
-		causes := make([]string, 0, len(n.Releases))
-		for c := range n.Releases {
+	family("releases_total", "counter", "Attachments released on a network (leases, NAT rules, records), by cause, counted by the plugin across runs.", func(n Network) {
+		for _, c := range slices.Sorted(maps.Keys(n.Releases)) {
 			if c != reclaim.ForwardKeptCount && c != reclaim.RefusedLiveCount {
-				causes = append(causes, c)
+				fmt.Fprintf(bw, "nomad_bridge_cni_releases_total{network=%q,reason=%q} %d\n", n.Name, c, n.Releases[c])
 			}
 		}
-		sort.Strings(causes)
-		for _, c := range causes {
-			ew.printf("nomad_bridge_cni_releases_total{network=%q,reason=%q} %d\n", n.Name, c, n.Releases[c])
-		}
-	}
-	ew.printf("# HELP nomad_bridge_cni_firewall_rules_kept_total Addresses of released attachments whose firewall plugin rules (CNI-FORWARD) were kept because another network leases the address, counted across runs.\n# TYPE nomad_bridge_cni_firewall_rules_kept_total counter\n")
-	for _, n := range nets {
-		ew.printf("nomad_bridge_cni_firewall_rules_kept_total{network=%q} %d\n", n.Name, n.Releases[reclaim.ForwardKeptCount])
-	}
+	})
+	family("firewall_rules_kept_total", "counter", "Addresses of released attachments whose firewall plugin rules (CNI-FORWARD) were kept because another network leases the address, counted across runs.", func(n Network) {
+		fmt.Fprintf(bw, "nomad_bridge_cni_firewall_rules_kept_total{network=%q} %d\n", n.Name, n.Releases[reclaim.ForwardKeptCount])
+	})
 	// Written as 0 too: increase() sees the first refusal only if the
 	// series was there before it.
-	ew.printf("# HELP nomad_bridge_cni_add_refusals_total ADDs refused because the container's earlier attachment is still in a live namespace (detached, or attached elsewhere), counted across runs.\n# TYPE nomad_bridge_cni_add_refusals_total counter\n")
-	for _, n := range nets {
-		ew.printf("nomad_bridge_cni_add_refusals_total{network=%q,reason=\"live-namespace\"} %d\n", n.Name, n.Releases[reclaim.RefusedLiveCount])
-	}
-	return ew.err
-}
-
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) printf(format string, args ...any) {
-	if e.err == nil {
-		_, e.err = fmt.Fprintf(e.w, format, args...)
-	}
+	family("add_refusals_total", "counter", "ADDs refused because the container's earlier attachment is still in a live namespace (detached, or attached elsewhere), counted across runs.", func(n Network) {
+		fmt.Fprintf(bw, "nomad_bridge_cni_add_refusals_total{network=%q,reason=\"live-namespace\"} %d\n", n.Name, n.Releases[reclaim.RefusedLiveCount])
+	})
+	return bw.Flush()
 }

@@ -27,7 +27,6 @@ type Listing struct {
 
 // Lister asks one runtime.
 type Lister interface {
-	Name() string
 	List(ctx context.Context) (*Listing, error)
 }
 
@@ -53,8 +52,6 @@ func New(name string) (Lister, error) {
 // CNI is the container's (a pod's infra container's). One that exited has
 // had its network torn down, or should have: it is not listed.
 type Podman struct{ Command string }
-
-func (p *Podman) Name() string { return "podman" }
 
 func (p *Podman) List(ctx context.Context) (*Listing, error) {
 	lines, err := outputLines(ctx, p.Command, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.State}}")
@@ -84,8 +81,6 @@ func (p *Podman) List(ctx context.Context) (*Listing, error) {
 // should have: it is not listed.
 type CRI struct{ Command string }
 
-func (c *CRI) Name() string { return "cri" }
-
 func (c *CRI) List(ctx context.Context) (*Listing, error) {
 	lines, err := outputLines(ctx, c.Command, "pods", "--state", "ready", "--quiet", "--no-trunc")
 	if err != nil {
@@ -102,14 +97,11 @@ func (c *CRI) List(ctx context.Context) (*Listing, error) {
 }
 
 // outputLines runs a runtime's CLI and returns the lines it printed, blank
-// ones left out; a failure carries what it said on stderr.
+// ones left out.
 func outputLines(ctx context.Context, command string, args ...string) ([]string, error) {
-	cmd := exec.CommandContext(ctx, command, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := output(ctx, command, args...)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", command, args[0], err, strings.TrimSpace(stderr.String()))
+		return nil, err
 	}
 	var lines []string
 	for line := range strings.Lines(string(out)) {
@@ -120,6 +112,19 @@ func outputLines(ctx context.Context, command string, args ...string) ([]string,
 	return lines, nil
 }
 
+// output runs a runtime's CLI and returns what it printed on stdout; a
+// failure carries what it said on stderr.
+func output(ctx context.Context, command string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, command, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", command, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
 // Nomad lists the allocations the local agent's node runs, through the
 // agent's HTTP API asked by the nomad CLI (`nomad operator api`), which
 // reads NOMAD_ADDR, NOMAD_TOKEN and the TLS settings as it always does: an
@@ -128,8 +133,6 @@ func outputLines(ctx context.Context, command string, args ...string) ([]string,
 // Nomad gives CNI. A pending or running allocation is listed; one that is
 // complete, failed or lost is not.
 type Nomad struct{ Command string }
-
-func (n *Nomad) Name() string { return "nomad" }
 
 func (n *Nomad) List(ctx context.Context) (*Listing, error) {
 	var self struct {
@@ -167,14 +170,7 @@ func (n *Nomad) List(ctx context.Context) (*Listing, error) {
 
 // API asks the agent's HTTP API for path (`nomad operator api`).
 func (n *Nomad) API(ctx context.Context, path string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, n.Command, "operator", "api", path)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("nomad operator api %s: %w: %s", path, err, strings.TrimSpace(stderr.String()))
-	}
-	return out, nil
+	return output(ctx, n.Command, "operator", "api", path)
 }
 
 func (n *Nomad) get(ctx context.Context, path string, into any) error {
