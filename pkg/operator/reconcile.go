@@ -56,7 +56,6 @@ func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool
 	}
 	now := map[string]time.Time{}
 	r.missing[d] = now
-	restoring := !r.Listing.Started.IsZero() && r.Now.Sub(r.Listing.Started) < r.Grace
 	return func(a *reclaim.Attachment) (string, bool) {
 		if r.Listing.IDs[a.Key.ContainerID] {
 			return "", false
@@ -69,7 +68,7 @@ func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool
 		now[key] = since
 		born := created(a)
 		switch {
-		case restoring, !seen, r.Now.Sub(since) < r.Grace, born.IsZero(), r.Now.Sub(born) < r.Grace:
+		case !seen, r.Now.Sub(since) < r.Grace, born.IsZero(), r.Now.Sub(born) < r.Grace:
 			return "", false
 		}
 		return fmt.Sprintf("not listed by %s since %s (grace %s)", r.Runtime, since.UTC().Format(time.RFC3339), r.Grace), true

@@ -13,16 +13,12 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"time"
 )
 
 // Listing is what a runtime said it has.
 type Listing struct {
 	// IDs are the CNI container IDs of what it runs or is setting up.
 	IDs map[string]bool
-	// Started is when the runtime itself started, when it says: right
-	// after a start it may still be restoring, and its list is not whole.
-	Started time.Time
 }
 
 // Lister asks one runtime.
