@@ -1,7 +1,6 @@
 package reclaim
 
 import (
-	"net"
 	"strings"
 	"testing"
 
@@ -28,38 +27,6 @@ func FuzzParseLease(f *testing.F) {
 		}
 		if want != content || key.ContainerID == "" {
 			t.Fatalf("key %+v does not spell the content %q", key, content)
-		}
-	})
-}
-
-// FuzzLeaseName: leaseName takes a name for an address exactly when
-// host-local would have named that address's lease so (net.IP.String),
-// and gives that address.
-func FuzzLeaseName(f *testing.F) {
-	for _, s := range []string{"10.0.0.2", "010.0.0.2", "10.0.0", "::ffff:10.0.0.2", "fd00::2", "FD00::2", "fd00:0::2", "fe80::1%eth0", "1.2.3.4%x", "last_reserved_ip.0", "", "1.2.3.4 "} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, name string) {
-		got, ok := leaseName(name)
-		ip := net.ParseIP(name)
-		want := ip != nil && ip.String() == name
-		if ok != want || (ok && got != ip16(ip)) {
-			t.Fatalf("leaseName(%q) = %v, %v; host-local's name of %v is %q", name, got, ok, ip, ip.String())
-		}
-	})
-}
-
-// FuzzAddressOf: addressOf takes what net.ParseCIDR takes, and gives the
-// same address.
-func FuzzAddressOf(f *testing.F) {
-	for _, s := range []string{"10.0.0.2/24", "10.0.0.2/33", "10.0.0.2/024", "::ffff:10.0.0.2/120", "::ffff:10.0.0.2/24", "fd00::2/64", "fe80::1%eth0/64", "10.0.0.2", "/24", "1.2.3.4/-1", "1.2.3.4/+8"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, cidr string) {
-		got, ok := addressOf(cidr)
-		want, _, err := net.ParseCIDR(cidr)
-		if ok != (err == nil) || (ok && !got.Equal(want)) || (ok && ip16(got) != ip16(want)) {
-			t.Fatalf("addressOf(%q) = %v, %v; net.ParseCIDR: %v, %v", cidr, got, ok, want, err)
 		}
 	})
 }

@@ -10,11 +10,8 @@ import (
 	"io"
 	"io/fs"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -48,27 +45,6 @@ type Lease struct {
 type leaseDir struct {
 	path string
 	f    *os.File
-	// listed is the directory listed once, at the first holds: a CHECK's
-	// sweep asks about every live address, and one listing costs less
-	// than an fstatat each; each then walks it instead of reading the
-	// directory again. remove keeps it current; nothing else writes the
-	// directory while the caller holds host-local's lock.
-	listed *leaseListing
-	// unlistable: the listing failed once; holds asks each file instead.
-	unlistable bool
-}
-
-// leaseListing is a lease directory's entries: the addresses of its
-// reservations named as host-local names them (ip.String()), each with
-// its name, and its other entries but host-local's bookkeeping.
-type leaseListing struct {
-	regular map[[16]byte]string
-	others  []leaseEntry
-}
-
-type leaseEntry struct {
-	name    string
-	regular bool
 }
 
 func openLeaseDir(path string) (*leaseDir, error) {
@@ -99,63 +75,15 @@ func (d *leaseDir) read(ip net.IP) (Lease, error) {
 }
 
 // holds reports whether a regular file is named after ip, without reading
-// it (never following a symlink), and gives the file's path. The first
-// call lists the directory; if that fails, each call asks the file itself.
+// it (never following a symlink), and gives the file's path.
 func (d *leaseDir) holds(ip net.IP) (path string, ok bool) {
 	if d == nil {
 		return "", false
-	}
-	if d.listed == nil && !d.unlistable {
-		d.listed = d.list()
-		d.unlistable = d.listed == nil
-	}
-	if d.listed != nil {
-		name, ok := d.listed.regular[ip16(ip)]
-		return d.path + "/" + name, ok
 	}
 	name := ip.String()
 	var st unix.Stat_t
 	err := unix.Fstatat(int(d.f.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
 	return d.path + "/" + name, err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
-}
-
-// list lists the directory, or returns nil if it cannot be read.
-func (d *leaseDir) list() *leaseListing {
-	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
-		return nil
-	}
-	l := &leaseListing{regular: map[[16]byte]string{}}
-	err := statefile.EachDirEntry(d.f, func(e fs.DirEntry) {
-		name := e.Name()
-		if ipamdir.IsHostLocalBookkeeping(name) {
-			return
-		}
-		regular := e.Type().IsRegular()
-		if a, ok := leaseName(name); regular && ok {
-			l.regular[a] = name
-			return
-		}
-		l.others = append(l.others, leaseEntry{name, regular})
-	})
-	if err != nil {
-		return nil
-	}
-	return l
-}
-
-// leaseName is the address a lease file named name is for, if name is
-// that address as host-local names its leases (net.IP.String). An IPv4
-// address parsed by netip has that one spelling (no leading zeros, no
-// zone), so it is taken without printing it again: a CHECK's sweep asks
-// this of every lease.
-func leaseName(name string) ([16]byte, bool) {
-	if a, err := netip.ParseAddr(name); err == nil && a.Is4() {
-		return a.As16(), true
-	}
-	if ip := net.ParseIP(name); ip != nil && ip.String() == name {
-		return ip16(ip), true
-	}
-	return [16]byte{}, false
 }
 
 // eachEntry lists the directory from its start: it is read more than once.
@@ -171,23 +99,9 @@ func (d *leaseDir) eachEntry(fn func(fs.DirEntry)) error {
 // Files that are not reservations (lock, last_reserved_ip.N) are passed
 // over silently; damaged ones are reported to bad and never to fn.
 // host-local treats every other regular file as a reservation, so each one
-// is read, even if its name is not an address. Once the directory was
-// listed (holds), the listing is walked, sorted by name.
+// is read, even if its name is not an address.
 func (d *leaseDir) each(skip func([16]byte) bool, fn func(Lease), bad func(error)) error {
 	if d == nil {
-		return nil
-	}
-	if d.listed != nil {
-		entries := slices.Clone(d.listed.others)
-		for a, name := range d.listed.regular {
-			if skip == nil || !skip(a) {
-				entries = append(entries, leaseEntry{name, true})
-			}
-		}
-		slices.SortFunc(entries, func(a, b leaseEntry) int { return strings.Compare(a.name, b.name) })
-		for _, e := range entries {
-			d.visit(e.name, e.regular, skip, fn, bad)
-		}
 		return nil
 	}
 	err := d.eachEntry(func(e fs.DirEntry) {
@@ -239,7 +153,6 @@ func (d *leaseDir) remove(leases []Lease) error {
 		name := filepath.Base(l.Path)
 		again, err := readLease(filepath.Join(d.path, name))
 		if errors.Is(err, fs.ErrNotExist) {
-			d.gone(l)
 			continue
 		}
 		if err != nil || again.content != l.content {
@@ -249,18 +162,9 @@ func (d *leaseDir) remove(leases []Lease) error {
 		crashpoint.Step("unlink lease " + l.Path)
 		if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
 			errs = append(errs, fmt.Errorf("release lease %s: %w", l.Path, err))
-			continue
 		}
-		d.gone(l)
 	}
 	return errors.Join(errs...)
-}
-
-// gone forgets a lease that is no longer in the directory.
-func (d *leaseDir) gone(l Lease) {
-	if d.listed != nil && l.IP != nil && filepath.Base(l.Path) == l.IP.String() {
-		delete(d.listed.regular, ip16(l.IP))
-	}
 }
 
 // leaseList is every reservation of a directory at once, for the
@@ -326,9 +230,6 @@ func (d *leaseDir) removeEmpty(name string) error {
 	crashpoint.Step("unlink empty lease " + d.path + "/" + name)
 	if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
 		return fmt.Errorf("release empty lease %s/%s: %w", d.path, name, err)
-	}
-	if ip := net.ParseIP(name); ip != nil {
-		d.gone(Lease{IP: ip, Path: d.path + "/" + name})
 	}
 	return nil
 }

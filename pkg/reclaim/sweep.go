@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -619,18 +618,10 @@ func sortLeases(ls []Lease) {
 
 func ip16(ip net.IP) [16]byte { return [16]byte(ip.To16()) }
 
-// addressOf is the address of a record's "address/prefix", as
-// net.ParseCIDR gives it, with one allocation instead of three: a CHECK's
-// sweep asks it of every live address. What netip refuses (a prefix
-// length with leading zeros) is left to net.ParseCIDR.
+// addressOf is the address of a record's "address/prefix".
 func addressOf(cidr string) (net.IP, bool) {
-	p, err := netip.ParsePrefix(cidr)
-	if err != nil {
-		ip, _, err := net.ParseCIDR(cidr)
-		return ip, err == nil
-	}
-	a := p.Addr().As16()
-	return net.IP(a[:]), true
+	ip, _, err := net.ParseCIDR(cidr)
+	return ip, err == nil
 }
 
 // OrphanReason is the reason given for NAT rules no lease or record holds.
