@@ -94,7 +94,7 @@ func (nftBackend) List(network string) (Rules, error) {
 // Teardown releases one owner's rules without a prior listing (one
 // listing and, when bridge's own teardown left some, one batch): the DEL
 // path.
-func (nftBackend) Teardown(owner string) ([]string, error) {
+func (nftBackend) Teardown(_, owner string) ([]string, error) {
 	removed, failed := (&nftRules{}).Release([]string{owner})
 	return removed[owner], failed[owner]
 }

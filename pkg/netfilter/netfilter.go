@@ -17,8 +17,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,7 +67,7 @@ type Cleaner struct {
 	PortmapNFT bool
 	// Running, if set, names which of the container IDs a CNI command
 	// runs for (sysinfo.Host.CNIProcesses): a sweep's release leaves
-	// their portmap chains to them (see releaseAsked). A DEL's and a
+	// their portmap chains to them (see iptablesRules.Release). A DEL's and a
 	// re-ADD's release do not ask: they are that command.
 	Running func(containerIDs []string) (map[string]int, error)
 }
@@ -101,57 +102,65 @@ type natTable struct {
 	ipt   *iptables.IPTables
 }
 
-func (t *natTable) ListNAT() ([]string, error) {
-	out, err := exec.Command(t.path, "-w", "-t", natTableName, "-S").Output()
-	if err != nil {
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) {
-			return nil, fmt.Errorf("%s -t nat -S: %w: %s", t.path, err, bytes.TrimSpace(exitErr.Stderr))
-		}
-		return nil, fmt.Errorf("%s -t nat -S: %w", t.path, err)
-	}
-	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
-}
+func (t *natTable) ListNAT() ([]string, error) { return t.list(natTableName) }
 
 // ListChain is the lines of chain in `iptables -w -t <table> -S`: the
 // whole table, as `-S <chain>` of a chain that does not exist fails
 // (iptables-nft 1.8.9 even calls it "incompatible").
 func (t *natTable) ListChain(table, chain string) ([]string, error) {
-	out, err := exec.Command(t.path, "-w", "-t", table, "-S").Output()
-	if err != nil {
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) {
-			return nil, fmt.Errorf("%s -t %s -S: %w: %s", t.path, table, err, bytes.TrimSpace(exitErr.Stderr))
-		}
-		return nil, fmt.Errorf("%s -t %s -S: %w", t.path, table, err)
-	}
+	all, err := t.list(table)
 	var lines []string
-	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range all {
 		if strings.HasPrefix(line, "-A "+chain+" ") || line == "-N "+chain {
 			lines = append(lines, line)
 		}
 	}
-	return lines, nil
+	return lines, err
 }
 
-func (t *natTable) handle() (*iptables.IPTables, error) {
+// list is `iptables -w -t <table> -S`, its error with what iptables said.
+func (t *natTable) list(table string) ([]string, error) {
+	out, err := exec.Command(t.path, "-w", "-t", table, "-S").Output()
+	if err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(exitErr.Stderr))
+		}
+		return nil, fmt.Errorf("%s -t %s -S: %w", t.path, table, err)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
+}
+
+// withHandle marks the crash point step, then runs fn on go-iptables'
+// handle, made on first use.
+func (t *natTable) withHandle(step string, fn func(*iptables.IPTables) error) error {
+	crashpoint.Step(step)
 	if t.ipt == nil {
 		ipt, err := iptables.NewWithProtocol(t.proto)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		t.ipt = ipt
 	}
-	return t.ipt, nil
+	return fn(t.ipt)
 }
 
 func (t *natTable) Delete(table, chain string, rulespec ...string) error {
-	crashpoint.Step("iptables delete rule in " + chain)
-	ipt, err := t.handle()
-	if err != nil {
-		return err
-	}
-	return ipt.Delete(table, chain, rulespec...)
+	return t.withHandle("iptables delete rule in "+chain, func(ipt *iptables.IPTables) error {
+		return ipt.Delete(table, chain, rulespec...)
+	})
+}
+
+func (t *natTable) DeleteChain(table, chain string) error {
+	return t.withHandle("iptables delete chain "+chain, func(ipt *iptables.IPTables) error {
+		return ipt.DeleteChain(table, chain)
+	})
+}
+
+func (t *natTable) ClearAndDeleteChain(table, chain string) error {
+	return t.withHandle("iptables delete chain "+chain, func(ipt *iptables.IPTables) error {
+		return ipt.ClearAndDeleteChain(table, chain)
+	})
 }
 
 // FlushChain runs `iptables -t table -F chain` itself: go-iptables'
@@ -162,29 +171,11 @@ func (t *natTable) FlushChain(table, chain string) error {
 	if err != nil {
 		msg := string(bytes.TrimSpace(out))
 		if strings.Contains(msg, "No chain/target/match by that name") || strings.Contains(msg, "No such file or directory") || strings.Contains(msg, "does not exist") {
-			return fmt.Errorf("%s -t %s -F %s: %w: %s", t.path, table, chain, ErrNoChain, msg)
+			err = ErrNoChain
 		}
 		return fmt.Errorf("%s -t %s -F %s: %w: %s", t.path, table, chain, err, msg)
 	}
 	return nil
-}
-
-func (t *natTable) DeleteChain(table, chain string) error {
-	crashpoint.Step("iptables delete chain " + chain)
-	ipt, err := t.handle()
-	if err != nil {
-		return err
-	}
-	return ipt.DeleteChain(table, chain)
-}
-
-func (t *natTable) ClearAndDeleteChain(table, chain string) error {
-	crashpoint.Step("iptables delete chain " + chain)
-	ipt, err := t.handle()
-	if err != nil {
-		return err
-	}
-	return ipt.ClearAndDeleteChain(table, chain)
 }
 
 // Families returns the iptables families, finding them on first use.
@@ -197,28 +188,31 @@ func (c *Cleaner) Families() []Table {
 
 // rule is one rule to delete: a chain and the rulespec `iptables -S` gave.
 type rule struct {
-	table Table
 	chain string
 	spec  []string
 }
 
-// Snapshot is the NAT state of one network, read once per sweep.
-type Snapshot struct {
-	network   string
-	perFamily []familySnapshot
+// iptablesRules are one network's NAT rules in every iptables family.
+type iptablesRules struct {
+	c        *Cleaner
+	network  string
+	families []familyRules
+	// unasked releases without asking Cleaner.Running: a DEL's and a
+	// re-ADD's release are that command.
+	unasked bool
 }
 
-type familySnapshot struct {
+type familyRules struct {
 	table  Table
 	chains map[string]bool
 	// jumps maps a container ID to the rules that jump to its chains.
 	jumps map[string][]rule
 }
 
-// Snapshot lists the NAT rules that belong to network: one `iptables -S`
+// listNAT lists the NAT rules that belong to network: one `iptables -S`
 // of the nat table per family, whatever the number of containers.
-func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
-	s := &Snapshot{network: network}
+func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
+	r := &iptablesRules{c: c, network: network}
 	tables := c.Families()
 	listings := make([][]string, len(tables))
 	errs := make([]error, len(tables))
@@ -233,10 +227,10 @@ func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
 		return nil, fmt.Errorf("list nat rules: %w", err)
 	}
 	for i, t := range tables {
-		fs := familySnapshot{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
+		fr := familyRules{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
 		for _, line := range listings[i] {
 			if chain, ok := strings.CutPrefix(line, "-N "); ok {
-				fs.chains[strings.TrimSpace(chain)] = true
+				fr.chains[strings.TrimSpace(chain)] = true
 				continue
 			}
 			for _, chain := range []string{postrouting, hostportDNAT} {
@@ -246,42 +240,41 @@ func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
 				}
 				net, cid, ok := ParseComment(comment)
 				if ok && net == network {
-					fs.jumps[cid] = append(fs.jumps[cid], rule{table: t, chain: chain, spec: spec})
+					fr.jumps[cid] = append(fr.jumps[cid], rule{chain: chain, spec: spec})
 				}
 			}
 		}
-		s.perFamily = append(s.perFamily, fs)
+		r.families = append(r.families, fr)
 	}
-	return s, nil
+	return r, nil
 }
 
-// Containers lists the container IDs that own NAT rules or chains on the
-// network, sorted. Chains without a commented jump are only found for IDs
-// the caller already knows (see Owns).
-func (s *Snapshot) Containers() []string {
+// Owners are the containers with a commented jump on the network, sorted.
+// Chains without a jump are only found for IDs the caller already knows
+// (see Owned).
+func (r *iptablesRules) Owners() []RuleOwner {
 	seen := map[string]bool{}
-	for _, fs := range s.perFamily {
-		for cid := range fs.jumps {
+	for _, fr := range r.families {
+		for cid := range fr.jumps {
 			seen[cid] = true
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for cid := range seen {
-		out = append(out, cid)
+	var out []RuleOwner
+	for _, cid := range slices.Sorted(maps.Keys(seen)) {
+		out = append(out, RuleOwner{Owner: cid, ContainerID: cid})
 	}
-	sort.Strings(out)
 	return out
 }
 
-// Owned lists the chains and jumps containerID holds on the network.
-func (s *Snapshot) Owned(containerID string) []string {
+// Owned lists the chains and jumps a container holds on the network.
+func (r *iptablesRules) Owned(containerID string) []string {
 	var out []string
-	for _, fs := range s.perFamily {
-		for _, r := range fs.jumps[containerID] {
-			out = append(out, "jump in "+r.chain)
+	for _, fr := range r.families {
+		for _, j := range fr.jumps[containerID] {
+			out = append(out, "jump in "+j.chain)
 		}
-		for _, ch := range containerChains(s.network, containerID) {
-			if fs.chains[ch] {
+		for _, ch := range []string{chainName(r.network, containerID), r.portmapChain(containerID)} {
+			if fr.chains[ch] {
 				out = append(out, "chain "+ch)
 			}
 		}
@@ -289,25 +282,9 @@ func (s *Snapshot) Owned(containerID string) []string {
 	return out
 }
 
-// containerChains are the per-container chains bridge and portmap create.
-func containerChains(network, containerID string) []string {
-	return []string{
-		chainName(network, containerID),
-		chainNameWithPrefix(network, containerID, portmapDNPrefix),
-	}
-}
-
-// Release deletes containerID's jumps, then its chains (a chain cannot be
-// deleted while referenced), in every family, asking nobody whether a CNI
-// command of the container runs: the DEL and re-ADD paths, which are that
-// command. Rules already gone are not an error. It returns what it
-// removed.
-func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
-	removed, emptied, err := s.emptyPortmap(containerID)
-	gone, derr := s.deletePortmapChains(containerID, emptied)
-	removed = append(removed, gone...)
-	gone, berr := s.releaseBridge(containerID)
-	return append(removed, gone...), errors.Join(err, derr, berr)
+// portmapChain is portmap's per-container chain.
+func (r *iptablesRules) portmapChain(containerID string) string {
+	return chainNameWithPrefix(r.network, containerID, portmapDNPrefix)
 }
 
 // parseRule splits an `iptables -S <chain>` line into the rulespec Delete

@@ -3,6 +3,7 @@ package netfilter
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // A sweep releases a container's NAT rules while its runtime may be
@@ -49,15 +50,17 @@ func (e *BusyError) Error() string {
 	return fmt.Sprintf("a CNI command of %s runs (pid %d): %s left to it", e.ContainerID, e.PID, what)
 }
 
-// releaseAsked is iptablesRules.Release in a sweep: the containers a CNI
-// command runs for keep what portmap's teardown needs (see above), each
-// failed with a *BusyError. Bridge's POSTROUTING jump and chain go last:
-// its commented jump is what names a container that has no record (an
-// orphan) to the next sweep, so while portmap's chain is still there, so
-// is the jump (a kill, or a command found the second time, leaves both).
-func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[string]error) {
+// Release releases owners' iptables rules: portmap's jumps, then its
+// chains, then bridge's jumps and chains (a chain cannot be deleted while
+// referenced). In a sweep the containers a CNI command runs for keep what
+// portmap's teardown needs (see above), each failed with a *BusyError.
+// Bridge's POSTROUTING jump and chain go last: its commented jump is what
+// names a container that has no record (an orphan) to the next sweep, so
+// while portmap's chain is still there, so is the jump (a kill, a failure,
+// or a command found the second time, leaves both).
+func (r *iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
 	removed, failed := map[string][]string{}, map[string]error{}
-	busy := r.running(r.snap.withPortmapChain(owners), false)
+	busy := r.running(r.withPortmapChain(owners), false)
 	var emptied []string
 	emptiedIn := map[string][]int{}
 	for _, cid := range owners {
@@ -65,7 +68,7 @@ func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[s
 			failed[cid] = b
 			continue
 		}
-		gone, families, err := r.snap.emptyPortmap(cid)
+		gone, families, err := r.emptyPortmap(cid)
 		removed[cid] = gone
 		if err != nil {
 			failed[cid] = err
@@ -74,19 +77,19 @@ func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[s
 		emptied = append(emptied, cid)
 		emptiedIn[cid] = families
 	}
-	busy = r.running(r.snap.withPortmapChain(emptied), true)
+	busy = r.running(r.withPortmapChain(emptied), true)
 	for _, cid := range emptied {
 		if b, ok := busy[cid]; ok {
 			failed[cid] = b
 			continue
 		}
-		gone, err := r.snap.deletePortmapChains(cid, emptiedIn[cid])
+		gone, err := r.deletePortmapChains(cid, emptiedIn[cid])
 		removed[cid] = append(removed[cid], gone...)
 		if err != nil {
 			failed[cid] = err
 			continue
 		}
-		gone, err = r.snap.releaseBridge(cid)
+		gone, err = r.releaseBridge(cid)
 		removed[cid] = append(removed[cid], gone...)
 		if err != nil {
 			failed[cid] = err
@@ -95,11 +98,11 @@ func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[s
 	return removed, failed
 }
 
-// running asks Cleaner.Running about cids; a failed question makes every
-// one of them busy.
-func (r iptablesRules) running(cids []string, emptied bool) map[string]*BusyError {
+// running asks Cleaner.Running about cids, unless nobody is to be asked;
+// a failed question makes every one of them busy.
+func (r *iptablesRules) running(cids []string, emptied bool) map[string]*BusyError {
 	busy := map[string]*BusyError{}
-	if len(cids) == 0 {
+	if len(cids) == 0 || r.c.Running == nil || r.unasked {
 		return busy
 	}
 	pids, err := r.c.Running(cids)
@@ -115,15 +118,11 @@ func (r iptablesRules) running(cids []string, emptied bool) map[string]*BusyErro
 }
 
 // withPortmapChain are the owners with a portmap chain in some family.
-func (s *Snapshot) withPortmapChain(owners []string) []string {
+func (r *iptablesRules) withPortmapChain(owners []string) []string {
 	var out []string
 	for _, cid := range owners {
-		dn := chainNameWithPrefix(s.network, cid, portmapDNPrefix)
-		for _, fs := range s.perFamily {
-			if fs.chains[dn] {
-				out = append(out, cid)
-				break
-			}
+		if slices.ContainsFunc(r.families, func(fr familyRules) bool { return fr.chains[r.portmapChain(cid)] }) {
+			out = append(out, cid)
 		}
 	}
 	return out
@@ -132,17 +131,17 @@ func (s *Snapshot) withPortmapChain(owners []string) []string {
 // emptyPortmap deletes containerID's jumps to portmap's chain and empties
 // that chain, in every family; it returns what went and the families
 // (indexes) whose chain is left, emptied.
-func (s *Snapshot) emptyPortmap(containerID string) (removed []string, emptied []int, err error) {
+func (r *iptablesRules) emptyPortmap(containerID string) (removed []string, emptied []int, err error) {
 	var errs []error
-	dn := chainNameWithPrefix(s.network, containerID, portmapDNPrefix)
-	for i, fs := range s.perFamily {
-		removed = append(removed, deleteJumps(fs, containerID, hostportDNAT, &errs)...)
-		if !fs.chains[dn] {
+	dn := r.portmapChain(containerID)
+	for i, fr := range r.families {
+		removed = append(removed, fr.deleteJumps(containerID, hostportDNAT, &errs)...)
+		if !fr.chains[dn] {
 			continue
 		}
-		switch err := fs.table.FlushChain(natTableName, dn); {
+		switch err := fr.table.FlushChain(natTableName, dn); {
 		case isNotExist(err):
-			delete(fs.chains, dn) // its own teardown won
+			delete(fr.chains, dn) // its own teardown won
 			removed = append(removed, "chain "+dn)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("empty chain %s of %s: %w", dn, containerID, err))
@@ -153,66 +152,77 @@ func (s *Snapshot) emptyPortmap(containerID string) (removed []string, emptied [
 	return removed, emptied, errors.Join(errs...)
 }
 
-// releaseBridge deletes containerID's POSTROUTING jumps and bridge's chain,
-// in every family.
-func (s *Snapshot) releaseBridge(containerID string) ([]string, error) {
+// deletePortmapChains deletes containerID's emptied portmap chain in the
+// families given.
+func (r *iptablesRules) deletePortmapChains(containerID string, families []int) ([]string, error) {
 	var removed []string
 	var errs []error
-	masq := chainName(s.network, containerID)
-	for _, fs := range s.perFamily {
-		removed = append(removed, deleteJumps(fs, containerID, postrouting, &errs)...)
-		if !fs.chains[masq] {
+	dn := r.portmapChain(containerID)
+	for _, i := range families {
+		if err := r.families[i].deleteChain(dn, containerID, false); err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		if err := fs.table.ClearAndDeleteChain(natTableName, masq); err != nil && !isNotExist(err) {
-			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", masq, containerID, err))
+		removed = append(removed, "chain "+dn)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// releaseBridge deletes containerID's POSTROUTING jumps and bridge's chain,
+// in every family.
+func (r *iptablesRules) releaseBridge(containerID string) ([]string, error) {
+	var removed []string
+	var errs []error
+	masq := chainName(r.network, containerID)
+	for _, fr := range r.families {
+		removed = append(removed, fr.deleteJumps(containerID, postrouting, &errs)...)
+		if !fr.chains[masq] {
 			continue
 		}
-		delete(fs.chains, masq)
+		if err := fr.deleteChain(masq, containerID, true); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		removed = append(removed, "chain "+masq)
 	}
 	return removed, errors.Join(errs...)
 }
 
-// deleteJumps deletes containerID's listed jumps from chain in fs, and
-// forgets them; errors are added to errs.
-func deleteJumps(fs familySnapshot, containerID, chain string, errs *[]error) []string {
-	var removed []string
-	kept := fs.jumps[containerID][:0]
-	for _, r := range fs.jumps[containerID] {
-		if r.chain != chain {
-			kept = append(kept, r)
-			continue
-		}
-		if err := r.table.Delete(natTableName, r.chain, r.spec...); err != nil && !isNotExist(err) {
-			*errs = append(*errs, fmt.Errorf("delete jump from %s for %s: %w", r.chain, containerID, err))
-			kept = append(kept, r)
-			continue
-		}
-		removed = append(removed, "jump in "+r.chain)
+// deleteChain deletes chain (clear: with its rules), and forgets it. A
+// chain already gone is no error.
+func (fr familyRules) deleteChain(chain, containerID string, clear bool) error {
+	del := fr.table.DeleteChain
+	if clear {
+		del = fr.table.ClearAndDeleteChain
 	}
-	if len(kept) == 0 {
-		delete(fs.jumps, containerID)
-	} else {
-		fs.jumps[containerID] = kept
+	if err := del(natTableName, chain); err != nil && !isNotExist(err) {
+		return fmt.Errorf("delete chain %s of %s: %w", chain, containerID, err)
 	}
-	return removed
+	delete(fr.chains, chain)
+	return nil
 }
 
-// deletePortmapChains deletes containerID's emptied portmap chain in the
-// families given.
-func (s *Snapshot) deletePortmapChains(containerID string, families []int) ([]string, error) {
+// deleteJumps deletes containerID's listed jumps from chain, and forgets
+// them; errors are added to errs.
+func (fr familyRules) deleteJumps(containerID, chain string, errs *[]error) []string {
 	var removed []string
-	var errs []error
-	dn := chainNameWithPrefix(s.network, containerID, portmapDNPrefix)
-	for _, i := range families {
-		fs := s.perFamily[i]
-		if err := fs.table.DeleteChain(natTableName, dn); err != nil && !isNotExist(err) {
-			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", dn, containerID, err))
+	kept := fr.jumps[containerID][:0]
+	for _, j := range fr.jumps[containerID] {
+		if j.chain != chain {
+			kept = append(kept, j)
 			continue
 		}
-		delete(fs.chains, dn)
-		removed = append(removed, "chain "+dn)
+		if err := fr.table.Delete(natTableName, j.chain, j.spec...); err != nil && !isNotExist(err) {
+			*errs = append(*errs, fmt.Errorf("delete jump from %s for %s: %w", j.chain, containerID, err))
+			kept = append(kept, j)
+			continue
+		}
+		removed = append(removed, "jump in "+j.chain)
 	}
-	return removed, errors.Join(errs...)
+	if len(kept) == 0 {
+		delete(fr.jumps, containerID)
+	} else {
+		fr.jumps[containerID] = kept
+	}
+	return removed
 }
