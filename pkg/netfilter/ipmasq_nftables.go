@@ -74,17 +74,12 @@ func (nftBackend) OwnerOf(network, containerID, ifName string) (string, bool) {
 
 // List lists network's rules over netlink, once.
 func (nftBackend) List(network string) (Rules, error) {
-	r := &nftRules{owners: map[string]*nftOwner{}}
+	r := &nftRules{count: map[string]int{}}
 	err := eachIPMasqRule(func(comment string) bool {
-		o, ok := parseNFTComment(network, comment)
-		if !ok {
-			return false
-		}
-		if known := r.owners[o.Owner]; known != nil {
-			known.rules++
-		} else {
-			r.owners[o.Owner] = &nftOwner{RuleOwner: o, rules: 1}
-			r.order = append(r.order, o.Owner)
+		if o, ok := parseNFTComment(network, comment); ok {
+			if r.count[o.Owner]++; r.count[o.Owner] == 1 {
+				r.order = append(r.order, o)
+			}
 		}
 		return false
 	})
@@ -99,14 +94,11 @@ func (nftBackend) Teardown(_, owner string) ([]string, error) {
 	return removed[owner], failed[owner]
 }
 
+// nftRules are a listing: the number of rules of each owner, and the
+// owners in the order listed.
 type nftRules struct {
-	owners map[string]*nftOwner
-	order  []string
-}
-
-type nftOwner struct {
-	RuleOwner
-	rules int
+	count map[string]int
+	order []RuleOwner
 }
 
 func describeNFT(owner string, rules int) string {
@@ -114,17 +106,17 @@ func describeNFT(owner string, rules int) string {
 }
 
 func (r *nftRules) Owned(owner string) []string {
-	if o := r.owners[owner]; o != nil {
-		return []string{describeNFT(owner, o.rules)}
+	if n, ok := r.count[owner]; ok {
+		return []string{describeNFT(owner, n)}
 	}
 	return nil
 }
 
 func (r *nftRules) Owners() []RuleOwner {
-	out := make([]RuleOwner, 0, len(r.owners))
-	for _, owner := range r.order {
-		if o := r.owners[owner]; o != nil {
-			out = append(out, o.RuleOwner)
+	var out []RuleOwner
+	for _, o := range r.order {
+		if _, ok := r.count[o.Owner]; ok {
+			out = append(out, o)
 		}
 	}
 	return out
@@ -155,7 +147,7 @@ func (r *nftRules) Release(owners []string) (map[string][]string, map[string]err
 			removed[o] = []string{describeNFT(o, n)}
 			fallthrough
 		default:
-			delete(r.owners, o) // gone, as a listing now shows
+			delete(r.count, o) // gone, as a listing now shows
 		}
 	}
 	return removed, failed

@@ -11,9 +11,9 @@ import (
 )
 
 // The nftables rules this package releases (bridge's ipMasq rules,
-// portmap's hostport rules) are listed and deleted through google/nftables: a rule dump (Conn.GetRules) and
-// deletions by handle (Conn.DelRule, Conn.Flush), what `nft delete rule
-// ... handle N` sends.
+// portmap's hostport rules) are listed and deleted through
+// google/nftables: a rule dump (Conn.GetRules) and deletions by handle
+// (Conn.DelRule, Conn.Flush), what `nft delete rule ... handle N` sends.
 
 // dialNFT opens one netlink socket for all of a caller's requests (without
 // AsLasting, google/nftables opens one per request).
@@ -94,14 +94,6 @@ func deleteRules(c *nftables.Conn, rules []*nftables.Rule) error {
 	return nil
 }
 
-// cString is a string without its terminating NUL and what follows.
-func cString(b []byte) []byte {
-	if i := bytes.IndexByte(b, 0); i >= 0 {
-		return b[:i]
-	}
-	return b
-}
-
 // udataTypeComment is libnftnl's NFTNL_UDATA_RULE_COMMENT: the TLV type
 // of a rule's comment in its userdata, as nft and bridge write it.
 const udataTypeComment = 0
@@ -117,7 +109,8 @@ func udataComment(b []byte) ([]byte, bool) {
 			return nil, false
 		}
 		if typ == udataTypeComment {
-			return cString(b[2 : 2+l]), true
+			comment, _, _ := bytes.Cut(b[2:2+l], []byte{0})
+			return comment, true
 		}
 		b = b[2+l:]
 	}
