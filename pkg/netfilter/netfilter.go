@@ -50,6 +50,9 @@ type Table interface {
 	// that IsNotExist reports.
 	FlushChain(table, chain string) error
 	DeleteChain(table, chain string) error
+	// ListChain lists one chain of any table (none when it does not
+	// exist): the filter table's CNI-FORWARD.
+	ListChain(table, chain string) ([]string, error)
 }
 
 // Cleaner releases the NAT rules of stale containers.
@@ -287,18 +290,20 @@ func (r *iptablesRules) portmapChain(containerID string) string {
 	return chainNameWithPrefix(r.network, containerID, portmapDNPrefix)
 }
 
-// parseRule splits an `iptables -S <chain>` line into the rulespec Delete
-// takes and the value of its --comment.
-func parseRule(line, chain string) (spec []string, comment string, ok bool) {
+// ruleSpec is the rulespec Delete takes of an `iptables -S` line of chain.
+func ruleSpec(line, chain string) ([]string, bool) {
 	words, err := shellwords.Parse(line)
 	if err != nil || len(words) < 3 || words[0] != "-A" || words[1] != chain {
-		return nil, "", false
+		return nil, false
 	}
-	spec = words[2:]
-	for i := 0; i+1 < len(spec); i++ {
-		if spec[i] == "--comment" {
-			return spec, spec[i+1], true
-		}
+	return words[2:], true
+}
+
+// parseRule is ruleSpec and the value of the rule's --comment.
+func parseRule(line, chain string) (spec []string, comment string, ok bool) {
+	spec, ok = ruleSpec(line, chain)
+	if i := slices.Index(spec, "--comment"); ok && i >= 0 && i+1 < len(spec) {
+		return spec, spec[i+1], true
 	}
 	return nil, "", false
 }

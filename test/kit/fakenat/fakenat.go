@@ -19,9 +19,7 @@ type Table struct {
 	Chains map[string][]string // chain -> "-A chain ..." lines
 	// Filter is the filter table's chains, made on first use (AddForward).
 	Filter map[string][]string
-	// V6 makes it the ip6tables family's table.
-	V6    bool
-	Calls []string
+	Calls  []string
 	// OnList, when set, runs after each listing, with its output made.
 	OnList func()
 }
@@ -88,9 +86,6 @@ func (f *Table) Delete(table, chain string, spec ...string) error {
 	}
 	return fmt.Errorf("no such rule in %s: %v", chain, spec)
 }
-
-// IsIPv6 reports whether the table is ip6tables'.
-func (f *Table) IsIPv6() bool { return f.V6 }
 
 // ListChain lists one chain as `iptables -t table -S chain` does; only the
 // filter table is modelled.
