@@ -62,20 +62,18 @@ func (r *iptablesRules) Release(owners []string) (map[string][]string, map[strin
 	removed, failed := map[string][]string{}, map[string]error{}
 	busy := r.running(r.withPortmapChain(owners), false)
 	var emptied []string
-	emptiedIn := map[string][]int{}
 	for _, cid := range owners {
 		if b, ok := busy[cid]; ok {
 			failed[cid] = b
 			continue
 		}
-		gone, families, err := r.emptyPortmap(cid)
+		gone, err := r.emptyPortmap(cid)
 		removed[cid] = gone
 		if err != nil {
 			failed[cid] = err
 			continue
 		}
 		emptied = append(emptied, cid)
-		emptiedIn[cid] = families
 	}
 	busy = r.running(r.withPortmapChain(emptied), true)
 	for _, cid := range emptied {
@@ -83,7 +81,7 @@ func (r *iptablesRules) Release(owners []string) (map[string][]string, map[strin
 			failed[cid] = b
 			continue
 		}
-		gone, err := r.deletePortmapChains(cid, emptiedIn[cid])
+		gone, err := r.deleteChains(r.portmapChain(cid), cid, false)
 		removed[cid] = append(removed[cid], gone...)
 		if err != nil {
 			failed[cid] = err
@@ -129,77 +127,62 @@ func (r *iptablesRules) withPortmapChain(owners []string) []string {
 }
 
 // emptyPortmap deletes containerID's jumps to portmap's chain and empties
-// that chain, in every family; it returns what went and the families
-// (indexes) whose chain is left, emptied.
-func (r *iptablesRules) emptyPortmap(containerID string) (removed []string, emptied []int, err error) {
+// that chain, in every family. A chain it empties stays listed, one found
+// gone (its own teardown won) does not.
+func (r *iptablesRules) emptyPortmap(containerID string) ([]string, error) {
+	var removed []string
 	var errs []error
 	dn := r.portmapChain(containerID)
-	for i, fr := range r.families {
+	for _, fr := range r.families {
 		removed = append(removed, fr.deleteJumps(containerID, hostportDNAT, &errs)...)
 		if !fr.chains[dn] {
 			continue
 		}
 		switch err := fr.table.FlushChain(natTableName, dn); {
 		case isNotExist(err):
-			delete(fr.chains, dn) // its own teardown won
+			delete(fr.chains, dn)
 			removed = append(removed, "chain "+dn)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("empty chain %s of %s: %w", dn, containerID, err))
-		default:
-			emptied = append(emptied, i)
 		}
-	}
-	return removed, emptied, errors.Join(errs...)
-}
-
-// deletePortmapChains deletes containerID's emptied portmap chain in the
-// families given.
-func (r *iptablesRules) deletePortmapChains(containerID string, families []int) ([]string, error) {
-	var removed []string
-	var errs []error
-	dn := r.portmapChain(containerID)
-	for _, i := range families {
-		if err := r.families[i].deleteChain(dn, containerID, false); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		removed = append(removed, "chain "+dn)
 	}
 	return removed, errors.Join(errs...)
 }
 
-// releaseBridge deletes containerID's POSTROUTING jumps and bridge's chain,
-// in every family.
+// releaseBridge deletes containerID's POSTROUTING jumps, then bridge's
+// chain, in every family.
 func (r *iptablesRules) releaseBridge(containerID string) ([]string, error) {
 	var removed []string
 	var errs []error
-	masq := chainName(r.network, containerID)
 	for _, fr := range r.families {
 		removed = append(removed, fr.deleteJumps(containerID, postrouting, &errs)...)
-		if !fr.chains[masq] {
-			continue
-		}
-		if err := fr.deleteChain(masq, containerID, true); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		removed = append(removed, "chain "+masq)
 	}
-	return removed, errors.Join(errs...)
+	gone, err := r.deleteChains(chainName(r.network, containerID), containerID, true)
+	return append(removed, gone...), errors.Join(append(errs, err)...)
 }
 
-// deleteChain deletes chain (clear: with its rules), and forgets it. A
-// chain already gone is no error.
-func (fr familyRules) deleteChain(chain, containerID string, clear bool) error {
-	del := fr.table.DeleteChain
-	if clear {
-		del = fr.table.ClearAndDeleteChain
+// deleteChains deletes chain (clear: with its rules; else it must be
+// empty) in every family that lists it, and forgets it. A chain already
+// gone is no error.
+func (r *iptablesRules) deleteChains(chain, containerID string, clear bool) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, fr := range r.families {
+		if !fr.chains[chain] {
+			continue
+		}
+		del := fr.table.DeleteChain
+		if clear {
+			del = fr.table.ClearAndDeleteChain
+		}
+		if err := del(natTableName, chain); err != nil && !isNotExist(err) {
+			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", chain, containerID, err))
+			continue
+		}
+		delete(fr.chains, chain)
+		removed = append(removed, "chain "+chain)
 	}
-	if err := del(natTableName, chain); err != nil && !isNotExist(err) {
-		return fmt.Errorf("delete chain %s of %s: %w", chain, containerID, err)
-	}
-	delete(fr.chains, chain)
-	return nil
+	return removed, errors.Join(errs...)
 }
 
 // deleteJumps deletes containerID's listed jumps from chain, and forgets
