@@ -23,9 +23,6 @@ import (
 const (
 	ipMasqTable = "cni_plugins_masquerade"
 	ipMasqChain = "masq_checks"
-	// nftCommentMax is nftables' limit on a comment, to which bridge cuts
-	// its comments (knftables.CommentLengthMax).
-	nftCommentMax = 128
 )
 
 // nftNetworkHash is the comment prefix of every rule of network

@@ -111,7 +111,7 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		}
 		setup(5, "other")
 		for _, c := range left() {
-			if len(c) > nftCommentMax || !strings.HasPrefix(c, nftNetworkHash(network)) && !strings.HasPrefix(c, nftNetworkHash("other")) {
+			if len(c) > knftables.CommentLengthMax || !strings.HasPrefix(c, nftNetworkHash(network)) && !strings.HasPrefix(c, nftNetworkHash("other")) {
 				t.Fatalf("unexpected comment from bridge: %q", c)
 			}
 		}
@@ -190,8 +190,8 @@ func nftComment(network, ifname, containerID string) string {
 		strings.ReplaceAll(ifname, `"`, ``),
 		strings.ReplaceAll(containerID, `"`, ``),
 	)
-	if len(comment) > nftCommentMax {
-		comment = comment[:nftCommentMax]
+	if len(comment) > knftables.CommentLengthMax {
+		comment = comment[:knftables.CommentLengthMax]
 	}
 	return comment
 }

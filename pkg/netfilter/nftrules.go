@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,13 +40,9 @@ func listRules(c *nftables.Conn, family nftables.TableFamily, table, chain strin
 	}
 	// The kernel filters by table and chain since Linux 4.x; one that
 	// does not would send every rule of the family.
-	kept := rules[:0]
-	for _, r := range rules {
-		if r.Table != nil && r.Table.Name == table && r.Chain != nil && r.Chain.Name == chain {
-			kept = append(kept, r)
-		}
-	}
-	return kept, nil
+	return slices.DeleteFunc(rules, func(r *nftables.Rule) bool {
+		return r.Table == nil || r.Table.Name != table || r.Chain == nil || r.Chain.Name != chain
+	}), nil
 }
 
 // isErrno reports whether err is errno. google/nftables v0.3.0 formats
@@ -79,9 +77,8 @@ const nftBatchRules = 100
 // committed; what the caller is told is the failure, and its next listing
 // finds what is left.
 func deleteRules(c *nftables.Conn, rules []*nftables.Rule) error {
-	for len(rules) > 0 {
-		n := min(len(rules), nftBatchRules)
-		for _, r := range rules[:n] {
+	for batch := range slices.Chunk(rules, nftBatchRules) {
+		for _, r := range batch {
 			if err := c.DelRule(r); err != nil {
 				return err
 			}
@@ -89,17 +86,13 @@ func deleteRules(c *nftables.Conn, rules []*nftables.Rule) error {
 		if err := c.Flush(); err != nil {
 			return err
 		}
-		rules = rules[n:]
 	}
 	return nil
 }
 
-// udataTypeComment is libnftnl's NFTNL_UDATA_RULE_COMMENT: the TLV type
-// of a rule's comment in its userdata, as nft and bridge write it.
-const udataTypeComment = 0
-
 // udataComment is the comment in a rule's userdata (libnftnl's TLVs: a
-// type byte, a length byte, the value), without its NUL. Unlike
+// type byte, a length byte, the value), without its NUL, as nft and
+// bridge write it. Unlike
 // userdata.Get, a length past the end is no comment, not a panic: anyone
 // with CAP_NET_ADMIN writes userdata.
 func udataComment(b []byte) ([]byte, bool) {
@@ -108,7 +101,7 @@ func udataComment(b []byte) ([]byte, bool) {
 		if 2+l > len(b) {
 			return nil, false
 		}
-		if typ == udataTypeComment {
+		if userdata.Type(typ) == userdata.TypeComment {
 			comment, _, _ := bytes.Cut(b[2:2+l], []byte{0})
 			return comment, true
 		}
