@@ -37,22 +37,20 @@ const (
 	portmapDNPrefix = "DN-"
 )
 
-// Table is one iptables family's nat table as the cleaner uses it, so
-// tests can run it against a fake.
+// Table is one iptables family as the cleaner uses it, so tests can run
+// it against a fake. A chain that does not exist is an error isNotExist
+// reports, except to ListChain, for which it has no rules.
 type Table interface {
-	// ListNAT is `iptables -t nat -S`: "-N chain" and "-A chain spec" lines.
-	// The tables of different families are listed concurrently.
+	// ListNAT is `iptables -t nat -S`: "-N chain" and "-A chain spec"
+	// lines. The tables of different families are listed concurrently.
 	ListNAT() ([]string, error)
+	ListChain(table, chain string) ([]string, error)
 	Delete(table, chain string, rulespec ...string) error
-	ClearAndDeleteChain(table, chain string) error
-	// FlushChain empties chain and DeleteChain deletes it (it must be
-	// empty and unreferenced); a chain that does not exist is an error
-	// that IsNotExist reports.
+	// FlushChain empties chain; DeleteChain deletes it, empty and
+	// unreferenced.
 	FlushChain(table, chain string) error
 	DeleteChain(table, chain string) error
-	// ListChain lists one chain of any table (none when it does not
-	// exist): the filter table's CNI-FORWARD.
-	ListChain(table, chain string) ([]string, error)
+	ClearAndDeleteChain(table, chain string) error
 }
 
 // Cleaner releases the NAT rules of stale containers.
@@ -70,8 +68,7 @@ type Cleaner struct {
 	PortmapNFT bool
 	// Running, if set, names which of the container IDs a CNI command
 	// runs for (sysinfo.Host.CNIProcesses): a sweep's release leaves
-	// their portmap chains to them (see iptablesRules.Release). A DEL's and a
-	// re-ADD's release do not ask: they are that command.
+	// their portmap chains to them (see iptablesRules.Release).
 	Running func(containerIDs []string) (map[string]int, error)
 }
 
@@ -134,8 +131,7 @@ func (t *natTable) list(table string) ([]string, error) {
 	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
 
-// withHandle marks the crash point step, then runs fn on go-iptables'
-// handle, made on first use.
+// withHandle runs fn on go-iptables' handle, made on first use.
 func (t *natTable) withHandle(step string, fn func(*iptables.IPTables) error) error {
 	crashpoint.Step(step)
 	if t.ipt == nil {
@@ -189,7 +185,7 @@ func (c *Cleaner) Families() []Table {
 	return c.Tables
 }
 
-// rule is one rule to delete: a chain and the rulespec `iptables -S` gave.
+// rule is a listed jump: its chain and the rulespec Delete takes.
 type rule struct {
 	chain string
 	spec  []string
@@ -212,8 +208,8 @@ type familyRules struct {
 	jumps map[string][]rule
 }
 
-// listNAT lists the NAT rules that belong to network: one `iptables -S`
-// of the nat table per family, whatever the number of containers.
+// listNAT lists network's NAT rules: one `iptables -S` of the nat table
+// per family, whatever the number of containers.
 func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 	r := &iptablesRules{c: c, network: network}
 	tables := c.Families()
@@ -256,14 +252,13 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 // Chains without a jump are only found for IDs the caller already knows
 // (see Owned).
 func (r *iptablesRules) Owners() []RuleOwner {
-	seen := map[string]bool{}
+	var cids []string
 	for _, fr := range r.families {
-		for cid := range fr.jumps {
-			seen[cid] = true
-		}
+		cids = slices.AppendSeq(cids, maps.Keys(fr.jumps))
 	}
+	slices.Sort(cids)
 	var out []RuleOwner
-	for _, cid := range slices.Sorted(maps.Keys(seen)) {
+	for _, cid := range slices.Compact(cids) {
 		out = append(out, RuleOwner{Owner: cid, ContainerID: cid})
 	}
 	return out
@@ -285,7 +280,6 @@ func (r *iptablesRules) Owned(containerID string) []string {
 	return out
 }
 
-// portmapChain is portmap's per-container chain.
 func (r *iptablesRules) portmapChain(containerID string) string {
 	return chainNameWithPrefix(r.network, containerID, portmapDNPrefix)
 }
@@ -315,45 +309,28 @@ func parseRule(line, chain string) (spec []string, comment string, ok bool) {
 // thousand containers, so it is cut by hand, not by a regexp.
 func ParseComment(comment string) (network, containerID string, ok bool) {
 	rest, ok := strings.CutPrefix(strings.TrimPrefix(comment, "dnat "), "name: ")
-	if !ok {
+	quotedNet, err := strconv.QuotedPrefix(rest)
+	if !ok || err != nil {
 		return "", "", false
 	}
-	network, rest, ok = cutQuoted(rest)
-	if !ok {
-		return "", "", false
-	}
-	if rest, ok = strings.CutPrefix(rest, " id: "); !ok {
-		return "", "", false
-	}
-	if containerID, rest, ok = cutQuoted(rest); !ok || rest != "" || network == "" || containerID == "" {
+	quotedID, ok := strings.CutPrefix(rest[len(quotedNet):], " id: ")
+	network, netErr := strconv.Unquote(quotedNet)
+	containerID, idErr := strconv.Unquote(quotedID)
+	if !ok || netErr != nil || idErr != nil || network == "" || containerID == "" {
 		return "", "", false
 	}
 	// Only what bridge or portmap would have written: a comment that does
-	// not round-trip (raw control characters, say) is someone else's.
+	// not round-trip (raw control characters, other quotes, say) is
+	// someone else's.
 	if formatted := formatComment(network, containerID); comment != formatted && comment != "dnat "+formatted {
 		return "", "", false
 	}
 	return network, containerID, true
 }
 
-// cutQuoted unquotes the double-quoted Go string s begins with and returns
-// what follows it.
-func cutQuoted(s string) (value, rest string, ok bool) {
-	if !strings.HasPrefix(s, `"`) {
-		return "", "", false
-	}
-	q, err := strconv.QuotedPrefix(s)
-	if err != nil {
-		return "", "", false
-	}
-	value, err = strconv.Unquote(q)
-	return value, s[len(q):], err == nil
-}
-
 // ErrNoChain is a Table's error for a chain that is not there.
 var ErrNoChain = errors.New("no such chain")
 
-// isNotExist reports whether err says the rule or chain is not there.
 func isNotExist(err error) bool {
 	var e *iptables.Error
 	return errors.Is(err, ErrNoChain) || errors.As(err, &e) && e.IsNotExist()
