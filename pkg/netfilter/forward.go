@@ -49,7 +49,7 @@ func (c *Cleaner) ListForward() (*ForwardRules, error) {
 	f := &ForwardRules{specs: map[string]Table{}}
 	var errs []error
 	for _, t := range c.Families() {
-		lines, err := t.ListChain(filterTableName, ForwardChain)
+		lines, err := t.List(filterTableName)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list %s: %w", ForwardChain, err))
 			continue

@@ -39,12 +39,11 @@ const (
 
 // Table is one iptables family as the cleaner uses it, so tests can run
 // it against a fake. A chain that does not exist is an error isNotExist
-// reports, except to ListChain, for which it has no rules.
+// reports.
 type Table interface {
-	// ListNAT is `iptables -t nat -S`: "-N chain" and "-A chain spec"
+	// List is `iptables -t <table> -S`: "-N chain" and "-A chain spec"
 	// lines. The tables of different families are listed concurrently.
-	ListNAT() ([]string, error)
-	ListChain(table, chain string) ([]string, error)
+	List(table string) ([]string, error)
 	Delete(table, chain string, rulespec ...string) error
 	// FlushChain empties chain; DeleteChain deletes it, empty and
 	// unreferenced.
@@ -102,24 +101,11 @@ type natTable struct {
 	ipt   *iptables.IPTables
 }
 
-func (t *natTable) ListNAT() ([]string, error) { return t.list(natTableName) }
-
-// ListChain is the lines of chain in `iptables -w -t <table> -S`: the
-// whole table, as `-S <chain>` of a chain that does not exist fails
-// (iptables-nft 1.8.9 even calls it "incompatible").
-func (t *natTable) ListChain(table, chain string) ([]string, error) {
-	all, err := t.list(table)
-	var lines []string
-	for _, line := range all {
-		if strings.HasPrefix(line, "-A "+chain+" ") || line == "-N "+chain {
-			lines = append(lines, line)
-		}
-	}
-	return lines, err
-}
-
-// list is `iptables -w -t <table> -S`, its error with what iptables said.
-func (t *natTable) list(table string) ([]string, error) {
+// List lists the whole table, its error with what iptables said: a
+// caller wanting one chain picks its lines, as `-S <chain>` of a chain
+// that does not exist fails (iptables-nft 1.8.9 even calls it
+// "incompatible").
+func (t *natTable) List(table string) ([]string, error) {
 	out, err := exec.Command(t.path, "-w", "-t", table, "-S").Output()
 	if err != nil {
 		var exitErr *exec.ExitError
@@ -219,7 +205,7 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 	// (≈ 5 ms), a fifth of a small network's whole gc.
 	var wg sync.WaitGroup
 	for i, t := range tables {
-		wg.Go(func() { listings[i], errs[i] = t.ListNAT() })
+		wg.Go(func() { listings[i], errs[i] = t.List(natTableName) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
