@@ -106,7 +106,7 @@ func (b iptablesBackend) Teardown(network, containerID string) ([]string, error)
 	if err != nil {
 		return nil, err
 	}
-	r.unasked = true
+	r.running = nil
 	removed, failed := r.Release([]string{containerID})
 	return removed[containerID], failed[containerID]
 }

@@ -54,9 +54,8 @@ func parseNFTComment(network, comment string) (o RuleOwner, ok bool) {
 	return o, true
 }
 
-// nftBackend is bridge's nftables ipMasq backend: one rule per attachment
-// and address in bridge's chain, owned by the attachment: the hash its
-// comments begin with (nftInstanceHash).
+// nftBackend is bridge's nftables ipMasq backend, whose owners are
+// attachments (nftInstanceHash).
 type nftBackend struct{}
 
 func (nftBackend) Name() string { return "nftables" }
@@ -69,7 +68,6 @@ func (nftBackend) OwnerOf(network, containerID, ifName string) (string, bool) {
 	return nftInstanceHash(network, ifName, containerID), true
 }
 
-// List lists network's rules over netlink, once.
 func (nftBackend) List(network string) (Rules, error) {
 	r := &nftRules{count: map[string]int{}}
 	err := eachIPMasqRule(func(comment string) bool {
@@ -129,9 +127,9 @@ func (r *nftRules) Release(owners []string) (map[string][]string, map[string]err
 	}
 	err := eachIPMasqRule(func(comment string) bool {
 		instance, _, _ := strings.Cut(comment, ",")
-		n, ok := doomed[instance]
+		_, ok := doomed[instance]
 		if ok {
-			doomed[instance] = n + 1
+			doomed[instance]++
 		}
 		return ok
 	})

@@ -179,12 +179,11 @@ type rule struct {
 
 // iptablesRules are one network's NAT rules in every iptables family.
 type iptablesRules struct {
-	c        *Cleaner
 	network  string
 	families []familyRules
-	// unasked releases without asking Cleaner.Running: a DEL's and a
-	// re-ADD's release are that command.
-	unasked bool
+	// running is Cleaner.Running; nil in a DEL's and a re-ADD's
+	// release, which are that command.
+	running func(containerIDs []string) (map[string]int, error)
 }
 
 type familyRules struct {
@@ -197,7 +196,7 @@ type familyRules struct {
 // listNAT lists network's NAT rules: one `iptables -S` of the nat table
 // per family, whatever the number of containers.
 func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
-	r := &iptablesRules{c: c, network: network}
+	r := &iptablesRules{network: network, running: c.Running}
 	tables := c.Families()
 	listings := make([][]string, len(tables))
 	errs := make([]error, len(tables))

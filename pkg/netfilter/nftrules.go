@@ -12,11 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The nftables rules this package releases (bridge's ipMasq rules,
-// portmap's hostport rules) are listed and deleted through
-// google/nftables: a rule dump (Conn.GetRules) and deletions by handle
-// (Conn.DelRule, Conn.Flush), what `nft delete rule ... handle N` sends.
-
 // dialNFT opens one netlink socket for all of a caller's requests (without
 // AsLasting, google/nftables opens one per request).
 func dialNFT() (*nftables.Conn, error) {
@@ -70,8 +65,8 @@ func isErrno(err error, errno unix.Errno) bool {
 // releasing a leaked /20's rules splits them.
 const nftBatchRules = 100
 
-// deleteRules deletes rules by handle, in batches of at most
-// nftBatchRules. Each batch is one nftables transaction: a rule gone since
+// deleteRules deletes rules by handle (Conn.DelRule, what `nft delete
+// rule ... handle N` sends), in batches of at most nftBatchRules. Each batch is one nftables transaction: a rule gone since
 // it was listed (its plugin's DEL won) fails it whole (ENOENT), and
 // nothing of it is deleted. Batches committed before a failed one stay
 // committed; what the caller is told is the failure, and its next listing
@@ -92,9 +87,8 @@ func deleteRules(c *nftables.Conn, rules []*nftables.Rule) error {
 
 // udataComment is the comment in a rule's userdata (libnftnl's TLVs: a
 // type byte, a length byte, the value), without its NUL, as nft and
-// bridge write it. Unlike
-// userdata.Get, a length past the end is no comment, not a panic: anyone
-// with CAP_NET_ADMIN writes userdata.
+// bridge write it. Unlike userdata.Get, a length past the end is no
+// comment, not a panic: anyone with CAP_NET_ADMIN writes userdata.
 func udataComment(b []byte) ([]byte, bool) {
 	for len(b) >= 2 {
 		typ, l := b[0], int(b[1])

@@ -60,7 +60,7 @@ func (e *BusyError) Error() string {
 // or a command found the second time, leaves both).
 func (r *iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
 	removed, failed := map[string][]string{}, map[string]error{}
-	busy := r.running(r.withPortmapChain(owners), false)
+	busy := r.busy(r.withPortmapChain(owners), false)
 	var emptied []string
 	for _, cid := range owners {
 		if b, ok := busy[cid]; ok {
@@ -75,7 +75,7 @@ func (r *iptablesRules) Release(owners []string) (map[string][]string, map[strin
 		}
 		emptied = append(emptied, cid)
 	}
-	busy = r.running(r.withPortmapChain(emptied), true)
+	busy = r.busy(r.withPortmapChain(emptied), true)
 	for _, cid := range emptied {
 		if b, ok := busy[cid]; ok {
 			failed[cid] = b
@@ -96,14 +96,14 @@ func (r *iptablesRules) Release(owners []string) (map[string][]string, map[strin
 	return removed, failed
 }
 
-// running asks Cleaner.Running about cids, unless nobody is to be asked;
-// a failed question makes every one of them busy.
-func (r *iptablesRules) running(cids []string, emptied bool) map[string]*BusyError {
+// busy asks Cleaner.Running about cids, unless nobody is to be asked; a
+// failed question makes every one of them busy.
+func (r *iptablesRules) busy(cids []string, emptied bool) map[string]*BusyError {
 	busy := map[string]*BusyError{}
-	if len(cids) == 0 || r.c.Running == nil || r.unasked {
+	if len(cids) == 0 || r.running == nil {
 		return busy
 	}
-	pids, err := r.c.Running(cids)
+	pids, err := r.running(cids)
 	for _, cid := range cids {
 		switch pid, ok := pids[cid]; {
 		case err != nil:
