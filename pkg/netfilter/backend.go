@@ -24,6 +24,9 @@ type Backend interface {
 	Shared() bool
 	// List lists network's rules. A backend absent from the host has none.
 	List(network string) (Rules, error)
+	// Teardown releases owner's rules on network, as cheaply as the
+	// backend can: the DEL and re-ADD paths.
+	Teardown(network, owner string) ([]string, error)
 }
 
 // Rules are one backend's NAT rules of one network, as listed.
@@ -55,21 +58,6 @@ func (c *Cleaner) Backends() []Backend {
 	return []Backend{iptablesBackend{c}, c.NFTables}
 }
 
-// ContainerOwners are iptables owners: container IDs.
-func ContainerOwners(cids []string) []RuleOwner {
-	out := make([]RuleOwner, len(cids))
-	for i, cid := range cids {
-		out[i] = RuleOwner{Owner: cid, ContainerID: cid}
-	}
-	return out
-}
-
-// teardowner is a backend that releases one owner's rules without a prior
-// listing, cheaper than List and Release (nftables).
-type teardowner interface {
-	Teardown(owner string) ([]string, error)
-}
-
 // ReleaseContainer releases one attachment's NAT rules in every backend,
 // without a prior listing: the DEL and re-ADD paths. It returns what it
 // removed.
@@ -87,34 +75,13 @@ func (c *Cleaner) release(network, ifname, containerID string, shared bool) ([]s
 	var removed []string
 	var errs []error
 	for _, b := range c.Backends() {
-		if b.Shared() && !shared {
-			continue
-		}
 		owner, ok := b.OwnerOf(network, containerID, ifname)
-		if !ok {
+		if !ok || b.Shared() && !shared {
 			continue
 		}
-		if t, ok := b.(teardowner); ok {
-			gone, err := t.Teardown(owner)
-			removed = append(removed, gone...)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", b.Name(), err))
-			}
-			continue
-		}
-		rules, err := b.List(network)
+		gone, err := b.Teardown(network, owner)
+		removed = append(removed, gone...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", b.Name(), err))
-			continue
-		}
-		if r, ok := rules.(iptablesRules); ok {
-			// This is the container's CNI command: nobody to wait for.
-			r.unasked = true
-			rules = r
-		}
-		gone, failed := rules.Release([]string{owner})
-		removed = append(removed, gone[owner]...)
-		if err := failed[owner]; err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", b.Name(), err))
 		}
 	}
@@ -130,49 +97,16 @@ func (iptablesBackend) OwnerOf(_, containerID, _ string) (string, bool) {
 	return containerID, true
 }
 
-func (b iptablesBackend) List(network string) (Rules, error) {
-	if len(b.c.Families()) == 0 {
-		return noRules{}, nil
-	}
-	snap, err := b.c.Snapshot(network)
+func (b iptablesBackend) List(network string) (Rules, error) { return b.c.listNAT(network) }
+
+// Teardown lists and releases one container's rules, asking nobody: this
+// is the container's CNI command.
+func (b iptablesBackend) Teardown(network, containerID string) ([]string, error) {
+	r, err := b.c.listNAT(network)
 	if err != nil {
 		return nil, err
 	}
-	return iptablesRules{c: b.c, snap: snap}, nil
-}
-
-type iptablesRules struct {
-	c    *Cleaner
-	snap *Snapshot
-	// unasked releases without asking Cleaner.Running (a DEL's, a
-	// re-ADD's release).
-	unasked bool
-}
-
-func (r iptablesRules) Owned(owner string) []string { return r.snap.Owned(owner) }
-
-func (r iptablesRules) Owners() []RuleOwner { return ContainerOwners(r.snap.Containers()) }
-
-func (r iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
-	if r.c.Running != nil && !r.unasked {
-		return r.releaseAsked(owners)
-	}
-	removed, failed := map[string][]string{}, map[string]error{}
-	for _, cid := range owners {
-		gone, err := r.c.Release(r.snap, cid)
-		removed[cid] = gone
-		if err != nil {
-			failed[cid] = err
-		}
-	}
-	return removed, failed
-}
-
-// noRules is a backend the host does not have.
-type noRules struct{}
-
-func (noRules) Owned(string) []string { return nil }
-func (noRules) Owners() []RuleOwner   { return nil }
-func (noRules) Release(owners []string) (map[string][]string, map[string]error) {
-	return nil, nil
+	r.running = nil
+	removed, failed := r.Release([]string{containerID})
+	return removed[containerID], failed[containerID]
 }

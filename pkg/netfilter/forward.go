@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-
-	"github.com/coreos/go-iptables/iptables"
-	"github.com/mattn/go-shellwords"
 )
 
 // The firewall plugin (plugins/meta/firewall, iptables backend) lets a
@@ -24,16 +21,6 @@ const (
 	ForwardChain = "CNI-FORWARD"
 )
 
-// IsIPv6 reports whether the table is ip6tables'.
-func (t *natTable) IsIPv6() bool { return t.proto == iptables.ProtocolIPv6 }
-
-// chainLister is a Table that lists one chain of any table (none when it
-// does not exist): the host's tables, and fakes that model the filter
-// table.
-type chainLister interface {
-	ListChain(table, chain string) ([]string, error)
-}
-
 // forwardSpecs are the rulespecs the firewall plugin appends for addr.
 func forwardSpecs(addr netip.Addr) [][]string {
 	host := netip.PrefixFrom(addr, addr.BitLen()).String()
@@ -46,16 +33,12 @@ func forwardSpecs(addr netip.Addr) [][]string {
 // ForwardRules are the CNI-FORWARD chains of the host's iptables
 // families, listed once (a sweep's releases share one listing).
 type ForwardRules struct {
-	tables []forwardTable
-}
-
-type forwardTable struct {
-	t  Table
-	v6 bool
-	// specs are the chain's rulespecs, as Delete takes them, joined by
-	// NUL: a release looks its address's two up instead of parsing the
-	// chain again (a busy node's chain holds two rules per container).
-	specs map[string]bool
+	// specs are the chains' rulespecs, as Delete takes them, joined by
+	// NUL, and the table of each: a release looks its address's two up
+	// instead of parsing the chain again (a busy node's chain holds two
+	// rules per container). An address's rules are only in its own
+	// family's chain: ip6tables takes no IPv4 address, iptables no IPv6.
+	specs map[string]Table
 }
 
 func specKey(spec []string) string { return strings.Join(spec, "\x00") }
@@ -63,44 +46,28 @@ func specKey(spec []string) string { return strings.Join(spec, "\x00") }
 // ListForward lists CNI-FORWARD in every family. A family without the
 // chain (no firewall plugin) has no rules.
 func (c *Cleaner) ListForward() (*ForwardRules, error) {
-	f := &ForwardRules{}
+	f := &ForwardRules{specs: map[string]Table{}}
 	var errs []error
 	for _, t := range c.Families() {
-		lister, ok := t.(chainLister)
-		if !ok {
-			continue
-		}
-		lines, err := lister.ListChain(filterTableName, ForwardChain)
+		lines, err := t.List(filterTableName)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list %s: %w", ForwardChain, err))
 			continue
 		}
-		v6 := false
-		if fam, ok := t.(interface{ IsIPv6() bool }); ok {
-			v6 = fam.IsIPv6()
-		}
-		ft := forwardTable{t: t, v6: v6, specs: map[string]bool{}}
 		for _, line := range lines {
-			words, err := shellwords.Parse(line)
-			if err == nil && len(words) > 2 && words[0] == "-A" && words[1] == ForwardChain {
-				ft.specs[specKey(words[2:])] = true
+			if spec, ok := ruleSpec(line, ForwardChain); ok {
+				f.specs[specKey(spec)] = t
 			}
 		}
-		f.tables = append(f.tables, ft)
 	}
 	return f, errors.Join(errs...)
 }
 
 // Has reports whether the listing holds a firewall rule of addr.
 func (f *ForwardRules) Has(addr netip.Addr) bool {
-	for _, ft := range f.tables {
-		if ft.v6 != addr.Is6() || len(ft.specs) == 0 {
-			continue
-		}
-		for _, spec := range forwardSpecs(addr) {
-			if ft.specs[specKey(spec)] {
-				return true
-			}
+	for _, spec := range forwardSpecs(addr) {
+		if f.specs[specKey(spec)] != nil {
+			return true
 		}
 	}
 	return false
@@ -108,14 +75,7 @@ func (f *ForwardRules) Has(addr netip.Addr) bool {
 
 // Empty reports whether the listing holds no rule at all: a host without
 // the firewall plugin, where a release has nothing to look for.
-func (f *ForwardRules) Empty() bool {
-	for _, ft := range f.tables {
-		if len(ft.specs) > 0 {
-			return false
-		}
-	}
-	return true
-}
+func (f *ForwardRules) Empty() bool { return len(f.specs) == 0 }
 
 // Release deletes the listed firewall rules of addrs and describes what
 // went (dryRun: what would go). Rules already gone are no error.
@@ -124,23 +84,19 @@ func (f *ForwardRules) Release(addrs []netip.Addr, dryRun bool) ([]string, error
 	var errs []error
 	for _, a := range addrs {
 		n := 0
-		for _, ft := range f.tables {
-			if ft.v6 != a.Is6() {
+		for _, spec := range forwardSpecs(a) {
+			t := f.specs[specKey(spec)]
+			if t == nil {
 				continue
 			}
-			for _, spec := range forwardSpecs(a) {
-				if !ft.specs[specKey(spec)] {
+			if !dryRun {
+				if err := t.Delete(filterTableName, ForwardChain, spec...); err != nil && !isNotExist(err) {
+					errs = append(errs, fmt.Errorf("delete firewall rule of %s from %s: %w", a, ForwardChain, err))
 					continue
 				}
-				if !dryRun {
-					if err := ft.t.Delete(filterTableName, ForwardChain, spec...); err != nil && !isNotExist(err) {
-						errs = append(errs, fmt.Errorf("delete firewall rule of %s from %s: %w", a, ForwardChain, err))
-						continue
-					}
-					delete(ft.specs, specKey(spec))
-				}
-				n++
+				delete(f.specs, specKey(spec))
 			}
+			n++
 		}
 		if n > 0 {
 			removed = append(removed, fmt.Sprintf("firewall rules of %s in %s (%d)", a, ForwardChain, n))

@@ -15,7 +15,6 @@ import (
 // like them, stay.
 func TestReleaseForwardRemovesOnlyTheAddressesRules(t *testing.T) {
 	v4, v6 := fakenat.New(), fakenat.New()
-	v6.V6 = true
 	v4.AddForward("10.0.0.5")
 	v4.AddForward("10.0.0.50")
 	v4.Filter["CNI-FORWARD"] = append(v4.Filter["CNI-FORWARD"],

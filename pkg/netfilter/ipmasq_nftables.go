@@ -23,9 +23,6 @@ import (
 const (
 	ipMasqTable = "cni_plugins_masquerade"
 	ipMasqChain = "masq_checks"
-	// nftCommentMax is nftables' limit on a comment, to which bridge cuts
-	// its comments (knftables.CommentLengthMax).
-	nftCommentMax = 128
 )
 
 // nftNetworkHash is the comment prefix of every rule of network
@@ -57,9 +54,8 @@ func parseNFTComment(network, comment string) (o RuleOwner, ok bool) {
 	return o, true
 }
 
-// nftBackend is bridge's nftables ipMasq backend: one rule per attachment
-// and address in bridge's chain, owned by the attachment: the hash its
-// comments begin with (nftInstanceHash).
+// nftBackend is bridge's nftables ipMasq backend, whose owners are
+// attachments (nftInstanceHash).
 type nftBackend struct{}
 
 func (nftBackend) Name() string { return "nftables" }
@@ -72,19 +68,13 @@ func (nftBackend) OwnerOf(network, containerID, ifName string) (string, bool) {
 	return nftInstanceHash(network, ifName, containerID), true
 }
 
-// List lists network's rules over netlink, once.
 func (nftBackend) List(network string) (Rules, error) {
-	r := &nftRules{owners: map[string]*nftOwner{}}
+	r := &nftRules{count: map[string]int{}}
 	err := eachIPMasqRule(func(comment string) bool {
-		o, ok := parseNFTComment(network, comment)
-		if !ok {
-			return false
-		}
-		if known := r.owners[o.Owner]; known != nil {
-			known.rules++
-		} else {
-			r.owners[o.Owner] = &nftOwner{RuleOwner: o, rules: 1}
-			r.order = append(r.order, o.Owner)
+		if o, ok := parseNFTComment(network, comment); ok {
+			if r.count[o.Owner]++; r.count[o.Owner] == 1 {
+				r.order = append(r.order, o)
+			}
 		}
 		return false
 	})
@@ -94,19 +84,16 @@ func (nftBackend) List(network string) (Rules, error) {
 // Teardown releases one owner's rules without a prior listing (one
 // listing and, when bridge's own teardown left some, one batch): the DEL
 // path.
-func (nftBackend) Teardown(owner string) ([]string, error) {
+func (nftBackend) Teardown(_, owner string) ([]string, error) {
 	removed, failed := (&nftRules{}).Release([]string{owner})
 	return removed[owner], failed[owner]
 }
 
+// nftRules are a listing: the number of rules of each owner, and the
+// owners in the order listed.
 type nftRules struct {
-	owners map[string]*nftOwner
-	order  []string
-}
-
-type nftOwner struct {
-	RuleOwner
-	rules int
+	count map[string]int
+	order []RuleOwner
 }
 
 func describeNFT(owner string, rules int) string {
@@ -114,17 +101,17 @@ func describeNFT(owner string, rules int) string {
 }
 
 func (r *nftRules) Owned(owner string) []string {
-	if o := r.owners[owner]; o != nil {
-		return []string{describeNFT(owner, o.rules)}
+	if n, ok := r.count[owner]; ok {
+		return []string{describeNFT(owner, n)}
 	}
 	return nil
 }
 
 func (r *nftRules) Owners() []RuleOwner {
-	out := make([]RuleOwner, 0, len(r.owners))
-	for _, owner := range r.order {
-		if o := r.owners[owner]; o != nil {
-			out = append(out, o.RuleOwner)
+	var out []RuleOwner
+	for _, o := range r.order {
+		if _, ok := r.count[o.Owner]; ok {
+			out = append(out, o)
 		}
 	}
 	return out
@@ -140,9 +127,9 @@ func (r *nftRules) Release(owners []string) (map[string][]string, map[string]err
 	}
 	err := eachIPMasqRule(func(comment string) bool {
 		instance, _, _ := strings.Cut(comment, ",")
-		n, ok := doomed[instance]
+		_, ok := doomed[instance]
 		if ok {
-			doomed[instance] = n + 1
+			doomed[instance]++
 		}
 		return ok
 	})
@@ -155,7 +142,7 @@ func (r *nftRules) Release(owners []string) (map[string][]string, map[string]err
 			removed[o] = []string{describeNFT(o, n)}
 			fallthrough
 		default:
-			delete(r.owners, o) // gone, as a listing now shows
+			delete(r.count, o) // gone, as a listing now shows
 		}
 	}
 	return removed, failed

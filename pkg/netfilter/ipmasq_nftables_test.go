@@ -97,7 +97,7 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 	}
 	err = netns.Do(func(ns.NetNS) error {
 		// Nothing made yet: no table, nothing to do, no error.
-		if _, err := nft.Teardown(owner(network, 1)); err != nil {
+		if _, err := nft.Teardown(network, owner(network, 1)); err != nil {
 			t.Errorf("teardown without bridge's table: %v", err)
 		}
 		if removed := release(network, owner(network, 1)); len(removed) != 0 {
@@ -111,7 +111,7 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		}
 		setup(5, "other")
 		for _, c := range left() {
-			if len(c) > nftCommentMax || !strings.HasPrefix(c, nftNetworkHash(network)) && !strings.HasPrefix(c, nftNetworkHash("other")) {
+			if len(c) > knftables.CommentLengthMax || !strings.HasPrefix(c, nftNetworkHash(network)) && !strings.HasPrefix(c, nftNetworkHash("other")) {
 				t.Fatalf("unexpected comment from bridge: %q", c)
 			}
 		}
@@ -122,17 +122,17 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		// A teardown of an attachment without rules removes nothing,
 		// and the same container ID on another network keeps its own.
 		for _, o := range []string{owner(network, 9), owner("other", 1)} {
-			if removed, err := nft.Teardown(o); err != nil || len(removed) != 0 {
+			if removed, err := nft.Teardown(network, o); err != nil || len(removed) != 0 {
 				t.Fatalf("teardown of %s, which has no rules: %v %v", o, removed, err)
 			}
 		}
-		if removed, err := nft.Teardown(owner(network, 1)); err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], "(2)") {
+		if removed, err := nft.Teardown(network, owner(network, 1)); err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], "(2)") {
 			t.Fatalf("teardown: %v %v, want both families' rules named", removed, err)
 		}
 		if got, w := left(), want([2]any{network, 2}, [2]any{network, 3}, [2]any{network, 4}, [2]any{"other", 5}); !slices.Equal(got, w) {
 			t.Fatalf("after teardown of 1:\n got %q\nwant %q", got, w)
 		}
-		if removed, err := nft.Teardown(owner(network, 1)); err != nil || len(removed) != 0 {
+		if removed, err := nft.Teardown(network, owner(network, 1)); err != nil || len(removed) != 0 {
 			t.Errorf("second teardown: %v %v", removed, err)
 		}
 
@@ -190,8 +190,8 @@ func nftComment(network, ifname, containerID string) string {
 		strings.ReplaceAll(ifname, `"`, ``),
 		strings.ReplaceAll(containerID, `"`, ``),
 	)
-	if len(comment) > nftCommentMax {
-		comment = comment[:nftCommentMax]
+	if len(comment) > knftables.CommentLengthMax {
+		comment = comment[:knftables.CommentLengthMax]
 	}
 	return comment
 }
@@ -245,7 +245,7 @@ func TestNFTablesReleaseSurvivesMalformedUserdata(t *testing.T) {
 		}
 		var nft nftBackend
 		owner, _ := nft.OwnerOf("net", "c1", "eth0")
-		removed, err := nft.Teardown(owner)
+		removed, err := nft.Teardown("net", owner)
 		if err != nil || len(removed) != 1 {
 			t.Fatalf("teardown: %v %v, want c1's rule", removed, err)
 		}

@@ -17,8 +17,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,19 +37,19 @@ const (
 	portmapDNPrefix = "DN-"
 )
 
-// Table is one iptables family's nat table as the cleaner uses it, so
-// tests can run it against a fake.
+// Table is one iptables family as the cleaner uses it, so tests can run
+// it against a fake. A chain that does not exist is an error isNotExist
+// reports.
 type Table interface {
-	// ListNAT is `iptables -t nat -S`: "-N chain" and "-A chain spec" lines.
-	// The tables of different families are listed concurrently.
-	ListNAT() ([]string, error)
+	// List is `iptables -t <table> -S`: "-N chain" and "-A chain spec"
+	// lines. The tables of different families are listed concurrently.
+	List(table string) ([]string, error)
 	Delete(table, chain string, rulespec ...string) error
-	ClearAndDeleteChain(table, chain string) error
-	// FlushChain empties chain and DeleteChain deletes it (it must be
-	// empty and unreferenced); a chain that does not exist is an error
-	// that IsNotExist reports.
+	// FlushChain empties chain; DeleteChain deletes it, empty and
+	// unreferenced.
 	FlushChain(table, chain string) error
 	DeleteChain(table, chain string) error
+	ClearAndDeleteChain(table, chain string) error
 }
 
 // Cleaner releases the NAT rules of stale containers.
@@ -66,8 +67,7 @@ type Cleaner struct {
 	PortmapNFT bool
 	// Running, if set, names which of the container IDs a CNI command
 	// runs for (sysinfo.Host.CNIProcesses): a sweep's release leaves
-	// their portmap chains to them (see releaseAsked). A DEL's and a
-	// re-ADD's release do not ask: they are that command.
+	// their portmap chains to them (see iptablesRules.Release).
 	Running func(containerIDs []string) (map[string]int, error)
 }
 
@@ -101,57 +101,51 @@ type natTable struct {
 	ipt   *iptables.IPTables
 }
 
-func (t *natTable) ListNAT() ([]string, error) {
-	out, err := exec.Command(t.path, "-w", "-t", natTableName, "-S").Output()
-	if err != nil {
-		var exitErr *exec.ExitError
-		if errors.As(err, &exitErr) {
-			return nil, fmt.Errorf("%s -t nat -S: %w: %s", t.path, err, bytes.TrimSpace(exitErr.Stderr))
-		}
-		return nil, fmt.Errorf("%s -t nat -S: %w", t.path, err)
-	}
-	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
-}
-
-// ListChain is the lines of chain in `iptables -w -t <table> -S`: the
-// whole table, as `-S <chain>` of a chain that does not exist fails
-// (iptables-nft 1.8.9 even calls it "incompatible").
-func (t *natTable) ListChain(table, chain string) ([]string, error) {
+// List lists the whole table, its error with what iptables said: a
+// caller wanting one chain picks its lines, as `-S <chain>` of a chain
+// that does not exist fails (iptables-nft 1.8.9 even calls it
+// "incompatible").
+func (t *natTable) List(table string) ([]string, error) {
 	out, err := exec.Command(t.path, "-w", "-t", table, "-S").Output()
 	if err != nil {
 		var exitErr *exec.ExitError
 		if errors.As(err, &exitErr) {
-			return nil, fmt.Errorf("%s -t %s -S: %w: %s", t.path, table, err, bytes.TrimSpace(exitErr.Stderr))
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(exitErr.Stderr))
 		}
 		return nil, fmt.Errorf("%s -t %s -S: %w", t.path, table, err)
 	}
-	var lines []string
-	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
-		if strings.HasPrefix(line, "-A "+chain+" ") || line == "-N "+chain {
-			lines = append(lines, line)
-		}
-	}
-	return lines, nil
+	return strings.Split(strings.TrimSpace(string(out)), "\n"), nil
 }
 
-func (t *natTable) handle() (*iptables.IPTables, error) {
+// withHandle runs fn on go-iptables' handle, made on first use.
+func (t *natTable) withHandle(step string, fn func(*iptables.IPTables) error) error {
+	crashpoint.Step(step)
 	if t.ipt == nil {
 		ipt, err := iptables.NewWithProtocol(t.proto)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		t.ipt = ipt
 	}
-	return t.ipt, nil
+	return fn(t.ipt)
 }
 
 func (t *natTable) Delete(table, chain string, rulespec ...string) error {
-	crashpoint.Step("iptables delete rule in " + chain)
-	ipt, err := t.handle()
-	if err != nil {
-		return err
-	}
-	return ipt.Delete(table, chain, rulespec...)
+	return t.withHandle("iptables delete rule in "+chain, func(ipt *iptables.IPTables) error {
+		return ipt.Delete(table, chain, rulespec...)
+	})
+}
+
+func (t *natTable) DeleteChain(table, chain string) error {
+	return t.withHandle("iptables delete chain "+chain, func(ipt *iptables.IPTables) error {
+		return ipt.DeleteChain(table, chain)
+	})
+}
+
+func (t *natTable) ClearAndDeleteChain(table, chain string) error {
+	return t.withHandle("iptables delete chain "+chain, func(ipt *iptables.IPTables) error {
+		return ipt.ClearAndDeleteChain(table, chain)
+	})
 }
 
 // FlushChain runs `iptables -t table -F chain` itself: go-iptables'
@@ -162,29 +156,11 @@ func (t *natTable) FlushChain(table, chain string) error {
 	if err != nil {
 		msg := string(bytes.TrimSpace(out))
 		if strings.Contains(msg, "No chain/target/match by that name") || strings.Contains(msg, "No such file or directory") || strings.Contains(msg, "does not exist") {
-			return fmt.Errorf("%s -t %s -F %s: %w: %s", t.path, table, chain, ErrNoChain, msg)
+			err = ErrNoChain
 		}
 		return fmt.Errorf("%s -t %s -F %s: %w: %s", t.path, table, chain, err, msg)
 	}
 	return nil
-}
-
-func (t *natTable) DeleteChain(table, chain string) error {
-	crashpoint.Step("iptables delete chain " + chain)
-	ipt, err := t.handle()
-	if err != nil {
-		return err
-	}
-	return ipt.DeleteChain(table, chain)
-}
-
-func (t *natTable) ClearAndDeleteChain(table, chain string) error {
-	crashpoint.Step("iptables delete chain " + chain)
-	ipt, err := t.handle()
-	if err != nil {
-		return err
-	}
-	return ipt.ClearAndDeleteChain(table, chain)
 }
 
 // Families returns the iptables families, finding them on first use.
@@ -195,30 +171,32 @@ func (c *Cleaner) Families() []Table {
 	return c.Tables
 }
 
-// rule is one rule to delete: a chain and the rulespec `iptables -S` gave.
+// rule is a listed jump: its chain and the rulespec Delete takes.
 type rule struct {
-	table Table
 	chain string
 	spec  []string
 }
 
-// Snapshot is the NAT state of one network, read once per sweep.
-type Snapshot struct {
-	network   string
-	perFamily []familySnapshot
+// iptablesRules are one network's NAT rules in every iptables family.
+type iptablesRules struct {
+	network  string
+	families []familyRules
+	// running is Cleaner.Running; nil in a DEL's and a re-ADD's
+	// release, which are that command.
+	running func(containerIDs []string) (map[string]int, error)
 }
 
-type familySnapshot struct {
+type familyRules struct {
 	table  Table
 	chains map[string]bool
 	// jumps maps a container ID to the rules that jump to its chains.
 	jumps map[string][]rule
 }
 
-// Snapshot lists the NAT rules that belong to network: one `iptables -S`
-// of the nat table per family, whatever the number of containers.
-func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
-	s := &Snapshot{network: network}
+// listNAT lists network's NAT rules: one `iptables -S` of the nat table
+// per family, whatever the number of containers.
+func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
+	r := &iptablesRules{network: network, running: c.Running}
 	tables := c.Families()
 	listings := make([][]string, len(tables))
 	errs := make([]error, len(tables))
@@ -226,17 +204,17 @@ func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
 	// (≈ 5 ms), a fifth of a small network's whole gc.
 	var wg sync.WaitGroup
 	for i, t := range tables {
-		wg.Go(func() { listings[i], errs[i] = t.ListNAT() })
+		wg.Go(func() { listings[i], errs[i] = t.List(natTableName) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("list nat rules: %w", err)
 	}
 	for i, t := range tables {
-		fs := familySnapshot{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
+		fr := familyRules{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
 		for _, line := range listings[i] {
 			if chain, ok := strings.CutPrefix(line, "-N "); ok {
-				fs.chains[strings.TrimSpace(chain)] = true
+				fr.chains[strings.TrimSpace(chain)] = true
 				continue
 			}
 			for _, chain := range []string{postrouting, hostportDNAT} {
@@ -246,42 +224,40 @@ func (c *Cleaner) Snapshot(network string) (*Snapshot, error) {
 				}
 				net, cid, ok := ParseComment(comment)
 				if ok && net == network {
-					fs.jumps[cid] = append(fs.jumps[cid], rule{table: t, chain: chain, spec: spec})
+					fr.jumps[cid] = append(fr.jumps[cid], rule{chain: chain, spec: spec})
 				}
 			}
 		}
-		s.perFamily = append(s.perFamily, fs)
+		r.families = append(r.families, fr)
 	}
-	return s, nil
+	return r, nil
 }
 
-// Containers lists the container IDs that own NAT rules or chains on the
-// network, sorted. Chains without a commented jump are only found for IDs
-// the caller already knows (see Owns).
-func (s *Snapshot) Containers() []string {
-	seen := map[string]bool{}
-	for _, fs := range s.perFamily {
-		for cid := range fs.jumps {
-			seen[cid] = true
-		}
+// Owners are the containers with a commented jump on the network, sorted.
+// Chains without a jump are only found for IDs the caller already knows
+// (see Owned).
+func (r *iptablesRules) Owners() []RuleOwner {
+	var cids []string
+	for _, fr := range r.families {
+		cids = slices.AppendSeq(cids, maps.Keys(fr.jumps))
 	}
-	out := make([]string, 0, len(seen))
-	for cid := range seen {
-		out = append(out, cid)
+	slices.Sort(cids)
+	var out []RuleOwner
+	for _, cid := range slices.Compact(cids) {
+		out = append(out, RuleOwner{Owner: cid, ContainerID: cid})
 	}
-	sort.Strings(out)
 	return out
 }
 
-// Owned lists the chains and jumps containerID holds on the network.
-func (s *Snapshot) Owned(containerID string) []string {
+// Owned lists the chains and jumps a container holds on the network.
+func (r *iptablesRules) Owned(containerID string) []string {
 	var out []string
-	for _, fs := range s.perFamily {
-		for _, r := range fs.jumps[containerID] {
-			out = append(out, "jump in "+r.chain)
+	for _, fr := range r.families {
+		for _, j := range fr.jumps[containerID] {
+			out = append(out, "jump in "+j.chain)
 		}
-		for _, ch := range containerChains(s.network, containerID) {
-			if fs.chains[ch] {
+		for _, ch := range []string{chainName(r.network, containerID), r.portmapChain(containerID)} {
+			if fr.chains[ch] {
 				out = append(out, "chain "+ch)
 			}
 		}
@@ -289,39 +265,24 @@ func (s *Snapshot) Owned(containerID string) []string {
 	return out
 }
 
-// containerChains are the per-container chains bridge and portmap create.
-func containerChains(network, containerID string) []string {
-	return []string{
-		chainName(network, containerID),
-		chainNameWithPrefix(network, containerID, portmapDNPrefix),
-	}
+func (r *iptablesRules) portmapChain(containerID string) string {
+	return chainNameWithPrefix(r.network, containerID, portmapDNPrefix)
 }
 
-// Release deletes containerID's jumps, then its chains (a chain cannot be
-// deleted while referenced), in every family, asking nobody whether a CNI
-// command of the container runs: the DEL and re-ADD paths, which are that
-// command. Rules already gone are not an error. It returns what it
-// removed.
-func (c *Cleaner) Release(s *Snapshot, containerID string) ([]string, error) {
-	removed, emptied, err := s.emptyPortmap(containerID)
-	gone, derr := s.deletePortmapChains(containerID, emptied)
-	removed = append(removed, gone...)
-	gone, berr := s.releaseBridge(containerID)
-	return append(removed, gone...), errors.Join(err, derr, berr)
-}
-
-// parseRule splits an `iptables -S <chain>` line into the rulespec Delete
-// takes and the value of its --comment.
-func parseRule(line, chain string) (spec []string, comment string, ok bool) {
+// ruleSpec is the rulespec Delete takes of an `iptables -S` line of chain.
+func ruleSpec(line, chain string) ([]string, bool) {
 	words, err := shellwords.Parse(line)
 	if err != nil || len(words) < 3 || words[0] != "-A" || words[1] != chain {
-		return nil, "", false
+		return nil, false
 	}
-	spec = words[2:]
-	for i := 0; i+1 < len(spec); i++ {
-		if spec[i] == "--comment" {
-			return spec, spec[i+1], true
-		}
+	return words[2:], true
+}
+
+// parseRule is ruleSpec and the value of the rule's --comment.
+func parseRule(line, chain string) (spec []string, comment string, ok bool) {
+	spec, ok = ruleSpec(line, chain)
+	if i := slices.Index(spec, "--comment"); ok && i >= 0 && i+1 < len(spec) {
+		return spec, spec[i+1], true
 	}
 	return nil, "", false
 }
@@ -333,45 +294,28 @@ func parseRule(line, chain string) (spec []string, comment string, ok bool) {
 // thousand containers, so it is cut by hand, not by a regexp.
 func ParseComment(comment string) (network, containerID string, ok bool) {
 	rest, ok := strings.CutPrefix(strings.TrimPrefix(comment, "dnat "), "name: ")
-	if !ok {
+	quotedNet, err := strconv.QuotedPrefix(rest)
+	if !ok || err != nil {
 		return "", "", false
 	}
-	network, rest, ok = cutQuoted(rest)
-	if !ok {
-		return "", "", false
-	}
-	if rest, ok = strings.CutPrefix(rest, " id: "); !ok {
-		return "", "", false
-	}
-	if containerID, rest, ok = cutQuoted(rest); !ok || rest != "" || network == "" || containerID == "" {
+	quotedID, ok := strings.CutPrefix(rest[len(quotedNet):], " id: ")
+	network, netErr := strconv.Unquote(quotedNet)
+	containerID, idErr := strconv.Unquote(quotedID)
+	if !ok || netErr != nil || idErr != nil || network == "" || containerID == "" {
 		return "", "", false
 	}
 	// Only what bridge or portmap would have written: a comment that does
-	// not round-trip (raw control characters, say) is someone else's.
+	// not round-trip (raw control characters, other quotes, say) is
+	// someone else's.
 	if formatted := formatComment(network, containerID); comment != formatted && comment != "dnat "+formatted {
 		return "", "", false
 	}
 	return network, containerID, true
 }
 
-// cutQuoted unquotes the double-quoted Go string s begins with and returns
-// what follows it.
-func cutQuoted(s string) (value, rest string, ok bool) {
-	if !strings.HasPrefix(s, `"`) {
-		return "", "", false
-	}
-	q, err := strconv.QuotedPrefix(s)
-	if err != nil {
-		return "", "", false
-	}
-	value, err = strconv.Unquote(q)
-	return value, s[len(q):], err == nil
-}
-
 // ErrNoChain is a Table's error for a chain that is not there.
 var ErrNoChain = errors.New("no such chain")
 
-// isNotExist reports whether err says the rule or chain is not there.
 func isNotExist(err error) bool {
 	var e *iptables.Error
 	return errors.Is(err, ErrNoChain) || errors.As(err, &e) && e.IsNotExist()

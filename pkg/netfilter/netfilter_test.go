@@ -13,19 +13,19 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 )
 
-func TestSnapshotFindsOnlyTheNetworksContainers(t *testing.T) {
+func TestListFindsOnlyTheNetworksContainers(t *testing.T) {
 	f := fakenat.New()
 	f.AddContainer("nomad", "dead", "10.0.0.2", 8080)
 	f.AddContainer("nomad", "live", "10.0.0.3", 0)
 	f.AddContainer("other", "dead", "10.0.1.2", 8080)
 	f.Add("POSTROUTING", `-s 10.9.0.0/16 -m comment --comment "unrelated rule" -j MASQUERADE`)
 	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}}
-	s, err := c.Snapshot("nomad")
+	s, err := c.Backends()[0].List("nomad")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Containers(); !reflect.DeepEqual(got, []string{"dead", "live"}) {
-		t.Errorf("Containers = %v", got)
+	if got := s.Owners(); !reflect.DeepEqual(got, []netfilter.RuleOwner{{Owner: "dead", ContainerID: "dead"}, {Owner: "live", ContainerID: "live"}}) {
+		t.Errorf("Owners = %v", got)
 	}
 	owned := s.Owned("dead")
 	if len(owned) != 4 {
@@ -39,11 +39,11 @@ func TestReleaseRemovesJumpsThenChainsOfOneContainer(t *testing.T) {
 	f.AddContainer("nomad", "live", "10.0.0.3", 8080)
 	f.AddContainer("other", "dead", "10.0.1.2", 8080)
 	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}}
-	s, err := c.Snapshot("nomad")
+	s, err := c.Backends()[0].List("nomad")
 	if err != nil {
 		t.Fatal(err)
 	}
-	removed, err := c.Release(s, "dead")
+	removed, err := release(s, "dead")
 	if err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -67,7 +67,7 @@ func TestReleaseRemovesJumpsThenChainsOfOneContainer(t *testing.T) {
 		t.Errorf("CNI-HOSTPORT-DNAT has %d rules, want 2", n)
 	}
 	// A second release of the same container finds nothing to do.
-	if removed, err := c.Release(s, "dead"); err != nil || len(removed) != 0 {
+	if removed, err := release(s, "dead"); err != nil || len(removed) != 0 {
 		t.Errorf("second Release = %v, %v", removed, err)
 	}
 }
@@ -79,8 +79,8 @@ func TestReleaseFindsChainWithoutJump(t *testing.T) {
 	f.AddContainer("nomad", "dead", "10.0.0.2", 0)
 	f.Chains["POSTROUTING"] = nil
 	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}}
-	s, _ := c.Snapshot("nomad")
-	if _, err := c.Release(s, "dead"); err != nil {
+	s, _ := c.Backends()[0].List("nomad")
+	if _, err := release(s, "dead"); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := f.Chains[utils.FormatChainName("nomad", "dead")]; ok {
@@ -88,18 +88,24 @@ func TestReleaseFindsChainWithoutJump(t *testing.T) {
 	}
 }
 
-func TestSnapshotListsEachChainOncePerFamily(t *testing.T) {
+func TestListListsEachChainOncePerFamily(t *testing.T) {
 	v4, v6 := fakenat.New(), fakenat.New()
 	for i := 0; i < 50; i++ {
 		v4.AddContainer("nomad", fmt.Sprintf("c%d", i), fmt.Sprintf("10.0.0.%d", i+2), 8080)
 	}
 	c := &netfilter.Cleaner{Tables: []netfilter.Table{v4, v6}}
-	if _, err := c.Snapshot("nomad"); err != nil {
+	if _, err := c.Backends()[0].List("nomad"); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"list nat"}; !reflect.DeepEqual(v4.Calls, want) || !reflect.DeepEqual(v6.Calls, want) {
 		t.Errorf("calls v4 %v, v6 %v; want one listing each", v4.Calls, v6.Calls)
 	}
+}
+
+// release releases one owner of a listing's rules.
+func release(rules netfilter.Rules, owner string) ([]string, error) {
+	removed, failed := rules.Release([]string{owner})
+	return removed[owner], failed[owner]
 }
 
 // ReleaseContainer releases one attachment's rules in every backend: its

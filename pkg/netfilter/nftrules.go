@@ -4,16 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 )
-
-// The nftables rules this package releases (bridge's ipMasq rules,
-// portmap's hostport rules) are listed and deleted through google/nftables: a rule dump (Conn.GetRules) and
-// deletions by handle (Conn.DelRule, Conn.Flush), what `nft delete rule
-// ... handle N` sends.
 
 // dialNFT opens one netlink socket for all of a caller's requests (without
 // AsLasting, google/nftables opens one per request).
@@ -38,13 +35,9 @@ func listRules(c *nftables.Conn, family nftables.TableFamily, table, chain strin
 	}
 	// The kernel filters by table and chain since Linux 4.x; one that
 	// does not would send every rule of the family.
-	kept := rules[:0]
-	for _, r := range rules {
-		if r.Table != nil && r.Table.Name == table && r.Chain != nil && r.Chain.Name == chain {
-			kept = append(kept, r)
-		}
-	}
-	return kept, nil
+	return slices.DeleteFunc(rules, func(r *nftables.Rule) bool {
+		return r.Table == nil || r.Table.Name != table || r.Chain == nil || r.Chain.Name != chain
+	}), nil
 }
 
 // isErrno reports whether err is errno. google/nftables v0.3.0 formats
@@ -72,16 +65,15 @@ func isErrno(err error, errno unix.Errno) bool {
 // releasing a leaked /20's rules splits them.
 const nftBatchRules = 100
 
-// deleteRules deletes rules by handle, in batches of at most
-// nftBatchRules. Each batch is one nftables transaction: a rule gone since
+// deleteRules deletes rules by handle (Conn.DelRule, what `nft delete
+// rule ... handle N` sends), in batches of at most nftBatchRules. Each batch is one nftables transaction: a rule gone since
 // it was listed (its plugin's DEL won) fails it whole (ENOENT), and
 // nothing of it is deleted. Batches committed before a failed one stay
 // committed; what the caller is told is the failure, and its next listing
 // finds what is left.
 func deleteRules(c *nftables.Conn, rules []*nftables.Rule) error {
-	for len(rules) > 0 {
-		n := min(len(rules), nftBatchRules)
-		for _, r := range rules[:n] {
+	for batch := range slices.Chunk(rules, nftBatchRules) {
+		for _, r := range batch {
 			if err := c.DelRule(r); err != nil {
 				return err
 			}
@@ -89,35 +81,23 @@ func deleteRules(c *nftables.Conn, rules []*nftables.Rule) error {
 		if err := c.Flush(); err != nil {
 			return err
 		}
-		rules = rules[n:]
 	}
 	return nil
 }
 
-// cString is a string without its terminating NUL and what follows.
-func cString(b []byte) []byte {
-	if i := bytes.IndexByte(b, 0); i >= 0 {
-		return b[:i]
-	}
-	return b
-}
-
-// udataTypeComment is libnftnl's NFTNL_UDATA_RULE_COMMENT: the TLV type
-// of a rule's comment in its userdata, as nft and bridge write it.
-const udataTypeComment = 0
-
 // udataComment is the comment in a rule's userdata (libnftnl's TLVs: a
-// type byte, a length byte, the value), without its NUL. Unlike
-// userdata.Get, a length past the end is no comment, not a panic: anyone
-// with CAP_NET_ADMIN writes userdata.
+// type byte, a length byte, the value), without its NUL, as nft and
+// bridge write it. Unlike userdata.Get, a length past the end is no
+// comment, not a panic: anyone with CAP_NET_ADMIN writes userdata.
 func udataComment(b []byte) ([]byte, bool) {
 	for len(b) >= 2 {
 		typ, l := b[0], int(b[1])
 		if 2+l > len(b) {
 			return nil, false
 		}
-		if typ == udataTypeComment {
-			return cString(b[2 : 2+l]), true
+		if userdata.Type(typ) == userdata.TypeComment {
+			comment, _, _ := bytes.Cut(b[2:2+l], []byte{0})
+			return comment, true
 		}
 		b = b[2+l:]
 	}

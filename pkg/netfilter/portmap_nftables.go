@@ -1,9 +1,9 @@
 package netfilter
 
 import (
-	"bytes"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -32,12 +32,13 @@ type PortmapNFTRules struct {
 	byComment map[string][]portmapNFTRule
 }
 
-// portmapNFTRule is one listed rule: where it is, and the values its
-// expressions compare or load, where portmap names the container's
-// address.
+// portmapNFTRule is one listed rule: where it is, and the addresses its
+// expressions compare or load (a cmp's or an immediate's
+// NFTA_DATA_VALUE: the daddr/saddr of a masquerade rule, the address a
+// dnat loads), where portmap names the container's address.
 type portmapNFTRule struct {
-	ref    *nftables.Rule // table, chain and handle only
-	values [][]byte
+	ref   *nftables.Rule // table, chain and handle only
+	addrs []netip.Addr
 }
 
 // ListPortmapNFT lists the rules of both cni_hostport tables. A host
@@ -68,7 +69,16 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 			}
 			rule := portmapNFTRule{ref: &nftables.Rule{Table: r.Table, Chain: r.Chain, Handle: r.Handle}}
 			for _, e := range r.Exprs {
-				rule.values = appendExprValue(rule.values, e)
+				var data []byte
+				switch e := e.(type) {
+				case *expr.Cmp:
+					data = e.Data
+				case *expr.Immediate:
+					data = e.Data
+				}
+				if a, ok := netip.AddrFromSlice(data); ok {
+					rule.addrs = append(rule.addrs, a)
+				}
 			}
 			p.byComment[string(c)] = append(p.byComment[string(c)], rule)
 		}
@@ -97,41 +107,10 @@ func portmapRules(conn *nftables.Conn, family nftables.TableFamily) ([]*nftables
 	return out, nil
 }
 
-// appendExprValue appends what a cmp expression compares with or an
-// immediate loads (NFTA_DATA_VALUE): the daddr/saddr of a masquerade rule,
-// the address a dnat loads.
-func appendExprValue(values [][]byte, e expr.Any) [][]byte {
-	switch e := e.(type) {
-	case *expr.Cmp:
-		return append(values, e.Data)
-	case *expr.Immediate:
-		if e.Data != nil {
-			return append(values, e.Data)
-		}
-	}
-	return values
-}
-
-// Has reports whether some rule commented containerID names one of addrs:
-// what Release would delete.
-func (p *PortmapNFTRules) Has(containerID string, addrs []netip.Addr) bool {
+// matching are the rules commented containerID that name one of addrs.
+func (p *PortmapNFTRules) matching(containerID string, addrs []netip.Addr) []*nftables.Rule {
 	if p == nil {
-		return false
-	}
-	for _, r := range p.byComment[containerID] {
-		if r.namesAny(addrs) {
-			return true
-		}
-	}
-	return false
-}
-
-// Release deletes the rules commented containerID that name one of addrs
-// (one batch: a container has far fewer than nftBatchRules), and
-// describes what went (dryRun: what would go).
-func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun bool) ([]string, error) {
-	if p == nil || len(p.byComment[containerID]) == 0 {
-		return nil, nil
+		return nil
 	}
 	var refs []*nftables.Rule
 	for _, r := range p.byComment[containerID] {
@@ -139,6 +118,23 @@ func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun
 			refs = append(refs, r.ref)
 		}
 	}
+	return refs
+}
+
+func (r portmapNFTRule) namesAny(addrs []netip.Addr) bool {
+	return slices.ContainsFunc(r.addrs, func(a netip.Addr) bool { return slices.Contains(addrs, a) })
+}
+
+// Has reports whether Release would delete something.
+func (p *PortmapNFTRules) Has(containerID string, addrs []netip.Addr) bool {
+	return len(p.matching(containerID, addrs)) > 0
+}
+
+// Release deletes the rules commented containerID that name one of addrs
+// (one batch: a container has far fewer than nftBatchRules), and
+// describes what went (dryRun: what would go).
+func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun bool) ([]string, error) {
+	refs := p.matching(containerID, addrs)
 	if len(refs) == 0 {
 		return nil, nil
 	}
@@ -158,17 +154,4 @@ func (p *PortmapNFTRules) Release(containerID string, addrs []netip.Addr, dryRun
 		return nil, fmt.Errorf("delete %d portmap rules of %s: %w", len(refs), containerID, err)
 	}
 	return what, nil
-}
-
-// namesAny reports whether one of r's compared or loaded values is one of
-// addrs.
-func (r portmapNFTRule) namesAny(addrs []netip.Addr) bool {
-	for _, data := range r.values {
-		for _, a := range addrs {
-			if b := a.AsSlice(); bytes.Equal(data, b) {
-				return true
-			}
-		}
-	}
-	return false
 }

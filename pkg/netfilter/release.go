@@ -3,6 +3,7 @@ package netfilter
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // A sweep releases a container's NAT rules while its runtime may be
@@ -49,44 +50,44 @@ func (e *BusyError) Error() string {
 	return fmt.Sprintf("a CNI command of %s runs (pid %d): %s left to it", e.ContainerID, e.PID, what)
 }
 
-// releaseAsked is iptablesRules.Release in a sweep: the containers a CNI
-// command runs for keep what portmap's teardown needs (see above), each
-// failed with a *BusyError. Bridge's POSTROUTING jump and chain go last:
-// its commented jump is what names a container that has no record (an
-// orphan) to the next sweep, so while portmap's chain is still there, so
-// is the jump (a kill, or a command found the second time, leaves both).
-func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[string]error) {
+// Release releases owners' iptables rules: portmap's jumps, then its
+// chains, then bridge's jumps and chains (a chain cannot be deleted while
+// referenced). In a sweep the containers a CNI command runs for keep what
+// portmap's teardown needs (see above), each failed with a *BusyError.
+// Bridge's POSTROUTING jump and chain go last: its commented jump is what
+// names a container that has no record (an orphan) to the next sweep, so
+// while portmap's chain is still there, so is the jump (a kill, a failure,
+// or a command found the second time, leaves both).
+func (r *iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
 	removed, failed := map[string][]string{}, map[string]error{}
-	busy := r.running(r.snap.withPortmapChain(owners), false)
+	busy := r.busy(r.withPortmapChain(owners), false)
 	var emptied []string
-	emptiedIn := map[string][]int{}
 	for _, cid := range owners {
 		if b, ok := busy[cid]; ok {
 			failed[cid] = b
 			continue
 		}
-		gone, families, err := r.snap.emptyPortmap(cid)
+		gone, err := r.emptyPortmap(cid)
 		removed[cid] = gone
 		if err != nil {
 			failed[cid] = err
 			continue
 		}
 		emptied = append(emptied, cid)
-		emptiedIn[cid] = families
 	}
-	busy = r.running(r.snap.withPortmapChain(emptied), true)
+	busy = r.busy(r.withPortmapChain(emptied), true)
 	for _, cid := range emptied {
 		if b, ok := busy[cid]; ok {
 			failed[cid] = b
 			continue
 		}
-		gone, err := r.snap.deletePortmapChains(cid, emptiedIn[cid])
+		gone, err := r.deleteChains(r.portmapChain(cid), cid, false)
 		removed[cid] = append(removed[cid], gone...)
 		if err != nil {
 			failed[cid] = err
 			continue
 		}
-		gone, err = r.snap.releaseBridge(cid)
+		gone, err = r.releaseBridge(cid)
 		removed[cid] = append(removed[cid], gone...)
 		if err != nil {
 			failed[cid] = err
@@ -95,14 +96,14 @@ func (r iptablesRules) releaseAsked(owners []string) (map[string][]string, map[s
 	return removed, failed
 }
 
-// running asks Cleaner.Running about cids; a failed question makes every
-// one of them busy.
-func (r iptablesRules) running(cids []string, emptied bool) map[string]*BusyError {
+// busy asks Cleaner.Running about cids, unless nobody is to be asked; a
+// failed question makes every one of them busy.
+func (r *iptablesRules) busy(cids []string, emptied bool) map[string]*BusyError {
 	busy := map[string]*BusyError{}
-	if len(cids) == 0 {
+	if len(cids) == 0 || r.running == nil {
 		return busy
 	}
-	pids, err := r.c.Running(cids)
+	pids, err := r.running(cids)
 	for _, cid := range cids {
 		switch pid, ok := pids[cid]; {
 		case err != nil:
@@ -115,104 +116,96 @@ func (r iptablesRules) running(cids []string, emptied bool) map[string]*BusyErro
 }
 
 // withPortmapChain are the owners with a portmap chain in some family.
-func (s *Snapshot) withPortmapChain(owners []string) []string {
+func (r *iptablesRules) withPortmapChain(owners []string) []string {
 	var out []string
 	for _, cid := range owners {
-		dn := chainNameWithPrefix(s.network, cid, portmapDNPrefix)
-		for _, fs := range s.perFamily {
-			if fs.chains[dn] {
-				out = append(out, cid)
-				break
-			}
+		if slices.ContainsFunc(r.families, func(fr familyRules) bool { return fr.chains[r.portmapChain(cid)] }) {
+			out = append(out, cid)
 		}
 	}
 	return out
 }
 
 // emptyPortmap deletes containerID's jumps to portmap's chain and empties
-// that chain, in every family; it returns what went and the families
-// (indexes) whose chain is left, emptied.
-func (s *Snapshot) emptyPortmap(containerID string) (removed []string, emptied []int, err error) {
+// that chain, in every family. A chain it empties stays listed, one found
+// gone (its own teardown won) does not.
+func (r *iptablesRules) emptyPortmap(containerID string) ([]string, error) {
+	var removed []string
 	var errs []error
-	dn := chainNameWithPrefix(s.network, containerID, portmapDNPrefix)
-	for i, fs := range s.perFamily {
-		removed = append(removed, deleteJumps(fs, containerID, hostportDNAT, &errs)...)
-		if !fs.chains[dn] {
+	dn := r.portmapChain(containerID)
+	for _, fr := range r.families {
+		removed = append(removed, fr.deleteJumps(containerID, hostportDNAT, &errs)...)
+		if !fr.chains[dn] {
 			continue
 		}
-		switch err := fs.table.FlushChain(natTableName, dn); {
+		switch err := fr.table.FlushChain(natTableName, dn); {
 		case isNotExist(err):
-			delete(fs.chains, dn) // its own teardown won
+			delete(fr.chains, dn)
 			removed = append(removed, "chain "+dn)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("empty chain %s of %s: %w", dn, containerID, err))
-		default:
-			emptied = append(emptied, i)
 		}
-	}
-	return removed, emptied, errors.Join(errs...)
-}
-
-// releaseBridge deletes containerID's POSTROUTING jumps and bridge's chain,
-// in every family.
-func (s *Snapshot) releaseBridge(containerID string) ([]string, error) {
-	var removed []string
-	var errs []error
-	masq := chainName(s.network, containerID)
-	for _, fs := range s.perFamily {
-		removed = append(removed, deleteJumps(fs, containerID, postrouting, &errs)...)
-		if !fs.chains[masq] {
-			continue
-		}
-		if err := fs.table.ClearAndDeleteChain(natTableName, masq); err != nil && !isNotExist(err) {
-			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", masq, containerID, err))
-			continue
-		}
-		delete(fs.chains, masq)
-		removed = append(removed, "chain "+masq)
 	}
 	return removed, errors.Join(errs...)
 }
 
-// deleteJumps deletes containerID's listed jumps from chain in fs, and
-// forgets them; errors are added to errs.
-func deleteJumps(fs familySnapshot, containerID, chain string, errs *[]error) []string {
+// releaseBridge deletes containerID's POSTROUTING jumps, then bridge's
+// chain, in every family.
+func (r *iptablesRules) releaseBridge(containerID string) ([]string, error) {
 	var removed []string
-	kept := fs.jumps[containerID][:0]
-	for _, r := range fs.jumps[containerID] {
-		if r.chain != chain {
-			kept = append(kept, r)
+	var errs []error
+	for _, fr := range r.families {
+		removed = append(removed, fr.deleteJumps(containerID, postrouting, &errs)...)
+	}
+	gone, err := r.deleteChains(chainName(r.network, containerID), containerID, true)
+	return append(removed, gone...), errors.Join(append(errs, err)...)
+}
+
+// deleteChains deletes chain (clear: with its rules; else it must be
+// empty) in every family that lists it, and forgets it. A chain already
+// gone is no error.
+func (r *iptablesRules) deleteChains(chain, containerID string, clear bool) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, fr := range r.families {
+		if !fr.chains[chain] {
 			continue
 		}
-		if err := r.table.Delete(natTableName, r.chain, r.spec...); err != nil && !isNotExist(err) {
-			*errs = append(*errs, fmt.Errorf("delete jump from %s for %s: %w", r.chain, containerID, err))
-			kept = append(kept, r)
+		del := fr.table.DeleteChain
+		if clear {
+			del = fr.table.ClearAndDeleteChain
+		}
+		if err := del(natTableName, chain); err != nil && !isNotExist(err) {
+			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", chain, containerID, err))
 			continue
 		}
-		removed = append(removed, "jump in "+r.chain)
+		delete(fr.chains, chain)
+		removed = append(removed, "chain "+chain)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// deleteJumps deletes containerID's listed jumps from chain, and forgets
+// them; errors are added to errs.
+func (fr familyRules) deleteJumps(containerID, chain string, errs *[]error) []string {
+	var removed []string
+	kept := fr.jumps[containerID][:0]
+	for _, j := range fr.jumps[containerID] {
+		if j.chain != chain {
+			kept = append(kept, j)
+			continue
+		}
+		if err := fr.table.Delete(natTableName, j.chain, j.spec...); err != nil && !isNotExist(err) {
+			*errs = append(*errs, fmt.Errorf("delete jump from %s for %s: %w", j.chain, containerID, err))
+			kept = append(kept, j)
+			continue
+		}
+		removed = append(removed, "jump in "+j.chain)
 	}
 	if len(kept) == 0 {
-		delete(fs.jumps, containerID)
+		delete(fr.jumps, containerID)
 	} else {
-		fs.jumps[containerID] = kept
+		fr.jumps[containerID] = kept
 	}
 	return removed
-}
-
-// deletePortmapChains deletes containerID's emptied portmap chain in the
-// families given.
-func (s *Snapshot) deletePortmapChains(containerID string, families []int) ([]string, error) {
-	var removed []string
-	var errs []error
-	dn := chainNameWithPrefix(s.network, containerID, portmapDNPrefix)
-	for _, i := range families {
-		fs := s.perFamily[i]
-		if err := fs.table.DeleteChain(natTableName, dn); err != nil && !isNotExist(err) {
-			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", dn, containerID, err))
-			continue
-		}
-		delete(fs.chains, dn)
-		removed = append(removed, "chain "+dn)
-	}
-	return removed, errors.Join(errs...)
 }

@@ -25,11 +25,11 @@ type failingTable struct {
 	listing bool
 }
 
-func (f failingTable) ListNAT() ([]string, error) {
-	if f.listing {
+func (f failingTable) List(table string) ([]string, error) {
+	if f.listing && table == "nat" {
 		return nil, errors.New("iptables -S killed")
 	}
-	return f.Table.ListNAT()
+	return f.Table.List(table)
 }
 
 func (failingTable) Delete(string, string, ...string) error   { return errors.New("iptables killed") }
@@ -155,12 +155,12 @@ type racingTable struct {
 	beforeList func()
 }
 
-func (r *racingTable) ListNAT() ([]string, error) {
-	if r.beforeList != nil {
+func (r *racingTable) List(table string) ([]string, error) {
+	if r.beforeList != nil && table == "nat" {
 		r.beforeList()
 		r.beforeList = nil
 	}
-	return r.Table.ListNAT()
+	return r.Table.List(table)
 }
 
 // The rules of an ADD that began after the sweep read the records are no

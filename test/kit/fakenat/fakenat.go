@@ -19,9 +19,7 @@ type Table struct {
 	Chains map[string][]string // chain -> "-A chain ..." lines
 	// Filter is the filter table's chains, made on first use (AddForward).
 	Filter map[string][]string
-	// V6 makes it the ip6tables family's table.
-	V6    bool
-	Calls []string
+	Calls  []string
 	// OnList, when set, runs after each listing, with its output made.
 	OnList func()
 }
@@ -41,8 +39,17 @@ func (f *Table) Add(chain, spec string) {
 // builtin chains are listed with -P by iptables -S, others with -N.
 var builtin = map[string]bool{"PREROUTING": true, "INPUT": true, "OUTPUT": true, "POSTROUTING": true}
 
-func (f *Table) ListNAT() ([]string, error) {
-	f.Calls = append(f.Calls, "list nat")
+// List lists a table as `iptables -S` does; the filter table holds only
+// what AddForward made.
+func (f *Table) List(table string) ([]string, error) {
+	f.Calls = append(f.Calls, "list "+table)
+	if table == "filter" {
+		var out []string
+		for chain, rules := range f.Filter {
+			out = append(append(out, "-N "+chain), rules...)
+		}
+		return out, nil
+	}
 	names := make([]string, 0, len(f.Chains))
 	for ch := range f.Chains {
 		names = append(names, ch)
@@ -87,20 +94,6 @@ func (f *Table) Delete(table, chain string, spec ...string) error {
 		}
 	}
 	return fmt.Errorf("no such rule in %s: %v", chain, spec)
-}
-
-// IsIPv6 reports whether the table is ip6tables'.
-func (f *Table) IsIPv6() bool { return f.V6 }
-
-// ListChain lists one chain as `iptables -t table -S chain` does; only the
-// filter table is modelled.
-func (f *Table) ListChain(table, chain string) ([]string, error) {
-	f.Calls = append(f.Calls, "list "+table+" "+chain)
-	rules, ok := f.Filter[chain]
-	if table != "filter" || !ok {
-		return nil, nil
-	}
-	return append([]string{"-N " + chain}, rules...), nil
 }
 
 // AddForward appends the firewall plugin's two CNI-FORWARD rules of addr

@@ -64,6 +64,16 @@ func (f *NFT) List(network string) (netfilter.Rules, error) {
 	return r, nil
 }
 
+// Teardown lists network's rules and releases owner's.
+func (f *NFT) Teardown(network, owner string) ([]string, error) {
+	rules, err := f.List(network)
+	if err != nil {
+		return nil, err
+	}
+	removed, failed := rules.Release([]string{owner})
+	return removed[owner], failed[owner]
+}
+
 type nftRules struct {
 	f      *NFT
 	owners map[string]netfilter.RuleOwner
