@@ -215,7 +215,7 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 			return nil, nil, fmt.Errorf("network %q: %s", only, e.Msg)
 		}
 		d := New(dataDir, only)
-		if !isDir(d.Leases()) && !isDir(d.Records()) {
+		if !exists(d.Leases()) && !exists(d.Records()) {
 			return nil, nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
 		}
 		if err := d.Check(); err != nil {
@@ -235,7 +235,7 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	if len(names) == 0 && looksLikeHostLocal(dataDir) {
 		return nil, nil, fmt.Errorf("%s is host-local's directory of one network, not a data dir: give its parent", dataDir)
 	}
-	if len(names) == 0 && !isDir(filepath.Join(dataDir, RecordDirName)) && !isEmptyDir(dataDir) {
+	if len(names) == 0 && !exists(filepath.Join(dataDir, RecordDirName)) && !isEmptyDir(dataDir) {
 		return nil, nil, fmt.Errorf("%s is not a data dir: it has no %s directory of the plugin's, and none of its directories looks like host-local's (a lock, leases named by address)", dataDir, RecordDirName)
 	}
 	dirs = make([]Dir, 0, len(names))
@@ -314,7 +314,8 @@ func isEmptyDir(dir string) bool {
 	return len(names) == 0
 }
 
-func isDir(path string) bool {
-	fi, err := os.Lstat(path)
-	return err == nil && fi.IsDir()
+// exists: something is at path (a link is not followed).
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, os.ErrNotExist)
 }

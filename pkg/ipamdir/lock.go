@@ -71,11 +71,6 @@ func (d Dir) lock(create bool) (func(), error) {
 		return nil, lockOpenError(path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("inspect %s: %w", path, err)
-	}
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
 		if err != nil {
@@ -90,13 +85,9 @@ func (d Dir) lock(create bool) (func(), error) {
 		f.Close()
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	return func() {
-		if f != nil {
-			_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-			f.Close()
-			f = nil
-		}
-	}, nil
+	// Closing the one descriptor (close-on-exec: no child shares it)
+	// drops the flock; a second close is harmless.
+	return func() { f.Close() }, nil
 }
 
 func lockOpenError(path string, err error) error {
