@@ -138,10 +138,10 @@ func flockWithin(f *os.File, timeout time.Duration) error {
 }
 
 // lockHolders names the processes that hold the lock file at path, for an
-// error message (sysinfo.FlockHolders, the one finder of a flock's
+// error message (sysinfo's FlockHolders, the one finder of a flock's
 // holders).
 func lockHolders(path string) string {
-	pids, err := sysinfo.FlockHolders("", path)
+	pids, err := (&sysinfo.Real{}).FlockHolders(path)
 	if err != nil {
 		return "cannot tell who holds it: " + err.Error()
 	}

@@ -57,24 +57,15 @@ func (r *Real) CNIProcesses(containerIDs []string) (map[string]int, error) {
 // ownProcesses lists the pids of this effective user's processes but this
 // one: /proc/<pid> belongs to the process's effective user, and another
 // user's process is not one of this user's runtimes.
-func (r *Real) ownProcesses() ([]int, error) {
-	entries, err := os.ReadDir(r.procRoot())
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
-	}
+func (r *Real) ownProcesses() (pids []int, err error) {
 	self, euid := os.Getpid(), uint32(os.Geteuid())
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 || pid == self {
-			continue
-		}
+	err = r.eachProcess(func(procfd int, name string, pid int) {
 		var st unix.Stat_t
-		if unix.Stat(filepath.Join(r.procRoot(), e.Name()), &st) == nil && st.Uid == euid {
+		if pid != self && unix.Fstatat(procfd, name, &st, 0) == nil && st.Uid == euid {
 			pids = append(pids, pid)
 		}
-	}
-	return pids, nil
+	})
+	return pids, err
 }
 
 // environContainerID is the CNI_CONTAINERID in pid's environment: "" if

@@ -80,31 +80,36 @@ func (r *Real) NetnsHolders() (Holders, error) {
 }
 
 func (r *Real) scanProcesses(holders Holders) error {
-	root := r.procRoot()
-	dir, err := os.Open(root)
+	return r.eachProcess(func(procfd int, name string, pid int) {
+		var st unix.Stat_t
+		// Else it exited, or is a kernel thread we may not look into.
+		if unix.Fstatat(procfd, name+"/ns/net", &st, 0) == nil {
+			id := NetnsID{Dev: st.Dev, Ino: st.Ino}
+			holders[id] = append(holders[id], Holder{PID: pid})
+		}
+	})
+}
+
+// eachProcess calls fn for every process under procRoot, with its pid, its
+// directory's name and a descriptor of procRoot to look under (fstatat:
+// no walk of the path from / for each), listing 1024 at a time.
+func (r *Real) eachProcess(fn func(procfd int, name string, pid int)) error {
+	dir, err := os.Open(r.procRoot())
 	if err != nil {
 		return fmt.Errorf("list processes: %w", err)
 	}
 	defer dir.Close()
-	procfd := int(dir.Fd())
 	for {
 		names, err := dir.Readdirnames(1024)
 		for _, name := range names {
-			pid, perr := strconv.Atoi(name)
-			if perr != nil || pid <= 0 {
-				continue
+			if pid, perr := strconv.Atoi(name); perr == nil && pid > 0 {
+				fn(int(dir.Fd()), name, pid)
 			}
-			var st unix.Stat_t
-			if unix.Fstatat(procfd, name+"/ns/net", &st, 0) != nil {
-				continue // exited, or a kernel thread we may not look into
-			}
-			id := NetnsID{Dev: st.Dev, Ino: st.Ino}
-			holders[id] = append(holders[id], Holder{PID: pid})
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
 			return fmt.Errorf("list processes: %w", err)
 		}
 	}
@@ -158,9 +163,6 @@ func parseNsfsMount(line string) (NetnsID, string, bool) {
 // unescapeMountinfo undoes the kernel's octal escaping of space, tab,
 // newline and backslash in mount points.
 func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
 	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
@@ -207,7 +209,7 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 // KillLockHolders SIGKILLs the processes, other than this one, that hold
 // the exclusive flock of the file at path (FlockHolders).
 func (r *Real) KillLockHolders(path string) ([]int, error) {
-	holders, err := FlockHolders(r.procRoot(), path)
+	holders, err := r.FlockHolders(path)
 	if err != nil {
 		return nil, err
 	}
@@ -231,41 +233,29 @@ func (r *Real) KillLockHolders(path string) ([]int, error) {
 // /proc/<pid>/fd/<n>) through which its exclusive flock is held (a
 // "FLOCK ... WRITE" lock line in /proc/<pid>/fdinfo/<n>): descriptors
 // inherited from the locker share its lock, which /proc/locks names by
-// the locker's pid alone, however long ago it exited. procRoot "" is
-// /proc.
-func FlockHolders(procRoot, path string) ([]int, error) {
-	if procRoot == "" {
-		procRoot = "/proc"
-	}
+// the locker's pid alone, however long ago it exited.
+func (r *Real) FlockHolders(path string) ([]int, error) {
 	var target unix.Stat_t
 	if err := unix.Stat(path, &target); err != nil {
 		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	procs, err := os.ReadDir(procRoot)
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
-	}
 	var holders []int
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil || pid <= 0 {
-			continue
-		}
-		fdDir := filepath.Join(procRoot, p.Name(), "fd")
+	err := r.eachProcess(func(_ int, name string, pid int) {
+		fdDir := filepath.Join(r.procRoot(), name, "fd")
 		fds, err := os.ReadDir(fdDir)
 		if err != nil {
-			continue // exited, or a kernel thread
+			return // exited, or a kernel thread
 		}
 		for _, fd := range fds {
 			var st unix.Stat_t
 			if unix.Stat(filepath.Join(fdDir, fd.Name()), &st) == nil && st.Dev == target.Dev && st.Ino == target.Ino &&
-				holdsExclusiveFlock(filepath.Join(procRoot, p.Name(), "fdinfo", fd.Name())) {
+				holdsExclusiveFlock(filepath.Join(r.procRoot(), name, "fdinfo", fd.Name())) {
 				holders = append(holders, pid)
-				break
+				return
 			}
 		}
-	}
-	return holders, nil
+	})
+	return holders, err
 }
 
 // holdsExclusiveFlock reports whether the fdinfo file of a descriptor shows

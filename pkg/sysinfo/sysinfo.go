@@ -162,27 +162,6 @@ func (r *Real) Netns(path string) (NetnsID, error) {
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
-// cookieInside reads the namespace's cookie from a socket made inside it,
-// entering it on a thread of its own (ns.WithNetNSPath) through the
-// descriptor openNetns checked.
-func (r *Real) cookieInside(path string) (uint64, error) {
-	fd, err := openNetns(path)
-	if err != nil {
-		return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	var cookie uint64
-	err = ns.WithNetNSPath("/proc/self/fd/"+strconv.Itoa(fd), func(ns.NetNS) error {
-		var err error
-		cookie, err = socketNetnsCookie()
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("namespace cookie of %s: %w", path, nsError(err))
-	}
-	return cookie, nil
-}
-
 // nsError gives ns.GetNS's errors, which wrap nothing, the meaning callers
 // test for: a path that is gone (a holder that exited since it was seen)
 // is fs.ErrNotExist, one that is no namespace ErrNotNetns.
