@@ -127,20 +127,11 @@ func InMemory(fsType int64) bool {
 // gc) comes in the same order on every filesystem, fully sorted up to
 // 1024 entries.
 func EachDirEntry(dir *os.File, fn func(fs.DirEntry)) error {
-	return EachDirBatch(dir, func(entries []fs.DirEntry) {
-		for _, e := range entries {
-			fn(e)
-		}
-	})
-}
-
-// EachDirBatch is EachDirEntry that hands over each sorted batch at once.
-func EachDirBatch(dir *os.File, fn func([]fs.DirEntry)) error {
 	for {
 		entries, err := dir.ReadDir(1024)
 		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-		if len(entries) > 0 {
-			fn(entries)
+		for _, e := range entries {
+			fn(e)
 		}
 		if errors.Is(err, io.EOF) {
 			return nil

@@ -104,13 +104,6 @@ func ParseRecordName(name string) (containerID, ifName string, ok bool) {
 	return containerID, ifName, ok && containerID != ""
 }
 
-// IsRecordNameOf is name == RecordName(containerID, ifName), without
-// building the name (a sweep asks it of every record).
-func IsRecordNameOf(name, containerID, ifName string) bool {
-	c := len(containerID)
-	return len(name) == c+1+len(ifName) && name[:c] == containerID && name[c] == '@' && name[c+1:] == ifName
-}
-
 // Record is the path of an attachment's record.
 func (d Dir) Record(containerID, ifName string) string {
 	return filepath.Join(d.Records(), RecordName(containerID, ifName))
