@@ -1,8 +1,6 @@
 package sysinfo
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -123,41 +121,26 @@ func (r *Real) scanMounts(holders Holders) error {
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		id, mount, ok := parseNsfsMount(sc.Text())
-		if ok {
+	for line := range strings.Lines(string(b)) {
+		if id, mount, ok := parseNsfsMount(strings.TrimSuffix(line, "\n")); ok {
 			holders[id] = append(holders[id], Holder{Mount: mount})
 		}
 	}
-	return sc.Err()
+	return nil
 }
 
-func parseNsfsMount(line string) (NetnsID, string, bool) {
-	pre, post, ok := strings.Cut(line, " - ")
-	if !ok || !strings.HasPrefix(post, "nsfs ") {
-		return NetnsID{}, "", false
-	}
+func parseNsfsMount(line string) (id NetnsID, mount string, ok bool) {
+	pre, post, found := strings.Cut(line, " - ")
 	f := strings.Fields(pre)
-	if len(f) < 5 {
+	if !found || !strings.HasPrefix(post, "nsfs ") || len(f) < 5 {
 		return NetnsID{}, "", false
 	}
-	inoText, ok := strings.CutPrefix(f[3], "net:[")
-	if !ok || !strings.HasSuffix(inoText, "]") {
+	var major, minor uint32
+	if _, err := fmt.Sscanf(f[2]+" "+f[3], "%d:%d net:[%d]", &major, &minor, &id.Ino); err != nil {
 		return NetnsID{}, "", false
 	}
-	ino, err := strconv.ParseUint(strings.TrimSuffix(inoText, "]"), 10, 64)
-	if err != nil {
-		return NetnsID{}, "", false
-	}
-	majText, minText, ok := strings.Cut(f[2], ":")
-	major, err1 := strconv.ParseUint(majText, 10, 32)
-	minor, err2 := strconv.ParseUint(minText, 10, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return NetnsID{}, "", false
-	}
-	return NetnsID{Dev: unix.Mkdev(uint32(major), uint32(minor)), Ino: ino}, unescapeMountinfo(f[4]), true
+	id.Dev = unix.Mkdev(major, minor)
+	return id, unescapeMountinfo(f[4]), true
 }
 
 // unescapeMountinfo undoes the kernel's octal escaping of space, tab,
