@@ -104,33 +104,23 @@ func lockOpenError(path string, err error) error {
 
 // flockWithin takes an exclusive flock on f, waiting at most timeout. A
 // blocked flock cannot be interrupted, so on timeout the waiting goroutine
-// keeps f: it gives the lock back and closes f if it ever gets it.
+// keeps f, and closes it (which drops the lock) if it ever gets it.
 func flockWithin(f *os.File, timeout time.Duration) error {
 	fd := int(f.Fd())
-	err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-	if !errors.Is(err, unix.EWOULDBLOCK) {
-		return err
-	}
 	done := make(chan error, 1)
 	go func() {
-		for {
-			err := unix.Flock(fd, unix.LOCK_EX)
-			if !errors.Is(err, unix.EINTR) {
-				done <- err
-				return
-			}
+		err := unix.Flock(fd, unix.LOCK_EX)
+		for errors.Is(err, unix.EINTR) {
+			err = unix.Flock(fd, unix.LOCK_EX)
 		}
+		done <- err
 	}()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
 	select {
 	case err := <-done:
 		return err
-	case <-timer.C:
+	case <-time.After(timeout):
 		go func() {
-			if <-done == nil {
-				_ = unix.Flock(fd, unix.LOCK_UN)
-			}
+			<-done
 			f.Close()
 		}()
 		return ErrLockTimeout
