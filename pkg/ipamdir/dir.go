@@ -15,7 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -228,8 +228,10 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	if len(names) == 0 && looksLikeHostLocal(dataDir) {
 		return nil, nil, fmt.Errorf("%s is host-local's directory of one network, not a data dir: give its parent", dataDir)
 	}
-	if len(names) == 0 && !exists(filepath.Join(dataDir, RecordDirName)) && !isEmptyDir(dataDir) {
-		return nil, nil, fmt.Errorf("%s is not a data dir: it has no %s directory of the plugin's, and none of its directories looks like host-local's (a lock, leases named by address)", dataDir, RecordDirName)
+	if len(names) == 0 && !exists(filepath.Join(dataDir, RecordDirName)) {
+		if entries, _ := os.ReadDir(dataDir); len(entries) > 0 {
+			return nil, nil, fmt.Errorf("%s is not a data dir: it has no %s directory of the plugin's, and none of its directories looks like host-local's (a lock, leases named by address)", dataDir, RecordDirName)
+		}
 	}
 	dirs = make([]Dir, 0, len(names))
 	for _, n := range names {
@@ -248,7 +250,7 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 // directories are not networks: a data dir given by mistake (/etc, /) is
 // not swept, and nothing is created in its directories.
 func networkNames(dataDir string) ([]string, error) {
-	seen := map[string]bool{}
+	var names []string
 	for _, dir := range []string{dataDir, filepath.Join(dataDir, RecordDirName)} {
 		entries, err := os.ReadDir(dir)
 		if err != nil && dir == dataDir {
@@ -261,15 +263,11 @@ func networkNames(dataDir string) ([]string, error) {
 			if dir == dataDir && !looksLikeHostLocal(filepath.Join(dir, e.Name())) {
 				continue
 			}
-			seen[e.Name()] = true
+			names = append(names, e.Name())
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out, nil
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
 
 // looksLikeHostLocal reports whether dir looks like host-local's directory
@@ -296,16 +294,6 @@ func looksLikeHostLocal(dir string) bool {
 // hostLocalProbe bounds the entries looksLikeHostLocal reads of a
 // directory: a network's lock or a lease is among the first of a real one.
 const hostLocalProbe = 64
-
-func isEmptyDir(dir string) bool {
-	f, err := os.Open(dir)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	names, _ := f.Readdirnames(1)
-	return len(names) == 0
-}
 
 // exists: something is at path (a link is not followed).
 func exists(path string) bool {
