@@ -104,11 +104,6 @@ func ParseRecordName(name string) (containerID, ifName string, ok bool) {
 	return containerID, ifName, ok && containerID != ""
 }
 
-// Record is the path of an attachment's record.
-func (d Dir) Record(containerID, ifName string) string {
-	return filepath.Join(d.Records(), RecordName(containerID, ifName))
-}
-
 // Marker is a file of the plugin's own beside a network's records. Names
 // start with '.', which no record's does.
 type Marker string

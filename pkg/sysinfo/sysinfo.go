@@ -95,7 +95,6 @@ var _ Host = (*Real)(nil)
 // BootID is /proc/sys/kernel/random/boot_id: a new random UUID every boot.
 func (r *Real) BootID() (string, error) {
 	if r.bootID == "" {
-		// A raw read (no *os.File set-up): ADD and CHECK each read it.
 		b, err := statefile.ReadFileNoFollow("/proc/sys/kernel/random/boot_id")
 		if err != nil {
 			return "", fmt.Errorf("read boot id: %w", err)
@@ -112,11 +111,9 @@ func (r *Real) BootTime() (time.Time, error) {
 		if err != nil {
 			return time.Time{}, fmt.Errorf("read /proc/stat: %w", err)
 		}
-		t, err := parseBtime(b)
-		if err != nil {
+		if r.bootTime, err = parseBtime(b); err != nil {
 			return time.Time{}, err
 		}
-		r.bootTime = t
 	}
 	return r.bootTime, nil
 }
