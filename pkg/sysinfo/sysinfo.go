@@ -83,8 +83,7 @@ type Host interface {
 type Real struct {
 	bootID   string
 	bootTime time.Time
-	// nsfsDev is the device of nsfs, once a statfs proved it: nsfs has a
-	// single superblock, so a file on that device is a namespace file.
+	// nsfsDev is the device of nsfs, once a statfs proved it.
 	nsfsDev atomic.Uint64
 	// ProcRoot is where processes are read from; "" means /proc.
 	ProcRoot string
@@ -135,27 +134,21 @@ func (r *Real) Now() time.Time { return time.Now() }
 
 func (r *Real) Netns(path string) (NetnsID, error) {
 	var st unix.Stat_t
-	if dev := r.nsfsDev.Load(); dev != 0 {
-		// One stat instead of statfs + stat: same device as a proven
-		// nsfs file means nsfs.
-		if err := unix.Stat(path, &st); err != nil {
-			return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
-		}
-		if st.Dev == dev {
-			return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
-		}
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return NetnsID{}, &os.PathError{Op: "statfs", Path: path, Err: err}
-	}
-	if fs.Type != unix.NSFS_MAGIC {
-		return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
-	}
 	if err := unix.Stat(path, &st); err != nil {
 		return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	r.nsfsDev.Store(st.Dev)
+	// One stat for a file on the device a statfs proved nsfs: nsfs has a
+	// single superblock.
+	if dev := r.nsfsDev.Load(); dev == 0 || st.Dev != dev {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(path, &fs); err != nil {
+			return NetnsID{}, &os.PathError{Op: "statfs", Path: path, Err: err}
+		}
+		if fs.Type != unix.NSFS_MAGIC {
+			return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
+		}
+		r.nsfsDev.Store(st.Dev)
+	}
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
@@ -180,10 +173,7 @@ func (r *Real) ProcessStart(pid int) (uint64, bool) {
 		return 0, false
 	}
 	start, err := parseStartTime(b)
-	if err != nil {
-		return 0, false
-	}
-	return start, true
+	return start, err == nil
 }
 
 // parseStartTime reads field 22 of /proc/<pid>/stat. The command name (field
