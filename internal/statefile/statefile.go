@@ -37,14 +37,11 @@ func TempWriter(name string) (int, bool) {
 	return pid, err == nil && pid > 0
 }
 
-// WriteFileAtomic replaces path with data through a 0600 temp file in the
+// WriteAtomic replaces path with data through a 0600 temp file in the
 // same directory and a rename: a reader, or a crash, sees the old content
-// or the new, never a mix.
-func WriteFileAtomic(path string, data []byte) error { return WriteAtomic(path, data, nil) }
-
-// WriteAtomic is WriteFileAtomic, calling beforeRename (when set) with the
-// temp file's path once it holds data: the last moment nobody else can
-// see the file.
+// or the new, never a mix. beforeRename, when set, is called with the temp
+// file's path once it holds data: the last moment nobody else can see the
+// file.
 func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) error {
 	crashpoint.Step("create temp for " + path)
 	tmp, err := os.CreateTemp(filepath.Dir(path), TempPrefix+strconv.Itoa(os.Getpid())+"-")

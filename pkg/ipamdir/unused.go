@@ -10,13 +10,11 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
-// A verb that fails on a network the plugin never served must leave
-// nothing behind: no data dir, no marker (OwnedMarker would make the
-// network's NAT rules the plugin's to release), no lock. A verb notes what
-// existed before it ran (Existing), and a failed one removes what it
-// created, as long as it holds nothing of anyone (RemoveUnused).
-
-// Existing says which of a network's directories exist.
+// Existing says which of a network's directories exist: what a verb notes
+// before it runs, since one that fails on a network the plugin never
+// served must leave nothing behind (RemoveUnused): no data dir, no lock,
+// no marker (OwnedMarker would make the network's NAT rules the plugin's
+// to release).
 type Existing struct {
 	DataDir, Leases, RecordRoot, Records bool
 }
