@@ -42,21 +42,11 @@ func (h Holder) String() string {
 // Holders maps each network namespace to what holds it.
 type Holders map[NetnsID][]Holder
 
-// procRoot is where Real reads processes from.
 func (r *Real) procRoot() string {
 	if r.ProcRoot == "" {
 		return "/proc"
 	}
 	return r.ProcRoot
-}
-
-// path is the file that names h's namespace: the process's ns/net link, or
-// the mount point.
-func (r *Real) holderPath(h Holder) string {
-	if h.PID > 0 {
-		return filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "ns", "net")
-	}
-	return h.Mount
 }
 
 // NetnsHolders reads, once per call, the network namespace of every process
@@ -159,9 +149,15 @@ func unescapeMountinfo(s string) string {
 // outside lacks the capability setns needs), it cannot tell, and says so
 // with an error.
 func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error) {
-	path := r.holderPath(h)
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil || (NetnsID{Dev: st.Dev, Ino: st.Ino}) != id {
+	path := h.Mount // or the process's ns/net link
+	if h.PID > 0 {
+		path = filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "ns", "net")
+	}
+	holds := func() bool {
+		var st unix.Stat_t
+		return unix.Stat(path, &st) == nil && (NetnsID{Dev: st.Dev, Ino: st.Ino}) == id
+	}
+	if !holds() {
 		return h, false, nil
 	}
 	if cookie != 0 {
@@ -169,7 +165,7 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 		switch {
 		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
 			return h, false, nil // gone meanwhile
-		case err != nil && (unix.Stat(path, &st) != nil || (NetnsID{Dev: st.Dev, Ino: st.Ino}) != id):
+		case err != nil && !holds():
 			// It exited (or moved) while its cookie was read, whatever
 			// the error said.
 			return h, false, nil
@@ -189,8 +185,6 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 	return h, true, nil
 }
 
-// KillLockHolders SIGKILLs the processes, other than this one, that hold
-// the exclusive flock of the file at path (FlockHolders).
 func (r *Real) KillLockHolders(path string) ([]int, error) {
 	holders, err := r.FlockHolders(path)
 	if err != nil {
