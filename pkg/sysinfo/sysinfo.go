@@ -191,11 +191,3 @@ func parseStartTime(stat []byte) (uint64, error) {
 	}
 	return strconv.ParseUint(fields[19], 10, 64)
 }
-
-// Self is this process's pid and start time, recorded in pending records so
-// a sweep can tell an ADD in flight from one that died.
-func Self(h Host) (pid int, start uint64) {
-	pid = os.Getpid()
-	start, _ = h.ProcessStart(pid)
-	return pid, start
-}
