@@ -45,11 +45,8 @@ func Check(arch, path, module, version string) (string, []string) {
 		bad("machine %v, want %v", f.Machine, want)
 	}
 	for _, p := range f.Progs {
-		switch p.Type {
-		case elf.PT_INTERP:
-			bad("has PT_INTERP (dynamically linked)")
-		case elf.PT_DYNAMIC:
-			bad("has PT_DYNAMIC (dynamically linked)")
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			bad("has %v (dynamically linked)", p.Type)
 		}
 	}
 	if libs, err := f.ImportedLibraries(); err == nil && len(libs) > 0 {

@@ -34,18 +34,16 @@ func (d Dir) CheckUsable() (problem string, err error) {
 		return "", err
 	}
 	dir := d.DataDir
-	for {
-		fi, err := os.Stat(dir)
-		if err == nil && !fi.IsDir() {
-			return "", fmt.Errorf("%s is not a directory", dir)
-		}
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, os.ErrNotExist) || dir == filepath.Dir(dir) {
-			return "", fmt.Errorf("stat %s: %w", dir, err)
-		}
+	fi, err := os.Stat(dir)
+	for errors.Is(err, os.ErrNotExist) && dir != filepath.Dir(dir) {
 		dir = filepath.Dir(dir)
+		fi, err = os.Stat(dir)
+	}
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("stat %s: %w", dir, err)
+	case !fi.IsDir():
+		return "", fmt.Errorf("%s is not a directory", dir)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {

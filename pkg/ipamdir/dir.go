@@ -197,7 +197,6 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	if !fi.IsDir() {
 		return nil, nil, fmt.Errorf("data dir %s is not a directory", dataDir)
 	}
-	var names []string
 	if only != "" {
 		if e := utils.ValidateNetworkName(only); e != nil {
 			return nil, nil, fmt.Errorf("network %q: %s", only, e.Msg)
@@ -217,7 +216,8 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 			return nil, nil, fmt.Errorf("unsafe data directory: %w", err)
 		}
 	}
-	if names, err = networkNames(dataDir); err != nil {
+	names, err := networkNames(dataDir)
+	if err != nil {
 		return nil, nil, err
 	}
 	if len(names) == 0 && looksLikeHostLocal(dataDir) {

@@ -12,10 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cniContainerIDVar is the variable a runtime sets for every plugin of a
-// chain it runs (CNI spec, "Parameters"), and that they pass on to theirs.
-const cniContainerIDVar = "CNI_CONTAINERID="
-
 // cniScanBound bounds the scan of environments, and cniPidBound the read
 // of one: reading another process's environment reads its memory, which a
 // process stuck in the kernel with its memory map locked (faulting on a
@@ -102,11 +98,12 @@ func (r *Real) environContainerID(pid int, left time.Duration) (string, error) {
 	return "", nil
 }
 
-// cniContainerID is the value of CNI_CONTAINERID in a NUL-separated
-// environment block.
+// cniContainerID is the value of CNI_CONTAINERID, the variable a runtime
+// sets for every plugin of a chain it runs (CNI spec, "Parameters") and
+// that they pass on to theirs, in a NUL-separated environment block.
 func cniContainerID(environ []byte) (string, bool) {
 	for entry := range bytes.SplitSeq(environ, []byte{0}) {
-		if v, ok := bytes.CutPrefix(entry, []byte(cniContainerIDVar)); ok {
+		if v, ok := bytes.CutPrefix(entry, []byte("CNI_CONTAINERID=")); ok {
 			return string(v), true
 		}
 	}
