@@ -239,13 +239,10 @@ func checkPlantedIn(dir string, depth int) error {
 			planted = fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
 		}
 	})
-	if planted != nil {
-		return planted
+	if err != nil && planted == nil {
+		planted = fmt.Errorf("list %s: %w", dir, err)
 	}
-	if err != nil {
-		return fmt.Errorf("list %s: %w", dir, err)
-	}
-	return nil
+	return planted
 }
 
 func modeKind(m os.FileMode) string {

@@ -58,17 +58,7 @@ func (r *Real) procRoot() string {
 // process or a mount on it (Nomad's tasks, a pause container, a bind mount).
 func (r *Real) NetnsHolders() (Holders, error) {
 	holders := Holders{}
-	if err := r.scanProcesses(holders); err != nil {
-		return nil, err
-	}
-	if err := r.scanMounts(holders); err != nil {
-		return nil, err
-	}
-	return holders, nil
-}
-
-func (r *Real) scanProcesses(holders Holders) error {
-	return r.eachProcess(func(procfd int, name string, pid int) {
+	err := r.eachProcess(func(procfd int, name string, pid int) {
 		var st unix.Stat_t
 		// Else it exited, or is a kernel thread we may not look into.
 		if unix.Fstatat(procfd, name+"/ns/net", &st, 0) == nil {
@@ -76,6 +66,13 @@ func (r *Real) scanProcesses(holders Holders) error {
 			holders[id] = append(holders[id], Holder{PID: pid})
 		}
 	})
+	if err == nil {
+		err = r.scanMounts(holders)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return holders, nil
 }
 
 // eachProcess calls fn for every process under procRoot, with its pid, its
