@@ -106,17 +106,15 @@ func stringVar(f *elf.File, sym string) (string, error) {
 	return "", errors.New("symbol not found (stripped binary?)")
 }
 
-// readAt reads n bytes at virtual address addr from the section holding them.
+// readAt reads n bytes at virtual address addr from the loaded segment
+// holding them in the file.
 func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
-	for _, sec := range f.Sections {
-		if sec.Type == elf.SHT_NOBITS || addr < sec.Addr || addr+n > sec.Addr+sec.Size {
-			continue
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && addr >= p.Vaddr && addr+n <= p.Vaddr+p.Filesz {
+			b := make([]byte, n)
+			_, err := p.ReadAt(b, int64(addr-p.Vaddr))
+			return b, err
 		}
-		b := make([]byte, n)
-		if _, err := sec.ReadAt(b, int64(addr-sec.Addr)); err != nil {
-			return nil, err
-		}
-		return b, nil
 	}
-	return nil, fmt.Errorf("address %#x+%d is in no section with data", addr, n)
+	return nil, fmt.Errorf("address %#x+%d is in no loaded segment with data", addr, n)
 }

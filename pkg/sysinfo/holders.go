@@ -127,14 +127,12 @@ func parseNsfsMount(line string) (id NetnsID, mount string, ok bool) {
 		return NetnsID{}, "", false
 	}
 	id.Dev = unix.Mkdev(major, minor)
-	return id, unescapeMountinfo(f[4]), true
+	return id, mountinfoUnescaper.Replace(f[4]), true
 }
 
-// unescapeMountinfo undoes the kernel's octal escaping of space, tab,
+// mountinfoUnescaper undoes the kernel's octal escaping of space, tab,
 // newline and backslash in mount points.
-func unescapeMountinfo(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
-}
+var mountinfoUnescaper = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
 
 // ConfirmHolder checks, right before a verdict rests on it, that h still
 // holds namespace id — a process may have exited, or moved, since the scan
