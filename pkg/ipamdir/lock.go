@@ -30,12 +30,13 @@ var ErrLockTimeout = errors.New("host-local's lock was not free in time")
 
 // Lock takes host-local's lock of the network, as host-local does, and
 // creates the network's directory and lock file if they are missing. It is
-// not host-local's own code (backend/disk): that follows a planted symlink,
-// creating its target anywhere, blocks for ever opening a planted FIFO and
-// waits for ever behind a stuck holder. Here the lock must be a regular
-// file in a directory reached without following a link, it is opened
-// without blocking, and the wait ends after LockTimeout with an error that
-// names who holds it.
+// not host-local's own code (backend/disk through go-filemutex, whose New
+// opens with O_CREAT alone and whose Lock waits without bound): that
+// follows a planted symlink, creating its target anywhere, blocks for ever
+// opening a planted FIFO and waits for ever behind a stuck holder. Here
+// the lock must be a regular file in a directory reached without following
+// a link, it is opened without blocking, and the wait ends after
+// LockTimeout with an error that names who holds it.
 func (d Dir) Lock() (unlock func(), err error) { return d.lock(true) }
 
 // LockExisting is Lock for what only reads (leases, a dry run): it creates
@@ -231,9 +232,6 @@ func checkPlantedIn(dir string, depth int) error {
 			}
 			planted = checkPlantedIn(path, depth-1)
 		case mode&os.ModeSymlink != 0:
-			// host-local never makes one, and reads and writes through
-			// links: its last_reserved_ip.N, rewritten on every ADD,
-			// would be written wherever the link points.
 			planted = fmt.Errorf("%s is a symlink: host-local would read or write through it, out of the data dir (planted? remove it)", path)
 		default:
 			planted = fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
