@@ -76,29 +76,22 @@ func isMarker(name string) bool {
 // its files, last the one named last, then dir. A missing dir is fine;
 // one that holds anything else is left whole.
 func removeIfOnly(dir string, removable func(string) bool, last string) error {
-	f, err := os.Open(dir)
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if err != nil {
+	if err != nil || slices.ContainsFunc(entries, func(e os.DirEntry) bool { return !removable(e.Name()) }) {
 		return err
 	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil || slices.ContainsFunc(names, func(n string) bool { return !removable(n) }) {
-		return err
-	}
-	for _, n := range names {
-		if n != last {
-			if err := os.Remove(filepath.Join(dir, n)); err != nil {
+	for _, e := range entries {
+		if e.Name() != last {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
 	}
-	if slices.Contains(names, last) {
-		if err := os.Remove(filepath.Join(dir, last)); err != nil {
-			return err
-		}
+	if err := os.Remove(filepath.Join(dir, last)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
 	return os.Remove(dir)
 }
