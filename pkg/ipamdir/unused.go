@@ -42,8 +42,11 @@ func (d Dir) RemoveUnused(was Existing) error {
 		errs = append(errs, d.removeUnusedLeases())
 	}
 	if !was.Records {
-		// OwnedMarker last: it is what makes the network's rules the
-		// plugin's.
+		// Only markers (not a record, nor one being written), OwnedMarker
+		// last: it is what makes the network's rules the plugin's.
+		isMarker := func(n string) bool {
+			return strings.HasPrefix(n, ".") && !strings.HasPrefix(n, statefile.TempPrefix)
+		}
 		errs = append(errs, removeIfOnly(d.Records(), isMarker, string(OwnedMarker)))
 	}
 	if !was.RecordRoot {
@@ -64,12 +67,6 @@ func (d Dir) removeUnusedLeases() error {
 	// The lock last: whoever waits on it finds the directory gone, and
 	// host-local then fails rather than allocating in a removed one.
 	return removeIfOnly(d.Leases(), IsHostLocalBookkeeping, LockFileName)
-}
-
-// isMarker: a name in a record directory that is one of the plugin's
-// markers, not a record or a record being written.
-func isMarker(name string) bool {
-	return strings.HasPrefix(name, ".") && !strings.HasPrefix(name, statefile.TempPrefix)
 }
 
 // removeIfOnly removes dir when every name in it is one of removable's:

@@ -156,12 +156,10 @@ func (r *Real) Netns(path string) (NetnsID, error) {
 // test for: a path that is gone (a holder that exited since it was seen)
 // is fs.ErrNotExist, one that is no namespace ErrNotNetns.
 func nsError(err error) error {
-	var gone ns.NSPathNotExistErr
-	var notNS ns.NSPathNotNSErr
-	switch {
-	case errors.As(err, &gone):
+	if _, gone := errors.AsType[ns.NSPathNotExistErr](err); gone {
 		return fmt.Errorf("%w: %v", fs.ErrNotExist, err)
-	case errors.As(err, &notNS):
+	}
+	if _, notNS := errors.AsType[ns.NSPathNotNSErr](err); notNS {
 		return fmt.Errorf("%w: %v", ErrNotNetns, err)
 	}
 	return err
