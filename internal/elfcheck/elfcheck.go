@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Machines maps the release architectures to their ELF machines.
@@ -88,22 +89,20 @@ func stringVar(f *elf.File, sym string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for _, s := range syms {
-		if s.Name != sym {
-			continue
-		}
-		hdr, err := readAt(f, s.Value, 16)
-		if err != nil {
-			return "", err
-		}
-		ptr, n := binary.LittleEndian.Uint64(hdr[:8]), binary.LittleEndian.Uint64(hdr[8:])
-		if n > 1<<10 {
-			return "", fmt.Errorf("implausible length %d", n)
-		}
-		b, err := readAt(f, ptr, n)
-		return string(b), err
+	i := slices.IndexFunc(syms, func(s elf.Symbol) bool { return s.Name == sym })
+	if i < 0 {
+		return "", errors.New("symbol not found (stripped binary?)")
 	}
-	return "", errors.New("symbol not found (stripped binary?)")
+	hdr, err := readAt(f, syms[i].Value, 16)
+	if err != nil {
+		return "", err
+	}
+	ptr, n := binary.LittleEndian.Uint64(hdr[:8]), binary.LittleEndian.Uint64(hdr[8:])
+	if n > 1<<10 {
+		return "", fmt.Errorf("implausible length %d", n)
+	}
+	b, err := readAt(f, ptr, n)
+	return string(b), err
 }
 
 // readAt reads n bytes at virtual address addr from the loaded segment

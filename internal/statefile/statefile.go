@@ -67,14 +67,11 @@ func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) 
 	return nil
 }
 
-// DefaultLimit bounds what ReadFileNoFollow reads: a state file is a few
-// hundred bytes.
-const DefaultLimit = 64 << 10
-
 // ReadFileNoFollow reads a small state file without following a symlink
-// planted in its place, and refuses files larger than DefaultLimit.
+// planted in its place, and refuses files larger than 64 KiB (a state file
+// is a few hundred bytes).
 func ReadFileNoFollow(path string) ([]byte, error) {
-	b, _, err := ReadSmall(path, DefaultLimit)
+	b, _, err := ReadSmall(path, 64<<10)
 	return b, err
 }
 
