@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Machines maps the release architectures to their ELF machines.
@@ -45,11 +46,8 @@ func Check(arch, path, module, version string) (string, []string) {
 		bad("machine %v, want %v", f.Machine, want)
 	}
 	for _, p := range f.Progs {
-		switch p.Type {
-		case elf.PT_INTERP:
-			bad("has PT_INTERP (dynamically linked)")
-		case elf.PT_DYNAMIC:
-			bad("has PT_DYNAMIC (dynamically linked)")
+		if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+			bad("has %v (dynamically linked)", p.Type)
 		}
 	}
 	if libs, err := f.ImportedLibraries(); err == nil && len(libs) > 0 {
@@ -91,35 +89,31 @@ func stringVar(f *elf.File, sym string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for _, s := range syms {
-		if s.Name != sym {
-			continue
-		}
-		hdr, err := readAt(f, s.Value, 16)
-		if err != nil {
-			return "", err
-		}
-		ptr, n := binary.LittleEndian.Uint64(hdr[:8]), binary.LittleEndian.Uint64(hdr[8:])
-		if n > 1<<10 {
-			return "", fmt.Errorf("implausible length %d", n)
-		}
-		b, err := readAt(f, ptr, n)
-		return string(b), err
+	i := slices.IndexFunc(syms, func(s elf.Symbol) bool { return s.Name == sym })
+	if i < 0 {
+		return "", errors.New("symbol not found (stripped binary?)")
 	}
-	return "", errors.New("symbol not found (stripped binary?)")
+	hdr, err := readAt(f, syms[i].Value, 16)
+	if err != nil {
+		return "", err
+	}
+	ptr, n := binary.LittleEndian.Uint64(hdr[:8]), binary.LittleEndian.Uint64(hdr[8:])
+	if n > 1<<10 {
+		return "", fmt.Errorf("implausible length %d", n)
+	}
+	b, err := readAt(f, ptr, n)
+	return string(b), err
 }
 
-// readAt reads n bytes at virtual address addr from the section holding them.
+// readAt reads n bytes at virtual address addr from the loaded segment
+// holding them in the file.
 func readAt(f *elf.File, addr, n uint64) ([]byte, error) {
-	for _, sec := range f.Sections {
-		if sec.Type == elf.SHT_NOBITS || addr < sec.Addr || addr+n > sec.Addr+sec.Size {
-			continue
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_LOAD && addr >= p.Vaddr && addr+n <= p.Vaddr+p.Filesz {
+			b := make([]byte, n)
+			_, err := p.ReadAt(b, int64(addr-p.Vaddr))
+			return b, err
 		}
-		b := make([]byte, n)
-		if _, err := sec.ReadAt(b, int64(addr-sec.Addr)); err != nil {
-			return nil, err
-		}
-		return b, nil
 	}
-	return nil, fmt.Errorf("address %#x+%d is in no section with data", addr, n)
+	return nil, fmt.Errorf("address %#x+%d is in no loaded segment with data", addr, n)
 }

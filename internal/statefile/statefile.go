@@ -37,14 +37,11 @@ func TempWriter(name string) (int, bool) {
 	return pid, err == nil && pid > 0
 }
 
-// WriteFileAtomic replaces path with data through a 0600 temp file in the
+// WriteAtomic replaces path with data through a 0600 temp file in the
 // same directory and a rename: a reader, or a crash, sees the old content
-// or the new, never a mix.
-func WriteFileAtomic(path string, data []byte) error { return WriteAtomic(path, data, nil) }
-
-// WriteAtomic is WriteFileAtomic, calling beforeRename (when set) with the
-// temp file's path once it holds data: the last moment nobody else can
-// see the file.
+// or the new, never a mix. beforeRename, when set, is called with the temp
+// file's path once it holds data: the last moment nobody else can see the
+// file.
 func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) error {
 	crashpoint.Step("create temp for " + path)
 	tmp, err := os.CreateTemp(filepath.Dir(path), TempPrefix+strconv.Itoa(os.Getpid())+"-")
@@ -70,14 +67,11 @@ func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) 
 	return nil
 }
 
-// DefaultLimit bounds what ReadFileNoFollow reads: a state file is a few
-// hundred bytes.
-const DefaultLimit = 64 << 10
-
 // ReadFileNoFollow reads a small state file without following a symlink
-// planted in its place, and refuses files larger than DefaultLimit.
+// planted in its place, and refuses files larger than 64 KiB (a state file
+// is a few hundred bytes).
 func ReadFileNoFollow(path string) ([]byte, error) {
-	b, _, err := ReadSmall(path, DefaultLimit)
+	b, _, err := ReadSmall(path, 64<<10)
 	return b, err
 }
 
@@ -127,20 +121,11 @@ func InMemory(fsType int64) bool {
 // gc) comes in the same order on every filesystem, fully sorted up to
 // 1024 entries.
 func EachDirEntry(dir *os.File, fn func(fs.DirEntry)) error {
-	return EachDirBatch(dir, func(entries []fs.DirEntry) {
-		for _, e := range entries {
-			fn(e)
-		}
-	})
-}
-
-// EachDirBatch is EachDirEntry that hands over each sorted batch at once.
-func EachDirBatch(dir *os.File, fn func([]fs.DirEntry)) error {
 	for {
 		entries, err := dir.ReadDir(1024)
 		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-		if len(entries) > 0 {
-			fn(entries)
+		for _, e := range entries {
+			fn(e)
 		}
 		if errors.Is(err, io.EOF) {
 			return nil

@@ -22,7 +22,7 @@ func TestTempWriter(t *testing.T) {
 func TestWriteAtomic(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rec")
-	if err := WriteFileAtomic(path, []byte("one")); err != nil {
+	if err := WriteAtomic(path, []byte("one"), nil); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(path)

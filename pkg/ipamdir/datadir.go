@@ -11,15 +11,6 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
-// EnsureDataDir creates the data directory (0700: leases name containers)
-// if it is missing. An existing directory keeps its modes.
-func (d Dir) EnsureDataDir() error {
-	if err := os.MkdirAll(d.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create dataDir %s: %w", d.DataDir, err)
-	}
-	return nil
-}
-
 // OnTmpfs reports whether the data directory lives in memory (tmpfs, or
 // ramfs), i.e. whether its leases die with the boot, and the filesystem
 // magic it found.
@@ -43,18 +34,16 @@ func (d Dir) CheckUsable() (problem string, err error) {
 		return "", err
 	}
 	dir := d.DataDir
-	for {
-		fi, err := os.Stat(dir)
-		if err == nil && !fi.IsDir() {
-			return "", fmt.Errorf("%s is not a directory", dir)
-		}
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, os.ErrNotExist) || dir == filepath.Dir(dir) {
-			return "", fmt.Errorf("stat %s: %w", dir, err)
-		}
+	fi, err := os.Stat(dir)
+	for errors.Is(err, os.ErrNotExist) && dir != filepath.Dir(dir) {
 		dir = filepath.Dir(dir)
+		fi, err = os.Stat(dir)
+	}
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("stat %s: %w", dir, err)
+	case !fi.IsDir():
+		return "", fmt.Errorf("%s is not a directory", dir)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
@@ -70,11 +59,4 @@ func (d Dir) CheckUsable() (problem string, err error) {
 		return "", fmt.Errorf("%s is not writable: %w", dir, err)
 	}
 	return "", nil
-}
-
-func wrapIf(err error, format string, args ...any) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf(format+": %w", append(args, err)...)
 }

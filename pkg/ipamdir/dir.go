@@ -15,7 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -102,18 +102,6 @@ func RecordName(containerID, ifName string) string { return containerID + "@" + 
 func ParseRecordName(name string) (containerID, ifName string, ok bool) {
 	containerID, ifName, ok = strings.Cut(name, "@")
 	return containerID, ifName, ok && containerID != ""
-}
-
-// IsRecordNameOf is name == RecordName(containerID, ifName), without
-// building the name (a sweep asks it of every record).
-func IsRecordNameOf(name, containerID, ifName string) bool {
-	c := len(containerID)
-	return len(name) == c+1+len(ifName) && name[:c] == containerID && name[c] == '@' && name[c+1:] == ifName
-}
-
-// Record is the path of an attachment's record.
-func (d Dir) Record(containerID, ifName string) string {
-	return filepath.Join(d.Records(), RecordName(containerID, ifName))
 }
 
 // Marker is a file of the plugin's own beside a network's records. Names
@@ -209,13 +197,12 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	if !fi.IsDir() {
 		return nil, nil, fmt.Errorf("data dir %s is not a directory", dataDir)
 	}
-	var names []string
 	if only != "" {
 		if e := utils.ValidateNetworkName(only); e != nil {
 			return nil, nil, fmt.Errorf("network %q: %s", only, e.Msg)
 		}
 		d := New(dataDir, only)
-		if !isDir(d.Leases()) && !isDir(d.Records()) {
+		if !exists(d.Leases()) && !exists(d.Records()) {
 			return nil, nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
 		}
 		if err := d.Check(); err != nil {
@@ -229,14 +216,17 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 			return nil, nil, fmt.Errorf("unsafe data directory: %w", err)
 		}
 	}
-	if names, err = networkNames(dataDir); err != nil {
+	names, err := networkNames(dataDir)
+	if err != nil {
 		return nil, nil, err
 	}
 	if len(names) == 0 && looksLikeHostLocal(dataDir) {
 		return nil, nil, fmt.Errorf("%s is host-local's directory of one network, not a data dir: give its parent", dataDir)
 	}
-	if len(names) == 0 && !isDir(filepath.Join(dataDir, RecordDirName)) && !isEmptyDir(dataDir) {
-		return nil, nil, fmt.Errorf("%s is not a data dir: it has no %s directory of the plugin's, and none of its directories looks like host-local's (a lock, leases named by address)", dataDir, RecordDirName)
+	if len(names) == 0 && !exists(filepath.Join(dataDir, RecordDirName)) {
+		if entries, _ := os.ReadDir(dataDir); len(entries) > 0 {
+			return nil, nil, fmt.Errorf("%s is not a data dir: it has no %s directory of the plugin's, and none of its directories looks like host-local's (a lock, leases named by address)", dataDir, RecordDirName)
+		}
 	}
 	dirs = make([]Dir, 0, len(names))
 	for _, n := range names {
@@ -255,7 +245,7 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 // directories are not networks: a data dir given by mistake (/etc, /) is
 // not swept, and nothing is created in its directories.
 func networkNames(dataDir string) ([]string, error) {
-	seen := map[string]bool{}
+	var names []string
 	for _, dir := range []string{dataDir, filepath.Join(dataDir, RecordDirName)} {
 		entries, err := os.ReadDir(dir)
 		if err != nil && dir == dataDir {
@@ -268,15 +258,11 @@ func networkNames(dataDir string) ([]string, error) {
 			if dir == dataDir && !looksLikeHostLocal(filepath.Join(dir, e.Name())) {
 				continue
 			}
-			seen[e.Name()] = true
+			names = append(names, e.Name())
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out, nil
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
 
 // looksLikeHostLocal reports whether dir looks like host-local's directory
@@ -304,17 +290,8 @@ func looksLikeHostLocal(dir string) bool {
 // directory: a network's lock or a lease is among the first of a real one.
 const hostLocalProbe = 64
 
-func isEmptyDir(dir string) bool {
-	f, err := os.Open(dir)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	names, _ := f.Readdirnames(1)
-	return len(names) == 0
-}
-
-func isDir(path string) bool {
-	fi, err := os.Lstat(path)
-	return err == nil && fi.IsDir()
+// exists: something is at path (a link is not followed).
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, os.ErrNotExist)
 }

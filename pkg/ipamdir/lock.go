@@ -30,12 +30,13 @@ var ErrLockTimeout = errors.New("host-local's lock was not free in time")
 
 // Lock takes host-local's lock of the network, as host-local does, and
 // creates the network's directory and lock file if they are missing. It is
-// not host-local's own code (backend/disk): that follows a planted symlink,
-// creating its target anywhere, blocks for ever opening a planted FIFO and
-// waits for ever behind a stuck holder. Here the lock must be a regular
-// file in a directory reached without following a link, it is opened
-// without blocking, and the wait ends after LockTimeout with an error that
-// names who holds it.
+// not host-local's own code (backend/disk through go-filemutex, whose New
+// opens with O_CREAT alone and whose Lock waits without bound): that
+// follows a planted symlink, creating its target anywhere, blocks for ever
+// opening a planted FIFO and waits for ever behind a stuck holder. Here
+// the lock must be a regular file in a directory reached without following
+// a link, it is opened without blocking, and the wait ends after
+// LockTimeout with an error that names who holds it.
 func (d Dir) Lock() (unlock func(), err error) { return d.lock(true) }
 
 // LockExisting is Lock for what only reads (leases, a dry run): it creates
@@ -71,11 +72,6 @@ func (d Dir) lock(create bool) (func(), error) {
 		return nil, lockOpenError(path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("inspect %s: %w", path, err)
-	}
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
 		if err != nil {
@@ -90,13 +86,9 @@ func (d Dir) lock(create bool) (func(), error) {
 		f.Close()
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	return func() {
-		if f != nil {
-			_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-			f.Close()
-			f = nil
-		}
-	}, nil
+	// Closing the one descriptor (close-on-exec: no child shares it)
+	// drops the flock; a second close is harmless.
+	return func() { f.Close() }, nil
 }
 
 func lockOpenError(path string, err error) error {
@@ -113,33 +105,23 @@ func lockOpenError(path string, err error) error {
 
 // flockWithin takes an exclusive flock on f, waiting at most timeout. A
 // blocked flock cannot be interrupted, so on timeout the waiting goroutine
-// keeps f: it gives the lock back and closes f if it ever gets it.
+// keeps f, and closes it (which drops the lock) if it ever gets it.
 func flockWithin(f *os.File, timeout time.Duration) error {
 	fd := int(f.Fd())
-	err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-	if !errors.Is(err, unix.EWOULDBLOCK) {
-		return err
-	}
 	done := make(chan error, 1)
 	go func() {
-		for {
-			err := unix.Flock(fd, unix.LOCK_EX)
-			if !errors.Is(err, unix.EINTR) {
-				done <- err
-				return
-			}
+		err := unix.Flock(fd, unix.LOCK_EX)
+		for errors.Is(err, unix.EINTR) {
+			err = unix.Flock(fd, unix.LOCK_EX)
 		}
+		done <- err
 	}()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
 	select {
 	case err := <-done:
 		return err
-	case <-timer.C:
+	case <-time.After(timeout):
 		go func() {
-			if <-done == nil {
-				_ = unix.Flock(fd, unix.LOCK_UN)
-			}
+			<-done
 			f.Close()
 		}()
 		return ErrLockTimeout
@@ -147,10 +129,10 @@ func flockWithin(f *os.File, timeout time.Duration) error {
 }
 
 // lockHolders names the processes that hold the lock file at path, for an
-// error message (sysinfo.FlockHolders, the one finder of a flock's
+// error message (sysinfo's FlockHolders, the one finder of a flock's
 // holders).
 func lockHolders(path string) string {
-	pids, err := sysinfo.FlockHolders("", path)
+	pids, err := (&sysinfo.Real{}).FlockHolders(path)
 	if err != nil {
 		return "cannot tell who holds it: " + err.Error()
 	}
@@ -250,21 +232,15 @@ func checkPlantedIn(dir string, depth int) error {
 			}
 			planted = checkPlantedIn(path, depth-1)
 		case mode&os.ModeSymlink != 0:
-			// host-local never makes one, and reads and writes through
-			// links: its last_reserved_ip.N, rewritten on every ADD,
-			// would be written wherever the link points.
 			planted = fmt.Errorf("%s is a symlink: host-local would read or write through it, out of the data dir (planted? remove it)", path)
 		default:
 			planted = fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
 		}
 	})
-	if planted != nil {
-		return planted
+	if err != nil && planted == nil {
+		planted = fmt.Errorf("list %s: %w", dir, err)
 	}
-	if err != nil {
-		return fmt.Errorf("list %s: %w", dir, err)
-	}
-	return nil
+	return planted
 }
 
 func modeKind(m os.FileMode) string {

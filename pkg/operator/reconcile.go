@@ -142,7 +142,7 @@ func (r *Reconcile) Save() error {
 		}
 		b, err := json.Marshal(unlistedState{Runtime: r.Runtime, MissingSince: missing})
 		if err == nil {
-			err = statefile.WriteFileAtomic(path, b)
+			err = statefile.WriteAtomic(path, b, nil)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("remember what %s did not list: %w", r.Runtime, err))

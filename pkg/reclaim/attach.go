@@ -98,7 +98,9 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 	if err := markOwned(d); err != nil {
 		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to mark the network as the plugin's", Detail: err.Error()}
 	}
-	pid, start := sysinfo.Self(s.Host)
+	// This process: by it a sweep tells an ADD in flight from a dead one.
+	pid := os.Getpid()
+	start, _ := s.Host.ProcessStart(pid)
 	rec := &records.Record{
 		Version: records.FormatVersion, Network: d.Network, ContainerID: key.ContainerID, IfName: key.IfName,
 		Netns: netnsPath, NetnsID: nsID, NetnsCookie: cookie, BootID: bootID, Created: s.Host.Now().UTC(),

@@ -41,7 +41,7 @@ func (m bootMarker) write(b []byte) error {
 	if err := os.MkdirAll(m.recDir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", m.recDir, err)
 	}
-	if err := statefile.WriteFileAtomic(m.path, b); err != nil {
+	if err := statefile.WriteAtomic(m.path, b, nil); err != nil {
 		return fmt.Errorf("write %s: %w", m.path, err)
 	}
 	return nil

@@ -341,7 +341,7 @@ func (s *Store) decode(name string, b []byte) (*Record, error) {
 		problem = fmt.Sprintf("unsupported format version %d", r.Version)
 	case r.Network != s.network:
 		problem = fmt.Sprintf("belongs to network %q", r.Network)
-	case r.ContainerID == "" || r.IfName == "" || !ipamdir.IsRecordNameOf(name, r.ContainerID, r.IfName):
+	case r.ContainerID == "" || r.IfName == "" || name != ipamdir.RecordName(r.ContainerID, r.IfName):
 		problem = fmt.Sprintf("names attachment %s", r.Key())
 	case r.State != Started && r.State != Complete && r.State != Migrated:
 		problem = fmt.Sprintf("unknown state %q", r.State)

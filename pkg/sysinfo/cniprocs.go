@@ -4,15 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// cniContainerIDVar is the variable a runtime sets for every plugin of a
-// chain it runs (CNI spec, "Parameters"), and that they pass on to theirs.
-const cniContainerIDVar = "CNI_CONTAINERID="
 
 // cniScanBound bounds the scan of environments, and cniPidBound the read
 // of one: reading another process's environment reads its memory, which a
@@ -35,55 +33,18 @@ func (r *Real) CNIProcesses(containerIDs []string) (map[string]int, error) {
 	if len(containerIDs) == 0 {
 		return found, nil
 	}
-	want := make(map[string]bool, len(containerIDs))
-	for _, id := range containerIDs {
-		want[id] = true
-	}
-	procfd, pids, err := r.ownProcesses()
+	pids, err := r.ownProcesses()
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(procfd)
-	take := func(e environRead) {
-		if want[e.containerID] {
-			if _, seen := found[e.containerID]; !seen {
-				found[e.containerID] = e.pid
-			}
-		}
-	}
-	deadline := time.NewTimer(cniScanBound)
-	defer deadline.Stop()
-	stuck := time.NewTimer(cniPidBound)
-	defer stuck.Stop()
-	// next is the first pid not yet read: a read that has not come back
-	// within cniPidBound is stuck on it, and a new reader starts after it.
-	for next := 0; next < len(pids); next++ {
-		read, err := r.readEnvirons(procfd, pids[next:])
+	deadline := time.Now().Add(cniScanBound)
+	for _, pid := range pids {
+		id, err := r.environContainerID(pid, time.Until(deadline))
 		if err != nil {
 			return nil, err
 		}
-	reading:
-		for {
-			stuck.Reset(cniPidBound)
-			var e environRead
-			var ok bool
-			select {
-			case e, ok = <-read:
-			case <-deadline.C:
-				return nil, fmt.Errorf("the processes' environments were not read within %v", cniScanBound)
-			case <-stuck.C:
-				// A read that came back just as the bound ran out is taken.
-				select {
-				case e, ok = <-read:
-				default:
-					break reading
-				}
-			}
-			if !ok {
-				return found, nil
-			}
-			take(e)
-			next++
+		if _, seen := found[id]; !seen && slices.Contains(containerIDs, id) {
+			found[id] = pid
 		}
 	}
 	return found, nil
@@ -91,109 +52,58 @@ func (r *Real) CNIProcesses(containerIDs []string) (map[string]int, error) {
 
 // ownProcesses lists the pids of this effective user's processes but this
 // one: /proc/<pid> belongs to the process's effective user, and another
-// user's process is not one of this user's runtimes. The directory stays
-// open for the reads (and for a read left stuck: it is the process's
-// to close at exit).
-func (r *Real) ownProcesses() (procfd int, pids []int, err error) {
-	dir, err := os.Open(r.procRoot())
-	if err != nil {
-		return -1, nil, fmt.Errorf("list processes: %w", err)
-	}
-	names, err := dir.Readdirnames(-1)
-	if err != nil {
-		dir.Close()
-		return -1, nil, fmt.Errorf("list processes: %w", err)
-	}
-	fd, err := unix.Dup(int(dir.Fd()))
-	dir.Close()
-	if err != nil {
-		return -1, nil, fmt.Errorf("list processes: %w", err)
-	}
+// user's process is not one of this user's runtimes.
+func (r *Real) ownProcesses() (pids []int, err error) {
 	self, euid := os.Getpid(), uint32(os.Geteuid())
-	for _, name := range names {
-		pid, perr := strconv.Atoi(name)
-		if perr != nil || pid <= 0 || pid == self {
-			continue
-		}
+	err = r.eachProcess(func(procfd int, name string, pid int) {
 		var st unix.Stat_t
-		if unix.Fstatat(fd, name, &st, 0) != nil || st.Uid != euid {
-			continue
+		if pid != self && unix.Fstatat(procfd, name, &st, 0) == nil && st.Uid == euid {
+			pids = append(pids, pid)
 		}
-		pids = append(pids, pid)
-	}
-	return fd, pids, nil
+	})
+	return pids, err
 }
 
-// environRead is what readEnvirons read of one process: the
-// CNI_CONTAINERID in its environment ("" if none, or if it cannot be read).
-type environRead struct {
-	pid         int
-	containerID string
-}
-
-// readEnvirons reads the environments of pids in order, on a goroutine of
-// its own with its own descriptor of the /proc directory, and sends the
-// CNI_CONTAINERID of each. The channel holds them all: a
-// reader that gives up on a stuck process never blocks the goroutine,
-// which ends, and closes its descriptor, once that read returns.
-func (r *Real) readEnvirons(procfd int, pids []int) (<-chan environRead, error) {
-	fd, err := unix.Dup(procfd)
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
-	}
-	out := make(chan environRead, len(pids))
+// environContainerID is the CNI_CONTAINERID in pid's environment: "" if
+// there is none, or if it cannot be read (exited, not to be read) within
+// cniPidBound. The read runs on a goroutine of its own, so that one stuck
+// in the kernel is left to end when it can while the scan goes on; when
+// the scan has not left it the time (left, of cniScanBound), it fails.
+func (r *Real) environContainerID(pid int, left time.Duration) (string, error) {
+	read := make(chan string, 1)
 	go func() {
-		defer close(out)
-		defer unix.Close(fd)
-		buf := make([]byte, 0, 16<<10)
-		for _, pid := range pids {
-			var id string
-			b, err := readEnviron(fd, strconv.Itoa(pid), buf[:0])
-			if err == nil { // else exited, or not to be read
-				id, _ = cniContainerID(b)
-			}
-			out <- environRead{pid: pid, containerID: id}
-			buf = b
+		var id string
+		b, err := os.ReadFile(filepath.Join(r.procRoot(), strconv.Itoa(pid), "environ"))
+		if err == nil {
+			id, _ = cniContainerID(b)
 		}
+		read <- id
 	}()
-	return out, nil
+	bound := time.NewTimer(min(cniPidBound, left))
+	defer bound.Stop()
+	select {
+	case id := <-read:
+		return id, nil
+	case <-bound.C:
+	}
+	// A read that came back just as the bound ran out is taken.
+	select {
+	case id := <-read:
+		return id, nil
+	default:
+	}
+	if left <= cniPidBound {
+		return "", fmt.Errorf("the processes' environments were not read within %v", cniScanBound)
+	}
+	return "", nil
 }
 
-// readEnviron appends /proc/<pid>/environ to buf.
-func readEnviron(procfd int, pid string, buf []byte) ([]byte, error) {
-	fd, err := unix.Openat(procfd, pid+"/environ", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return buf, err
-	}
-	defer unix.Close(fd)
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
-		if n > 0 {
-			buf = buf[:len(buf)+n]
-		}
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || n == 0 {
-			return buf, err
-		}
-	}
-}
-
-// cniContainerID is the value of CNI_CONTAINERID in a NUL-separated
-// environment block.
+// cniContainerID is the value of CNI_CONTAINERID, the variable a runtime
+// sets for every plugin of a chain it runs (CNI spec, "Parameters") and
+// that they pass on to theirs, in a NUL-separated environment block.
 func cniContainerID(environ []byte) (string, bool) {
-	for len(environ) > 0 {
-		entry := environ
-		if i := bytes.IndexByte(environ, 0); i >= 0 {
-			entry, environ = environ[:i], environ[i+1:]
-		} else {
-			environ = nil
-		}
-		if v, ok := bytes.CutPrefix(entry, []byte(cniContainerIDVar)); ok {
+	for entry := range bytes.SplitSeq(environ, []byte{0}) {
+		if v, ok := bytes.CutPrefix(entry, []byte("CNI_CONTAINERID=")); ok {
 			return string(v), true
 		}
 	}

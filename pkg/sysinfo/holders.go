@@ -1,8 +1,6 @@
 package sysinfo
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -44,21 +42,11 @@ func (h Holder) String() string {
 // Holders maps each network namespace to what holds it.
 type Holders map[NetnsID][]Holder
 
-// procRoot is where Real reads processes from.
 func (r *Real) procRoot() string {
 	if r.ProcRoot == "" {
 		return "/proc"
 	}
 	return r.ProcRoot
-}
-
-// path is the file that names h's namespace: the process's ns/net link, or
-// the mount point.
-func (r *Real) holderPath(h Holder) string {
-	if h.PID > 0 {
-		return filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "ns", "net")
-	}
-	return h.Mount
 }
 
 // NetnsHolders reads, once per call, the network namespace of every process
@@ -70,41 +58,43 @@ func (r *Real) holderPath(h Holder) string {
 // process or a mount on it (Nomad's tasks, a pause container, a bind mount).
 func (r *Real) NetnsHolders() (Holders, error) {
 	holders := Holders{}
-	if err := r.scanProcesses(holders); err != nil {
-		return nil, err
+	err := r.eachProcess(func(procfd int, name string, pid int) {
+		var st unix.Stat_t
+		// Else it exited, or is a kernel thread we may not look into.
+		if unix.Fstatat(procfd, name+"/ns/net", &st, 0) == nil {
+			id := NetnsID{Dev: st.Dev, Ino: st.Ino}
+			holders[id] = append(holders[id], Holder{PID: pid})
+		}
+	})
+	if err == nil {
+		err = r.scanMounts(holders)
 	}
-	if err := r.scanMounts(holders); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	return holders, nil
 }
 
-func (r *Real) scanProcesses(holders Holders) error {
-	root := r.procRoot()
-	dir, err := os.Open(root)
+// eachProcess calls fn for every process under procRoot, with its pid, its
+// directory's name and a descriptor of procRoot to look under (fstatat:
+// no walk of the path from / for each), listing 1024 at a time.
+func (r *Real) eachProcess(fn func(procfd int, name string, pid int)) error {
+	dir, err := os.Open(r.procRoot())
 	if err != nil {
 		return fmt.Errorf("list processes: %w", err)
 	}
 	defer dir.Close()
-	procfd := int(dir.Fd())
 	for {
 		names, err := dir.Readdirnames(1024)
 		for _, name := range names {
-			pid, perr := strconv.Atoi(name)
-			if perr != nil || pid <= 0 {
-				continue
+			if pid, perr := strconv.Atoi(name); perr == nil && pid > 0 {
+				fn(int(dir.Fd()), name, pid)
 			}
-			var st unix.Stat_t
-			if unix.Fstatat(procfd, name+"/ns/net", &st, 0) != nil {
-				continue // exited, or a kernel thread we may not look into
-			}
-			id := NetnsID{Dev: st.Dev, Ino: st.Ino}
-			holders[id] = append(holders[id], Holder{PID: pid})
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
 			return fmt.Errorf("list processes: %w", err)
 		}
 	}
@@ -118,51 +108,31 @@ func (r *Real) scanMounts(holders Holders) error {
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		id, mount, ok := parseNsfsMount(sc.Text())
-		if ok {
+	for line := range strings.Lines(string(b)) {
+		if id, mount, ok := parseNsfsMount(strings.TrimSuffix(line, "\n")); ok {
 			holders[id] = append(holders[id], Holder{Mount: mount})
 		}
 	}
-	return sc.Err()
+	return nil
 }
 
-func parseNsfsMount(line string) (NetnsID, string, bool) {
-	pre, post, ok := strings.Cut(line, " - ")
-	if !ok || !strings.HasPrefix(post, "nsfs ") {
-		return NetnsID{}, "", false
-	}
+func parseNsfsMount(line string) (id NetnsID, mount string, ok bool) {
+	pre, post, found := strings.Cut(line, " - ")
 	f := strings.Fields(pre)
-	if len(f) < 5 {
+	if !found || !strings.HasPrefix(post, "nsfs ") || len(f) < 5 {
 		return NetnsID{}, "", false
 	}
-	inoText, ok := strings.CutPrefix(f[3], "net:[")
-	if !ok || !strings.HasSuffix(inoText, "]") {
+	var major, minor uint32
+	if _, err := fmt.Sscanf(f[2]+" "+f[3], "%d:%d net:[%d]", &major, &minor, &id.Ino); err != nil {
 		return NetnsID{}, "", false
 	}
-	ino, err := strconv.ParseUint(strings.TrimSuffix(inoText, "]"), 10, 64)
-	if err != nil {
-		return NetnsID{}, "", false
-	}
-	majText, minText, ok := strings.Cut(f[2], ":")
-	major, err1 := strconv.ParseUint(majText, 10, 32)
-	minor, err2 := strconv.ParseUint(minText, 10, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return NetnsID{}, "", false
-	}
-	return NetnsID{Dev: unix.Mkdev(uint32(major), uint32(minor)), Ino: ino}, unescapeMountinfo(f[4]), true
+	id.Dev = unix.Mkdev(major, minor)
+	return id, mountinfoUnescaper.Replace(f[4]), true
 }
 
-// unescapeMountinfo undoes the kernel's octal escaping of space, tab,
+// mountinfoUnescaper undoes the kernel's octal escaping of space, tab,
 // newline and backslash in mount points.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
-}
+var mountinfoUnescaper = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
 
 // ConfirmHolder checks, right before a verdict rests on it, that h still
 // holds namespace id — a process may have exited, or moved, since the scan
@@ -174,9 +144,15 @@ func unescapeMountinfo(s string) string {
 // outside lacks the capability setns needs), it cannot tell, and says so
 // with an error.
 func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error) {
-	path := r.holderPath(h)
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil || (NetnsID{Dev: st.Dev, Ino: st.Ino}) != id {
+	path := h.Mount // or the process's ns/net link
+	if h.PID > 0 {
+		path = filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "ns", "net")
+	}
+	holds := func() bool {
+		var st unix.Stat_t
+		return unix.Stat(path, &st) == nil && (NetnsID{Dev: st.Dev, Ino: st.Ino}) == id
+	}
+	if !holds() {
 		return h, false, nil
 	}
 	if cookie != 0 {
@@ -184,7 +160,7 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 		switch {
 		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
 			return h, false, nil // gone meanwhile
-		case err != nil && (unix.Stat(path, &st) != nil || (NetnsID{Dev: st.Dev, Ino: st.Ino}) != id):
+		case err != nil && !holds():
 			// It exited (or moved) while its cookie was read, whatever
 			// the error said.
 			return h, false, nil
@@ -204,10 +180,8 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 	return h, true, nil
 }
 
-// KillLockHolders SIGKILLs the processes, other than this one, that hold
-// the exclusive flock of the file at path (FlockHolders).
 func (r *Real) KillLockHolders(path string) ([]int, error) {
-	holders, err := FlockHolders(r.procRoot(), path)
+	holders, err := r.FlockHolders(path)
 	if err != nil {
 		return nil, err
 	}
@@ -231,41 +205,29 @@ func (r *Real) KillLockHolders(path string) ([]int, error) {
 // /proc/<pid>/fd/<n>) through which its exclusive flock is held (a
 // "FLOCK ... WRITE" lock line in /proc/<pid>/fdinfo/<n>): descriptors
 // inherited from the locker share its lock, which /proc/locks names by
-// the locker's pid alone, however long ago it exited. procRoot "" is
-// /proc.
-func FlockHolders(procRoot, path string) ([]int, error) {
-	if procRoot == "" {
-		procRoot = "/proc"
-	}
+// the locker's pid alone, however long ago it exited.
+func (r *Real) FlockHolders(path string) ([]int, error) {
 	var target unix.Stat_t
 	if err := unix.Stat(path, &target); err != nil {
 		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	procs, err := os.ReadDir(procRoot)
-	if err != nil {
-		return nil, fmt.Errorf("list processes: %w", err)
-	}
 	var holders []int
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil || pid <= 0 {
-			continue
-		}
-		fdDir := filepath.Join(procRoot, p.Name(), "fd")
+	err := r.eachProcess(func(_ int, name string, pid int) {
+		fdDir := filepath.Join(r.procRoot(), name, "fd")
 		fds, err := os.ReadDir(fdDir)
 		if err != nil {
-			continue // exited, or a kernel thread
+			return // exited, or a kernel thread
 		}
 		for _, fd := range fds {
 			var st unix.Stat_t
 			if unix.Stat(filepath.Join(fdDir, fd.Name()), &st) == nil && st.Dev == target.Dev && st.Ino == target.Ino &&
-				holdsExclusiveFlock(filepath.Join(procRoot, p.Name(), "fdinfo", fd.Name())) {
+				holdsExclusiveFlock(filepath.Join(r.procRoot(), name, "fdinfo", fd.Name())) {
 				holders = append(holders, pid)
-				break
+				return
 			}
 		}
-	}
-	return holders, nil
+	})
+	return holders, err
 }
 
 // holdsExclusiveFlock reports whether the fdinfo file of a descriptor shows

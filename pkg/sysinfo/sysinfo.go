@@ -83,8 +83,7 @@ type Host interface {
 type Real struct {
 	bootID   string
 	bootTime time.Time
-	// nsfsDev is the device of nsfs, once a statfs proved it: nsfs has a
-	// single superblock, so a file on that device is a namespace file.
+	// nsfsDev is the device of nsfs, once a statfs proved it.
 	nsfsDev atomic.Uint64
 	// ProcRoot is where processes are read from; "" means /proc.
 	ProcRoot string
@@ -95,7 +94,6 @@ var _ Host = (*Real)(nil)
 // BootID is /proc/sys/kernel/random/boot_id: a new random UUID every boot.
 func (r *Real) BootID() (string, error) {
 	if r.bootID == "" {
-		// A raw read (no *os.File set-up): ADD and CHECK each read it.
 		b, err := statefile.ReadFileNoFollow("/proc/sys/kernel/random/boot_id")
 		if err != nil {
 			return "", fmt.Errorf("read boot id: %w", err)
@@ -112,11 +110,9 @@ func (r *Real) BootTime() (time.Time, error) {
 		if err != nil {
 			return time.Time{}, fmt.Errorf("read /proc/stat: %w", err)
 		}
-		t, err := parseBtime(b)
-		if err != nil {
+		if r.bootTime, err = parseBtime(b); err != nil {
 			return time.Time{}, err
 		}
-		r.bootTime = t
 	}
 	return r.bootTime, nil
 }
@@ -138,61 +134,32 @@ func (r *Real) Now() time.Time { return time.Now() }
 
 func (r *Real) Netns(path string) (NetnsID, error) {
 	var st unix.Stat_t
-	if dev := r.nsfsDev.Load(); dev != 0 {
-		// One stat instead of statfs + stat: same device as a proven
-		// nsfs file means nsfs.
-		if err := unix.Stat(path, &st); err != nil {
-			return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
-		}
-		if st.Dev == dev {
-			return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
-		}
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(path, &fs); err != nil {
-		return NetnsID{}, &os.PathError{Op: "statfs", Path: path, Err: err}
-	}
-	if fs.Type != unix.NSFS_MAGIC {
-		return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
-	}
 	if err := unix.Stat(path, &st); err != nil {
 		return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	r.nsfsDev.Store(st.Dev)
+	// One stat for a file on the device a statfs proved nsfs: nsfs has a
+	// single superblock.
+	if dev := r.nsfsDev.Load(); dev == 0 || st.Dev != dev {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(path, &fs); err != nil {
+			return NetnsID{}, &os.PathError{Op: "statfs", Path: path, Err: err}
+		}
+		if fs.Type != unix.NSFS_MAGIC {
+			return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
+		}
+		r.nsfsDev.Store(st.Dev)
+	}
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
-}
-
-// cookieInside reads the namespace's cookie from a socket made inside it,
-// entering it on a thread of its own (ns.WithNetNSPath) through the
-// descriptor openNetns checked.
-func (r *Real) cookieInside(path string) (uint64, error) {
-	fd, err := openNetns(path)
-	if err != nil {
-		return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	var cookie uint64
-	err = ns.WithNetNSPath("/proc/self/fd/"+strconv.Itoa(fd), func(ns.NetNS) error {
-		var err error
-		cookie, err = socketNetnsCookie()
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("namespace cookie of %s: %w", path, nsError(err))
-	}
-	return cookie, nil
 }
 
 // nsError gives ns.GetNS's errors, which wrap nothing, the meaning callers
 // test for: a path that is gone (a holder that exited since it was seen)
 // is fs.ErrNotExist, one that is no namespace ErrNotNetns.
 func nsError(err error) error {
-	var gone ns.NSPathNotExistErr
-	var notNS ns.NSPathNotNSErr
-	switch {
-	case errors.As(err, &gone):
+	if _, gone := errors.AsType[ns.NSPathNotExistErr](err); gone {
 		return fmt.Errorf("%w: %v", fs.ErrNotExist, err)
-	case errors.As(err, &notNS):
+	}
+	if _, notNS := errors.AsType[ns.NSPathNotNSErr](err); notNS {
 		return fmt.Errorf("%w: %v", ErrNotNetns, err)
 	}
 	return err
@@ -204,10 +171,7 @@ func (r *Real) ProcessStart(pid int) (uint64, bool) {
 		return 0, false
 	}
 	start, err := parseStartTime(b)
-	if err != nil {
-		return 0, false
-	}
-	return start, true
+	return start, err == nil
 }
 
 // parseStartTime reads field 22 of /proc/<pid>/stat. The command name (field
@@ -224,12 +188,4 @@ func parseStartTime(stat []byte) (uint64, error) {
 		return 0, errors.New("short /proc/pid/stat")
 	}
 	return strconv.ParseUint(fields[19], 10, 64)
-}
-
-// Self is this process's pid and start time, recorded in pending records so
-// a sweep can tell an ADD in flight from one that died.
-func Self(h Host) (pid int, start uint64) {
-	pid = os.Getpid()
-	start, _ = h.ProcessStart(pid)
-	return pid, start
 }

@@ -44,9 +44,8 @@ func TestRealHostFacts(t *testing.T) {
 	if err != nil || !bt.Before(h.Now()) {
 		t.Errorf("BootTime = %v, %v", bt, err)
 	}
-	pid, start := Self(h)
-	if got, ok := h.ProcessStart(pid); !ok || got != start || start == 0 {
-		t.Errorf("ProcessStart(self) = %d, %v; Self = %d", got, ok, start)
+	if start, ok := h.ProcessStart(os.Getpid()); !ok || start == 0 {
+		t.Errorf("ProcessStart(self) = %d, %v", start, ok)
 	}
 	if _, ok := h.ProcessStart(1 << 30); ok {
 		t.Error("ProcessStart found a pid beyond pid_max")
