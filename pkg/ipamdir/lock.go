@@ -179,19 +179,34 @@ func (d Dir) CheckPlanted() error {
 // which no link can redirect. A sweep reports it (the verbs refuse the
 // network until it is removed).
 func (d Dir) CheckBookkeeping() error {
-	names, err := filepath.Glob(filepath.Join(d.Leases(), lastReservedPrefix+"*"))
-	if err != nil {
-		return err
+	f, err := os.Open(d.Leases())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
 	}
-	for _, path := range names {
+	if err != nil {
+		return fmt.Errorf("list %s: %w", d.Leases(), err)
+	}
+	defer f.Close()
+	var planted error
+	err = statefile.EachDirEntry(f, func(e fs.DirEntry) {
+		if planted != nil || !strings.HasPrefix(e.Name(), lastReservedPrefix) {
+			return
+		}
+		path := filepath.Join(d.Leases(), e.Name())
 		var st unix.Stat_t
 		switch {
 		case unix.Lstat(path, &st) != nil:
 		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-			return &PlantedError{err: fmt.Errorf("%s is a symlink: host-local would write the address it hands out through it, out of the data dir (planted? remove it)", path)}
+			planted = &PlantedError{err: fmt.Errorf("%s is a symlink: host-local would write the address it hands out through it, out of the data dir (planted? remove it)", path)}
 		case st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1:
-			return &PlantedError{err: fmt.Errorf("%s has %d hard links: host-local would write the address it hands out into each of them (planted? remove it)", path, st.Nlink)}
+			planted = &PlantedError{err: fmt.Errorf("%s has %d hard links: host-local would write the address it hands out into each of them (planted? remove it)", path, st.Nlink)}
 		}
+	})
+	if planted != nil {
+		return planted
+	}
+	if err != nil {
+		return fmt.Errorf("list %s: %w", d.Leases(), err)
 	}
 	return nil
 }

@@ -243,3 +243,17 @@ func BenchmarkCheckPlanted(b *testing.B) {
 		}
 	}
 }
+
+// A data dir whose path has glob metacharacters ("[", "*", "?") still has
+// its last_reserved_ip.N checked (regression: a glob of the path matched
+// nothing there, and a sweep reported no hard link).
+func TestCheckBookkeepingInADataDirWithGlobCharacters(t *testing.T) {
+	d := New(filepath.Join(t.TempDir(), "data[1]*?"), "net")
+	mustOK(t, os.MkdirAll(d.Leases(), 0o755))
+	other := filepath.Join(d.Leases(), "10.0.0.6")
+	mustOK(t, os.WriteFile(other, nil, 0o600))
+	mustOK(t, os.Link(other, filepath.Join(d.Leases(), "last_reserved_ip.0")))
+	if err := d.CheckBookkeeping(); err == nil || !strings.Contains(err.Error(), "hard links") {
+		t.Fatalf("CheckBookkeeping = %v, want the hard-linked last_reserved_ip.0 reported", err)
+	}
+}
