@@ -2,6 +2,8 @@ package netfilter
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/utils"
@@ -54,9 +56,22 @@ func FuzzParseRule(f *testing.F) {
 	f.Add(`-N CNI-abc`)
 	f.Add(`-A POSTROUTING --comment`)
 	f.Fuzz(func(t *testing.T, line string) {
-		spec, _, ok := parseRule(line, "POSTROUTING")
-		if ok && len(spec) == 0 {
-			t.Fatalf("empty rulespec from %q", line)
+		spec, comment, ok := parseRule(line, "POSTROUTING")
+		if !ok {
+			return
+		}
+		if i := slices.Index(spec, "--comment"); i < 0 || i+1 >= len(spec) || spec[i+1] != comment {
+			t.Fatalf("comment %q is not the --comment of the rulespec %q (from %q)", comment, spec, line)
+		}
+		// The rulespec is what a Delete gets: the same rule printed with
+		// every word quoted parses back to it.
+		quoted := "-A POSTROUTING"
+		for _, w := range spec {
+			quoted += " '" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+		}
+		again, againComment, ok := parseRule(quoted, "POSTROUTING")
+		if !ok || !slices.Equal(again, spec) || againComment != comment {
+			t.Fatalf("%q parsed to %q, %q; quoted again (%q) to %q, %q", line, spec, comment, quoted, again, againComment)
 		}
 	})
 }
