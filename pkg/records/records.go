@@ -280,13 +280,11 @@ func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, n
 	})
 }
 
-// readFile reads and decodes the record file name.
+// readFile reads and decodes the record file name (a missing one is an
+// fs.ErrNotExist).
 func (s *Store) readFile(name string) (*Record, error) {
 	b, err := statefile.ReadFileNoFollow(filepath.Join(s.dir, name))
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		}
 		return nil, fmt.Errorf("read record: %w", err)
 	}
 	return s.decode(name, b)
