@@ -21,16 +21,11 @@ type GCRelease struct {
 	Kept []string `json:"kept,omitempty"`
 }
 
-// GCResult is what gc did besides its releases.
-type GCResult struct {
-	Released int
-	Problems *Problems
-}
-
-// GCSink takes gc's releases as each sweep makes them, then the rest.
+// GCSink takes gc's releases as each sweep makes them, then how many
+// there were and the problems the sweeps skipped.
 type GCSink interface {
 	Release(GCRelease)
-	End(*GCResult) error
+	End(released int, problems *Problems) error
 }
 
 // GC runs CHECK's sweep over each network (with orphanRules, also the NAT
@@ -39,12 +34,12 @@ type GCSink interface {
 // With rec, it also releases what the runtime no longer lists (see
 // Reconcile), and remembers what it did not list (not in a dry run).
 func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcile, sink GCSink) error {
-	res := &GCResult{Problems: &Problems{}}
-	defer res.Problems.Close()
-	err := scope.each(res.Problems, func(d ipamdir.Dir, req reclaim.Request) error {
+	problems, released := &Problems{}, 0
+	defer problems.Close()
+	err := scope.each(problems, func(d ipamdir.Dir, req reclaim.Request) error {
 		req.DryRun, req.Orphans = dryRun, orphanRules
 		req.Released = func(rel reclaim.Release) {
-			res.Released++
+			released++
 			if rec != nil {
 				rec.released(d, &rel, dryRun)
 			}
@@ -59,7 +54,7 @@ func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcil
 	if rec != nil && !dryRun {
 		err = errors.Join(err, rec.Save())
 	}
-	return errors.Join(err, sink.End(res))
+	return errors.Join(err, sink.End(released, problems))
 }
 
 // GCText prints one line per release, saying what went (or would go) and
@@ -90,9 +85,9 @@ func (t *GCText) Release(r GCRelease) {
 	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", verb, r.Network, r.ContainerID, dash(r.IfName), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)
 }
 
-func (t *GCText) End(res *GCResult) error {
-	err := res.Problems.Each(func(p string) { t.printf("skipped: %s\n", p) })
-	if res.Released == 0 {
+func (t *GCText) End(released int, problems *Problems) error {
+	err := problems.Each(func(p string) { t.printf("skipped: %s\n", p) })
+	if released == 0 {
 		t.printf("nothing to release\n")
 	}
 	return t.done(err)
@@ -108,8 +103,8 @@ func NewGCJSON(w io.Writer, dataDir string, dryRun bool) *GCJSON {
 	return &GCJSON{doc: newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)}
 }
 
-func (j *GCJSON) Release(r GCRelease)     { j.doc.item(r) }
-func (j *GCJSON) End(res *GCResult) error { return j.doc.end(res.Problems) }
+func (j *GCJSON) Release(r GCRelease)                 { j.doc.item(r) }
+func (j *GCJSON) End(_ int, problems *Problems) error { return j.doc.end(problems) }
 
 func nonNil(s []string) []string {
 	if s == nil {

@@ -202,12 +202,12 @@ func (c *collector) Release(r GCRelease) {
 	c.text.Release(r)
 }
 
-func (c *collector) End(res *GCResult) error {
+func (c *collector) End(released int, problems *Problems) error {
 	var err error
-	if c.out.Problems, err = all(res.Problems); err != nil {
+	if c.out.Problems, err = all(problems); err != nil {
 		return err
 	}
-	return c.text.End(res)
+	return c.text.End(released, problems)
 }
 
 func runGC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphans bool) (*GCOutput, []byte, error) {
@@ -240,7 +240,7 @@ func TestGCJSONStreamsTheDocument(t *testing.T) {
 		for _, p := range problems {
 			spool.Add(p)
 		}
-		if err := j.End(&GCResult{Released: n, Problems: spool}); err != nil {
+		if err := j.End(n, spool); err != nil {
 			t.Fatal(err)
 		}
 		if err := WriteJSON(&whole, doc); err != nil {
