@@ -273,11 +273,11 @@ func (c *cli) gc(args []string) (code int) {
 		if f.network != "" {
 			dirs = slices.DeleteFunc(dirs, func(d ipamdir.Dir) bool { return d.Network != f.network })
 		}
-		var sink operator.GCSink = &operator.GCText{W: c.stdout, DryRun: *dryRun}
+		var sink operator.GCSink = operator.NewGCText(c.stdout, *dryRun)
 		if f.json {
 			sink = operator.NewGCJSON(c.stdout, dataDir, *dryRun)
 		}
-		if err := operator.GCReconciled(c.sweeper(), operator.NewScope(dataDir, dirs, nets), *dryRun, *orphans, rec, sink); err != nil {
+		if err := operator.GC(c.sweeper(), operator.NewScope(dataDir, dirs, nets), *dryRun, *orphans, rec, sink); err != nil {
 			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
 			code = 1
 		}

@@ -2,10 +2,10 @@ package operator
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"strings"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
@@ -21,87 +21,57 @@ type GCRelease struct {
 	Kept []string `json:"kept,omitempty"`
 }
 
-// GCOutput is the whole `gc --json` document. GCJSON writes it as the
-// releases come, without holding them.
-type GCOutput struct {
-	DataDir  string      `json:"dataDir"`
-	DryRun   bool        `json:"dryRun"`
-	Released []GCRelease `json:"released"`
-	Problems []string    `json:"problems"`
-}
-
-// GCResult is what gc did besides its releases.
-type GCResult struct {
-	Released int
-	Problems *Problems
-}
-
-// GCSink takes gc's releases as each sweep makes them, then the rest.
+// GCSink takes gc's releases as each sweep makes them, then how many
+// there were and the problems the sweeps skipped.
 type GCSink interface {
 	Release(GCRelease)
-	End(*GCResult) error
+	End(released int, problems *Problems) error
 }
 
 // GC runs CHECK's sweep over each network (with orphanRules, also the NAT
 // rules that no lease or record holds), handing each release to sink as it
 // is made: a network of 65534 stale attachments is never held at once.
-// Every network is swept even if an earlier one failed.
-func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, sink GCSink) error {
-	return GCReconciled(s, scope, dryRun, orphanRules, nil, sink)
-}
-
-// GCReconciled is GC that also releases what the runtime no longer lists
-// (rec, when set; see Reconcile), and remembers what it did not list
-// (not in a dry run).
-func GCReconciled(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcile, sink GCSink) error {
-	res := &GCResult{Problems: &Problems{}}
-	defer res.Problems.Close()
-	var errs []error
-	for _, d := range scope.Dirs {
-		network := d.Network
-		emit := func(rel reclaim.Release) {
-			res.Released++
+// With rec, it also releases what the runtime no longer lists (see
+// Reconcile), and remembers what it did not list (not in a dry run).
+func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcile, sink GCSink) error {
+	problems, released := &Problems{}, 0
+	defer problems.Close()
+	err := scope.each(problems, func(d ipamdir.Dir, req reclaim.Request) error {
+		req.DryRun, req.Orphans = dryRun, orphanRules
+		req.Released = func(rel reclaim.Release) {
+			released++
 			if rec != nil {
-				// Gone: .unlisted forgets it. Should its files have
-				// stayed, the next run finds it missing afresh.
-				rec.forget(d, rel.Key)
+				rec.released(d, &rel, dryRun)
 			}
-			if rel.HeldBy != nil && rec != nil {
-				if note := rec.leakedMount(rel.HeldBy.Mount, dryRun); note != "" {
-					rel.Reason += " (" + note + ")"
-				} else {
-					rel.What = append(rel.What, "mount "+rel.HeldBy.Mount)
-				}
-			}
-			sink.Release(GCRelease{Network: network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What), Kept: rel.Kept})
+			sink.Release(GCRelease{Network: d.Network, ContainerID: rel.Key.ContainerID, IfName: rel.Key.IfName, IPs: nonNil(rel.IPs), Reason: rel.Reason, Removed: nonNil(rel.What), Kept: rel.Kept})
 		}
-		problem := func(err error) { res.Problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		req := scope.Request(d)
-		req.DryRun, req.Orphans, req.Released, req.Problem = dryRun, orphanRules, emit, problem
 		if rec != nil {
 			req.Unlisted = rec.For(d)
 		}
-		if _, err := s.CheckSweep(req, 0); err != nil {
-			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
-		}
-	}
+		_, err := s.CheckSweep(req, 0)
+		return err
+	})
 	if rec != nil && !dryRun {
-		errs = append(errs, rec.Save())
+		err = errors.Join(err, rec.Save())
 	}
-	return errors.Join(append(errs, sink.End(res))...)
+	return errors.Join(err, sink.End(released, problems))
 }
 
 // GCText prints one line per release, saying what went (or would go) and
 // why, as it goes.
 type GCText struct {
-	W      io.Writer
-	DryRun bool
-	err    error
+	output
+	dryRun bool
+}
+
+// NewGCText prints to w; with dryRun, what would go.
+func NewGCText(w io.Writer, dryRun bool) *GCText {
+	return &GCText{output: output{w: w}, dryRun: dryRun}
 }
 
 func (t *GCText) Release(r GCRelease) {
 	verb, removed := "released", "removed"
-	if t.DryRun {
+	if t.dryRun {
 		verb, removed = "would release", "would remove"
 	}
 	ips := strings.Join(r.IPs, ",")
@@ -115,25 +85,17 @@ func (t *GCText) Release(r GCRelease) {
 	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", verb, r.Network, r.ContainerID, dash(r.IfName), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)
 }
 
-func (t *GCText) End(res *GCResult) error {
-	err := res.Problems.Each(func(p string) { t.printf("skipped: %s\n", p) })
-	if res.Released == 0 {
+func (t *GCText) End(released int, problems *Problems) error {
+	err := problems.Each(func(p string) { t.printf("skipped: %s\n", p) })
+	if released == 0 {
 		t.printf("nothing to release\n")
 	}
-	if t.err == nil {
-		t.err = err
-	}
-	return t.err
+	return t.done(err)
 }
 
-func (t *GCText) printf(format string, args ...any) {
-	if t.err == nil {
-		_, t.err = fmt.Fprintf(t.W, format, args...)
-	}
-}
-
-// GCJSON writes the `gc --json` document (GCOutput, indented as WriteJSON
-// indents it) one release at a time.
+// GCJSON writes the `gc --json` document one release at a time:
+//
+//	{"dataDir": ..., "dryRun": ..., "released": [GCRelease, ...], "problems": [...]}
 type GCJSON struct{ doc *jsonStream }
 
 // NewGCJSON starts the document.
@@ -141,8 +103,8 @@ func NewGCJSON(w io.Writer, dataDir string, dryRun bool) *GCJSON {
 	return &GCJSON{doc: newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)}
 }
 
-func (j *GCJSON) Release(r GCRelease)     { j.doc.item(r) }
-func (j *GCJSON) End(res *GCResult) error { return j.doc.end(res.Problems) }
+func (j *GCJSON) Release(r GCRelease)                 { j.doc.item(r) }
+func (j *GCJSON) End(_ int, problems *Problems) error { return j.doc.end(problems) }
 
 func nonNil(s []string) []string {
 	if s == nil {

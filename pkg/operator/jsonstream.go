@@ -6,6 +6,27 @@ import (
 	"io"
 )
 
+// output writes until a write fails and keeps that first error: the rest
+// of a listing is not written to a closed pipe.
+type output struct {
+	w   io.Writer
+	err error
+}
+
+func (o *output) printf(format string, args ...any) {
+	if o.err == nil {
+		_, o.err = fmt.Fprintf(o.w, format, args...)
+	}
+}
+
+// done is the output's first error, else err.
+func (o *output) done(err error) error {
+	if o.err == nil {
+		o.err = err
+	}
+	return o.err
+}
+
 // jsonStream writes a document of the form
 //
 //	{"<head key>": <value>, ..., "<items>": [<item>, ...], "problems": [...]}
@@ -13,20 +34,19 @@ import (
 // byte for byte as WriteJSON would indent it, one item at a time, so that
 // a listing of any size is never held whole.
 type jsonStream struct {
-	w   io.Writer
-	n   int
-	err error
+	output
+	n int // items in the array open
 }
 
 // newJSONStream writes the head fields (key, value pairs, in order) and
 // opens the items array.
 func newJSONStream(w io.Writer, items string, head ...any) *jsonStream {
-	j := &jsonStream{w: w}
-	j.write("{\n")
+	j := &jsonStream{output: output{w: w}}
+	j.printf("{\n")
 	for i := 0; i+1 < len(head); i += 2 {
-		j.write(fmt.Sprintf("  %q: %s,\n", head[i], j.marshal(head[i+1], "  ")))
+		j.printf("  %q: %s,\n", head[i], j.marshal(head[i+1], "  "))
 	}
-	j.write(fmt.Sprintf("  %q: [", items))
+	j.printf("  %q: [", items)
 	return j
 }
 
@@ -36,33 +56,27 @@ func (j *jsonStream) item(v any) {
 		sep = "\n    "
 	}
 	j.n++
-	j.write(sep + j.marshal(v, "    "))
+	j.printf("%s%s", sep, j.marshal(v, "    "))
 }
 
-// end closes the items array, writes the problems one at a time (as
-// json.MarshalIndent would lay out their array) and ends the document.
-func (j *jsonStream) end(problems *Problems) error {
+// closeArray ends the array open as json.MarshalIndent lays it out.
+func (j *jsonStream) closeArray() {
 	if j.n > 0 {
-		j.write("\n  ")
+		j.printf("\n  ")
 	}
-	j.write("],\n  \"problems\": [")
-	n := 0
-	err := problems.Each(func(p string) {
-		sep := ",\n    "
-		if n == 0 {
-			sep = "\n    "
-		}
-		n++
-		j.write(sep + j.marshal(p, "    "))
-	})
-	if n > 0 {
-		j.write("\n  ")
-	}
-	j.write("]\n}\n")
-	if j.err == nil {
-		j.err = err
-	}
-	return j.err
+	j.printf("]")
+	j.n = 0
+}
+
+// end closes the items array, writes the problems one at a time and ends
+// the document.
+func (j *jsonStream) end(problems *Problems) error {
+	j.closeArray()
+	j.printf(",\n  \"problems\": [")
+	err := problems.Each(func(p string) { j.item(p) })
+	j.closeArray()
+	j.printf("\n}\n")
+	return j.done(err)
 }
 
 func (j *jsonStream) marshal(v any, prefix string) string {
@@ -71,10 +85,4 @@ func (j *jsonStream) marshal(v any, prefix string) string {
 		j.err = err
 	}
 	return string(b)
-}
-
-func (j *jsonStream) write(s string) {
-	if j.err == nil {
-		_, j.err = io.WriteString(j.w, s)
-	}
 }

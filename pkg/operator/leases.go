@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -35,26 +36,6 @@ type Row struct {
 	Runtime string `json:"runtime,omitempty"`
 }
 
-// LeasesOutput is the whole `leases --json` document. As a LeasesSink it
-// collects the rows (tests, doctor); LeasesJSON writes the same document
-// one row at a time.
-type LeasesOutput struct {
-	DataDir  string   `json:"dataDir"`
-	Leases   []Row    `json:"leases"`
-	Problems []string `json:"problems"`
-}
-
-func (o *LeasesOutput) Row(r Row) { o.Leases = append(o.Leases, r) }
-
-func (o *LeasesOutput) End(problems *Problems) error {
-	if o.Leases == nil {
-		o.Leases = []Row{}
-	}
-	var err error
-	o.Problems, err = problems.All()
-	return err
-}
-
 // LeasesSink takes the rows of `leases` as the sweeps meet them, then the
 // problems they skipped.
 type LeasesSink interface {
@@ -74,32 +55,23 @@ func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 	now := s.Host.Now()
 	problems := &Problems{}
 	defer problems.Close()
-	var errs []error
-	for _, d := range scope.Dirs {
-		network := d.Network
-		visit := func(a *reclaim.Attachment) {
-			for _, r := range rowsOf(network, a, now) {
-				sink.Row(r)
-			}
-		}
-		released := func(rel reclaim.Release) {
+	err := scope.each(problems, func(d ipamdir.Dir, req reclaim.Request) error {
+		req.DryRun, req.Orphans = true, true
+		req.Visit = func(a *reclaim.Attachment) { eachRow(d.Network, a, now, sink.Row) }
+		req.Released = func(rel reclaim.Release) {
 			if rel.Orphan {
-				sink.Row(Row{Network: network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
+				sink.Row(Row{Network: d.Network, IP: "-", ContainerID: rel.Key.ContainerID, State: "orphan-rules", Reason: rel.Reason, Rules: rel.What})
 			}
 		}
-		problem := func(err error) { problems.Add(fmt.Sprintf("%s: %v", network, err)) }
-		req := scope.Request(d)
-		req.DryRun, req.Orphans, req.Visit, req.Released, req.Problem = true, true, visit, released, problem
-		if _, err := s.Sweep(req); err != nil {
-			errs = append(errs, fmt.Errorf("network %s: %w", network, err))
-		}
+		_, err := s.Sweep(req)
 		if k, ok := sink.(keptSink); ok {
 			if n := s.Releases(d)[reclaim.ForwardKeptCount]; n > 0 {
-				k.Kept(network, n)
+				k.Kept(d.Network, n)
 			}
 		}
-	}
-	return errors.Join(append(errs, sink.End(problems))...)
+		return err
+	})
+	return errors.Join(err, sink.End(problems))
 }
 
 // keptSink is a LeasesSink that says, per network, how many released
@@ -108,31 +80,24 @@ type keptSink interface {
 	Kept(network string, addresses int)
 }
 
-func rowsOf(network string, a *reclaim.Attachment, now time.Time) []Row {
-	base := Row{Network: network, ContainerID: a.Key.ContainerID, IfName: a.Key.IfName, State: string(a.Verdict.State), Reason: a.Verdict.Reason, HeldBy: a.Verdict.Holder}
+// eachRow hands row the rows of a: one per lease, else one without.
+func eachRow(network string, a *reclaim.Attachment, now time.Time, row func(Row)) {
+	r := Row{Network: network, IP: "-", ContainerID: a.Key.ContainerID, IfName: a.Key.IfName, State: string(a.Verdict.State), Reason: a.Verdict.Reason, HeldBy: a.Verdict.Holder}
 	var created time.Time
 	if a.Record != nil {
-		base.Netns = a.Record.Netns
-		created = a.Record.Created
+		r.Netns, created = a.Record.Netns, a.Record.Created
 	}
+	r.AgeSeconds = age(now, created)
 	if len(a.Leases) == 0 {
-		row := base
-		row.IP = "-"
-		row.AgeSeconds = age(now, created)
-		return []Row{row}
+		row(r)
 	}
-	rows := make([]Row, 0, len(a.Leases))
 	for _, l := range a.Leases {
-		row := base
-		row.IP = l.IP.String()
+		r.IP = l.IP.String()
 		if created.IsZero() {
-			row.AgeSeconds = age(now, l.ModTime)
-		} else {
-			row.AgeSeconds = age(now, created)
+			r.AgeSeconds = age(now, l.ModTime)
 		}
-		rows = append(rows, row)
+		row(r)
 	}
-	return rows
 }
 
 func age(now, t time.Time) int64 {
@@ -146,18 +111,19 @@ func age(now, t time.Time) int64 {
 // of tableBlock rows (a tabwriter holds the text of what it aligns): one
 // block up to that many rows, bounded memory beyond.
 type LeasesTable struct {
-	w    io.Writer
-	tw   *tabwriter.Writer
-	n    int
-	kept []string
-	err  error
+	output // the tabwriter, then (End) plain
+	plain  io.Writer
+	tw     *tabwriter.Writer
+	n      int
+	kept   []string
 }
 
 const tableBlock = 4096
 
 // NewLeasesTable starts the table with its header.
 func NewLeasesTable(w io.Writer) *LeasesTable {
-	t := &LeasesTable{w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	t := &LeasesTable{output: output{w: tw}, plain: w, tw: tw}
 	t.printf("NETWORK\tIP\tCONTAINER\tIFNAME\tNETNS\tAGE\tSTATE\n")
 	return t
 }
@@ -191,30 +157,18 @@ func (t *LeasesTable) End(problems *Problems) error {
 	if err := t.tw.Flush(); err != nil && t.err == nil {
 		t.err = err
 	}
+	// Below the table, not through the tabwriter: a skipped file's name
+	// may hold a tab.
+	t.w = t.plain
 	for _, k := range t.kept {
-		if t.err == nil {
-			_, t.err = fmt.Fprintln(t.w, k)
-		}
+		t.printf("%s\n", k)
 	}
-	err := problems.Each(func(p string) {
-		if t.err == nil {
-			_, t.err = fmt.Fprintf(t.w, "skipped: %s\n", p)
-		}
-	})
-	if t.err == nil {
-		t.err = err
-	}
-	return t.err
+	return t.done(problems.Each(func(p string) { t.printf("skipped: %s\n", p) }))
 }
 
-func (t *LeasesTable) printf(format string, args ...any) {
-	if t.err == nil {
-		_, t.err = fmt.Fprintf(t.tw, format, args...)
-	}
-}
-
-// LeasesJSON writes the `leases --json` document (LeasesOutput, indented
-// as WriteJSON indents it) one row at a time.
+// LeasesJSON writes the `leases --json` document one row at a time:
+//
+//	{"dataDir": ..., "leases": [Row, ...], "problems": [...]}
 type LeasesJSON struct{ doc *jsonStream }
 
 // NewLeasesJSON starts the document.

@@ -20,13 +20,11 @@ type Problems struct {
 	mem   []string
 	spill *os.File
 	w     *bufio.Writer
-	n     int
 	err   error
 }
 
 // Add keeps one problem.
 func (p *Problems) Add(s string) {
-	p.n++
 	if len(p.mem) < problemsInMemory {
 		p.mem = append(p.mem, s)
 		return
@@ -44,14 +42,10 @@ func (p *Problems) Add(s string) {
 		_ = os.Remove(f.Name())
 		p.spill, p.w = f, bufio.NewWriter(f)
 	}
-	b, _ := json.Marshal(s) // one line: newlines are escaped
-	if _, err := p.w.Write(append(b, '\n')); err != nil {
+	if err := json.NewEncoder(p.w).Encode(s); err != nil {
 		p.err = fmt.Errorf("spool problems: %w", err)
 	}
 }
-
-// Len is how many problems were added.
-func (p *Problems) Len() int { return p.n }
 
 // Each calls fn with every problem, in the order they were added.
 func (p *Problems) Each(fn func(string)) error {
@@ -67,23 +61,16 @@ func (p *Problems) Each(fn func(string)) error {
 	if _, err := p.spill.Seek(0, io.SeekStart); err != nil {
 		return fmt.Errorf("spool problems: %w", err)
 	}
-	sc := bufio.NewScanner(p.spill)
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
+	dec := json.NewDecoder(p.spill)
+	for {
 		var s string
-		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+		if err := dec.Decode(&s); err == io.EOF {
+			return nil
+		} else if err != nil {
 			return fmt.Errorf("spool problems: %w", err)
 		}
 		fn(s)
 	}
-	return sc.Err()
-}
-
-// All returns every problem (tests, and small listings).
-func (p *Problems) All() ([]string, error) {
-	out := []string{}
-	err := p.Each(func(s string) { out = append(out, s) })
-	return out, err
 }
 
 // Close drops the spill file.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"slices"
 	"time"
@@ -75,24 +76,36 @@ func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool
 	}
 }
 
-// leakedMount removes (with RemoveMounts) the nsfs mount that alone kept
-// a released attachment's namespace; it returns why not, or "" when it
-// went (or, in a dry run, would go).
-func (r *Reconcile) leakedMount(mount string, dryRun bool) string {
+// released forgets a released attachment (should its files have stayed,
+// the next run finds it missing afresh) and removes, with RemoveMounts,
+// the nsfs mount that alone kept its namespace, or says why not.
+func (r *Reconcile) released(d ipamdir.Dir, rel *reclaim.Release, dryRun bool) {
+	delete(r.missing[d], unlistedKey(rel.Key))
+	if rel.HeldBy == nil {
+		return
+	}
+	if err := r.unmount(rel.HeldBy.Mount, dryRun); err != nil {
+		rel.Reason += fmt.Sprintf(" (not removed: %v)", err)
+	} else {
+		rel.What = append(rel.What, "mount "+rel.HeldBy.Mount)
+	}
+}
+
+func (r *Reconcile) unmount(mount string, dryRun bool) error {
 	switch {
 	case !r.RemoveMounts:
-		return "not removed: --remove-mounts unmounts it"
+		return errors.New("--remove-mounts unmounts it")
 	case dryRun:
-		return ""
+		return nil
 	}
 	if err := unix.Unmount(mount, unix.MNT_DETACH); err != nil {
-		return fmt.Sprintf("not removed: %v", err)
+		return err
 	}
 	// ip netns leaves an empty file as the mount point.
 	if fi, err := os.Lstat(mount); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
 		os.Remove(mount)
 	}
-	return ""
+	return nil
 }
 
 // created is when the attachment was made: its record's time, else its
@@ -109,9 +122,6 @@ func created(a *reclaim.Attachment) time.Time {
 	}
 	return t
 }
-
-// forget drops a released attachment from this run's view of d.
-func (r *Reconcile) forget(d ipamdir.Dir, k records.Key) { delete(r.missing[d], unlistedKey(k)) }
 
 // unlistedKey names an attachment in ipamdir.UnlistedMarker.
 func unlistedKey(k records.Key) string { return k.ContainerID + "@" + k.IfName }
@@ -178,17 +188,14 @@ func (d *Drift) Row(r Row) {
 
 func (d *Drift) End(problems *Problems) error {
 	err := d.Sink.End(problems)
-	var only []string
-	for id := range d.Listing.IDs {
+	note := output{w: d.Note}
+	for _, id := range slices.Sorted(maps.Keys(d.Listing.IDs)) {
 		if !d.seen[id] {
-			only = append(only, id)
+			note.printf("listed by %s, holding nothing on these networks: %s\n", d.Runtime, id)
 		}
 	}
-	slices.Sort(only)
-	for _, id := range only {
-		if _, werr := fmt.Fprintf(d.Note, "listed by %s, holding nothing on these networks: %s\n", d.Runtime, id); werr != nil && err == nil {
-			err = werr
-		}
+	if err != nil {
+		return err
 	}
-	return err
+	return note.err
 }

@@ -35,7 +35,7 @@ func TestGCReleasesWhatTheRuntimeStoppedListingPastTheGrace(t *testing.T) {
 		host.Clock = now
 		rec := &Reconcile{Runtime: "podman", Listing: listing, Grace: 5 * time.Minute, Now: now}
 		var text bytes.Buffer
-		if err := GCReconciled(s, scopeOf(dataDir, []string{"nomad"}), dryRun, false, rec, &GCText{W: &text, DryRun: dryRun}); err != nil {
+		if err := GC(s, scopeOf(dataDir, []string{"nomad"}), dryRun, false, rec, NewGCText(&text, dryRun)); err != nil {
 			t.Fatal(err)
 		}
 		return text.String()
@@ -82,7 +82,7 @@ func TestGCReleasesNothingOfAnAttachmentYoungerThanTheGrace(t *testing.T) {
 		host.Clock = now
 		rec := &Reconcile{Runtime: "nomad", Listing: listing, Grace: 5 * time.Minute, Now: now}
 		var text bytes.Buffer
-		if err := GCReconciled(s, scopeOf(dataDir, []string{"nomad"}), false, false, rec, &GCText{W: &text}); err != nil {
+		if err := GC(s, scopeOf(dataDir, []string{"nomad"}), false, false, rec, NewGCText(&text, false)); err != nil {
 			t.Fatal(err)
 		}
 		if out := text.String(); strings.Contains(out, "young/eth0") {
@@ -103,7 +103,7 @@ func TestGCForgetsWhatItReleasedInTheUnlistedMarker(t *testing.T) {
 	for _, now := range []time.Time{first, first.Add(6 * time.Minute)} {
 		host.Clock = now
 		rec := &Reconcile{Runtime: "nomad", Listing: listing, Grace: 5 * time.Minute, Now: now}
-		if err := GCReconciled(s, scopeOf(dataDir, []string{"nomad"}), false, false, rec, &GCText{W: &bytes.Buffer{}}); err != nil {
+		if err := GC(s, scopeOf(dataDir, []string{"nomad"}), false, false, rec, NewGCText(&bytes.Buffer{}, false)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -141,7 +141,7 @@ func TestGCOfADirectoryThePluginNeverServedCreatesNothing(t *testing.T) {
 	}
 	for _, rec := range []*Reconcile{nil, {Runtime: "nomad", Listing: &runtimes.Listing{IDs: map[string]bool{}}, Grace: 5 * time.Minute, Now: s.Host.Now()}} {
 		var text bytes.Buffer
-		if err := GCReconciled(s, scopeOf(dataDir, []string{"podman"}), false, false, rec, &GCText{W: &text}); err != nil {
+		if err := GC(s, scopeOf(dataDir, []string{"podman"}), false, false, rec, NewGCText(&text, false)); err != nil {
 			t.Fatal(err)
 		}
 		if text.String() != "nothing to release\n" {

@@ -1,6 +1,8 @@
 package operator
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 
@@ -47,6 +49,21 @@ func (sc Scope) Request(d ipamdir.Dir) reclaim.Request {
 		legacy = ipamdir.DefaultLegacyDataDir
 	}
 	return reclaim.Request{Dir: d, LegacyDataDir: legacy, OtherDataDirs: sc.others()}
+}
+
+// each runs sweep over every network of the scope with its Request, the
+// files it skips kept in problems. Every network is swept even if an
+// earlier one failed.
+func (sc Scope) each(problems *Problems, sweep func(d ipamdir.Dir, req reclaim.Request) error) error {
+	var errs []error
+	for _, d := range sc.Dirs {
+		req := sc.Request(d)
+		req.Problem = func(err error) { problems.Add(fmt.Sprintf("%s: %v", d.Network, err)) }
+		if err := sweep(d, req); err != nil {
+			errs = append(errs, fmt.Errorf("network %s: %w", d.Network, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (sc Scope) others() []string {

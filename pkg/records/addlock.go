@@ -38,13 +38,11 @@ func (s *Store) WriteLocked(r *Record) (*os.File, error) {
 		held, err = openLocked(tmp)
 		return err
 	})
-	if err != nil {
-		if held != nil {
-			held.Close()
-		}
-		return nil, err
+	if err != nil && held != nil {
+		held.Close()
+		held = nil
 	}
-	return held, nil
+	return held, err
 }
 
 // openLocked opens path read-only and takes its exclusive flock, which
@@ -70,7 +68,7 @@ func (s *Store) PathOf(k Key) string { return filepath.Join(s.dir, fileName(k)) 
 // running. It opens the record with statefile.Open: a FIFO planted in its
 // place cannot block it.
 func (s *Store) AddRunning(k Key) (bool, error) {
-	f, err := statefile.Open(filepath.Join(s.dir, fileName(k)))
+	f, err := statefile.Open(s.PathOf(k))
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}

@@ -149,7 +149,7 @@ func (s *Store) RemoveAbandonedTemps(l *Listing, running func(pid int) bool) ([]
 
 // Read returns the record of k, or nil when there is none.
 func (s *Store) Read(k Key) (*Record, error) {
-	b, err := statefile.ReadFileNoFollow(filepath.Join(s.dir, fileName(k)))
+	b, err := statefile.ReadFileNoFollow(s.PathOf(k))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -162,24 +162,17 @@ func (s *Store) Read(k Key) (*Record, error) {
 // Remove deletes the record of k; a missing record is not an error.
 func (s *Store) Remove(k Key) error {
 	crashpoint.Step("remove record " + k.String())
-	if err := removeIfPresent(filepath.Join(s.dir, fileName(k))); err != nil {
-		return fmt.Errorf("remove record %s: %w", k, err)
-	}
-	return nil
-}
-
-// removeIfPresent removes path; one that is not there is not an error.
-func removeIfPresent(path string) error {
+	path := s.PathOf(k)
 	err := os.Remove(path)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		// A read-only filesystem says EROFS even for a file that is not
-		// there: nothing to remove is not an error.
-		if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
-			return nil
-		}
-		return err
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return nil
 	}
-	return nil
+	// A read-only filesystem says EROFS even for a file that is not
+	// there: nothing to remove is not an error.
+	if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
+		return nil
+	}
+	return fmt.Errorf("remove record %s: %w", k, err)
 }
 
 // Names reads the record directory's names once, reading no record: the
@@ -200,55 +193,60 @@ func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
 // returns the temp files of statefile.WriteAtomic, by writer pid (a record
 // being written, whose attachment its name does not give). A missing
 // directory holds nothing.
-func (s *Store) EachName(fn func(Key)) (temps *Listing, err error) {
-	temps = &Listing{}
-	dir, err := os.Open(s.dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return temps, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
-	}
-	defer dir.Close()
-	err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
-		name := e.Name()
-		if pid, ok := statefile.TempWriter(name); ok && e.Type().IsRegular() {
-			temps.addTemp(name, pid)
-			return
-		}
-		if cid, ifname, ok := ipamdir.ParseRecordName(name); ok {
+func (s *Store) EachName(fn func(Key)) (*Listing, error) {
+	return s.eachEntry(func(e fs.DirEntry) {
+		if cid, ifname, ok := ipamdir.ParseRecordName(e.Name()); ok {
 			fn(Key{ContainerID: cid, IfName: ifname})
 		}
 	})
+}
+
+// eachEntry calls fn with each entry of the record directory
+// (statefile.EachDirEntry) but statefile.WriteAtomic's temp files, which
+// it lists by writer pid; a missing directory holds nothing.
+func (s *Store) eachEntry(fn func(fs.DirEntry)) (*Listing, error) {
+	l := &Listing{}
+	dir, err := os.Open(s.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return l, nil
+	}
+	if err == nil {
+		defer dir.Close()
+		err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
+			pid, ok := statefile.TempWriter(e.Name())
+			if !ok || !e.Type().IsRegular() {
+				fn(e)
+				return
+			}
+			if l.Temps == nil {
+				l.Temps = map[string]int{}
+			}
+			l.Temps[e.Name()] = pid
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
-	return temps, nil
+	return l, nil
 }
 
 // Listing is what one walk of a record directory found besides records.
 type Listing struct {
-	// Problems are files that are not valid records: a damaged record must
-	// never stop a sweep, nor make it release anything.
-	Problems []error
-	// Damaged are the attachments, as named by their files, of the
-	// records among Problems: one may be a live container's.
-	Damaged []Key
 	// Temps are statefile.WriteAtomic's temp files, by writer pid.
 	Temps map[string]int
-	// onDamaged, when set, takes what Problems and Damaged would hold.
-	onDamaged func(err error, k Key, named bool)
 }
 
 // Walk reads the records of the network, calling fn with each, so that a
-// sweep holds one record at a time, not the network.
+// sweep holds one record at a time, not the network. Files that are not
+// valid records are skipped.
 func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
-	return s.WalkStreaming(fn, nil)
+	return s.WalkStreaming(fn, func(error, Key, bool) {})
 }
 
 // WalkStreaming is Walk that hands each file that is not a valid record to
-// damaged (with the attachment its name gives, if any) instead of keeping
-// it in the Listing: 100 000 planted files are then never held at once.
+// damaged, with the attachment its name gives, if any (a damaged record
+// must never stop a sweep, nor make it release anything, and it may be a
+// live container's): 100 000 planted files are never held at once.
 // Records come in name order within each batch of the directory
 // (statefile.EachDirEntry).
 //
@@ -256,77 +254,40 @@ func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
 // sweep over bridge's 1023 live attachments stays within make bench's
 // bound (BENCHMARKS.md, "Decisions the numbers made").
 func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, named bool)) (*Listing, error) {
-	l := &Listing{onDamaged: damaged}
-	dir, err := os.Open(s.dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return l, nil
+	bad := func(name string, err error) {
+		cid, ifname, named := ipamdir.ParseRecordName(name)
+		damaged(err, Key{ContainerID: cid, IfName: ifname}, named)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
-	}
-	defer dir.Close()
-	err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
+	return s.eachEntry(func(e fs.DirEntry) {
 		name := e.Name()
 		switch {
-		case strings.HasPrefix(name, statefile.TempPrefix) && e.Type().IsRegular():
-			if pid, ok := statefile.TempWriter(name); ok {
-				l.addTemp(name, pid)
-			}
 		case strings.HasPrefix(name, "."):
 			// A boot marker (.migrated, ...) or a temp file of unknown
 			// origin.
 		case !e.Type().IsRegular():
-			l.damaged(name, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
+			bad(name, fmt.Errorf("record %s: not a regular file", filepath.Join(s.dir, name)))
 		default:
 			r, err := s.readFile(name)
 			switch {
 			case errors.Is(err, fs.ErrNotExist):
 				// Removed since the directory was read: a DEL.
 			case err != nil:
-				l.damaged(name, err)
+				bad(name, err)
 			default:
 				fn(r)
 			}
 		}
 	})
-	if err != nil {
-		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
-	}
-	return l, nil
 }
 
-// readFile reads and decodes the record file name.
+// readFile reads and decodes the record file name (a missing one is an
+// fs.ErrNotExist).
 func (s *Store) readFile(name string) (*Record, error) {
 	b, err := statefile.ReadFileNoFollow(filepath.Join(s.dir, name))
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		}
 		return nil, fmt.Errorf("read record: %w", err)
 	}
 	return s.decode(name, b)
-}
-
-func (l *Listing) addTemp(name string, pid int) {
-	if l.Temps == nil {
-		l.Temps = map[string]int{}
-	}
-	l.Temps[name] = pid
-}
-
-// damaged reports a file that is not a valid record, and the attachment
-// its name gives.
-func (l *Listing) damaged(name string, err error) {
-	cid, ifname, named := ipamdir.ParseRecordName(name)
-	k := Key{ContainerID: cid, IfName: ifname}
-	if l.onDamaged != nil {
-		l.onDamaged(err, k, named)
-		return
-	}
-	l.Problems = append(l.Problems, err)
-	if named {
-		l.Damaged = append(l.Damaged, k)
-	}
 }
 
 // decode parses a record and checks it belongs where it was found.

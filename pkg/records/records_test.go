@@ -249,19 +249,23 @@ func TestReadDoesNotBlockOnAFIFO(t *testing.T) {
 	}
 }
 
-// listing is what a Walk found, its records collected.
+// listing is what a walk found, its records and damaged files collected.
 type listing struct {
 	*Listing
-	Records []*Record
+	Records  []*Record
+	Problems []error
 }
 
 func walkAll(s *Store) (*listing, error) {
-	var recs []*Record
-	l, err := s.Walk(func(r *Record) { recs = append(recs, r) })
+	out := &listing{}
+	l, err := s.WalkStreaming(func(r *Record) { out.Records = append(out.Records, r) }, func(err error, k Key, named bool) {
+		out.Problems = append(out.Problems, err)
+	})
 	if err != nil {
 		return nil, err
 	}
-	return &listing{Listing: l, Records: recs}, nil
+	out.Listing = l
+	return out, nil
 }
 
 // The caller gets every entry once, in name order (within the directory's
