@@ -207,8 +207,8 @@ func beginAddError(err error) error {
 const maxKeyLength = 200
 
 // checkTarget refuses, before anything is written, what skel lets through
-// but no attachment can be made of: an ID too long to record, and the
-// plugin's own network namespace (skel only notices that after ADD ran).
+// but no attachment can be made of: an ID too long to record, and a
+// CNI_NETNS that is not an absolute path.
 func checkTarget(args *skel.CmdArgs) error {
 	if len(args.ContainerID)+1+len(args.IfName) > maxKeyLength {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_CONTAINERID and CNI_IFNAME are longer than %d bytes together", maxKeyLength), "")

@@ -15,7 +15,8 @@ import (
 // rules (including rules whose lease is already gone), records. Then it
 // forwards GC to the delegate, as the spec asks of a plugin that delegates,
 // and to host-local directly: bridge v1.10.0 has no GC and does not pass it
-// to its IPAM. Every step runs even if an earlier one failed.
+// to its IPAM. Every step runs even if an earlier one failed; one failure
+// keeps its code, several fold into one internal error naming them all.
 func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if _, err := p.loadForHostLocal(conf); err != nil {
 		return err
@@ -50,12 +51,6 @@ func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 			errs = append(errs, err)
 		}
 	}
-	return joinCNIErrors(errs)
-}
-
-// joinCNIErrors keeps a single error as it is (with its code) and folds
-// several into one internal error that names them all.
-func joinCNIErrors(errs []error) error {
 	switch len(errs) {
 	case 0:
 		return nil
