@@ -95,6 +95,13 @@ type Config struct {
 	stdin []byte
 }
 
+// Dir is the entry's network under its data directory.
+func (c *Config) Dir() ipamdir.Dir { return ipamdir.New(c.DataDir, c.Name) }
+
+// LegacyDir is the entry's network in host-local's own data dir, where its
+// leases were kept before the rewrite.
+func (c *Config) LegacyDir() ipamdir.Dir { return ipamdir.New(c.LegacyDataDir, c.Name) }
+
 // Parse decodes and validates a conflist entry. Every error is a
 // *types.Error carrying the CNI code the runtime should see; nothing on
 // disk is touched.
@@ -130,14 +137,16 @@ func Parse(stdin []byte) (*Config, error) {
 	if err := validateDelegate(c.Delegate); err != nil {
 		return nil, err
 	}
+	if c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, minDelegateTimeout, maxDelegateTimeout, "90s"); err != nil {
+		return nil, err
+	}
 	if c.Type == c.Delegate && !managesIPAM(raw) {
 		// Installed under its delegate's name, the plugin receives every
 		// entry of that type, also those with another IPAM (dhcp, static):
 		// they are none of its business and reach the delegate as they
 		// came, leaving no state.
 		c.Passthrough, c.stdin = true, stdin
-		c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, minDelegateTimeout, maxDelegateTimeout)
-		return c, err
+		return c, nil
 	}
 	if c.DataDir, err = stringKey(raw, keyDataDir, ipamdir.DefaultDataDir); err != nil {
 		return nil, err
@@ -146,10 +155,7 @@ func Parse(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	c.DataDir = filepath.Clean(c.DataDir)
-	if c.DelegateTimeout, err = durationKey(raw, keyDelegateTimeout, DefaultDelegateTimeout, minDelegateTimeout, maxDelegateTimeout); err != nil {
-		return nil, err
-	}
-	if c.CheckSweepInterval, err = intervalKey(raw, keyCheckSweepInterval, DefaultCheckSweepInterval, maxCheckSweepInterval); err != nil {
+	if c.CheckSweepInterval, err = durationKey(raw, keyCheckSweepInterval, DefaultCheckSweepInterval, 0, maxCheckSweepInterval, "10s"); err != nil {
 		return nil, err
 	}
 	if err := c.parseLog(raw); err != nil {
@@ -170,7 +176,9 @@ func Parse(stdin []byte) (*Config, error) {
 	if ipamType != HostLocal {
 		return nil, invalidConfig(fmt.Sprintf(`"ipam.type" is %q: nomad-bridge-cni only manages "host-local"`, ipamType))
 	}
-	if err := refuseFoldedDuplicate(raw, keyIPAM, ""); err != nil {
+	// The delegate reads "IPAM" as "ipam": a second spelling would be
+	// read in place of, or over, the one the plugin reads.
+	if _, err := foldedKey(raw, keyIPAM); err != nil {
 		return nil, err
 	}
 	legacyKey, err := foldedKey(c.ipam, keyDataDir)
@@ -215,17 +223,6 @@ func foldedKey(m map[string]json.RawMessage, key string) (string, error) {
 		return key, nil
 	}
 	return found, nil
-}
-
-// refuseFoldedDuplicate refuses a spelling of key other than key itself
-// in m (prefix names m in the message): the delegate would read it in
-// place of, or over, the one the plugin reads.
-func refuseFoldedDuplicate(m map[string]json.RawMessage, key, prefix string) error {
-	got, err := foldedKey(m, key)
-	if err == nil && got != key {
-		err = invalidConfig(fmt.Sprintf("%q must be spelled %q: the delegate reads keys in any case", prefix+got, prefix+key))
-	}
-	return err
 }
 
 // parseLog reads "logFile" and "logLevel": off unless logFile is set, a
@@ -276,9 +273,6 @@ func checkPrevResult(raw map[string]json.RawMessage, cniVersion string) error {
 	return nil
 }
 
-// NetworkDir is host-local's lease directory for this network.
-func (c *Config) NetworkDir() string { return c.Dir().Leases() }
-
 // stringKey reads an optional string key, falling back to def when the key
 // is absent or null.
 func stringKey(m map[string]json.RawMessage, key, def string) (string, error) {
@@ -293,28 +287,16 @@ func stringKey(m map[string]json.RawMessage, key, def string) (string, error) {
 	return s, nil
 }
 
-// durationKey reads an optional Go duration string ("90s", "2m").
-func durationKey(m map[string]json.RawMessage, key string, def, min, max time.Duration) (time.Duration, error) {
+// durationKey reads an optional Go duration string ("90s", "2m") between
+// min and max; example is the one the error message gives.
+func durationKey(m map[string]json.RawMessage, key string, def, min, max time.Duration, example string) (time.Duration, error) {
 	text, err := stringKey(m, key, "")
 	if err != nil || text == "" {
 		return def, err
 	}
 	d, err := time.ParseDuration(text)
 	if err != nil || d < min || d > max {
-		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between %s and %s, such as \"90s\"", key, text, min, max))
-	}
-	return d, nil
-}
-
-// intervalKey reads an optional Go duration string that may be "0s".
-func intervalKey(m map[string]json.RawMessage, key string, def, max time.Duration) (time.Duration, error) {
-	text, err := stringKey(m, key, "")
-	if err != nil || text == "" {
-		return def, err
-	}
-	d, err := time.ParseDuration(text)
-	if err != nil || d < 0 || d > max {
-		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between 0s and %s, such as \"10s\"", key, text, max))
+		return 0, invalidConfig(fmt.Sprintf("%q %q must be a duration between %s and %s, such as %q", key, text, min, max, example))
 	}
 	return d, nil
 }

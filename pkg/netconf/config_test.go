@@ -128,8 +128,8 @@ func TestParseReadsWrapperKeys(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Parse = %+v, want %+v", got, want)
 	}
-	if conf.NetworkDir() != "/run/nbc/nomad" {
-		t.Errorf("NetworkDir = %q", conf.NetworkDir())
+	if conf.Dir().Leases() != "/run/nbc/nomad" {
+		t.Errorf("Dir().Leases() = %q", conf.Dir().Leases())
 	}
 }
 

@@ -18,14 +18,18 @@ func (c *Config) DelegateConfig() ([]byte, error) {
 	if c.Passthrough {
 		return c.stdin, nil
 	}
-	return c.render(c.Delegate, "", c.DataDir)
+	return c.DelegateConfigWithDataDir(c.DataDir)
 }
 
 // DelegateConfigWithDataDir is DelegateConfig with host-local's dataDir set
 // to dir: a DEL that must not have host-local read the network's own
 // directory (see Plugin.Del) gives it an empty one.
 func (c *Config) DelegateConfigWithDataDir(dir string) ([]byte, error) {
-	return c.render(c.Delegate, "", dir)
+	out, err := c.entry(c.Delegate, "", dir)
+	if err != nil {
+		return nil, err
+	}
+	return encode(out, c.Delegate)
 }
 
 // GCConfigs are the entries a GC forwards to the delegate and to
@@ -44,12 +48,8 @@ func (c *Config) GCConfigs(valid []types.GCAttachment) (delegate, hostLocal []by
 }
 
 func (c *Config) renderGC(pluginType, cniVersion string, valid []types.GCAttachment) ([]byte, error) {
-	b, err := c.render(pluginType, cniVersion, c.DataDir)
+	out, err := c.entry(pluginType, cniVersion, c.DataDir)
 	if err != nil {
-		return nil, err
-	}
-	var out map[string]json.RawMessage
-	if err := json.Unmarshal(b, &out); err != nil {
 		return nil, err
 	}
 	for k := range out {
@@ -63,17 +63,16 @@ func (c *Config) renderGC(pluginType, cniVersion string, valid []types.GCAttachm
 	if err := setJSON(out, keyValidAttachments, valid); err != nil {
 		return nil, err
 	}
-	return json.Marshal(out)
+	return encode(out, pluginType)
 }
 
-func (c *Config) render(pluginType, cniVersion, dataDir string) ([]byte, error) {
+// entry is the entry pluginType receives, as DelegateConfig describes it,
+// with host-local's dataDir set to dataDir, and cniVersion when set.
+func (c *Config) entry(pluginType, cniVersion, dataDir string) (map[string]json.RawMessage, error) {
 	out := maps.Clone(c.raw)
-	delete(out, keyDelegate)
-	delete(out, keyDataDir)
-	delete(out, keyDelegateTimeout)
-	delete(out, keyCheckSweepInterval)
-	delete(out, keyLogFile)
-	delete(out, keyLogLevel)
+	for _, own := range []string{keyDelegate, keyDataDir, keyDelegateTimeout, keyCheckSweepInterval, keyLogFile, keyLogLevel} {
+		delete(out, own)
+	}
 
 	ipam := maps.Clone(c.ipam)
 	// Parse allowed one spelling; host-local must read ours only.
@@ -99,7 +98,11 @@ func (c *Config) render(pluginType, cniVersion, dataDir string) ([]byte, error) 
 			return nil, err
 		}
 	}
-	b, err := json.Marshal(out)
+	return out, nil
+}
+
+func encode(entry map[string]json.RawMessage, pluginType string) ([]byte, error) {
+	b, err := json.Marshal(entry)
 	if err != nil {
 		return nil, fmt.Errorf("encode configuration for %s: %w", pluginType, err)
 	}
@@ -125,12 +128,8 @@ func (c *Config) DelegateConfigRequesting(ips []string) (conf []byte, ok bool, e
 	if c.Passthrough || len(ips) == 0 || c.requestsIPs() {
 		return nil, false, nil
 	}
-	plain, err := c.DelegateConfig()
+	out, err := c.entry(c.Delegate, "", c.DataDir)
 	if err != nil {
-		return nil, false, err
-	}
-	var out map[string]json.RawMessage
-	if err := json.Unmarshal(plain, &out); err != nil {
 		return nil, false, err
 	}
 	args := map[string]json.RawMessage{}
@@ -154,9 +153,9 @@ func (c *Config) DelegateConfigRequesting(ips []string) (conf []byte, ok bool, e
 	if err := setJSON(out, "args", args); err != nil {
 		return nil, false, err
 	}
-	b, err := json.Marshal(out)
+	b, err := encode(out, c.Delegate)
 	if err != nil {
-		return nil, false, fmt.Errorf("encode configuration for %s: %w", c.Delegate, err)
+		return nil, false, err
 	}
 	return b, true, nil
 }

@@ -16,7 +16,7 @@ func TestCheckDirsRefusesPlantedDirectories(t *testing.T) {
 		{"dataDir is a symlink", func(t *testing.T, c *Config) { symlink(t, t.TempDir(), c.DataDir) }, "is a symlink"},
 		{"network dir is a symlink", func(t *testing.T, c *Config) {
 			mkdir(t, c.DataDir)
-			symlink(t, t.TempDir(), c.NetworkDir())
+			symlink(t, t.TempDir(), c.Dir().Leases())
 		}, "is a symlink"},
 		{"records dir is a symlink", func(t *testing.T, c *Config) {
 			mkdir(t, c.DataDir)
@@ -28,7 +28,7 @@ func TestCheckDirsRefusesPlantedDirectories(t *testing.T) {
 		}, "is a symlink"},
 		{"network dir is a file", func(t *testing.T, c *Config) {
 			mkdir(t, c.DataDir)
-			if err := os.WriteFile(c.NetworkDir(), nil, 0o600); err != nil {
+			if err := os.WriteFile(c.Dir().Leases(), nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
 		}, "not a directory"},
@@ -36,9 +36,9 @@ func TestCheckDirsRefusesPlantedDirectories(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &Config{Name: "net", DataDir: filepath.Join(t.TempDir(), "data")}
 			tc.plant(t, c)
-			err := c.CheckDirs()
+			err := c.Dir().Check()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("CheckDirs = %v, want %q", err, tc.want)
+				t.Errorf("Dir().Check() = %v, want %q", err, tc.want)
 			}
 		})
 	}
@@ -46,12 +46,12 @@ func TestCheckDirsRefusesPlantedDirectories(t *testing.T) {
 
 func TestCheckDirsAcceptsOwnAndMissingDirectories(t *testing.T) {
 	c := &Config{Name: "net", DataDir: filepath.Join(t.TempDir(), "data")}
-	if err := c.CheckDirs(); err != nil {
+	if err := c.Dir().Check(); err != nil {
 		t.Errorf("missing dirs: %v", err)
 	}
-	mkdir(t, c.NetworkDir())
+	mkdir(t, c.Dir().Leases())
 	mkdir(t, filepath.Join(c.DataDir, ".nomad-bridge-cni", "net"))
-	if err := c.CheckDirs(); err != nil {
+	if err := c.Dir().Check(); err != nil {
 		t.Errorf("own dirs: %v", err)
 	}
 }
@@ -64,12 +64,12 @@ func TestCheckDirsRefusesForeignOwner(t *testing.T) {
 		t.Skip("needs root to give a directory to another user")
 	}
 	c := &Config{Name: "net", DataDir: filepath.Join(t.TempDir(), "data")}
-	mkdir(t, c.NetworkDir())
-	if err := os.Chown(c.NetworkDir(), 12345, 12345); err != nil {
+	mkdir(t, c.Dir().Leases())
+	if err := os.Chown(c.Dir().Leases(), 12345, 12345); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.CheckDirs(); err == nil || !strings.Contains(err.Error(), "owned by uid 12345") {
-		t.Errorf("CheckDirs = %v, want a refusal naming the owner", err)
+	if err := c.Dir().Check(); err == nil || !strings.Contains(err.Error(), "owned by uid 12345") {
+		t.Errorf("Dir().Check() = %v, want a refusal naming the owner", err)
 	}
 }
 

@@ -74,11 +74,11 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 	result, err := p.delegateAdd(ctx, args, conf, delegateConf, attach)
 	if err != nil {
 		addErr := delegateError(ctx, conf.Delegate, "add", err)
-		if !answered(err) {
+		if answer(err) == nil {
 			// bridge crashed or was killed part-way: undo what it may have
 			// done (lease, veth, rules) before dropping the record. If
 			// that fails too, the pending record stays for a sweep.
-			if derr := p.delegateDel(conf, delegateConf, p.Exec); derr != nil {
+			if derr := p.delegate(conf, "del", conf.Delegate, delegateConf, p.Exec); derr != nil {
 				p.warnf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
 				keep = true
 				return addErr
@@ -98,6 +98,32 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 	return p.printResult(result, conf.CNIVersion)
 }
 
+// warnIfPersistent tells the operator that the dataDir will survive a
+// reboot, which is the failure this plugin exists to prevent. It is a
+// warning, not an error: /run is not tmpfs on every host, and the
+// boot-aware GC still reclaims such leases. It is given once per boot and
+// network (a marker next to the records), not on every ADD: a runtime
+// such as Nomad logs the plugins' stderr, and the log would fill with it.
+func (p *Plugin) warnIfPersistent(conf *netconf.Config) {
+	onTmpfs := p.onTmpfs
+	if onTmpfs == nil {
+		onTmpfs = ipamdir.Dir.OnTmpfs
+	}
+	inMemory, fsType, err := onTmpfs(conf.Dir())
+	switch {
+	case err != nil:
+		p.warnf("warning: cannot tell whether dataDir %s is on tmpfs: %v", conf.DataDir, err)
+	case !inMemory:
+		due, merr := (&reclaim.Attacher{Env: p.Reclaim}).ClaimNotTmpfsWarning(conf.Dir())
+		if merr != nil {
+			p.warnf("warning: %v", merr)
+		}
+		if due {
+			p.warnf("warning: dataDir %s is not on tmpfs (filesystem magic 0x%x): its leases survive a reboot; mount a tmpfs there or point \"dataDir\" at one (e.g. /run/cni) (said once per boot for network %s)", conf.DataDir, fsType, conf.Name)
+		}
+	}
+}
+
 // delegateAdd delegates the ADD. After BeginAdd released a stale earlier
 // attachment of the same container ID and ifname (a restore in place:
 // Nomad re-created the namespace and ADDs again), its addresses are asked
@@ -108,11 +134,8 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netconf.Config, delegateConf []byte, attach *reclaim.PendingAdd) (types.Result, error) {
 	exec := p.execHolding(attach.LockFile())
 	free := freeAddresses(conf.Dir(), attach.Previous)
-	if len(free) == 0 || asksForIP(args.Args) {
-		return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)
-	}
 	requesting, ok, err := conf.DelegateConfigRequesting(free)
-	if err != nil || !ok {
+	if err != nil || !ok || asksForIP(args.Args) {
 		return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)
 	}
 	result, err := invoke.DelegateAdd(ctx, conf.Delegate, requesting, exec)
@@ -184,8 +207,8 @@ func beginAddError(err error) error {
 const maxKeyLength = 200
 
 // checkTarget refuses, before anything is written, what skel lets through
-// but no attachment can be made of: an ID too long to record, and the
-// plugin's own network namespace (skel only notices that after ADD ran).
+// but no attachment can be made of: an ID too long to record, and a
+// CNI_NETNS that is not an absolute path.
 func checkTarget(args *skel.CmdArgs) error {
 	if len(args.ContainerID)+1+len(args.IfName) > maxKeyLength {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_CONTAINERID and CNI_IFNAME are longer than %d bytes together", maxKeyLength), "")
@@ -218,17 +241,11 @@ func (p *Plugin) refuseOwnNamespace(netns string) error {
 // migration, NAT clean-up) before a sweep may end what still runs of it.
 const addSlack = 30 * time.Second
 
-// inheritingExec is an invoke.Exec that can pass an open file to the
-// delegates it runs (delegateExec can; fakes need not).
-type inheritingExec interface {
-	invoke.Exec
-	Inheriting(f *os.File) invoke.Exec
-}
-
 // execHolding is p.Exec with f inherited by the delegate, and by all the
-// delegate runs.
+// delegate runs, if p.Exec can pass an open file on (delegateExec can;
+// fakes need not).
 func (p *Plugin) execHolding(f *os.File) invoke.Exec {
-	if e, ok := p.Exec.(inheritingExec); ok && f != nil {
+	if e, ok := p.Exec.(interface{ Inheriting(*os.File) invoke.Exec }); ok && f != nil {
 		return e.Inheriting(f)
 	}
 	return p.Exec

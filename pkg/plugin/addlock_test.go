@@ -30,7 +30,7 @@ func TestAddHandsTheRecordLockToTheADDDelegateOnly(t *testing.T) {
 		rec, err2 := os.Stat(filepath.Join(store.Dir(), "c1@eth0"))
 		sameFile = err1 == nil && err2 == nil && os.SameFile(held, rec)
 	}
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err == nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err == nil {
 		t.Fatal("ADD succeeded")
 	}
 	if len(h.exec.calls) != 2 || !sameFile || h.exec.calls[1].Inherited != nil {

@@ -22,9 +22,9 @@ func BenchmarkVerbs(b *testing.B) {
 				args := h.args(stdin)
 				args.ContainerID = fmt.Sprintf("c%d", i)
 				for _, verb := range []func() error{
-					func() error { return h.plugin.Add(args) },
-					func() error { return h.plugin.Check(args) },
-					func() error { return h.plugin.Del(args) },
+					func() error { return h.plugin.Funcs().Add(args) },
+					func() error { return h.plugin.Funcs().Check(args) },
+					func() error { return h.plugin.Funcs().Del(args) },
 				} {
 					if err := verb(); err != nil {
 						b.Fatal(err)

@@ -3,7 +3,6 @@ package plugin
 import (
 	"os"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -37,17 +36,11 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 			return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
 		}
 	}
-	ctx, cancel := delegateCtx(conf)
-	defer cancel()
-	checkErr := invoke.DelegateCheck(ctx, conf.Delegate, delegateConf, p.Exec)
+	checkErr := p.delegate(conf, "check", conf.Delegate, delegateConf, p.Exec)
 
 	req := reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir}
 	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).CheckSweep(req, conf.CheckSweepInterval); err != nil {
 		p.warnf("warning: sweep of %s: %v", conf.Name, err)
 	}
-
-	if checkErr != nil {
-		return delegateError(ctx, conf.Delegate, "check", checkErr)
-	}
-	return nil
+	return checkErr
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,9 +40,10 @@ type delegateExec struct {
 	stderr io.Writer
 	// inherit, when set, is passed to the delegate as fd 3 (see Inheriting).
 	inherit *os.File
-	// found remembers each lookup: the plugin checks up-front that its
-	// delegate can be found, and invoke.Delegate* looks it up again.
-	found *lookups
+	// found remembers where each plugin name and CNI_PATH was found: the
+	// plugin checks up-front that its delegate can be found, and
+	// invoke.Delegate* looks it up again.
+	found map[string]string
 	// depth is this process's delegation depth; its delegates get one
 	// more (see EnvDelegating).
 	depth int
@@ -62,23 +64,18 @@ type delegateExec struct {
 // whose environment delegateExec builds, get the runtime's value.
 const EnvNetnsOverride = "CNI_NETNS_OVERRIDE"
 
-// lookups maps a plugin name and CNI_PATH to where the plugin was found.
-type lookups map[string]string
-
-var _ invoke.Exec = (*delegateExec)(nil)
-
 // FindInPath skips this plugin's own executable (see FindDelegate).
 func (e *delegateExec) FindInPath(plugin string, paths []string) (string, error) {
 	if e.found == nil {
-		e.found = &lookups{}
+		e.found = map[string]string{}
 	}
 	key := plugin + "\x00" + strings.Join(paths, "\x00")
-	if path, ok := (*e.found)[key]; ok {
+	if path, ok := e.found[key]; ok {
 		return path, nil
 	}
 	path, err := FindDelegate(plugin, paths)
 	if err == nil {
-		(*e.found)[key] = path
+		e.found[key] = path
 	}
 	return path, err
 }
@@ -124,30 +121,20 @@ func (e *delegateExec) ExecPlugin(ctx context.Context, pluginPath string, stdin 
 	detail := stdout.String()
 	if detail == "" {
 		detail = "no output"
+	} else if len(detail) > 512 {
+		detail = detail[:512] + "..."
 	}
-	return nil, fmt.Errorf("%s: %v; stdout: %q", pluginPath, err, truncate(detail, 512))
+	return nil, fmt.Errorf("%s: %v; stdout: %q", pluginPath, err, detail)
 }
 
 // env is a delegate's environment: environ, with the runtime's
 // CNI_NETNS_OVERRIDE (or none) and the delegation depth.
 func (e *delegateExec) env(environ []string) []string {
-	env := make([]string, 0, len(environ)+2)
-	for _, kv := range environ {
-		if !strings.HasPrefix(kv, EnvNetnsOverride+"=") {
-			env = append(env, kv)
-		}
-	}
+	env := without(environ, EnvNetnsOverride)
 	if e.netnsOverrideSet {
 		env = append(env, EnvNetnsOverride+"="+e.netnsOverride)
 	}
 	return append(env, EnvDelegating+"="+strconv.Itoa(e.depth+1))
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n] + "..."
-	}
-	return s
 }
 
 // envExec is an invoke.Exec whose delegates get key=value in their
@@ -161,11 +148,10 @@ type envExec struct {
 func withEnv(e invoke.Exec, key, value string) invoke.Exec { return &envExec{e, key, value} }
 
 func (e *envExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
-	env := make([]string, 0, len(environ)+1)
-	for _, kv := range environ {
-		if !strings.HasPrefix(kv, e.key+"=") {
-			env = append(env, kv)
-		}
-	}
-	return e.Exec.ExecPlugin(ctx, pluginPath, stdin, append(env, e.key+"="+e.value))
+	return e.Exec.ExecPlugin(ctx, pluginPath, stdin, append(without(environ, e.key), e.key+"="+e.value))
+}
+
+// without is environ without key's entries, in a new slice.
+func without(environ []string, key string) []string {
+	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool { return strings.HasPrefix(kv, key+"=") })
 }

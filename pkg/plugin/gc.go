@@ -3,7 +3,6 @@ package plugin
 import (
 	"errors"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -16,7 +15,8 @@ import (
 // rules (including rules whose lease is already gone), records. Then it
 // forwards GC to the delegate, as the spec asks of a plugin that delegates,
 // and to host-local directly: bridge v1.10.0 has no GC and does not pass it
-// to its IPAM. Every step runs even if an earlier one failed.
+// to its IPAM. Every step runs even if an earlier one failed; one failure
+// keeps its code, several fold into one internal error naming them all.
 func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if _, err := p.loadForHostLocal(conf); err != nil {
 		return err
@@ -40,28 +40,17 @@ func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).Sweep(reclaim.Request{Dir: conf.Dir(), GC: true, Valid: valid, LegacyDataDir: conf.LegacyDataDir}); err != nil {
 		errs = append(errs, types.NewError(types.ErrInternal, "garbage collection of "+conf.Name+" failed", err.Error()))
 	}
-	forward := []struct {
-		plugin string
-		conf   []byte
-	}{{conf.Delegate, delegateConf}, {netconf.HostLocal, hostLocalConf}}
-	if !conf.Dir().Existing().Leases {
-		// host-local has nothing to collect there, and would create the
-		// network's directory and lock to find that out.
-		forward = forward[:1]
+	// Without leases host-local has nothing to collect there, and would
+	// create the network's directory and lock to find that out.
+	leases := conf.Dir().Existing().Leases
+	if err := p.delegate(conf, "gc", conf.Delegate, delegateConf, p.Exec); err != nil {
+		errs = append(errs, err)
 	}
-	for _, gc := range forward {
-		ctx, cancel := delegateCtx(conf)
-		if err := invoke.DelegateGC(ctx, gc.plugin, gc.conf, p.Exec); err != nil {
-			errs = append(errs, delegateError(ctx, gc.plugin, "gc", err))
+	if leases {
+		if err := p.delegate(conf, "gc", netconf.HostLocal, hostLocalConf, p.Exec); err != nil {
+			errs = append(errs, err)
 		}
-		cancel()
 	}
-	return joinCNIErrors(errs)
-}
-
-// joinCNIErrors keeps a single error as it is (with its code) and folds
-// several into one internal error that names them all.
-func joinCNIErrors(errs []error) error {
 	switch len(errs) {
 	case 0:
 		return nil

@@ -18,7 +18,7 @@ import (
 func (h *harness) restoreInPlace(extra string) {
 	h.t.Helper()
 	h.exec.reply["bridge ADD"] = bridgeResult100
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", extra))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", extra))); err != nil {
 		h.t.Fatal(err)
 	}
 	lease := filepath.Join(h.dataDir, "nomad", "172.26.64.2")
@@ -57,7 +57,7 @@ func commands(calls []execCall) []string {
 func TestRestoreInPlaceAsksForTheEarlierAddress(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.restoreInPlace(`,"args":{"labels":{"a":"b"}}`)
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", `,"args":{"labels":{"a":"b"}}`))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", `,"args":{"labels":{"a":"b"}}`))); err != nil {
 		t.Fatalf("re-ADD: %v", err)
 	}
 	call := h.exec.only(t)
@@ -84,7 +84,7 @@ func TestRestoreInPlaceFallsBackToAnyAddress(t *testing.T) {
 		}
 		return nil
 	}
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatalf("re-ADD: %v", err)
 	}
 	if got := commands(h.exec.calls); !slices.Equal(got, []string{"bridge ADD", "bridge DEL", "bridge ADD"}) {
@@ -131,7 +131,7 @@ func TestRestoreInPlaceAsksNothingTheRuntimeDecides(t *testing.T) {
 			}
 			args := h.args(h.conf("1.0.0", c.extra))
 			args.Args = c.cniArgs
-			if err := h.plugin.Add(args); err != nil {
+			if err := h.plugin.Funcs().Add(args); err != nil {
 				t.Fatalf("re-ADD: %v", err)
 			}
 			call := h.exec.only(t)

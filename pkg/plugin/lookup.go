@@ -43,10 +43,10 @@ func FindDelegate(name string, dirs []string) (string, error) {
 	if len(dirs) == 0 {
 		return "", errors.New("no plugin directories given (CNI_PATH is empty)")
 	}
-	self, err := selfIdentity()
-	if err != nil {
+	var self unix.Stat_t
+	if err := unix.Stat("/proc/self/exe", &self); err != nil {
 		// Without it the plugin could pick itself and recurse.
-		return "", err
+		return "", fmt.Errorf("identify own executable: %w", err)
 	}
 	var copies []string
 	for _, dir := range dirs {
@@ -71,15 +71,6 @@ func FindDelegate(name string, dirs []string) (string, error) {
 func isPluginCopy(path string) bool {
 	bi, err := buildinfo.ReadFile(path)
 	return err == nil && bi.Path == mainPackage
-}
-
-// selfIdentity is the device and inode of this process's executable.
-func selfIdentity() (unix.Stat_t, error) {
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/self/exe", &st); err != nil {
-		return st, fmt.Errorf("identify own executable: %w", err)
-	}
-	return st, nil
 }
 
 // EnvDelegating carries, in the environment of the plugin's delegates,

@@ -102,7 +102,7 @@ func TestCalledByThePluginItActsAsTheDelegate(t *testing.T) {
 	h.exec.reply["bridge ADD"] = bridgeResult100
 	stdin := []byte(`{"cniVersion":"1.0.0","name":"nomad","type":"bridge","bridge":"nomad","ipam":{"type":"host-local","subnet":"172.26.64.0/20","dataDir":"` + h.dataDir + `"}}`)
 	t.Setenv(EnvDelegating, "1")
-	if err := h.plugin.Add(h.args(stdin)); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(stdin)); err != nil {
 		t.Fatal(err)
 	}
 	if call := h.exec.only(t); call.Stdin != string(stdin) {
@@ -115,7 +115,7 @@ func TestCalledByThePluginItActsAsTheDelegate(t *testing.T) {
 	// Called through two copies, it refuses: copies call one another.
 	t.Setenv(EnvDelegating, "2")
 	h2 := newHarness(t, "bridge")
-	err := h2.plugin.Add(h2.args(stdin))
+	err := h2.plugin.Funcs().Add(h2.args(stdin))
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetworkConfig || !strings.Contains(cniErr.Msg, "copies") {
 		t.Errorf("ADD through two copies = %v, want code 7 naming the copies", err)

@@ -26,7 +26,7 @@ import (
 // Plugin carries the edges the verbs talk through, so tests can replace the
 // delegate's process with a fake and capture what we print.
 type Plugin struct {
-	// Exec runs delegates; nil means the real exec(2).
+	// Exec finds and runs delegates (delegateExec, or a test's fake).
 	Exec invoke.Exec
 	// Stdout receives the CNI result and nothing else.
 	Stdout io.Writer
@@ -46,7 +46,7 @@ type Plugin struct {
 func New() *Plugin {
 	override, set := os.LookupEnv(EnvNetnsOverride)
 	return &Plugin{
-		Exec:    &delegateExec{stderr: os.Stderr, found: &lookups{}, depth: DelegationDepth(), netnsOverride: override, netnsOverrideSet: set},
+		Exec:    &delegateExec{stderr: os.Stderr, depth: DelegationDepth(), netnsOverride: override, netnsOverrideSet: set},
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
 		Reclaim: reclaim.NewEnv(os.Stderr),
@@ -58,26 +58,15 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: p.verb("add", p.add), Del: p.verb("del", p.del), Check: p.verb("check", p.check), Status: p.verb("status", p.status), GC: p.verb("gc", p.gc)}
 }
 
-// Add, Del, Check, Status and GC are the CNI verbs as Funcs gives them
-// to skel (see verb).
-func (p *Plugin) Add(args *skel.CmdArgs) error    { return p.verb("add", p.add)(args) }
-func (p *Plugin) Del(args *skel.CmdArgs) error    { return p.verb("del", p.del)(args) }
-func (p *Plugin) Check(args *skel.CmdArgs) error  { return p.verb("check", p.check)(args) }
-func (p *Plugin) Status(args *skel.CmdArgs) error { return p.verb("status", p.status)(args) }
-func (p *Plugin) GC(args *skel.CmdArgs) error     { return p.verb("gc", p.gc)(args) }
-
-// verbFunc is one CNI verb on an entry the plugin manages, parsed once.
-type verbFunc func(args *skel.CmdArgs, conf *netconf.Config) error
-
-// verb is the CNI verb v as skel calls it: it parses the entry, refuses
-// the plugin's own namespace, whatever the verb (bridge's DEL would delete
-// a host link before skel noticed), and runs v on the entries the plugin
-// manages, with the entry's log file when it names one; every other entry
-// goes to the delegate as it came (see netconf.Config's Passthrough):
-// installed as `bridge`, the plugin receives the runtime's dhcp or static
-// bridge networks too, and must be invisible there. It calls v itself, so
-// that one frame of ours lies between skel and the verb.
-func (p *Plugin) verb(name string, v verbFunc) func(*skel.CmdArgs) error {
+// verb is the CNI verb v as skel calls it: it parses the entry, once,
+// refuses the plugin's own namespace, whatever the verb (bridge's DEL
+// would delete a host link before skel noticed), and runs v on the entries
+// the plugin manages, with the entry's log file when it names one; every
+// other entry goes to the delegate as it came (see netconf.Config's
+// Passthrough): installed as `bridge`, the plugin receives the runtime's
+// dhcp or static bridge networks too, and must be invisible there. It
+// calls v itself, so that one frame of ours lies between skel and the verb.
+func (p *Plugin) verb(name string, v func(*skel.CmdArgs, *netconf.Config) error) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
 		conf, err := netconf.Parse(args.StdinData)
 		if err != nil {
@@ -155,7 +144,7 @@ func (p *Plugin) load(conf *netconf.Config) ([]byte, error) {
 	if err := p.find(conf.Delegate); err != nil {
 		return nil, err
 	}
-	if err := conf.CheckDirs(); err != nil {
+	if err := conf.Dir().Check(); err != nil {
 		return nil, types.NewError(types.ErrIOFailure, "unsafe data directory", err.Error())
 	}
 	delegateConf, err := conf.DelegateConfig()
@@ -190,17 +179,14 @@ func plantedError(err error) error {
 func (p *Plugin) find(plugin string) error {
 	cniPath := os.Getenv("CNI_PATH")
 	_, err := p.Exec.FindInPath(plugin, filepath.SplitList(cniPath))
+	if err == nil {
+		return nil
+	}
+	msg := fmt.Sprintf("plugin %q not found in CNI_PATH %q: install the reference CNI plugins there or set \"delegate\"", plugin, cniPath)
 	if errors.Is(err, ErrOnlySelf) {
-		return types.NewError(types.ErrInvalidNetworkConfig,
-			fmt.Sprintf("\"delegate\" %q names this plugin itself: no other %q in CNI_PATH %q; install the reference plugins in a directory listed after this plugin's", plugin, plugin, cniPath),
-			err.Error())
+		msg = fmt.Sprintf("\"delegate\" %q names this plugin itself: no other %q in CNI_PATH %q; install the reference plugins in a directory listed after this plugin's", plugin, plugin, cniPath)
 	}
-	if err != nil {
-		return types.NewError(types.ErrInvalidNetworkConfig,
-			fmt.Sprintf("plugin %q not found in CNI_PATH %q: install the reference CNI plugins there or set \"delegate\"", plugin, cniPath),
-			err.Error())
-	}
-	return nil
+	return types.NewError(types.ErrInvalidNetworkConfig, msg, err.Error())
 }
 
 // delegateError keeps the delegate's CNI error code (the runtime may act on
@@ -216,13 +202,11 @@ func delegateError(ctx context.Context, plugin, verb string, err error) error {
 	return types.NewError(types.ErrInternal, fmt.Sprintf("delegate %s failed (%s) without a CNI error: it crashed or was killed", plugin, verb), err.Error())
 }
 
-// answered reports whether a delegate failed cleanly, printing a CNI error
-// (code 0 is what invoke makes of output it could not parse): bridge then
-// rolled back what it had done. Anything else (a crash, a kill, a timeout)
-// may have left an allocation behind.
-func answered(err error) bool { return answer(err) != nil }
-
-// answer is the CNI error a delegate printed, or nil if it printed none.
+// answer is the CNI error a delegate printed, or nil if it printed none
+// (code 0 is what invoke makes of output it could not parse). A delegate
+// that answered failed cleanly: bridge then rolled back what it had done.
+// Anything else (a crash, a kill, a timeout) may have left an allocation
+// behind.
 func answer(err error) *types.Error {
 	var cniErr *types.Error
 	if errors.As(err, &cniErr) && cniErr.Code != 0 {

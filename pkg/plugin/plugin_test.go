@@ -88,7 +88,7 @@ func TestAddDelegatesRewrittenConfigAndEnv(t *testing.T) {
 	t.Setenv("CNI_IFNAME", "eth0")
 	t.Setenv("CNI_NETNS", "/var/run/netns/x")
 
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", `,"hairpinMode":true`))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", `,"hairpinMode":true`))); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
 	call := h.exec.only(t)
@@ -123,7 +123,7 @@ func TestAddPrintsResultInConfigVersion(t *testing.T) {
 			// bridge answers in the version it was given; model the harder
 			// case of a delegate answering at another version.
 			h.exec.reply["bridge ADD"] = bridgeResult100
-			if err := h.plugin.Add(h.args(h.conf(v, ""))); err != nil {
+			if err := h.plugin.Funcs().Add(h.args(h.conf(v, ""))); err != nil {
 				t.Fatalf("Add: %v", err)
 			}
 			var res struct {
@@ -164,7 +164,7 @@ func TestAddWarnsOncePerBootWhenDataDirIsNotTmpfs(t *testing.T) {
 		h.stderr.Reset()
 		args := h.args(h.conf("1.0.0", ""))
 		args.ContainerID = cid
-		if err := h.plugin.Add(args); err != nil {
+		if err := h.plugin.Funcs().Add(args); err != nil {
 			t.Fatalf("Add %s: %v", cid, err)
 		}
 		if strings.Contains(h.stdout.String(), "tmpfs") {
@@ -195,7 +195,7 @@ func TestAddWarnsOncePerBootWhenDataDirIsNotTmpfs(t *testing.T) {
 	// Another network has its own marker.
 	h.stderr.Reset()
 	other := bytes.Replace(h.conf("1.0.0", ""), []byte(`"name":"nomad"`), []byte(`"name":"other"`), 1)
-	if err := h.plugin.Add(h.args(other)); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(other)); err != nil {
 		t.Fatalf("Add on another network: %v", err)
 	}
 	if got := strings.Count(h.stderr.String(), "is not on tmpfs"); got != 1 {
@@ -207,7 +207,7 @@ func TestAddOnTmpfsNeitherWarnsNorMarks(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.reply["bridge ADD"] = bridgeResult100
 	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return true, 0x01021994, nil }
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatalf("Add: %v", err)
 	}
 	if strings.Contains(h.stderr.String(), "tmpfs") {
@@ -232,7 +232,7 @@ func TestAddWarnsWhenTheTmpfsMarkerCannotBeWritten(t *testing.T) {
 		h.stderr.Reset()
 		args := h.args(h.conf("1.0.0", ""))
 		args.ContainerID = cid
-		if err := h.plugin.Add(args); err != nil {
+		if err := h.plugin.Funcs().Add(args); err != nil {
 			t.Fatalf("Add %s with an unwritable marker: %v", cid, err)
 		}
 		if !strings.Contains(h.stderr.String(), "is not on tmpfs") || !strings.Contains(h.stderr.String(), "record that the tmpfs warning was given") {
@@ -244,7 +244,7 @@ func TestAddWarnsWhenTheTmpfsMarkerCannotBeWritten(t *testing.T) {
 func TestDelegateErrorKeepsCodeAndMessage(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.fail["bridge ADD"] = types.NewError(types.ErrTryAgainLater, "failed to allocate for range 0: 172.26.64.12 has been allocated to c1, duplicate allocation is not allowed", "d")
-	err := h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", "")))
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) {
 		t.Fatalf("Add error = %v, want *types.Error", err)
@@ -257,7 +257,7 @@ func TestDelegateErrorKeepsCodeAndMessage(t *testing.T) {
 	}
 
 	h.exec.fail["bridge ADD"] = errors.New("exec: signal: killed")
-	err = h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	err = h.plugin.Funcs().Add(h.args(h.conf("1.0.0", "")))
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInternal || !strings.Contains(cniErr.Details, "killed") {
 		t.Errorf("plain delegate error = %+v", err)
 	}
@@ -265,8 +265,14 @@ func TestDelegateErrorKeepsCodeAndMessage(t *testing.T) {
 
 // Bad input is rejected before anything is delegated or written.
 func TestBadInputTouchesNothing(t *testing.T) {
-	type verb func(*Plugin, *skel.CmdArgs) error
-	verbs := map[string]verb{"ADD": (*Plugin).Add, "DEL": (*Plugin).Del, "CHECK": (*Plugin).Check, "GC": (*Plugin).GC, "STATUS": (*Plugin).Status}
+	type verb func(skel.CNIFuncs) func(*skel.CmdArgs) error
+	verbs := map[string]verb{
+		"ADD":    func(f skel.CNIFuncs) func(*skel.CmdArgs) error { return f.Add },
+		"DEL":    func(f skel.CNIFuncs) func(*skel.CmdArgs) error { return f.Del },
+		"CHECK":  func(f skel.CNIFuncs) func(*skel.CmdArgs) error { return f.Check },
+		"GC":     func(f skel.CNIFuncs) func(*skel.CmdArgs) error { return f.GC },
+		"STATUS": func(f skel.CNIFuncs) func(*skel.CmdArgs) error { return f.Status },
+	}
 	cases := []struct {
 		name  string
 		stdin func(h *harness) []byte
@@ -293,7 +299,7 @@ func TestBadInputTouchesNothing(t *testing.T) {
 		for verbName, call := range verbs {
 			t.Run(tc.name+"/"+verbName, func(t *testing.T) {
 				h := newHarness(t, "bridge", "host-local")
-				err := call(h.plugin, h.args(tc.stdin(h)))
+				err := call(h.plugin.Funcs())(h.args(tc.stdin(h)))
 				var cniErr *types.Error
 				if !errors.As(err, &cniErr) {
 					t.Fatalf("error = %v, want *types.Error", err)
@@ -323,7 +329,10 @@ func TestDelAndCheckDelegate(t *testing.T) {
 	for _, tc := range []struct {
 		verb string
 		call func(*Plugin, *skel.CmdArgs) error
-	}{{"DEL", (*Plugin).Del}, {"CHECK", (*Plugin).Check}} {
+	}{
+		{"DEL", func(p *Plugin, args *skel.CmdArgs) error { return p.Funcs().Del(args) }},
+		{"CHECK", func(p *Plugin, args *skel.CmdArgs) error { return p.Funcs().Check(args) }},
+	} {
 		t.Run(tc.verb, func(t *testing.T) {
 			h := newHarness(t, "bridge")
 			h.served()
@@ -349,7 +358,7 @@ func TestDelAndCheckDelegate(t *testing.T) {
 func TestDelIsIdempotentWhenDelegateSucceeds(t *testing.T) {
 	h := newHarness(t, "bridge")
 	for i := 0; i < 2; i++ {
-		if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err != nil {
+		if err := h.plugin.Funcs().Del(h.args(h.conf("1.0.0", ""))); err != nil {
 			t.Fatalf("DEL #%d: %v", i+1, err)
 		}
 	}
@@ -359,7 +368,7 @@ func TestGCForwardsToDelegateAndHostLocal(t *testing.T) {
 	h := newHarness(t, "bridge", "host-local")
 	h.served()
 	stdin := h.conf("1.1.0", `,"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"eth0"}]`)
-	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: stdin}); err != nil {
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: stdin}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	if len(h.exec.calls) != 2 {
@@ -385,7 +394,7 @@ func TestGCRunsHostLocalEvenIfDelegateFails(t *testing.T) {
 	h := newHarness(t, "bridge", "host-local")
 	h.served()
 	h.exec.fail["bridge GC"] = types.NewError(types.ErrInternal, "boom", "")
-	err := h.plugin.GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
+	err := h.plugin.Funcs().GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
 	if err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("GC error = %v, want the delegate's", err)
 	}
@@ -402,14 +411,14 @@ func TestGCRunsHostLocalEvenIfDelegateFails(t *testing.T) {
 func TestCheckAndGCOnANetworkNeverServedCreateNothing(t *testing.T) {
 	h := newHarness(t, "bridge", "host-local")
 	h.exec.fail["bridge CHECK"] = types.NewError(types.ErrInternal, "no lease", "")
-	if err := h.plugin.Check(h.args(h.conf("1.0.0", `,"prevResult":`+bridgeResult100))); err == nil {
+	if err := h.plugin.Funcs().Check(h.args(h.conf("1.0.0", `,"prevResult":`+bridgeResult100))); err == nil {
 		t.Error("CHECK passed")
 	}
 	if dir := delegatedConf(t, h.exec.only(t))["ipam"].(map[string]any)["dataDir"]; dir == h.dataDir {
 		t.Errorf("host-local's CHECK was given the data dir")
 	}
 	h.exec.calls = nil
-	if err := h.plugin.GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")}); err != nil {
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	if call := h.exec.only(t); call.Plugin != "bridge" {
@@ -422,7 +431,7 @@ func TestCheckAndGCOnANetworkNeverServedCreateNothing(t *testing.T) {
 
 func TestStatus(t *testing.T) {
 	h := newHarness(t, "bridge")
-	if err := h.plugin.Status(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")}); err != nil {
+	if err := h.plugin.Funcs().Status(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")}); err != nil {
 		t.Fatalf("STATUS: %v", err)
 	}
 	call := h.exec.only(t)
@@ -441,7 +450,7 @@ func TestStatusFailsWhenDataDirUnusable(t *testing.T) {
 	if err := os.WriteFile(h.dataDir, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := h.plugin.Status(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
+	err := h.plugin.Funcs().Status(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrPluginNotAvailable {
 		t.Fatalf("STATUS error = %v, want code 50", err)
@@ -489,7 +498,7 @@ func TestGCReleasesOrphanRulesOnlyOfItsOwnNetwork(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(h.dataDir, "nomad"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", `,"cni.dev/valid-attachments":[]`)}); err != nil {
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", `,"cni.dev/valid-attachments":[]`)}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	if !nat.Owns("nomad", "live-elsewhere") {
@@ -503,7 +512,7 @@ func TestGCReleasesOrphanRulesOnlyOfItsOwnNetwork(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(records, ".owned"), []byte("nomad\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", `,"cni.dev/valid-attachments":[]`)}); err != nil {
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", `,"cni.dev/valid-attachments":[]`)}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	if nat.Owns("nomad", "live-elsewhere") {
@@ -517,11 +526,11 @@ func TestGCReleasesOrphanRulesOnlyOfItsOwnNetwork(t *testing.T) {
 func TestDelOnAReadOnlyDataDirWithNothingToDelete(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.fail["bridge DEL"] = types.NewError(types.ErrInternal, "mkdir "+h.dataDir+"/nomad: read-only file system", "")
-	if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Del(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Errorf("DEL with nothing to delete on a read-only data dir: %v", err)
 	}
 	h.deadAttachment("c1", "172.26.64.5")
-	if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err == nil {
+	if err := h.plugin.Funcs().Del(h.args(h.conf("1.0.0", ""))); err == nil {
 		t.Error("DEL succeeded although the network still holds the attachment's lease and record")
 	}
 }
@@ -550,7 +559,7 @@ func TestDelListsNATOnlyWhenBridgeCouldNotTearItDown(t *testing.T) {
 			nat := fakenat.New()
 			h.plugin.Reclaim.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{nat}}
 			stdin := h.conf("1.0.0", "")
-			if err := h.plugin.Add(h.args(stdin)); err != nil {
+			if err := h.plugin.Funcs().Add(h.args(stdin)); err != nil {
 				t.Fatal(err)
 			}
 			nat.AddContainer("nomad", "c1", "172.26.64.2", 0)
@@ -568,7 +577,7 @@ func TestDelListsNATOnlyWhenBridgeCouldNotTearItDown(t *testing.T) {
 				}
 			}
 			nat.Calls = nil
-			if err := h.plugin.Del(h.args(stdin)); err != nil {
+			if err := h.plugin.Funcs().Del(h.args(stdin)); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
 			if listed := slices.Contains(nat.Calls, "list nat"); listed != tc.listed {
@@ -591,7 +600,7 @@ func TestLogFileGetsTheVerbsEvents(t *testing.T) {
 	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return false, 0xef53, nil }
 	logFile := filepath.Join(t.TempDir(), "nbc.log")
 	h.exec.fail["bridge ADD"] = types.NewError(types.ErrTryAgainLater, "failed to allocate for range 0: 172.26.64.12 has been allocated to c1, duplicate allocation is not allowed", "d")
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", `,"logFile":"`+logFile+`","logLevel":"debug"`))); err == nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", `,"logFile":"`+logFile+`","logLevel":"debug"`))); err == nil {
 		t.Fatal("Add succeeded")
 	}
 	b, err := os.ReadFile(logFile)
@@ -627,7 +636,7 @@ func TestLogFileGetsTheVerbsEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.stderr.Reset()
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", `,"logFile":"`+link+`"`))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", `,"logFile":"`+link+`"`))); err != nil {
 		t.Fatalf("Add with an unopenable log: %v", err)
 	}
 	if !strings.Contains(h.stderr.String(), "not a regular file; nothing is logged there") {

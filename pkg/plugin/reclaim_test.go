@@ -30,7 +30,7 @@ func TestAddWritesPendingRecordBeforeDelegatingAndCompletesIt(t *testing.T) {
 	var seenDuringDelegate *records.Record
 	h.exec.reply["bridge ADD"] = bridgeResult100
 	h.exec.onExec = func() { seenDuringDelegate = h.record() }
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatal(err)
 	}
 	if seenDuringDelegate == nil || seenDuringDelegate.State != records.Started || seenDuringDelegate.PID != os.Getpid() {
@@ -45,7 +45,7 @@ func TestAddWritesPendingRecordBeforeDelegatingAndCompletesIt(t *testing.T) {
 func TestFailedAddLeavesNoRecord(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.fail["bridge ADD"] = types.NewError(types.ErrInternal, "boom", "")
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err == nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err == nil {
 		t.Fatal("ADD succeeded")
 	}
 	if r := h.record(); r != nil {
@@ -56,7 +56,7 @@ func TestFailedAddLeavesNoRecord(t *testing.T) {
 func TestReAddIntoReplacedNamespaceSucceeds(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.reply["bridge ADD"] = bridgeResult100
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatal(err)
 	}
 	// A lease as host-local would have written it.
@@ -68,7 +68,7 @@ func TestReAddIntoReplacedNamespaceSucceeds(t *testing.T) {
 	// Same path, new namespace: what Nomad does when CHECK fails on restore.
 	h.host.Namespaces["/var/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 2000}
 	h.stdout.Reset()
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatalf("re-ADD: %v", err)
 	}
 	if _, err := os.Stat(lease); !os.IsNotExist(err) {
@@ -82,7 +82,7 @@ func TestReAddIntoReplacedNamespaceSucceeds(t *testing.T) {
 	}
 
 	// ADD again into the same live namespace is a real duplicate.
-	err := h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", "")))
 	if err == nil || !strings.Contains(err.Error(), "already attached") {
 		t.Errorf("duplicate ADD = %v", err)
 	}
@@ -91,11 +91,11 @@ func TestReAddIntoReplacedNamespaceSucceeds(t *testing.T) {
 func TestDelRemovesRecordAndIsIdempotent(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.reply["bridge ADD"] = bridgeResult100
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {
-		if err := h.plugin.Del(h.args(h.conf("1.0.0", ""))); err != nil {
+		if err := h.plugin.Funcs().Del(h.args(h.conf("1.0.0", ""))); err != nil {
 			t.Fatalf("DEL #%d: %v", i+1, err)
 		}
 	}
@@ -110,7 +110,7 @@ func TestDelClearsNetnsForDelegateWhenNamespaceIsNotOne(t *testing.T) {
 	t.Setenv("CNI_NETNS", "/var/run/netns/gone")
 	args := h.args(h.conf("1.0.0", ""))
 	args.Netns = "/var/run/netns/gone"
-	if err := h.plugin.Del(args); err != nil {
+	if err := h.plugin.Funcs().Del(args); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.exec.only(t).Env["CNI_NETNS"]; got != "" {
@@ -136,7 +136,7 @@ func TestCheckSweepsTheNetworkButReturnsChecksVerdict(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.exec.fail["bridge CHECK"] = types.NewError(types.ErrInternal, "check failed", "")
-	err := h.plugin.Check(h.args(h.conf("1.0.0", "")))
+	err := h.plugin.Funcs().Check(h.args(h.conf("1.0.0", "")))
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || !strings.Contains(cniErr.Msg, "check failed") {
 		t.Errorf("CHECK = %v, want the delegate's verdict", err)
@@ -156,7 +156,7 @@ func mkdir(t testing.TB, dir string) {
 func TestCrashedDelegateIsRolledBack(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.fail["bridge ADD"] = errors.New("netplugin failed: panic: runtime error")
-	err := h.plugin.Add(h.args(h.conf("1.0.0", "")))
+	err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", "")))
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInternal || !strings.Contains(cniErr.Msg, "crashed or was killed") {
 		t.Fatalf("ADD = %v", err)
@@ -172,7 +172,7 @@ func TestCrashedDelegateIsRolledBack(t *testing.T) {
 func TestHungDelegateTimesOut(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.hang["bridge ADD"] = true
-	err := h.plugin.Add(h.args(h.conf("1.0.0", `,"delegateTimeout":"1s"`)))
+	err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", `,"delegateTimeout":"1s"`)))
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "did not answer add in time") {
 		t.Fatalf("ADD = %v", err)
@@ -193,7 +193,7 @@ func TestFailedRollbackKeepsThePendingRecord(t *testing.T) {
 	h := newHarness(t, "bridge")
 	h.exec.fail["bridge ADD"] = errors.New("signal: killed")
 	h.exec.fail["bridge DEL"] = errors.New("signal: killed")
-	if err := h.plugin.Add(h.args(h.conf("1.0.0", ""))); err == nil {
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err == nil {
 		t.Fatal("ADD succeeded")
 	}
 	if r := h.record(); r == nil || r.State != records.Started {
@@ -228,7 +228,7 @@ func gone(path string) bool {
 func TestCheckSweepsAtMostOncePerInterval(t *testing.T) {
 	h := newHarness(t, "bridge")
 	first := h.deadAttachment("dead1", "172.26.64.9")
-	if err := h.plugin.Check(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Check(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatal(err)
 	}
 	if !gone(first) {
@@ -236,13 +236,13 @@ func TestCheckSweepsAtMostOncePerInterval(t *testing.T) {
 	}
 	second := h.deadAttachment("dead2", "172.26.64.10")
 	h.host.Clock = h.host.Clock.Add(9 * time.Second)
-	if err := h.plugin.Check(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Check(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatal(err)
 	}
 	if gone(second) {
 		t.Fatal("a CHECK 9s after a sweep swept again (default interval 10s)")
 	}
-	if err := h.plugin.Check(h.args(h.conf("1.0.0", `,"checkSweepInterval":"0s"`))); err != nil {
+	if err := h.plugin.Funcs().Check(h.args(h.conf("1.0.0", `,"checkSweepInterval":"0s"`))); err != nil {
 		t.Fatal(err)
 	}
 	if !gone(second) {
@@ -250,7 +250,7 @@ func TestCheckSweepsAtMostOncePerInterval(t *testing.T) {
 	}
 	third := h.deadAttachment("dead3", "172.26.64.11")
 	h.host.Clock = h.host.Clock.Add(10 * time.Second)
-	if err := h.plugin.Check(h.args(h.conf("1.0.0", ""))); err != nil {
+	if err := h.plugin.Funcs().Check(h.args(h.conf("1.0.0", ""))); err != nil {
 		t.Fatal(err)
 	}
 	if !gone(third) {
@@ -259,7 +259,7 @@ func TestCheckSweepsAtMostOncePerInterval(t *testing.T) {
 	fourth := h.deadAttachment("dead4", "172.26.64.12")
 	h.exec.reply["bridge GC"], h.exec.reply["host-local GC"] = "", ""
 	h.exec.installed["host-local"] = true
-	if err := h.plugin.GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", "")}); err != nil {
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", "")}); err != nil {
 		t.Fatal(err)
 	}
 	if !gone(fourth) {

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -30,10 +29,5 @@ func (p *Plugin) status(_ *skel.CmdArgs, conf *netconf.Config) error {
 	if err != nil {
 		return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
 	}
-	ctx, cancel := delegateCtx(conf)
-	defer cancel()
-	if err := invoke.DelegateStatus(ctx, conf.Delegate, delegateConf, p.Exec); err != nil {
-		return delegateError(ctx, conf.Delegate, "status", err)
-	}
-	return nil
+	return p.delegate(conf, "status", conf.Delegate, delegateConf, p.Exec)
 }

@@ -113,11 +113,8 @@ func fileWith(data []byte) (*os.File, error) {
 		return nil, err
 	}
 	f := os.NewFile(uintptr(fd), "stdin")
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
+	// WriteAt leaves the offset at the start, where skel reads from.
+	if _, err := f.WriteAt(data, 0); err != nil {
 		f.Close()
 		return nil, err
 	}
