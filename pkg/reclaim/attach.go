@@ -114,11 +114,10 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 // replaceEarlier decides what an existing record for the same attachment
 // means for a new ADD.
 func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
-	j, err := newJudge(s.Host, records.NewStore(d), nil, false)
+	j, err := newJudge(&s.Env, d, s.LegacyDataDir)
 	if err != nil {
 		return err
 	}
-	j.endOverdue, j.logf, j.legacyDataDir = true, s.logf, s.LegacyDataDir
 	// Judged with what host-local holds for it, as a sweep judges it:
 	// a pending record is not the whole story (deadADDInLiveNamespace).
 	leases, err := leasesOf(d, old.Key())

@@ -25,12 +25,9 @@ func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, erro
 			migrationErr = fmt.Errorf("failed to migrate leases from %s: %w", ipamdir.New(req.LegacyDataDir, req.Dir.Network).Leases(), err)
 		}
 	}
-	if !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) {
-		// A network the plugin never served: nothing to sweep, and no
-		// marker of a sweep to leave.
-		return nil, migrationErr
-	}
-	if !s.sweepDue(req.Dir, interval) {
+	// A network the plugin never served has nothing to sweep, and no
+	// marker of a sweep to leave.
+	if (!exists(req.Dir.Leases()) && !exists(req.Dir.Records())) || !s.sweepDue(req.Dir, interval) {
 		return nil, migrationErr
 	}
 	rep, err := s.Sweep(req)

@@ -39,9 +39,9 @@ type Lease struct {
 }
 
 // leaseDir is a host-local network directory, open once: its reservations
-// are read and removed relative to it (openat, unlinkat), with no walk of
-// the whole path per file, which a sweep over thousands would pay. A nil
-// leaseDir is a directory that does not exist: it holds no lease.
+// are looked at and removed relative to it (fstatat, unlinkat), with no
+// walk of the whole path per file, which a sweep over thousands would
+// pay. A nil leaseDir is a directory that does not exist: no lease.
 type leaseDir struct {
 	path string
 	f    *os.File
@@ -88,10 +88,9 @@ func (d *leaseDir) holds(ip net.IP) (path string, ok bool) {
 
 // each calls fn with every reservation of the directory, read one at a
 // time, except those skip (when set) turns down by address, unread.
-// Files that are not reservations (lock, last_reserved_ip.N) are passed
-// over silently; damaged ones are reported to bad and never to fn.
-// host-local treats every other regular file as a reservation, so each one
-// is read, even if its name is not an address.
+// host-local's bookkeeping (lock, last_reserved_ip.N) is passed over; it
+// treats every other regular file as a reservation, so each is read, and
+// damaged ones are reported to bad and never to fn.
 func (d *leaseDir) each(skip func([16]byte) bool, fn func(Lease), bad func(error)) error {
 	if d == nil {
 		return nil

@@ -89,11 +89,10 @@ type judge struct {
 	bootTime time.Time
 	// valid is the GC verb's list; nil outside a GC.
 	valid validSet
-	// holders is the host's namespace holders, scanned at most once per
-	// judge, and only when some path fails its check.
+	// holders: scanned at most once, when some path fails its check.
 	holders sysinfo.Holders
-	// endOverdue lets the judge kill what still runs of a pending ADD past
-	// its record's deadline (never in a dry run); logf says so.
+	// endOverdue: kill what still runs of a pending ADD past its
+	// record's deadline (never in a dry run); logf says so.
 	endOverdue bool
 	logf       func(format string, args ...any)
 	// unlisted is Request.Unlisted.
@@ -108,20 +107,19 @@ type judge struct {
 // sweep decides.
 const overdueExitWait = 2 * time.Second
 
-func newJudge(h sysinfo.Host, recs *records.Store, valid []types.GCAttachment, isGC bool) (*judge, error) {
-	bootID, err := h.BootID()
+// newJudge is a judge of d's network that ends overdue ADDs and logs
+// through e.
+func newJudge(e *Env, d ipamdir.Dir, legacyDataDir string) (*judge, error) {
+	bootID, err := e.Host.BootID()
 	if err != nil {
 		return nil, err
 	}
-	bootTime, err := h.BootTime()
+	bootTime, err := e.Host.BootTime()
 	if err != nil {
 		return nil, err
 	}
-	j := &judge{host: h, records: recs, bootID: bootID, bootTime: bootTime}
-	if isGC {
-		j.valid = newValidSet(valid)
-	}
-	return j, nil
+	return &judge{host: e.Host, records: records.NewStore(d), bootID: bootID, bootTime: bootTime,
+		endOverdue: true, logf: e.logf, legacyDataDir: legacyDataDir}, nil
 }
 
 func (j *judge) verdict(a *Attachment) Verdict {

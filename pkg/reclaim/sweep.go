@@ -32,9 +32,8 @@ type Request struct {
 	GC    bool
 	Valid []types.GCAttachment
 	// Orphans treats the network as the plugin's even without the marker
-	// its ADDs leave (ipamdir.OwnedMarker): NAT rules of containers that hold
-	// neither a lease nor a record on it are then orphans too. Without
-	// it, only a network proved the plugin's has orphans.
+	// its ADDs leave (ipamdir.OwnedMarker): NAT rules of containers that
+	// hold neither a lease nor a record on it are then orphans too.
 	Orphans bool
 	// LegacyDataDir is the legacy lease directory's parent (host-local's
 	// default /var/lib/cni/networks, or the entry's own ipam.dataDir): a
@@ -131,12 +130,14 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	defer unlock()
 
-	store := records.NewStore(req.Dir)
-	j, err := newJudge(s.Host, store, req.Valid, req.GC)
+	j, err := newJudge(&s.Env, req.Dir, req.LegacyDataDir)
 	if err != nil {
 		return nil, err
 	}
-	j.endOverdue, j.logf, j.unlisted, j.legacyDataDir = !req.DryRun, s.logf, req.Unlisted, req.LegacyDataDir
+	j.endOverdue, j.unlisted = !req.DryRun, req.Unlisted
+	if req.GC {
+		j.valid = newValidSet(req.Valid)
+	}
 	leases, err := openLeaseDir(req.Dir.Leases())
 	if err != nil {
 		return nil, err
