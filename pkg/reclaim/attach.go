@@ -30,12 +30,9 @@ type Attacher struct {
 	LegacyDataDir string
 	// TornDown are the addresses the delegate's DEL found on the
 	// attachment's interface before it succeeded: bridge then deleted
-	// their iptables rules and the container's chains (it fails while a
-	// rule an earlier attachment left still jumps to them). An EndDel
-	// whose record names only these lists the iptables tables no more (an
-	// iptables and an ip6tables exec): what else is left of the container
-	// (a family it has no address in now, portmap's chain if the runtime
-	// skipped portmap's DEL) is an orphan the next sweep releases.
+	// their iptables rules and the container's chains, so an EndDel whose
+	// record names only these lists the iptables tables no more (two
+	// execs); what else is left is an orphan the next sweep releases.
 	TornDown []net.IP
 }
 
@@ -44,15 +41,13 @@ type Attacher struct {
 type PendingAdd struct {
 	attacher *Attacher
 	dir      ipamdir.Dir
-	store    *records.Store
 	Record   *records.Record
-	// lock holds the pending record's flock (records.Store.WriteLocked)
-	// until Complete or Abort: a sweep counts the ADD as running while
-	// any process holds it.
+	// lock holds the pending record's flock until Complete or Abort: a
+	// sweep counts the ADD as running while any process holds it.
 	lock *os.File
-	// Previous are the addresses (CIDR, as recorded) of the stale earlier
-	// attachment of the same key that BeginAdd released: a restore in
-	// place, whose address the ADD may ask for again.
+	// Previous are the addresses (CIDR) of the stale earlier attachment of
+	// the same key, released by BeginAdd or a sweep: a restore in place
+	// asks for them again.
 	Previous []string
 }
 
@@ -113,17 +108,16 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 	if err != nil {
 		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to write the attachment record", Detail: err.Error()}
 	}
-	return &PendingAdd{attacher: s, dir: d, store: recStore, Record: rec, lock: lock, Previous: previous}, nil
+	return &PendingAdd{attacher: s, dir: d, Record: rec, lock: lock, Previous: previous}, nil
 }
 
 // replaceEarlier decides what an existing record for the same attachment
 // means for a new ADD.
 func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath string, nsID sysinfo.NetnsID, cookie uint64) error {
-	j, err := newJudge(s.Host, records.NewStore(d), nil, false)
+	j, err := newJudge(&s.Env, d, s.LegacyDataDir)
 	if err != nil {
 		return err
 	}
-	j.endOverdue, j.logf, j.legacyDataDir = true, s.logf, s.LegacyDataDir
 	// Judged with what host-local holds for it, as a sweep judges it:
 	// a pending record is not the whole story (deadADDInLiveNamespace).
 	leases, err := leasesOf(d, old.Key())
@@ -188,22 +182,12 @@ func (s *Attacher) countRefusal(d ipamdir.Dir) {
 // host-local's lock: what a judge needs to know whether an ADD got an
 // address.
 func leasesOf(d ipamdir.Dir, key records.Key) ([]Lease, error) {
-	if !exists(d.Leases()) {
-		return nil, nil
-	}
 	leases, err := openLeaseDir(d.Leases())
 	if err != nil {
 		return nil, err
 	}
 	defer leases.close()
-	legacy := records.Key{ContainerID: key.ContainerID}
-	var mine []Lease
-	err = leases.each(nil, func(l Lease) {
-		if l.Key == key || l.Key == legacy {
-			mine = append(mine, l)
-		}
-	}, func(error) {})
-	return mine, err
+	return leases.naming(key, true)
 }
 
 // releaseOne releases a single stale attachment the way a sweep releases
@@ -224,51 +208,23 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 	defer leases.close()
 	a := &Attachment{Key: old.Key(), Record: old, Verdict: v}
 	// One read of the directory, as a sweep does (disk.Store.ReleaseByID
-	// would walk into planted subdirectories and follow symlinks). A lease
-	// written before host-local recorded ifnames names the container
-	// alone, as host-local's own ReleaseByID matches it.
-	legacy := records.Key{ContainerID: old.ContainerID}
-	var errs []error
-	errs = append(errs, leases.each(nil, func(l Lease) {
-		if l.Key == a.Key || l.Key == legacy {
-			a.Leases = append(a.Leases, l)
-		}
-	}, func(error) {}))
+	// would walk into planted subdirectories and follow symlinks).
+	a.Leases, err = leases.naming(a.Key, true)
+	errs := []error{err}
 	sortLeases(a.Leases)
-	rel := releaseOf(a)
+	p := pendingRelease{a: a, rel: releaseOf(a)}
 	removed, err := s.ReleaseNAT(d, old.Key())
-	rel.What = append(rel.What, removed...)
+	p.rel.What = append(p.rel.What, removed...)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	kept := 0
-	if s.Netfilter != nil {
-		rules, err := s.Netfilter.ListForward()
-		if err != nil {
-			return errors.Join(append(errs, fmt.Errorf("read firewall rules: %w", err))...)
-		}
-		fr := releaseForwardOf(rules, leaseRoots(d, s.LegacyDataDir, nil), d, a, false)
-		rel.What, rel.Kept, kept = append(rel.What, fr.what...), fr.kept, len(fr.kept)
-		if fr.err != nil {
-			return errors.Join(append(errs, fr.err)...)
-		}
-		pm, err := s.Netfilter.ListPortmapNFT()
-		if err == nil {
-			var what []string
-			what, err = pm.Release(old.ContainerID, attachmentAddrs(a), false)
-			rel.What = append(rel.What, what...)
-		}
-		if err != nil {
-			return errors.Join(append(errs, fmt.Errorf("portmap's nftables rules: %w", err))...)
-		}
+	addr := addrRules{nf: s.Netfilter, own: d, roots: leaseRoots(d, s.LegacyDataDir, nil)}
+	if ok, err := addr.release(&p); !ok {
+		return errors.Join(append(errs, err)...)
 	}
-	recordGone, err := releaseFiles(leases, records.NewStore(d), a, false)
-	errs = append(errs, err)
-	if recordGone {
-		rel.What = append(rel.What, "record")
-	}
-	s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: kept})
-	s.logf("%s: released %s", d.Network, rel)
+	errs = append(errs, releaseFiles(leases, records.NewStore(d), &p, false))
+	s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: addr.kept})
+	s.logf("%s: released %s", d.Network, p.rel)
 	return errors.Join(errs...)
 }
 
@@ -278,15 +234,8 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 // network and container ID alone, so they are that one's too.
 func (s *Attacher) ReleaseNAT(d ipamdir.Dir, key records.Key) ([]string, error) {
 	others, _, err := records.NewStore(d).Names(key)
-	if err != nil {
+	if err != nil || s.Netfilter == nil || len(others) > 0 {
 		return nil, err
-	}
-	return s.releaseNATUnlessShared(d, key, others)
-}
-
-func (s *Attacher) releaseNATUnlessShared(d ipamdir.Dir, key records.Key, others []records.Key) ([]string, error) {
-	if s.Netfilter == nil || len(others) > 0 {
-		return nil, nil
 	}
 	return s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
 }
@@ -317,7 +266,7 @@ func (a *PendingAdd) Complete(ips []string) error {
 	a.Record.PID, a.Record.PIDStart = 0, 0
 	a.Record.IPs = ips
 	defer a.Close()
-	if err := a.store.Write(a.Record); err != nil {
+	if err := records.NewStore(a.dir).Write(a.Record); err != nil {
 		return err
 	}
 	if len(a.Previous) > 0 {
@@ -327,12 +276,10 @@ func (a *PendingAdd) Complete(ips []string) error {
 }
 
 // Abort undoes an ADD that failed, in a sweep's order: the NAT rules and
-// the leases of the attachment, then its pending record. bridge rolls back
-// its own allocation when it fails cleanly, but not always all of it:
-// host-local keeps a reservation it could not finish (a full tmpfs fails
-// the write of last_reserved_ip after the lease). If something cannot go,
-// the pending record stays, and a sweep finishes once the ADD's processes
-// are gone.
+// the leases of the attachment, then its pending record (bridge's own
+// rollback leaves a reservation host-local could not finish on a full
+// tmpfs). If something cannot go, the pending record stays, and a sweep
+// finishes once the ADD's processes are gone.
 func (a *PendingAdd) Abort() error {
 	defer a.Close()
 	if _, err := a.attacher.ReleaseNAT(a.dir, a.Record.Key()); err != nil {
@@ -341,7 +288,7 @@ func (a *PendingAdd) Abort() error {
 	if err := a.attacher.ReleaseLeasesOf(a.dir, a.Record.Key()); err != nil {
 		return fmt.Errorf("release the leases of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
-	return a.store.Remove(a.Record.Key())
+	return records.NewStore(a.dir).Remove(a.Record.Key())
 }
 
 // ReleaseLeasesOf removes, under host-local's lock, every lease that names
@@ -361,20 +308,13 @@ func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 		return err
 	}
 	defer leases.close()
-	var mine []Lease
-	err = leases.each(nil, func(l Lease) {
-		if l.Key == key {
-			mine = append(mine, l)
-		}
-	}, func(error) {})
+	mine, err := leases.naming(key, false)
 	return errors.Join(err, leases.remove(mine))
 }
 
 // Close drops the plugin's hold on the pending record's lock; it may be
-// called more than once. After Complete or Abort the lock marks nothing
-// (the record was replaced by another file, or removed); an ADD that
-// leaves its record pending is judged by its processes' lock until they
-// have all exited, then by its namespace.
+// called more than once. An ADD that leaves its record pending is judged
+// by its processes' lock until they have all exited, then by its namespace.
 func (a *PendingAdd) Close() {
 	if a.lock != nil {
 		a.lock.Close() // read-only: nothing to lose
@@ -383,16 +323,13 @@ func (a *PendingAdd) Close() {
 }
 
 // EndDel finishes a DEL the delegate accepted. bridge tears its ipMasq
-// rules down only when it finds the container's interface in CNI_NETNS;
-// with an empty CNI_NETNS (nerdctl's DEL before re-adding), a namespace
-// that is already gone (CRI-O replaying cached DELs at start-up), one
-// re-created at the same path, or an interface deleted from inside the
-// namespace, it skips them, and it never removes a jump an earlier
-// attachment of the same ID left with another address. So whatever NAT
-// state of the container is left is released here, found by names and
-// comments, with the temp files of record writers that died; then the legacy leases of a migrated attachment; then the
-// record, last, so that a DEL killed or failing part-way is finished by
-// the next DEL or sweep.
+// rules down only when it finds the container's interface in CNI_NETNS
+// (docs/reclaim.md, "DEL"), and never removes a jump an earlier
+// attachment of the same ID left. So whatever NAT state of the container
+// is left is released here, with the temp files of record writers that
+// died; then the legacy leases of a migrated attachment; then the record,
+// last, so that a DEL killed or failing part-way is finished by the next
+// DEL or sweep.
 func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	store := records.NewStore(d)
 	rec, err := store.Read(key)
@@ -420,7 +357,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	}
 	// A record write killed before its rename (an ADD of this attachment
 	// killed mid-write, say) left its temp file.
-	if _, err := store.RemoveAbandonedTemps(temps, func(pid int) bool { _, ok := s.Host.ProcessStart(pid); return ok }); err != nil {
+	if _, err := store.RemoveAbandonedTemps(temps, s.running); err != nil {
 		s.logf("%s: %v", d.Network, err)
 	}
 	if rec != nil && rec.State == records.Migrated {
@@ -435,11 +372,9 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 // AttachedThere is the record of another attachment in the namespace at
 // netnsPath under key's ifname, when key itself has none: a DEL of key
 // handed to bridge would delete that attachment's interface (bridge
-// deletes CNI_IFNAME in CNI_NETNS, whoever it belongs to). nil when key
-// has a record, when nothing else is recorded there, or when the path
-// names no namespace. The other record counts only while its own path
-// still names that namespace (the kernel reuses inode numbers; the
-// cookie, where both are known, tells them apart).
+// deletes CNI_IFNAME in CNI_NETNS, whoever it belongs to). The other
+// record counts only while its own path still names that namespace (the
+// kernel reuses inode numbers; the cookie, where known, tells them apart).
 func (s *Attacher) AttachedThere(d ipamdir.Dir, key records.Key, netnsPath string) (*records.Record, error) {
 	store := records.NewStore(d)
 	if rec, err := store.Read(key); rec != nil || err != nil || netnsPath == "" {
@@ -449,33 +384,24 @@ func (s *Attacher) AttachedThere(d ipamdir.Dir, key records.Key, netnsPath strin
 	if err != nil {
 		return nil, nil
 	}
-	var candidates []records.Key
-	if _, err := store.Walk(func(r *records.Record) {
-		if r.IfName == key.IfName && r.ContainerID != key.ContainerID && r.NetnsID == nsID && r.Netns != "" {
-			candidates = append(candidates, r.Key())
-		}
-	}); err != nil {
-		return nil, err
+	bootID, err := s.Host.BootID()
+	if err != nil {
+		return nil, nil
 	}
-	for _, k := range candidates {
-		// Read again: a walk may take a record from its cache.
-		r, err := store.Read(k)
-		if err != nil || r == nil {
-			continue
-		}
-		bootID, err := s.Host.BootID()
-		if err != nil || r.BootID != bootID {
-			continue
+	var there *records.Record
+	_, err = store.Walk(func(r *records.Record) {
+		if there != nil || r.IfName != key.IfName || r.ContainerID == key.ContainerID || r.NetnsID != nsID || r.Netns == "" || r.BootID != bootID {
+			return
 		}
 		if id, err := s.Host.Netns(r.Netns); err != nil || id != nsID {
-			continue
+			return
 		}
 		if cookie, _ := s.Host.NetnsCookie(netnsPath); cookie != 0 && r.NetnsCookie != 0 && cookie != r.NetnsCookie {
-			continue
+			return
 		}
-		return r, nil
-	}
-	return nil, nil
+		there = r
+	})
+	return there, err
 }
 
 // HoldsNothing reports whether the network holds nothing of key: no record
@@ -486,54 +412,46 @@ func (s *Attacher) HoldsNothing(d ipamdir.Dir, key records.Key) bool {
 	if rec, err := records.NewStore(d).Read(key); rec != nil || err != nil {
 		return false
 	}
-	if !exists(d.Leases()) {
-		return true
-	}
-	leases, err := openLeaseDir(d.Leases())
-	if err != nil {
-		return false
-	}
-	defer leases.close()
-	legacy := records.Key{ContainerID: key.ContainerID}
-	held := false
-	err = leases.each(nil, func(l Lease) { held = held || l.Key == key || l.Key == legacy }, func(error) {})
-	return err == nil && !held
+	leases, err := leasesOf(d, key)
+	return err == nil && len(leases) == 0
 }
 
 // releaseLegacy removes the legacy leases of a migrated attachment that is
 // DELeted through the plugin: they were kept only as the sign that it was
-// alive (Migrator.recordMigrated). Each is removed under the legacy
+// alive (recordMigrated). Each is removed under the legacy
 // directory's host-local lock, and only while it still names the
 // attachment; a path the record names outside the entry's legacy
 // directory is left alone (legacyLeasePaths).
 func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
-	want := ipamdir.LeaseContent(rec.ContainerID, rec.IfName)
+	legacy := ipamdir.New(s.LegacyDataDir, d.Network)
 	paths := legacyLeasePaths(rec, s.LegacyDataDir)
 	if len(paths) < len(rec.LegacyLeases) {
-		s.logf("%s: %s: its record names legacy leases outside %s, left alone: %s", d.Network, rec.Key(), ipamdir.New(s.LegacyDataDir, d.Network).Leases(), strings.Join(rec.LegacyLeases, ", "))
+		s.logf("%s: %s: its record names legacy leases outside %s, left alone: %s", d.Network, rec.Key(), legacy.Leases(), strings.Join(rec.LegacyLeases, ", "))
 	}
-	var errs []error
+	var leases []Lease
 	for _, path := range paths {
-		if !exists(path) {
-			continue // its runtime released it already
-		}
-		unlock, err := ipamdir.New(s.LegacyDataDir, d.Network).Lock()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		err = removeLeaseFile(Lease{Path: path, content: want})
-		unlock()
-		if err != nil {
-			s.logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
+		if exists(path) { // else its runtime released it already
+			leases = append(leases, Lease{Path: path, content: ipamdir.LeaseContent(rec.ContainerID, rec.IfName)})
 		}
 	}
-	return errors.Join(errs...)
+	if len(leases) == 0 {
+		return nil
+	}
+	unlock, err := legacy.Lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	dir, err := openLeaseDir(legacy.Leases())
+	if err == nil {
+		err = dir.remove(leases)
+		dir.close()
+	}
+	if err != nil {
+		s.logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
+	}
+	return nil
 }
-
-// NamespaceUsable reports whether bridge could enter the namespace.
-// OwnNamespacePath is where the plugin finds its own network namespace.
-const OwnNamespacePath = "/proc/self/ns/net"
 
 // IsOwnNamespace reports whether netnsPath names the plugin's own network
 // namespace, the host's for a runtime. It only stats the path: opening it,
@@ -547,13 +465,14 @@ func (s *Attacher) IsOwnNamespace(netnsPath string) (bool, error) {
 	if err != nil {
 		return false, nil
 	}
-	own, err := s.Host.Netns(OwnNamespacePath)
+	own, err := s.Host.Netns("/proc/self/ns/net")
 	if err != nil {
 		return false, fmt.Errorf("identify the plugin's own network namespace: %w", err)
 	}
 	return id == own, nil
 }
 
+// NamespaceUsable reports whether bridge could enter the namespace.
 func (s *Attacher) NamespaceUsable(netnsPath string) bool {
 	if netnsPath == "" {
 		return false

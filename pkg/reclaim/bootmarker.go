@@ -17,40 +17,45 @@ import (
 // existence, decides: a dataDir that is not a tmpfs keeps its markers
 // across reboots.
 
-// bootMarker is one marker file of one network.
-type bootMarker struct {
-	recDir, path string
-}
-
-func newBootMarker(d ipamdir.Dir, m ipamdir.Marker) bootMarker {
-	return bootMarker{recDir: d.Records(), path: d.Marker(m)}
-}
-
-// current reports whether the marker was written in the boot bootID. A
-// missing or unreadable marker is not current: the work is done again.
-func (m bootMarker) current(bootID string) bool {
-	b, err := statefile.ReadFileNoFollow(m.path)
+// markedThisBoot reports whether marker m of d was written in the boot
+// bootID. A missing or unreadable marker is not: the work is done again.
+func markedThisBoot(d ipamdir.Dir, m ipamdir.Marker, bootID string) bool {
+	b, err := statefile.ReadFileNoFollow(d.Marker(m))
 	return err == nil && string(b) == bootID
 }
 
-// set records bootID in the marker, atomically.
-func (m bootMarker) set(bootID string) error { return m.write([]byte(bootID)) }
-
-// write replaces the marker's content, atomically.
-func (m bootMarker) write(b []byte) error {
-	if err := os.MkdirAll(m.recDir, 0o700); err != nil {
-		return fmt.Errorf("create %s: %w", m.recDir, err)
+// writeMarker replaces the content of marker m of d, atomically.
+func writeMarker(d ipamdir.Dir, m ipamdir.Marker, b []byte) error {
+	if err := os.MkdirAll(d.Records(), 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", d.Records(), err)
 	}
-	if err := statefile.WriteAtomic(m.path, b, nil); err != nil {
-		return fmt.Errorf("write %s: %w", m.path, err)
+	if err := statefile.WriteAtomic(d.Marker(m), b, nil); err != nil {
+		return fmt.Errorf("write %s: %w", d.Marker(m), err)
 	}
 	return nil
+}
+
+// writeJSONMarker writes v as marker m of d.
+func writeJSONMarker(d ipamdir.Dir, m ipamdir.Marker, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return writeMarker(d, m, b)
+}
+
+// readJSONMarker reads marker m of d into v; a missing or damaged one
+// leaves v as it is (a count or a hint lost, nothing more).
+func readJSONMarker(d ipamdir.Dir, m ipamdir.Marker, v any) {
+	if b, err := statefile.ReadFileNoFollow(d.Marker(m)); err == nil {
+		_ = json.Unmarshal(b, v)
+	}
 }
 
 // owns reports whether the network in d is proved the plugin's
 // (ipamdir.OwnedMarker is a regular file, not followed).
 func owns(d ipamdir.Dir) bool {
-	st, err := os.Lstat(newBootMarker(d, ipamdir.OwnedMarker).path)
+	st, err := os.Lstat(d.Marker(ipamdir.OwnedMarker))
 	return err == nil && st.Mode().IsRegular()
 }
 
@@ -60,7 +65,7 @@ func markOwned(d ipamdir.Dir) error {
 	if owns(d) {
 		return nil
 	}
-	return newBootMarker(d, ipamdir.OwnedMarker).write([]byte(d.Network + "\n"))
+	return writeMarker(d, ipamdir.OwnedMarker, []byte(d.Network+"\n"))
 }
 
 // ClaimNotTmpfsWarning reports whether the warning that dataDir is not on
@@ -73,11 +78,10 @@ func (s *Attacher) ClaimNotTmpfsWarning(d ipamdir.Dir) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	m := newBootMarker(d, ipamdir.NotTmpfsWarnedMarker)
-	if m.current(bootID) {
+	if markedThisBoot(d, ipamdir.NotTmpfsWarnedMarker, bootID) {
 		return false, nil
 	}
-	if err := m.set(bootID); err != nil {
+	if err := writeMarker(d, ipamdir.NotTmpfsWarnedMarker, []byte(bootID)); err != nil {
 		return true, fmt.Errorf("record that the tmpfs warning was given: %w", err)
 	}
 	return true, nil
@@ -102,7 +106,7 @@ func (s *Sweeper) sweepDue(d ipamdir.Dir, interval time.Duration) bool {
 
 // LastSweep is when the last CHECK sweep of d ended, in this boot.
 func (s *Sweeper) LastSweep(d ipamdir.Dir) (time.Time, bool) {
-	b, err := statefile.ReadFileNoFollow(newBootMarker(d, ipamdir.LastSweepMarker).path)
+	b, err := statefile.ReadFileNoFollow(d.Marker(ipamdir.LastSweepMarker))
 	if err != nil {
 		return time.Time{}, false
 	}
@@ -120,7 +124,7 @@ func (s *Sweeper) LastSweep(d ipamdir.Dir) (time.Time, bool) {
 func (s *Sweeper) sweepEnded(d ipamdir.Dir) {
 	bootID, err := s.Host.BootID()
 	if err == nil {
-		err = newBootMarker(d, ipamdir.LastSweepMarker).set(bootID + " " + strconv.FormatInt(s.Host.Now().UnixNano(), 10))
+		err = writeMarker(d, ipamdir.LastSweepMarker, []byte(bootID+" "+strconv.FormatInt(s.Host.Now().UnixNano(), 10)))
 	}
 	if err != nil {
 		s.logf("%s: %v", d.Network, err)
@@ -131,9 +135,7 @@ func (s *Sweeper) sweepEnded(d ipamdir.Dir) {
 // runs (for `metrics`).
 func (s *Env) Releases(d ipamdir.Dir) map[string]int {
 	counts := map[string]int{}
-	if b, err := statefile.ReadFileNoFollow(newBootMarker(d, ipamdir.ReleasesMarker).path); err == nil {
-		_ = json.Unmarshal(b, &counts) // damaged: counted again from zero
-	}
+	readJSONMarker(d, ipamdir.ReleasesMarker, &counts)
 	return counts
 }
 
@@ -154,11 +156,7 @@ func (s *Env) countReleases(d ipamdir.Dir, add map[string]int) {
 			counts[cause] += k
 		}
 	}
-	b, err := json.Marshal(counts)
-	if err == nil {
-		err = newBootMarker(d, ipamdir.ReleasesMarker).write(b)
-	}
-	if err != nil {
+	if err := writeJSONMarker(d, ipamdir.ReleasesMarker, counts); err != nil {
 		s.logf("%s: count releases: %v", d.Network, err)
 	}
 }

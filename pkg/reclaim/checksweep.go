@@ -15,24 +15,19 @@ import (
 // and the end of the sweep remembered, even a failed one: a sweep that
 // times out on a held lock is not tried again by every CHECK of a
 // restore. A dry run migrates and remembers nothing. The report is nil
-// when no sweep was due. A failed migration (a *MigrationError) does not
-// stop the sweep: what it leaves (a copied lease whose record is not
-// written yet) is unknown to a sweep, which never releases that, and a
-// broken legacy directory must not keep the dead attachments of the data
-// dir from going.
+// when no sweep was due. A failed migration does not stop the sweep: what
+// it leaves is unknown to a sweep, which never releases that, and a broken
+// legacy directory must not keep the data dir's dead attachments.
 func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, error) {
 	var migrationErr error
 	if !req.DryRun {
 		if _, err := (&Migrator{Env: s.Env}).Migrate(req.Dir, req.LegacyDataDir); err != nil {
-			migrationErr = &MigrationError{From: ipamdir.New(req.LegacyDataDir, req.Dir.Network).Leases(), Err: err}
+			migrationErr = fmt.Errorf("failed to migrate leases from %s: %w", ipamdir.New(req.LegacyDataDir, req.Dir.Network).Leases(), err)
 		}
 	}
-	if !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) {
-		// A network the plugin never served: nothing to sweep, and no
-		// marker of a sweep to leave.
-		return nil, migrationErr
-	}
-	if !s.sweepDue(req.Dir, interval) {
+	// A network the plugin never served has nothing to sweep, and no
+	// marker of a sweep to leave.
+	if (!exists(req.Dir.Leases()) && !exists(req.Dir.Records())) || !s.sweepDue(req.Dir, interval) {
 		return nil, migrationErr
 	}
 	rep, err := s.Sweep(req)
@@ -45,14 +40,3 @@ func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, erro
 	}
 	return rep, errors.Join(migrationErr, err)
 }
-
-// MigrationError is a failed migration of legacy leases.
-type MigrationError struct {
-	From string
-	Err  error
-}
-
-func (e *MigrationError) Error() string {
-	return fmt.Sprintf("failed to migrate leases from %s: %v", e.From, e.Err)
-}
-func (e *MigrationError) Unwrap() error { return e.Err }

@@ -38,6 +38,12 @@ func (e *Env) logf(format string, args ...any) {
 	}
 }
 
+// running reports whether process pid runs.
+func (e *Env) running(pid int) bool {
+	_, ok := e.Host.ProcessStart(pid)
+	return ok
+}
+
 func exists(path string) bool {
 	_, err := os.Lstat(path)
 	return !errors.Is(err, fs.ErrNotExist)

@@ -46,39 +46,89 @@ func leaseRoots(own ipamdir.Dir, legacy string, others []string) []string {
 	return roots
 }
 
-// forwardRelease is the firewall side of one stale attachment's release.
-type forwardRelease struct {
-	// what went (or would); kept: addresses whose rules stay, with why.
-	what, kept []string
-	err        error
+// addrRules are the rules that name an attachment only by its addresses:
+// the firewall plugin's, and portmap's nftables rules commented with its
+// container ID, both listed once, at the first release. own is the
+// released attachments' network, roots where leases that keep their
+// firewall rules may be (leaseRoots); busy, when set, tells whether a CNI
+// command of a container runs (DEL and re-ADD are that command: they
+// never ask); kept counts the addresses whose firewall rules stayed.
+type addrRules struct {
+	nf      *netfilter.Cleaner
+	own     ipamdir.Dir
+	roots   []string
+	dryRun  bool
+	busy    func(cid string) *netfilter.BusyError
+	listed  bool
+	forward *netfilter.ForwardRules
+	portmap *netfilter.PortmapNFTRules
+	kept    int
 }
 
-// releaseForwardOf releases the firewall rules of a's addresses that no
-// lease outside a's own holds under roots, from the listing rules.
-func releaseForwardOf(rules *netfilter.ForwardRules, roots []string, own ipamdir.Dir, a *Attachment, dryRun bool) forwardRelease {
-	var out forwardRelease
-	if rules.Empty() {
-		return out
+// release releases p's rules that name it by its addresses, adding what
+// went to p.rel: the firewall rules of its free addresses, then portmap's
+// nftables rules of its container ID that name one of them. It reports
+// whether they all went, so that its files may: never after a failed
+// listing (its error is given once), nor while a CNI command of its
+// container runs (p.busy).
+func (r *addrRules) release(p *pendingRelease) (bool, error) {
+	if r.nf == nil {
+		return true, nil
 	}
+	if !r.listed {
+		r.listed = true
+		forward, err := r.nf.ListForward()
+		if err != nil {
+			return false, fmt.Errorf("read firewall rules: %w", err)
+		}
+		portmap, err := r.nf.ListPortmapNFT()
+		if err != nil {
+			return false, fmt.Errorf("read portmap's nftables rules: %w", err)
+		}
+		r.forward, r.portmap = forward, portmap
+	}
+	if r.portmap == nil {
+		return false, nil
+	}
+	addrs := attachmentAddrs(p.a)
 	var free []netip.Addr
-	for _, addr := range attachmentAddrs(a) {
-		if !rules.Has(addr) {
+	for _, addr := range addrs {
+		if !r.forward.Has(addr) {
 			continue
 		}
-		if holder, err := leasedElsewhere(roots, own, a, addr); err != nil || holder != "" {
+		if holder, err := leasedElsewhere(r.roots, r.own, p.a, addr); err != nil || holder != "" {
 			why := holder
 			if err != nil {
 				why = "cannot tell whether another network leases it: " + err.Error()
 			}
-			out.kept = append(out.kept, fmt.Sprintf("firewall rules of %s kept: %s", addr, why))
+			p.rel.Kept = append(p.rel.Kept, fmt.Sprintf("firewall rules of %s kept: %s", addr, why))
+			r.kept++
 			continue
 		}
 		free = append(free, addr)
 	}
 	if len(free) > 0 {
-		out.what, out.err = rules.Release(free, dryRun)
+		what, err := r.forward.Release(free, r.dryRun)
+		p.rel.What = append(p.rel.What, what...)
+		if err != nil {
+			return false, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, err)
+		}
 	}
-	return out
+	// portmap's nftables teardown lists its rules, then deletes them by
+	// handle, and fails the DEL if one went in between: its rules are
+	// left to a CNI command of the container that runs, with the rest;
+	// asked right before they would go.
+	if r.busy != nil && r.portmap.Has(p.a.Key.ContainerID, addrs) {
+		if p.busy = r.busy(p.a.Key.ContainerID); p.busy != nil {
+			return false, nil
+		}
+	}
+	what, err := r.portmap.Release(p.a.Key.ContainerID, addrs, r.dryRun)
+	p.rel.What = append(p.rel.What, what...)
+	if err != nil {
+		return false, fmt.Errorf("release portmap's nftables rules of %s: %w", p.a.Key, err)
+	}
+	return true, nil
 }
 
 // attachmentAddrs are the addresses of a's record and leases, each once.

@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
 // FuzzParseLease: any lease content either parses to a key that host-local's
@@ -14,10 +17,11 @@ func FuzzParseLease(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		key, content, err := parseLease(data)
+		cid, ifName, content, err := ipamdir.ParseLease(data)
 		if err != nil {
 			return
 		}
+		key := records.Key{ContainerID: cid, IfName: ifName}
 		if content != strings.TrimSpace(string(data)) {
 			t.Fatalf("content %q is not the trimmed file %q", content, data)
 		}

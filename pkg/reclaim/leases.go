@@ -39,9 +39,9 @@ type Lease struct {
 }
 
 // leaseDir is a host-local network directory, open once: its reservations
-// are read and removed relative to it (openat, unlinkat), with no walk of
-// the whole path per file, which a sweep over thousands would pay. A nil
-// leaseDir is a directory that does not exist: it holds no lease.
+// are looked at and removed relative to it (fstatat, unlinkat), with no
+// walk of the whole path per file, which a sweep over thousands would
+// pay. A nil leaseDir is a directory that does not exist: no lease.
 type leaseDir struct {
 	path string
 	f    *os.File
@@ -86,58 +86,49 @@ func (d *leaseDir) holds(ip net.IP) (path string, ok bool) {
 	return d.path + "/" + name, err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
 }
 
-// eachEntry lists the directory from its start: it is read more than once.
-func (d *leaseDir) eachEntry(fn func(fs.DirEntry)) error {
-	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	return statefile.EachDirEntry(d.f, fn)
-}
-
 // each calls fn with every reservation of the directory, read one at a
 // time, except those skip (when set) turns down by address, unread.
-// Files that are not reservations (lock, last_reserved_ip.N) are passed
-// over silently; damaged ones are reported to bad and never to fn.
-// host-local treats every other regular file as a reservation, so each one
-// is read, even if its name is not an address.
+// host-local's bookkeeping (lock, last_reserved_ip.N) is passed over; it
+// treats every other regular file as a reservation, so each is read, and
+// damaged ones are reported to bad and never to fn.
 func (d *leaseDir) each(skip func([16]byte) bool, fn func(Lease), bad func(error)) error {
 	if d == nil {
 		return nil
 	}
-	err := d.eachEntry(func(e fs.DirEntry) {
-		if !ipamdir.IsHostLocalBookkeeping(e.Name()) {
-			d.visit(e.Name(), e.Type().IsRegular(), skip, fn, bad)
+	// From its start: the directory is read more than once.
+	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("list leases in %s: %w", d.path, err)
+	}
+	err := statefile.EachDirEntry(d.f, func(e fs.DirEntry) {
+		name := e.Name()
+		ip := net.ParseIP(name)
+		switch {
+		case ipamdir.IsHostLocalBookkeeping(name):
+			return
+		case !e.Type().IsRegular():
+			// disk.Store skips these too; nothing here removes them.
+			bad(fmt.Errorf("%s: not a regular file", filepath.Join(d.path, name)))
+			return
+		case ip != nil && skip != nil && skip(ip16(ip)):
+			return
+		}
+		l, err := readLease(filepath.Join(d.path, name))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// Released since the directory was read.
+		case err != nil:
+			bad(err)
+		case ip == nil:
+			bad(fmt.Errorf("%s: not named after an address", l.Path))
+		default:
+			l.IP = ip
+			fn(l)
 		}
 	})
 	if err != nil {
 		return fmt.Errorf("list leases in %s: %w", d.path, err)
 	}
 	return nil
-}
-
-// visit is each's work on one entry but host-local's bookkeeping.
-func (d *leaseDir) visit(name string, regular bool, skip func([16]byte) bool, fn func(Lease), bad func(error)) {
-	if !regular {
-		// disk.Store skips these too; nothing here removes them.
-		bad(fmt.Errorf("%s: not a regular file", filepath.Join(d.path, name)))
-		return
-	}
-	ip := net.ParseIP(name)
-	if ip != nil && skip != nil && skip(ip16(ip)) {
-		return
-	}
-	l, err := readLease(filepath.Join(d.path, name))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		// Released since the directory was read.
-	case err != nil:
-		bad(err)
-	case ip == nil:
-		bad(fmt.Errorf("%s: not named after an address", l.Path))
-	default:
-		l.IP = ip
-		fn(l)
-	}
 }
 
 // remove removes lease files of the directory, each only if it still is
@@ -167,44 +158,19 @@ func (d *leaseDir) remove(leases []Lease) error {
 	return errors.Join(errs...)
 }
 
-// leaseList is every reservation of a directory at once, for the
-// migration of a legacy directory (read once per boot).
-type leaseList struct {
-	leases   []Lease
-	problems []error
-}
-
-// readLeases reads every reservation in a host-local network directory.
-func readLeases(path string) (*leaseList, error) {
-	d, err := openLeaseDir(path)
-	if err != nil {
-		return nil, err
-	}
-	defer d.close()
-	list := &leaseList{}
-	err = d.each(nil, func(l Lease) { list.leases = append(list.leases, l) }, func(err error) { list.problems = append(list.problems, err) })
-	return list, err
-}
-
-// releaseLeases removes the listed lease files of the given attachments,
-// each once its content is checked again, with the caller holding
-// host-local's lock.
-func releaseLeases(path string, list *leaseList, doomed map[records.Key]bool) error {
-	var leases []Lease
-	for _, l := range list.leases {
-		if doomed[l.Key] {
-			leases = append(leases, l)
+// naming are the directory's leases that name key or, with orContainer,
+// its container alone (a lease written before host-local recorded
+// ifnames, as host-local's own ReleaseByID matches it). Damaged files are
+// passed over: a sweep reports them.
+func (d *leaseDir) naming(key records.Key, orContainer bool) ([]Lease, error) {
+	legacy := records.Key{ContainerID: key.ContainerID}
+	var mine []Lease
+	err := d.each(nil, func(l Lease) {
+		if l.Key == key || (orContainer && l.Key == legacy) {
+			mine = append(mine, l)
 		}
-	}
-	if len(leases) == 0 {
-		return nil
-	}
-	d, err := openLeaseDir(path)
-	if err != nil {
-		return err
-	}
-	defer d.close()
-	return d.remove(leases)
+	}, func(error) {})
+	return mine, err
 }
 
 // EmptyLeaseError is a lease file with nothing in it. host-local creates
@@ -240,18 +206,12 @@ func readLease(path string) (Lease, error) {
 	if err != nil {
 		return Lease{}, fmt.Errorf("read lease: %w", err)
 	}
-	key, content, err := parseLease(b)
+	cid, ifName, content, err := ipamdir.ParseLease(b)
 	if errors.Is(err, ipamdir.ErrEmptyLease) {
 		return Lease{}, &EmptyLeaseError{Path: path}
 	}
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease %s: %w", path, err)
 	}
-	return Lease{Path: path, Key: key, ModTime: fi.ModTime(), content: content}, nil
-}
-
-// parseLease is ipamdir.ParseLease, keyed as the records are.
-func parseLease(b []byte) (records.Key, string, error) {
-	cid, ifName, content, err := ipamdir.ParseLease(b)
-	return records.Key{ContainerID: cid, IfName: ifName}, content, err
+	return Lease{Path: path, Key: records.Key{ContainerID: cid, IfName: ifName}, ModTime: fi.ModTime(), content: content}, nil
 }

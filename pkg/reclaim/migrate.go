@@ -27,23 +27,18 @@ type Migration struct {
 
 // Migrate moves the leases host-local kept in the legacy directory (the
 // user's own ipam.dataDir, or /var/lib/cni/networks) into d.DataDir, once per
-// boot and network. Without it, right after adoption the empty dataDir
-// would hand out addresses that running containers still hold (Nomad had to
-// copy its leases across for the same reason).
-//
-// Leases from this boot are copied (content and mtime kept) and then
-// removed from the legacy directory; leases from before this boot belong
-// to namespaces that died with it and are removed. Both host-local locks
-// are held throughout, ours first. A crash at any point loses nothing: a
-// copy is only removed once its target exists, and without the marker the
-// next run starts again.
+// boot and network: without it, right after adoption the empty dataDir
+// would hand out addresses that running containers still hold. Leases
+// from this boot are copied (content and mtime kept; recordMigrated);
+// those from before it are removed. Both host-local locks are held
+// throughout, ours first. A crash loses nothing: without the marker the
+// next run starts again, and keeps a copy already there.
 func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) {
 	bootID, err := s.Host.BootID()
 	if err != nil {
 		return nil, err
 	}
-	marker := newBootMarker(d, ipamdir.MigratedMarker)
-	if marker.current(bootID) {
+	if markedThisBoot(d, ipamdir.MigratedMarker, bootID) {
 		return &Migration{}, nil
 	}
 	legacyNet := ipamdir.New(legacyDir, d.Network).Leases()
@@ -53,17 +48,17 @@ func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) 
 		// creates nothing.
 		return &Migration{}, nil
 	}
-	m, err := s.migrate(d, legacyDir)
+	m, err := s.migrate(d, legacyDir, bootID)
 	if err != nil {
 		return m, err
 	}
-	if err := marker.set(bootID); err != nil {
+	if err := writeMarker(d, ipamdir.MigratedMarker, []byte(bootID)); err != nil {
 		return m, fmt.Errorf("migration marker: %w", err)
 	}
 	return m, nil
 }
 
-func (s *Migrator) migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) {
+func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration, error) {
 	bootTime, err := s.Host.BootTime()
 	if err != nil {
 		return nil, err
@@ -81,21 +76,24 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) 
 	}
 	defer unlockLegacy()
 
-	legacyLeases := ipamdir.New(legacyDir, d.Network).Leases()
-	dir, err := readLeases(legacyLeases)
+	dir, err := openLeaseDir(ipamdir.New(legacyDir, d.Network).Leases())
 	if err != nil {
 		return nil, err
 	}
-	m := &Migration{}
-	for _, p := range dir.problems {
-		s.logf("%s: legacy lease skipped: %v", d.Network, p)
+	defer dir.close()
+	var leases []Lease
+	if err := dir.each(nil, func(l Lease) { leases = append(leases, l) }, func(err error) {
+		s.logf("%s: legacy lease skipped: %v", d.Network, err)
+	}); err != nil {
+		return nil, err
 	}
+	m := &Migration{}
 	recStore := records.NewStore(d)
 	drop := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
 	copied := map[records.Key][]Lease{}
 	var errs []error
-	for _, l := range dir.leases {
+	for _, l := range leases {
 		if l.ModTime.Before(bootTime) {
 			drop[l.Key] = true
 			m.Dropped++
@@ -120,16 +118,19 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) 
 		if kept[k] {
 			continue // one lease moved and another kept: both stay in place
 		}
-		if err := s.recordMigrated(recStore, k, leases); err != nil {
+		if err := recordMigrated(recStore, k, leases, bootID); err != nil {
 			s.logf("%s: %s: %v; its legacy lease is removed instead", d.Network, k, err)
 			drop[k] = true
 		}
 	}
-	// A key with one lease moved and another kept must keep both in place.
-	for k := range kept {
-		delete(drop, k)
+	var doomed []Lease
+	for _, l := range leases {
+		// A key with one lease moved and another kept keeps both in place.
+		if drop[l.Key] && !kept[l.Key] {
+			doomed = append(doomed, l)
+		}
 	}
-	if err := releaseLeases(legacyLeases, dir, drop); err != nil {
+	if err := dir.remove(doomed); err != nil {
 		errs = append(errs, err)
 	}
 	if m.Moved+m.Dropped > 0 {
@@ -142,21 +143,16 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) 
 // and records them: a runtime that adopted the plugin in place (podman
 // after a conflist edit) DELs the attachment with the configuration it
 // cached at ADD, plain bridge on the legacy directory, which releases only
-// the legacy copy. While that copy exists the attachment is alive; once it
-// is gone a sweep, or the attachment's next ADD, releases ours (see
-// judge.migratedVerdict). Leases written before host-local recorded
-// ifnames, and attachments that already have a record, are moved as
-// before.
-func (s *Migrator) recordMigrated(store *records.Store, k records.Key, leases []Lease) error {
+// the legacy copy. While that copy exists the attachment is alive
+// (migratedVerdict). A lease written before host-local recorded ifnames,
+// or an attachment that already has a record, fails here: its legacy
+// lease is removed instead.
+func recordMigrated(store *records.Store, k records.Key, leases []Lease, bootID string) error {
 	if k.IfName == "" {
 		return errors.New("lease names no ifname")
 	}
 	if old, err := store.Read(k); err != nil || old != nil {
 		return fmt.Errorf("already has a record (%v)", err)
-	}
-	bootID, err := s.Host.BootID()
-	if err != nil {
-		return err
 	}
 	rec := &records.Record{Version: records.FormatVersion, Network: store.Network(), ContainerID: k.ContainerID, IfName: k.IfName,
 		BootID: bootID, Created: leases[0].ModTime.UTC(), State: records.Migrated}
@@ -167,7 +163,7 @@ func (s *Migrator) recordMigrated(store *records.Store, k records.Key, leases []
 }
 
 // copyLease writes l at target as host-local's Reserve would (O_EXCL,
-// 0600, same content) and keeps its mtime, which the boot rule reads. It
+// 0600, same content), with its mtime, which the boot rule reads. It
 // reports false, without error, when target already holds another
 // attachment; a target identical to l (an earlier run died after copying)
 // counts as moved, and an empty one (an earlier run died between creating
@@ -176,7 +172,8 @@ func (s *Migrator) recordMigrated(store *records.Store, k records.Key, leases []
 func copyLease(l Lease, target string) (bool, error) {
 	content := []byte(l.content)
 	crashpoint.Step("create lease " + target)
-	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|noFollow, 0o600)
+	// O_NOFOLLOW: a planted symlink is never written through.
+	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if errors.Is(err, fs.ErrExist) {
 		st, serr := os.Lstat(target)
 		switch {
@@ -195,7 +192,7 @@ func copyLease(l Lease, target string) (bool, error) {
 			return bytes.Equal(bytes.TrimSpace(existing), content), nil
 		}
 		crashpoint.Step("rewrite empty lease " + target)
-		f, err = os.OpenFile(target, os.O_WRONLY|os.O_TRUNC|noFollow|syscall.O_NONBLOCK, 0o600)
+		f, err = os.OpenFile(target, os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
 	}
 	if err != nil {
 		return false, fmt.Errorf("create %s: %w", target, err)

@@ -2,7 +2,6 @@ package reclaim
 
 import (
 	"errors"
-	"path/filepath"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
@@ -11,18 +10,29 @@ import (
 // holding host-local's lock and its NAT rules already gone: its leases,
 // each by its own path and only while it still holds what was read, then
 // its record, only if no new ADD replaced it meanwhile. The record goes
-// last: it is what lets a later sweep find whatever a kill left. It reports whether the record went (in a dry run,
-// would go); the leases that go are all of a.Leases.
-func releaseFiles(leases *leaseDir, recs *records.Store, a *Attachment, dryRun bool) (recordGone bool, err error) {
+// last: it is what lets a later sweep find whatever a kill left. It adds
+// "record" to p.rel.What if the record went (in a dry run, would go); the
+// leases that go are all of p.a.Leases.
+func releaseFiles(leases *leaseDir, recs *records.Store, p *pendingRelease, dryRun bool) error {
 	if dryRun {
-		return a.Record != nil, nil
+		if p.a.Record != nil {
+			p.rel.What = append(p.rel.What, "record")
+		}
+		return nil
 	}
-	err = leases.remove(a.Leases)
-	if a.Record == nil {
-		return false, err
+	err := leases.remove(p.a.Leases)
+	if p.a.Record == nil {
+		return err
 	}
-	recordGone, rerr := removeRecordIfUnchanged(recs, a.Record)
-	return recordGone, errors.Join(err, rerr)
+	// A new ADD of the attachment may have written its pending record
+	// since the stale one was read: that one stays.
+	seen := p.a.Record
+	now, rerr := recs.Read(seen.Key())
+	if rerr == nil && now != nil && now.State == seen.State && now.PID == seen.PID && now.Created.Equal(seen.Created) && now.NetnsID == seen.NetnsID {
+		p.rel.What = append(p.rel.What, "record")
+		rerr = recs.Remove(seen.Key())
+	}
+	return errors.Join(err, rerr)
 }
 
 // releaseOf starts the report of a stale attachment's release: its
@@ -38,28 +48,4 @@ func releaseOf(a *Attachment) Release {
 		rel.What = append(rel.What, "lease "+l.IP.String())
 	}
 	return rel
-}
-
-// removeRecordIfUnchanged removes a stale record unless it was replaced
-// since it was read: a new ADD for the same attachment may have written
-// its pending record meanwhile.
-func removeRecordIfUnchanged(store *records.Store, seen *records.Record) (bool, error) {
-	now, err := store.Read(seen.Key())
-	if err != nil || now == nil {
-		return false, err
-	}
-	if now.State != seen.State || now.PID != seen.PID || !now.Created.Equal(seen.Created) || now.NetnsID != seen.NetnsID {
-		return false, nil
-	}
-	return true, store.Remove(seen.Key())
-}
-
-// removeLeaseFile removes one lease file if it still holds what was read.
-func removeLeaseFile(l Lease) error {
-	d, err := openLeaseDir(filepath.Dir(l.Path))
-	if err != nil {
-		return err
-	}
-	defer d.close()
-	return d.remove([]Lease{l})
 }

@@ -6,24 +6,19 @@ import (
 	"encoding/json"
 	"slices"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
 // A container restored in place (same ID and ifname, its namespace lost)
 // asks host-local for the addresses it had (Attacher.BeginAdd's Previous).
-// Nomad re-creates a lost allocation's namespace before its ADD, and the
-// CHECKs of the allocations it restores meanwhile sweep: a sweep that
-// releases the lost one took its record, and with it what the ADD would
-// ask for. So a sweep remembers, in ipamdir.RememberedMarker, the
-// addresses of each attachment it releases because its namespace died (or
-// its boot did), and an ADD that finds no record asks for those. Only a
-// hint: an address taken since is not asked for (freeAddresses), and an
-// entry lost to a kill only costs the container its old address. Entries
-// are keyed by a hash of the attachment, so that nothing in the data dir
-// names a container the plugin released; its DEL, or its ADD completing,
-// forgets it.
+// A CHECK of another allocation Nomad restores may sweep the lost one
+// before its ADD, taking the record that names them; so a sweep remembers
+// (ipamdir.RememberedMarker) the addresses of each attachment it releases
+// because its namespace or its boot died. Only a hint: an entry lost to a
+// kill costs the container its old address. Entries are keyed by a hash,
+// so that nothing in the data dir names a container the plugin released;
+// its DEL, or its ADD completing, forgets it.
 
 // maxRemembered bounds the marker, and maxRememberedBytes its size (under
 // what a marker is read up to): the oldest entries go first. A range's
@@ -58,7 +53,7 @@ func (s *Env) remember(d ipamdir.Dir, key records.Key, ips []string) error {
 			return err
 		}
 		if len(all) <= maxRemembered && len(b) <= maxRememberedBytes {
-			return newBootMarker(d, ipamdir.RememberedMarker).write(b)
+			return writeMarker(d, ipamdir.RememberedMarker, b)
 		}
 		dropOldest(all)
 	}
@@ -95,11 +90,7 @@ func (s *Env) forget(d ipamdir.Dir, key records.Key) {
 	defer unlock()
 	all := readRemembered(d)
 	delete(all, rememberedKey(key))
-	b, err := json.Marshal(all)
-	if err == nil {
-		err = newBootMarker(d, ipamdir.RememberedMarker).write(b)
-	}
-	if err != nil {
+	if err := writeJSONMarker(d, ipamdir.RememberedMarker, all); err != nil {
 		s.logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
 	}
 }
@@ -112,8 +103,6 @@ func rememberedKey(key records.Key) string {
 
 func readRemembered(d ipamdir.Dir) map[string]remembered {
 	all := map[string]remembered{}
-	if b, err := statefile.ReadFileNoFollow(d.Marker(ipamdir.RememberedMarker)); err == nil {
-		_ = json.Unmarshal(b, &all) // damaged: a hint lost, nothing more
-	}
+	readJSONMarker(d, ipamdir.RememberedMarker, &all)
 	return all
 }

@@ -77,32 +77,22 @@ type Attachment struct {
 	Verdict Verdict
 }
 
-// judge applies the staleness rules (docs/reclaim.md, "When an attachment is stale"). Each stale verdict rests
-// on a fact, never on a guess:
-//  1. older than this boot: the record carries another boot ID, or a
-//     record-less lease file was last written before the boot time;
-//  2. namespace gone: the recorded path is missing, not nsfs, or another
-//     namespace than the one recorded (Nomad re-creates the same path),
-//     and no process is in the recorded namespace and no nsfs mount holds
-//     it (else it is Detached);
-//  3. the runtime's GC did not list it.
-//
-// A pending record whose ADD is still running is kept whatever the rules
-// say, and so is a record-less lease from this boot.
+// judge applies the staleness rules (docs/reclaim.md, "When an attachment
+// is stale"): each stale verdict rests on a fact, never on a guess. A
+// pending record whose ADD still runs is kept whatever the rules say, and
+// so is a record-less lease from this boot.
 type judge struct {
 	host sysinfo.Host
-	// records is the network's record store, whose locks tell which ADDs
-	// still run.
+	// records' locks tell which ADDs still run.
 	records  *records.Store
 	bootID   string
 	bootTime time.Time
 	// valid is the GC verb's list; nil outside a GC.
-	valid *validSet
-	// holders is the host's namespace holders, scanned at most once per
-	// judge, and only when some path fails its check.
+	valid validSet
+	// holders: scanned at most once, when some path fails its check.
 	holders sysinfo.Holders
-	// endOverdue lets the judge kill what still runs of a pending ADD past
-	// its record's deadline (never in a dry run); logf says so.
+	// endOverdue: kill what still runs of a pending ADD past its
+	// record's deadline (never in a dry run); logf says so.
 	endOverdue bool
 	logf       func(format string, args ...any)
 	// unlisted is Request.Unlisted.
@@ -117,36 +107,35 @@ type judge struct {
 // sweep decides.
 const overdueExitWait = 2 * time.Second
 
-func newJudge(h sysinfo.Host, recs *records.Store, valid []types.GCAttachment, isGC bool) (*judge, error) {
-	bootID, err := h.BootID()
+// newJudge is a judge of d's network that ends overdue ADDs and logs
+// through e.
+func newJudge(e *Env, d ipamdir.Dir, legacyDataDir string) (*judge, error) {
+	bootID, err := e.Host.BootID()
 	if err != nil {
 		return nil, err
 	}
-	bootTime, err := h.BootTime()
+	bootTime, err := e.Host.BootTime()
 	if err != nil {
 		return nil, err
 	}
-	j := &judge{host: h, records: recs, bootID: bootID, bootTime: bootTime}
-	if isGC {
-		j.valid = newValidSet(valid)
-	}
-	return j, nil
+	return &judge{host: e.Host, records: records.NewStore(d), bootID: bootID, bootTime: bootTime,
+		endOverdue: true, logf: e.logf, legacyDataDir: legacyDataDir}, nil
 }
 
 func (j *judge) verdict(a *Attachment) Verdict {
+	ended := ""
 	if r := a.Record; r != nil && r.State == records.Started && r.BootID == j.bootID {
-		v, running, ended := j.addRunning(r)
-		if running {
-			return v
-		}
-		if ended != "" {
-			// What the release says: the ADD's delegate was ended here.
-			v = j.verdictOfDeadADD(a)
-			v.Reason += "; " + ended
-			return j.orUnlisted(a, v)
+		var running Verdict
+		if running, ended = j.addRunning(r); running.State != "" {
+			return running
 		}
 	}
-	return j.orUnlisted(a, j.verdictOfDeadADD(a))
+	v := j.verdictOfDeadADD(a)
+	if ended != "" {
+		// What the release says: the ADD's delegate was ended here.
+		v.Reason += "; " + ended
+	}
+	return j.orUnlisted(a, v)
 }
 
 // orUnlisted is v, or stale when the runtime proved the attachment gone
@@ -174,7 +163,7 @@ func (j *judge) orUnlisted(a *Attachment, v Verdict) Verdict {
 // verdictOfDeadADD is verdict for an attachment no ADD is running for.
 func (j *judge) verdictOfDeadADD(a *Attachment) Verdict {
 	if j.valid != nil {
-		if j.valid.has(a.Key) {
+		if j.valid[a.Key] {
 			return Verdict{State: Live, Reason: "listed by the runtime's GC"}
 		}
 		return Verdict{State: Stale, Reason: "not in the runtime's valid attachments", Cause: CauseNotListed}
@@ -196,12 +185,9 @@ func (j *judge) verdictOfDeadADD(a *Attachment) Verdict {
 
 // deadADDInLiveNamespace judges a pending record whose ADD's processes
 // are gone, whose namespace is still the recorded one, and which no lease
-// names. The record alone says nothing of how far the ADD got: killed
-// after bridge finished (before the record was completed) the container
-// works, and host-local's lease may only be named otherwise (a lease
-// written before ifnames were recorded). So the namespace is asked: an
-// address on the attachment's interface, other than a link-local one the
-// kernel adds itself, means the ADD got an address, and it is live.
+// names (docs/reclaim.md, "A dead ADD in a live namespace"): an address
+// on its interface, other than a link-local one the kernel adds itself,
+// means the ADD got one (a lease may name it otherwise), and it is live.
 func (j *judge) deadADDInLiveNamespace(r *records.Record) Verdict {
 	addrs, err := j.host.LinkAddrs(r.Netns, r.IfName)
 	if err != nil {
@@ -250,7 +236,7 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 }
 
 // migratedVerdict judges an attachment migrated from the legacy lease
-// directory by its legacy lease (see Migrator.recordMigrated): alive while
+// directory by its legacy lease (see recordMigrated): alive while
 // that still names it, released by its runtime once it is gone. Only
 // leases in the network's directory under legacyDataDir count (see
 // legacyLeasePaths); a record naming none there proves nothing.
@@ -326,25 +312,25 @@ func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 // host-local, iptables) still holds the record's lock. Records written
 // before the lock existed are judged by the pid alone.
 //
-// ended, when not empty, says that the ADD's overdue delegate was killed
-// here (see overdue).
-func (j *judge) addRunning(r *records.Record) (v Verdict, running bool, ended string) {
+// A running ADD's verdict has a State; ended, when not empty, says that
+// the ADD's overdue delegate was killed here (see overdue).
+func (j *judge) addRunning(r *records.Record) (running Verdict, ended string) {
 	if r.PID > 0 {
 		if start, ok := j.host.ProcessStart(r.PID); ok && start == r.PIDStart {
-			return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}, true, ""
+			return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}, ""
 		}
 	}
 	locked, err := j.records.AddRunning(r.Key())
 	switch {
 	case err != nil:
 		// Cannot look: cannot prove the ADD is over, so keep it.
-		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot tell whether its ADD still runs: %v", err)}, true, ""
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot tell whether its ADD still runs: %v", err)}, ""
 	case locked && r.Deadline != 0 && uint64(j.host.Now().Unix()) > r.Deadline:
 		return j.overdue(r)
 	case locked:
-		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d gone, its delegate still runs", r.PID)}, true, ""
+		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d gone, its delegate still runs", r.PID)}, ""
 	}
-	return Verdict{}, false, ""
+	return Verdict{}, ""
 }
 
 // overdue judges a pending ADD whose plugin is gone and whose processes
@@ -352,10 +338,10 @@ func (j *judge) addRunning(r *records.Record) (v Verdict, running bool, ended st
 // past the record's deadline, when nothing bounds them any more: it kills
 // them, unless this is a dry run, and the ADD is over once they let go of
 // the lock.
-func (j *judge) overdue(r *records.Record) (Verdict, bool, string) {
+func (j *judge) overdue(r *records.Record) (Verdict, string) {
 	deadline := time.Unix(int64(r.Deadline), 0).UTC().Format(time.RFC3339)
 	if !j.endOverdue {
-		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD of pid %d (gone) still runs in its delegate, overdue since %s", r.PID, deadline)}, true, ""
+		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD of pid %d (gone) still runs in its delegate, overdue since %s", r.PID, deadline)}, ""
 	}
 	killed, err := j.host.KillLockHolders(j.records.PathOf(r.Key()))
 	ended := fmt.Sprintf("its ADD's delegate ran past the deadline %s with the plugin (pid %d) gone: killed pids %v", deadline, r.PID, killed)
@@ -363,36 +349,26 @@ func (j *judge) overdue(r *records.Record) (Verdict, bool, string) {
 		j.logf("%s: %s: %s", r.Network, r.Key(), ended)
 	}
 	if err != nil {
-		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD's delegate is overdue since %s and could not all be killed: %v", deadline, err)}, true, ""
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD's delegate is overdue since %s and could not all be killed: %v", deadline, err)}, ""
 	}
 	for start := time.Now(); time.Since(start) < overdueExitWait; time.Sleep(10 * time.Millisecond) {
 		if locked, err := j.records.AddRunning(r.Key()); err == nil && !locked {
-			return Verdict{}, false, ended
+			return Verdict{}, ended
 		}
 	}
-	return Verdict{State: Pending, Reason: fmt.Sprintf("its ADD's delegate, overdue since %s, was killed (pids %v) and has not exited yet", deadline, killed)}, true, ""
+	return Verdict{State: Pending, Reason: fmt.Sprintf("its ADD's delegate, overdue since %s, was killed (pids %v) and has not exited yet", deadline, killed)}, ""
 }
 
 // validSet matches attachments against a GC list the way host-local does:
-// a lease written before ifnames were recorded is valid if its container ID
-// is listed with any ifname.
-type validSet struct {
-	keys map[records.Key]bool
-	ids  map[string]bool
-}
+// a lease written before ifnames were recorded (no ifname in its key) is
+// valid if its container ID is listed with any ifname.
+type validSet map[records.Key]bool
 
-func newValidSet(valid []types.GCAttachment) *validSet {
-	v := &validSet{keys: map[records.Key]bool{}, ids: map[string]bool{}}
+func newValidSet(valid []types.GCAttachment) validSet {
+	v := validSet{}
 	for _, a := range valid {
-		v.keys[records.Key{ContainerID: a.ContainerID, IfName: a.IfName}] = true
-		v.ids[a.ContainerID] = true
+		v[records.Key{ContainerID: a.ContainerID, IfName: a.IfName}] = true
+		v[records.Key{ContainerID: a.ContainerID}] = true
 	}
 	return v
-}
-
-func (v *validSet) has(k records.Key) bool {
-	if k.IfName == "" {
-		return v.ids[k.ContainerID]
-	}
-	return v.keys[k]
 }

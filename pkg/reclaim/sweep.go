@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -31,9 +32,8 @@ type Request struct {
 	GC    bool
 	Valid []types.GCAttachment
 	// Orphans treats the network as the plugin's even without the marker
-	// its ADDs leave (ipamdir.OwnedMarker): NAT rules of containers that hold
-	// neither a lease nor a record on it are then orphans too. Without
-	// it, only a network proved the plugin's has orphans.
+	// its ADDs leave (ipamdir.OwnedMarker): NAT rules of containers that
+	// hold neither a lease nor a record on it are then orphans too.
 	Orphans bool
 	// LegacyDataDir is the legacy lease directory's parent (host-local's
 	// default /var/lib/cni/networks, or the entry's own ipam.dataDir): a
@@ -56,10 +56,9 @@ type Request struct {
 	// foreign file) instead of Report.Problems, which then stays empty.
 	Problem func(error)
 	// Unlisted, when set, is asked about each attachment the rules keep
-	// live or detached by a mount only, never about a pending ADD's, an
-	// unknown one, or one a process still holds: release reports whether the runtime
-	// proved it gone (gc --runtime: not listed, past the grace), and
-	// reason says why.
+	// live, or detached by a mount only: release reports whether the
+	// runtime proved it gone (gc --runtime: not listed, past the grace),
+	// and reason says why.
 	Unlisted func(a *Attachment) (reason string, release bool)
 }
 
@@ -97,9 +96,7 @@ func (r Release) String() string {
 // Report is what a sweep did; what it saw went to Request.Visit and
 // Request.Released.
 type Report struct {
-	Network string
-	// Released counts the releases (in a dry run, those it would make).
-	Released int
+	Released int // in a dry run, the releases it would make
 	// OrphanRules lists container IDs with NAT rules but no lease or record
 	// (on a network proved the plugin's, or with Request.Orphans).
 	OrphanRules []string
@@ -109,20 +106,16 @@ type Report struct {
 // Sweep judges every attachment of one network and releases the stale
 // ones, holding host-local's lock (the flock on <dataDir>/<network>/lock
 // that every host-local ADD and DEL takes) from the first read to the last
-// release, so it never races an allocation. It streams: each attachment
-// is judged, shown to Request.Visit and, if stale, released before the
-// next is read (or, when NAT rules must go first, at the end of a batch or
-// of the sweep), so that what it holds grows with what it must still
-// decide, not with the network (see sweep). A sweep with nothing to
-// release logs nothing and writes nothing.
+// release, so it never races an allocation. It streams (see sweep): what
+// it holds grows with what it must still decide, not with the network. A
+// sweep with nothing to release logs nothing and writes nothing.
 //
 // A release is ordered so that a kill at any step leaves what the next
 // sweep finds: NAT rules first, then the leases, then the record, which
 // names the rest. NAT rules whose container has neither record nor lease
-// (left by an earlier version, or by a runtime that ran bare bridge) are
-// orphans, released when the network is proved the plugin's.
+// are orphans, released when the network is proved the plugin's.
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
-	report := &Report{Network: req.Dir.Network}
+	report := &Report{}
 	owned := req.Orphans || owns(req.Dir)
 	if !owned && !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) {
 		return report, nil
@@ -137,12 +130,14 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	defer unlock()
 
-	store := records.NewStore(req.Dir)
-	j, err := newJudge(s.Host, store, req.Valid, req.GC)
+	j, err := newJudge(&s.Env, req.Dir, req.LegacyDataDir)
 	if err != nil {
 		return nil, err
 	}
-	j.endOverdue, j.logf, j.unlisted, j.legacyDataDir = !req.DryRun, s.logf, req.Unlisted, req.LegacyDataDir
+	j.endOverdue, j.unlisted = !req.DryRun, req.Unlisted
+	if req.GC {
+		j.valid = newValidSet(req.Valid)
+	}
 	leases, err := openLeaseDir(req.Dir.Leases())
 	if err != nil {
 		return nil, err
@@ -150,6 +145,10 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	defer leases.close()
 	w := &sweep{Sweeper: s, req: req, owned: owned, report: report, records: j.records, leases: leases, judge: j,
 		claimed: map[[16]byte]struct{}{}, named: map[[16]byte]struct{}{}, later: map[records.Key]*Attachment{}, causes: map[string]int{}}
+	w.addr = addrRules{nf: s.Netfilter, own: req.Dir, roots: leaseRoots(req.Dir, req.LegacyDataDir, req.OtherDataDirs), dryRun: req.DryRun}
+	if !req.DryRun {
+		w.addr.busy = w.cniCommand
+	}
 	if err := req.Dir.CheckBookkeeping(); err != nil {
 		w.problem(err)
 	}
@@ -159,31 +158,21 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		return nil, err
 	}
 	if !req.DryRun {
+		w.causes[ForwardKeptCount] += w.addr.kept
 		s.countReleases(req.Dir, w.causes)
-		s.countReleases(req.Dir, map[string]int{ForwardKeptCount: w.forwardKept})
 	}
 	return report, errors.Join(w.errs...)
 }
 
 // sweep is one Sweep under way. It reads the network in two passes, one
-// file at a time:
-//
-//  1. the records: each record with addresses is judged with the leases
-//     at those addresses that name it (read by path), and released at
-//     once if stale; those addresses are remembered (claimed);
-//  2. the leases: a lease at a claimed address was judged in pass 1 and
-//     is not read again; the others (no record, or a record that names no
-//     address: a pending ADD, a migrated lease) are grouped by attachment
-//     (later) and judged once the pass is over, since an attachment is
-//     judged over all its leases (dual-stack, several ranges) and a
-//     record-less one is unknown if any of them is from this boot.
-//
-// A stale attachment's files go only after its NAT rules: its nftables
-// rules go per batch of stale attachments (batch), and its iptables rules
-// belong to its container ID, which may have several attachments, so a
-// stale one whose container owns rules waits for the end (natWait), when
-// it is known whether any attachment of that ID is left that is not stale.
-// Container IDs are remembered by hash (idSet).
+// file at a time (docs/reclaim.md): the records, each judged with the
+// leases at the addresses it names (claimed), and released at once if
+// stale; then the leases no record claimed, grouped by attachment (later)
+// and judged once the pass is over, since an attachment is judged over
+// all its leases. A stale attachment's files go only after its NAT rules:
+// its own (nftables) per batch, its container's (iptables) at the end
+// (natWait), once it is known whether any attachment of that container
+// ID is left that is not stale.
 type sweep struct {
 	*Sweeper
 	req Request
@@ -194,81 +183,52 @@ type sweep struct {
 	records *records.Store
 	leases  *leaseDir
 	judge   *judge
-	// claimed are the addresses judged in pass 1; named, every address a
-	// record names, whatever its lease holds.
+	// named: every address a record names, whatever its lease holds.
 	claimed, named map[[16]byte]struct{}
-	// later are the attachments judged after pass 2.
-	later map[records.Key]*Attachment
-	// backends are the NAT backends (Netfilter.Backends) and rules their
-	// listings of the network, made once (natListed): at the start of an
-	// owned network's sweep, else at its first stale attachment.
-	// natUnknown: a listing failed, so no stale attachment's files may go
-	// (they are what finds its rules next time). owners is what the sweep
-	// knows of each backend's owners.
-	backends              []netfilter.Backend
-	rules                 []netfilter.Rules
-	owners                []ownerSets
-	natListed, natUnknown bool
+	later          map[records.Key]*Attachment
+	// rules are the backends' listings of the network, nil until taken in
+	// (listNAT). natUnknown: a listing failed, so no stale attachment's
+	// files may go (they are what finds its rules next time).
+	backends   []netfilter.Backend
+	rules      []netfilter.Rules
+	owners     []ownerSets
+	natUnknown bool
 	// listing is the listing under way or made (startListing); relisted:
 	// a listing was started after the first stale verdict.
 	listing  *natListing
 	relisted bool
-	// cniScanErr: a scan for running CNI commands failed in this sweep
-	// (cniCommand).
+	// cniScanErr: a scan for running CNI commands failed (cniCommand).
 	cniScanErr error
-	// natWait holds the stale attachments whose rules a shared owner
-	// holds (a container's iptables rules), released at the end, once it
-	// is known whether any attachment of it is left that is not stale;
-	// batch those whose rules are their own (nftables), released per
-	// natBatch (flushBatch).
+	// natWait and batch are the stale attachments waiting for their
+	// container's rules, and for their own (released per natBatch).
 	natWait, batch []pendingRelease
-	// forward is the firewall plugin's CNI-FORWARD rules, listed at the
-	// first release (forwardListed); forwardUnknown: that listing or
-	// portmapNFT's failed, so no released attachment's files may go.
-	// forwardKept counts the addresses whose rules stayed
-	// (ForwardKeptCount); roots are where leases that keep them may be
-	// (leaseRoots), found at the first release too.
-	forward                       *netfilter.ForwardRules
-	forwardListed, forwardUnknown bool
-	forwardKept                   int
-	roots                         []string
-	// portmapNFT is portmap's nftables rules, listed at the first release
-	// like forward.
-	portmapNFT *netfilter.PortmapNFTRules
-	// recordsRead: the records' names were read again for the orphans
-	// (readRecordsAgain); recordsUnsure: that read failed, or a live
-	// process was writing a record.
-	recordsRead, recordsUnsure bool
-	// elsewhereRead: what the network holds outside the swept data dir
-	// was read (readElsewhere); elsewhereUnreadable: some of it could not
-	// be, so no rule is an orphan.
-	elsewhereRead, elsewhereUnreadable bool
-	causes                             map[string]int
-	errs                               []error
-	// problems counts the files skipped (see problem).
-	problems int
+	addr           addrRules
+	// heldRead: readHeld ran; heldUnsure: some of it could not be read,
+	// or a live process was writing a record, so no rule is an orphan.
+	heldRead, heldUnsure bool
+	causes               map[string]int
+	errs                 []error
+	problems             int
 }
 
 // pendingRelease is a stale attachment judged and not yet released.
 type pendingRelease struct {
 	a   *Attachment
 	rel Release
-	// failed: some of its NAT rules could not go, so its files stay.
+	// failed: some of its rules could not go, so its files stay; busy: for
+	// a CNI command of its container that runs, they were left to it.
 	failed bool
-	// busy: a CNI command of its container runs, so its portmap chain
-	// was left to it, and its files stay (failed is set too).
-	busy *netfilter.BusyError
+	busy   *netfilter.BusyError
 }
 
 // ownerSets is what a sweep knows of one backend's owners of rules
 // (netfilter.Backend.OwnerOf), each set held by hash (idSet).
 type ownerSets struct {
 	// alive: owners of attachments that are not stale (kept for a shared
-	// backend only); seen: of every attachment and damaged record;
-	// recorded: of the records read again once the rules were listed;
-	// elsewhere: of what the network holds outside the swept data dir.
-	alive, seen, recorded, elsewhere idSet
-	// tracked: seen, recorded and elsewhere are kept. A backend whose
+	// backend only); seen: of every attachment and damaged record; held:
+	// of what readHeld found once the rules were listed.
+	alive, seen, held idSet
+	// tracked: seen and held are kept. A backend whose
 	// owners are attachments (nftables: a hash each) is tracked only on an
 	// owned network whose listing found rules there: only its orphans
 	// need them.
@@ -297,7 +257,14 @@ func (w *sweep) run() error {
 		return err
 	}
 	if !w.req.DryRun && len(listing.Temps) > 0 {
-		w.removeAbandonedTemps(listing)
+		// The records' temp files whose writer died.
+		temps, err := w.records.RemoveAbandonedTemps(listing, w.running)
+		for _, path := range temps {
+			w.logf("%s: removed %s, abandoned by a writer that died", w.req.Dir.Network, path)
+		}
+		if err != nil {
+			w.logf("%s: %v", w.req.Dir.Network, err)
+		}
 	}
 	skip := func(a [16]byte) bool { _, ok := w.claimed[a]; return ok }
 	if err := w.leases.each(skip, w.lease, w.leaseProblem); err != nil {
@@ -335,8 +302,8 @@ func (w *sweep) record(r *records.Record) {
 	a.Verdict = w.judge.verdict(a)
 	trust := !w.req.DryRun && !w.req.GC && a.Verdict.State != Stale
 	for _, cidr := range r.IPs {
-		ip, ok := addressOf(cidr)
-		if !ok {
+		ip, _, err := net.ParseCIDR(cidr)
+		if err != nil {
 			continue
 		}
 		w.named[ip16(ip)] = struct{}{}
@@ -378,12 +345,12 @@ func (w *sweep) lease(l Lease) {
 // host-local's doing.
 func (w *sweep) leaseProblem(err error) {
 	var empty *EmptyLeaseError
-	if !errors.As(err, &empty) {
-		w.problem(err)
-		return
+	var name string
+	var ip net.IP
+	if errors.As(err, &empty) {
+		name = filepath.Base(empty.Path)
+		ip = net.ParseIP(name)
 	}
-	name := filepath.Base(empty.Path)
-	ip := net.ParseIP(name)
 	if ip == nil {
 		w.problem(err)
 		return
@@ -411,13 +378,18 @@ const maxProblemLines = 20
 
 func (w *sweep) problem(err error) {
 	w.problems++
+	w.tell(err)
+	if w.problems <= maxProblemLines {
+		w.logf("%s: skipped: %v", w.req.Dir.Network, err)
+	}
+}
+
+// tell says err where the sweep's problems are said.
+func (w *sweep) tell(err error) {
 	if w.req.Problem != nil {
 		w.req.Problem(err)
 	} else {
 		w.report.Problems = append(w.report.Problems, err)
-	}
-	if w.problems <= maxProblemLines {
-		w.logf("%s: skipped: %v", w.req.Dir.Network, err)
 	}
 }
 
@@ -466,13 +438,21 @@ func (w *sweep) judged(a *Attachment) {
 	}
 }
 
-// releaseFiles ends a release, its NAT rules gone: its firewall rules,
-// then the leases, then the record. Firewall rules that could not go keep
-// the files, through which the next sweep finds them.
+// releaseFiles ends a release unless its NAT rules could not go
+// (p.failed): its firewall rules, then the leases, then the record. Rules
+// that could not go keep the files, through which the next sweep finds
+// them.
 func (w *sweep) releaseFiles(p pendingRelease) {
-	if !w.releaseForward(&p) {
+	if !p.failed {
+		ok, err := w.addr.release(&p)
+		if err != nil {
+			w.errs = append(w.errs, err)
+		}
+		p.failed = !ok
+	}
+	if p.failed {
 		if p.busy != nil {
-			w.keptBusyRelease(p)
+			w.keptBusy(fmt.Sprintf("kept %s for now (%s): %v", p.a.Key, p.rel.Reason, p.busy), p.rel.What[len(p.a.Leases):])
 		}
 		return
 	}
@@ -481,72 +461,10 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 			w.logf("%s: %s: remembering its addresses for its restore: %v", w.req.Dir.Network, p.a.Key, err)
 		}
 	}
-	recordGone, err := releaseFiles(w.leases, w.records, p.a, w.req.DryRun)
-	if err != nil {
+	if err := releaseFiles(w.leases, w.records, &p, w.req.DryRun); err != nil {
 		w.errs = append(w.errs, err)
 	}
-	if recordGone {
-		p.rel.What = append(p.rel.What, "record")
-	}
 	w.released(p.rel)
-}
-
-// releaseForward releases the rules that name p only by its addresses:
-// the firewall plugin's of its free addresses, and portmap's nftables
-// rules commented with its container ID that name one of them; each
-// from one listing per sweep.
-func (w *sweep) releaseForward(p *pendingRelease) bool {
-	if w.Netfilter == nil {
-		return true
-	}
-	if !w.forwardListed {
-		w.forwardListed = true
-		rules, err := w.Netfilter.ListForward()
-		if err != nil {
-			w.errs = append(w.errs, fmt.Errorf("read firewall rules: %w", err))
-			w.forwardUnknown = true
-		}
-		w.forward = rules
-	}
-	if w.forwardUnknown {
-		return false
-	}
-	if w.portmapNFT == nil {
-		rules, err := w.Netfilter.ListPortmapNFT()
-		if err != nil {
-			w.errs = append(w.errs, fmt.Errorf("read portmap's nftables rules: %w", err))
-			w.forwardUnknown = true
-			return false
-		}
-		w.portmapNFT = rules
-	}
-	if w.roots == nil {
-		w.roots = leaseRoots(w.req.Dir, w.req.LegacyDataDir, w.req.OtherDataDirs)
-	}
-	fr := releaseForwardOf(w.forward, w.roots, w.req.Dir, p.a, w.req.DryRun)
-	p.rel.What = append(p.rel.What, fr.what...)
-	p.rel.Kept = append(p.rel.Kept, fr.kept...)
-	w.forwardKept += len(fr.kept)
-	if fr.err != nil {
-		w.errs = append(w.errs, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, fr.err))
-		return false
-	}
-	// portmap's nftables teardown lists its rules, then deletes them by
-	// handle, and fails the DEL if one went in between: its rules are
-	// left to a CNI command of the container that runs, with the rest;
-	// asked right before they would go.
-	if !w.req.DryRun && w.portmapNFT.Has(p.a.Key.ContainerID, attachmentAddrs(p.a)) {
-		if p.busy = w.cniCommand(p.a.Key.ContainerID); p.busy != nil {
-			return false
-		}
-	}
-	what, err := w.portmapNFT.Release(p.a.Key.ContainerID, attachmentAddrs(p.a), w.req.DryRun)
-	p.rel.What = append(p.rel.What, what...)
-	if err != nil {
-		w.errs = append(w.errs, fmt.Errorf("release portmap's nftables rules of %s: %w", p.a.Key, err))
-		return false
-	}
-	return true
 }
 
 // cniCommand tells whether a CNI command of container cid runs
@@ -577,17 +495,6 @@ func (w *sweep) released(rel Release) {
 	}
 }
 
-// removeAbandonedTemps removes the records' temp files whose writer died.
-func (w *sweep) removeAbandonedTemps(l *records.Listing) {
-	temps, err := w.records.RemoveAbandonedTemps(l, func(pid int) bool { _, ok := w.Host.ProcessStart(pid); return ok })
-	for _, path := range temps {
-		w.logf("%s: removed %s, abandoned by a writer that died", w.req.Dir.Network, path)
-	}
-	if err != nil {
-		w.logf("%s: %v", w.req.Dir.Network, err)
-	}
-}
-
 // sortedAttachments orders attachments by first address, then by key for
 // those without a lease (a stable order for what is judged last).
 func sortedAttachments(m map[records.Key]*Attachment) []*Attachment {
@@ -610,19 +517,10 @@ func sortedAttachments(m map[records.Key]*Attachment) []*Attachment {
 }
 
 func sortLeases(ls []Lease) {
-	if len(ls) < 2 {
-		return // most attachments: nothing to sort, and nothing allocated
-	}
-	sort.Slice(ls, func(i, j int) bool { return bytes.Compare(ls[i].IP.To16(), ls[j].IP.To16()) < 0 })
+	slices.SortFunc(ls, func(a, b Lease) int { return bytes.Compare(a.IP.To16(), b.IP.To16()) })
 }
 
 func ip16(ip net.IP) [16]byte { return [16]byte(ip.To16()) }
-
-// addressOf is the address of a record's "address/prefix".
-func addressOf(cidr string) (net.IP, bool) {
-	ip, _, err := net.ParseCIDR(cidr)
-	return ip, err == nil
-}
 
 // OrphanReason is the reason given for NAT rules no lease or record holds.
 const OrphanReason = "NAT rules without a lease or record"

@@ -49,11 +49,10 @@ func (w *sweep) startListing() {
 	n := len(w.backends)
 	l := &natListing{done: make(chan struct{}), rules: make([]netfilter.Rules, n), errs: make([]error, n)}
 	w.listing = l
-	backends, network := w.backends, w.req.Dir.Network
 	go func() {
 		defer close(l.done)
-		for i, b := range backends {
-			l.rules[i], l.errs[i] = b.List(network)
+		for i, b := range w.backends { // never changed once the sweep starts
+			l.rules[i], l.errs[i] = b.List(w.req.Dir.Network)
 		}
 	}()
 }
@@ -63,12 +62,11 @@ func (w *sweep) startListing() {
 // attachments (nftables) is not tracked: only record-less attachments
 // need it (saw), and those are judged after the listing is in.
 func (w *sweep) listNAT() {
-	if w.natListed {
+	if w.rules != nil {
 		return
 	}
 	w.startListing()
 	<-w.listing.done
-	w.natListed = true
 	w.rules = make([]netfilter.Rules, len(w.backends))
 	for i, b := range w.backends {
 		if err := w.listing.errs[i]; err != nil {
@@ -84,13 +82,11 @@ func (w *sweep) listNAT() {
 	}
 }
 
-// listNATForRelease is listNAT for the release of a stale attachment. Its
-// verdict proved that nothing of its ADD still runs (no process holds the
-// record's lock); a listing started before that may miss rules the ADD's
-// last process made just before it let go. So the release takes a listing
-// started after its first stale verdict: the one under way (the owned
-// network's, from the start) is taken in, then made again. It serves the
-// orphans too: the records are still read again after it.
+// listNATForRelease is listNAT for the release of a stale attachment. A
+// listing started before its verdict proved that nothing of its ADD still
+// runs may miss rules the ADD's last process made just before it let go,
+// so the release takes a listing started after the first stale verdict:
+// the one under way (an owned network's) is taken in, then made again.
 func (w *sweep) listNATForRelease() {
 	if w.relisted {
 		return
@@ -103,7 +99,7 @@ func (w *sweep) listNATForRelease() {
 	if w.listNAT(); w.natUnknown {
 		return
 	}
-	w.listing, w.natListed = nil, false
+	w.listing, w.rules = nil, nil
 	w.listNAT()
 }
 
@@ -138,8 +134,8 @@ func (w *sweep) shared(i int) bool { return w.backends[i].Shared() }
 
 // saw remembers an attachment the network holds something of: its rules
 // are no orphans. A backend whose owners are attachments learns those
-// with a record from readRecordsAgain, which runs only when its rules
-// are examined for orphans (a hash each, saved on every other sweep).
+// with a record from readHeld, which runs only when its rules are
+// examined for orphans (a hash each, saved on every other sweep).
 func (w *sweep) saw(k records.Key, recorded bool) {
 	want := w.shared
 	if !recorded {
@@ -156,44 +152,21 @@ func (w *sweep) flushBatch() {
 		return
 	}
 	w.releaseRulesOf(w.batch, false)
-	w.releaseFilesOf(w.batch)
+	for _, p := range w.batch {
+		w.releaseFiles(p)
+	}
 	w.batch = w.batch[:0]
 }
 
-// releaseFilesOf releases the files of the pending releases whose NAT
-// rules went, and says of those a CNI command of their container holds
-// what was left and what went (their files stay for its DEL, or for the
-// next sweep).
-func (w *sweep) releaseFilesOf(ps []pendingRelease) {
-	for _, p := range ps {
-		switch {
-		case !p.failed:
-			w.releaseFiles(p)
-		case p.busy != nil:
-			w.keptBusyRelease(p)
-		}
-	}
-}
-
-// keptBusyRelease says what of p's release was left to a running CNI
-// command of its container, and what went before it was found.
-func (w *sweep) keptBusyRelease(p pendingRelease) {
-	line := fmt.Sprintf("kept %s for now (%s): %v", p.a.Key, p.rel.Reason, p.busy)
-	if gone := p.rel.What[len(p.a.Leases):]; len(gone) > 0 {
+// keptBusy says what a release left to a running CNI command of its
+// container, and what went before it was found: where a problem is said
+// (gc's "skipped:"), and in the log. It is no problem of the data dir,
+// and no error of the sweep.
+func (w *sweep) keptBusy(line string, gone []string) {
+	if len(gone) > 0 {
 		line += "; removed " + strings.Join(gone, ", ")
 	}
-	w.keptBusy(line)
-}
-
-// keptBusy says what a release left to a running CNI command of its
-// container: where a problem is said (gc's "skipped:"), and in the log.
-// It is no problem of the data dir, and no error of the sweep.
-func (w *sweep) keptBusy(line string) {
-	if w.req.Problem != nil {
-		w.req.Problem(errors.New(line))
-	} else {
-		w.report.Problems = append(w.report.Problems, errors.New(line))
-	}
+	w.tell(errors.New(line))
 	w.logf("%s: %s", w.req.Dir.Network, line)
 }
 
@@ -223,14 +196,7 @@ func (w *sweep) releaseRulesOf(ps []pendingRelease, shared bool) {
 		if len(owners) == 0 {
 			continue
 		}
-		if w.req.DryRun {
-			for _, owner := range owners {
-				p := &ps[first[owner]]
-				p.rel.What = append(p.rel.What, w.rules[i].Owned(owner)...)
-			}
-			continue
-		}
-		removed, failed := w.rules[i].Release(owners)
+		removed, failed := w.releaseOwned(i, owners)
 		for _, owner := range owners {
 			p := &ps[first[owner]]
 			p.rel.What = append(p.rel.What, removed[owner]...)
@@ -249,6 +215,19 @@ func (w *sweep) releaseRulesOf(ps []pendingRelease, shared bool) {
 	}
 }
 
+// releaseOwned releases backend i's rules of owners, in one go; a dry run
+// releases nothing and says what would go.
+func (w *sweep) releaseOwned(i int, owners []string) (removed map[string][]string, failed map[string]error) {
+	if !w.req.DryRun {
+		return w.rules[i].Release(owners)
+	}
+	removed = map[string][]string{}
+	for _, owner := range owners {
+		removed[owner] = w.rules[i].Owned(owner)
+	}
+	return removed, nil
+}
+
 // releaseNAT ends the sweep: the stale attachments whose rules a shared
 // owner holds (rules are per network and container ID, not per ifname),
 // each owner's rules first, once no attachment of it is left that is not
@@ -260,7 +239,9 @@ func (w *sweep) releaseNAT() {
 	if len(w.natWait) > 0 && !w.natUnknown {
 		w.releaseRulesOf(w.natWait, true)
 		w.releaseRulesOf(w.natWait, false)
-		w.releaseFilesOf(w.natWait)
+		for _, p := range w.natWait {
+			w.releaseFiles(p)
+		}
 	}
 	w.natWait = nil
 	if !w.owned || w.natUnknown {
@@ -282,21 +263,13 @@ func (w *sweep) releaseOrphans(i int) {
 	if len(doomed) == 0 {
 		return
 	}
-	rules := w.rules[i]
 	owners := make([]string, len(doomed))
 	for j, o := range doomed {
 		owners[j] = o.Owner
 	}
-	var removed map[string][]string
-	var failed map[string]error
-	if !w.req.DryRun {
-		removed, failed = rules.Release(owners)
-	}
+	removed, failed := w.releaseOwned(i, owners)
 	for _, o := range doomed {
 		what := removed[o.Owner]
-		if w.req.DryRun {
-			what = rules.Owned(o.Owner)
-		}
 		var busy *netfilter.BusyError
 		if err := failed[o.Owner]; errors.As(err, &busy) {
 			// Its runtime's DEL runs: what is left is the DEL's. If the
@@ -304,11 +277,7 @@ func (w *sweep) releaseOrphans(i int) {
 			// chain emptied before the DEL was found has none (that DEL
 			// began within the sweep's release and died before portmap
 			// deleted it) and stays, empty and unused.
-			line := fmt.Sprintf("kept orphan NAT rules of %s for now: %v", o.ContainerID, busy)
-			if len(what) > 0 {
-				line += "; removed " + strings.Join(what, ", ")
-			}
-			w.keptBusy(line)
+			w.keptBusy(fmt.Sprintf("kept orphan NAT rules of %s for now: %v", o.ContainerID, busy), what)
 			continue
 		} else if err != nil {
 			w.errs = append(w.errs, fmt.Errorf("release orphan %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
@@ -331,72 +300,45 @@ func (w *sweep) orphans(i int) []netfilter.RuleOwner {
 	set := &w.owners[i]
 	var doomed []netfilter.RuleOwner
 	for _, o := range w.rules[i].Owners() {
-		if set.unsure || set.seen.has(o.Owner) || w.heldElsewhere(i, o.Owner) || w.recordedSince(i, o.Owner) {
+		if set.unsure || set.seen.has(o.Owner) {
 			continue
 		}
-		doomed = append(doomed, o)
+		if !w.heldRead {
+			w.heldRead = true
+			w.readHeld()
+		}
+		// What could not be read proves nothing: every owner is held.
+		if !w.heldUnsure && !set.unsure && !set.held.has(o.Owner) {
+			doomed = append(doomed, o)
+		}
 	}
 	return doomed
 }
 
-// recordedSince reports whether owner has a record now, or may be getting
-// one. The rules were listed before this is asked, and an ADD writes its
+// readHeld reads, once, who holds something of the network now: the
+// records' names (the rules were listed before, and an ADD writes its
 // record before its delegate makes any rule: an ADD that began after the
-// sweep read the records is found here, and its rules are no orphans.
-func (w *sweep) recordedSince(i int, owner string) bool {
-	w.readRecordsAgain()
-	return w.recordsUnsure || w.owners[i].unsure || w.owners[i].recorded.has(owner)
-}
-
-// readRecordsAgain reads the records' names once, for the orphans.
-func (w *sweep) readRecordsAgain() {
-	if w.recordsRead {
-		return
-	}
-	w.recordsRead = true
-	temps, err := w.records.EachName(func(k records.Key) {
-		w.each(k, nil, func(i int, owner string) { w.owners[i].recorded.add(owner) })
-	})
-	if err != nil {
-		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
-		w.recordsUnsure = true
-		return
-	}
-	for _, pid := range temps.Temps {
-		if _, ok := w.Host.ProcessStart(pid); ok {
-			// A record being written may be an ADD's whose rules are
-			// listed; the next sweep decides.
-			w.recordsUnsure = true
-		}
-	}
-}
-
-// heldElsewhere reports whether owner holds something of the network
-// outside the swept data dir (readElsewhere): a runtime that still adds it
-// through bare bridge, or the plugin through another data dir, made its
-// NAT rules. A directory that cannot be read proves nothing, so every
-// owner then counts as holding one.
-func (w *sweep) heldElsewhere(i int, owner string) bool {
-	if w.req.LegacyDataDir == "" && len(w.req.OtherDataDirs) == 0 {
-		return false
-	}
-	if !w.elsewhereRead {
-		w.elsewhereRead = true
-		w.readElsewhere()
-	}
-	return w.elsewhereUnreadable || w.owners[i].unsure || w.owners[i].elsewhere.has(owner)
-}
-
-// readElsewhere reads who holds something of the network outside the
-// swept data dir: leases in the legacy directory, leases and records in
-// the plugin's other data dirs.
-func (w *sweep) readElsewhere() {
+// walk is found here, and its rules are no orphans), leases in the legacy
+// directory, and leases and records in the plugin's other data dirs (a
+// runtime that still adds it through bare bridge, or the plugin through
+// another data dir, made its NAT rules).
+func (w *sweep) readHeld() {
 	hold := func(k records.Key) {
-		w.each(k, nil, func(i int, owner string) { w.owners[i].elsewhere.add(owner) })
+		w.each(k, nil, func(i int, owner string) { w.owners[i].held.add(owner) })
 	}
 	unreadable := func(err error) {
 		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
-		w.elsewhereUnreadable = true
+		w.heldUnsure = true
+	}
+	temps, err := w.records.EachName(hold)
+	if err != nil {
+		unreadable(err)
+	} else {
+		for _, pid := range temps.Temps {
+			// A record being written may be an ADD's whose rules are
+			// listed; the next sweep decides.
+			w.heldUnsure = w.heldUnsure || w.running(pid)
+		}
 	}
 	var leaseDirs []string
 	if w.req.LegacyDataDir != "" {
@@ -410,13 +352,13 @@ func (w *sweep) readElsewhere() {
 		}
 	}
 	for _, dir := range leaseDirs {
-		list, err := readLeases(dir)
+		leases, err := openLeaseDir(dir)
+		if err == nil {
+			err = leases.each(nil, func(l Lease) { hold(l.Key) }, func(error) {})
+			leases.close()
+		}
 		if err != nil {
 			unreadable(err)
-			continue
-		}
-		for _, l := range list.leases {
-			hold(l.Key)
 		}
 	}
 }
