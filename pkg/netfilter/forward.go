@@ -73,10 +73,6 @@ func (f *ForwardRules) Has(addr netip.Addr) bool {
 	return false
 }
 
-// Empty reports whether the listing holds no rule at all: a host without
-// the firewall plugin, where a release has nothing to look for.
-func (f *ForwardRules) Empty() bool { return len(f.specs) == 0 }
-
 // Release deletes the listed firewall rules of addrs and describes what
 // went (dryRun: what would go). Rules already gone are no error.
 func (f *ForwardRules) Release(addrs []netip.Addr, dryRun bool) ([]string, error) {

@@ -4,7 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"maps"
 	"slices"
+	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
@@ -41,12 +43,27 @@ func remembersCause(cause string) bool {
 	return cause == CauseNamespaceGone || cause == CauseEarlierBoot
 }
 
-// remember records ips (as records keep them) for key, with the caller
-// holding host-local's lock (every sweep does), before the release takes
-// the record that names them.
-func (s *Env) remember(d ipamdir.Dir, key records.Key, ips []string) error {
+// rememberIn adds key's ips (as records keep them) to entries, keeping
+// at most maxRemembered, and returns entries.
+func rememberIn(entries map[string]remembered, key records.Key, ips []string, now time.Time) map[string]remembered {
+	if entries == nil {
+		entries = map[string]remembered{}
+	}
+	entries[rememberedKey(key)] = remembered{IPs: ips, At: now.Unix()}
+	if len(entries) > maxRemembered {
+		dropOldest(entries)
+	}
+	return entries
+}
+
+// remember adds entries to what d remembers, with the caller holding
+// host-local's lock. A sweep gathers its releases' entries and writes
+// them once, at its end: a rewrite of the marker per release made a gc
+// of 3000 stale leases take 4 s. A sweep killed before then loses its
+// entries: they are hints.
+func (s *Env) remember(d ipamdir.Dir, entries map[string]remembered) error {
 	all := readRemembered(d)
-	all[rememberedKey(key)] = remembered{IPs: ips, At: s.Host.Now().Unix()}
+	maps.Copy(all, entries)
 	for {
 		b, err := json.Marshal(all)
 		if err != nil {

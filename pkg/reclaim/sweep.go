@@ -154,6 +154,11 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	err = w.run()
 	w.summariseProblems()
+	if len(w.remembered) > 0 {
+		if rerr := s.remember(req.Dir, w.remembered); rerr != nil {
+			s.logf("%s: remembering released addresses for their restores: %v", req.Dir.Network, rerr)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -209,6 +214,9 @@ type sweep struct {
 	causes               map[string]int
 	errs                 []error
 	problems             int
+	// remembered are the addresses of the attachments released because
+	// their namespace or boot died, written once at the end (remember).
+	remembered map[string]remembered
 }
 
 // pendingRelease is a stale attachment judged and not yet released.
@@ -457,9 +465,7 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 		return
 	}
 	if r := p.a.Record; !w.req.DryRun && r != nil && len(r.IPs) > 0 && remembersCause(p.a.Verdict.Cause) {
-		if err := w.remember(w.req.Dir, p.a.Key, r.IPs); err != nil {
-			w.logf("%s: %s: remembering its addresses for its restore: %v", w.req.Dir.Network, p.a.Key, err)
-		}
+		w.remembered = rememberIn(w.remembered, p.a.Key, r.IPs, w.Host.Now())
 	}
 	if err := releaseFiles(w.leases, w.records, &p, w.req.DryRun); err != nil {
 		w.errs = append(w.errs, err)
