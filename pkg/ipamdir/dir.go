@@ -132,6 +132,9 @@ const (
 	// RememberedMarker: the addresses of attachments a sweep released
 	// because their namespace died, which their restore asks for again.
 	RememberedMarker Marker = ".remembered"
+	// NATCheckedMarker: the boot and NAT ruleset state (netfilter's
+	// RulesetState) in which a sweep's listing found no orphan rule.
+	NATCheckedMarker Marker = ".nat-checked"
 )
 
 // Marker is the path of one of the network's markers.

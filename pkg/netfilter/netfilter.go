@@ -57,6 +57,8 @@ type Cleaner struct {
 	// Tables are the iptables families present on the host (IPv4, IPv6).
 	// Use Families, which finds them on first use.
 	Tables []Table
+	// StateFunc, if set, stands for State (tests' fake tables).
+	StateFunc func() RulesetState
 	// findTables finds Tables lazily, so the ADD path pays nothing.
 	findTables func() []Table
 	// NFTables is bridge's nftables ipMasq backend; nil leaves nftables

@@ -38,7 +38,7 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 	}
 	checkErr := p.delegate(conf, "check", conf.Delegate, delegateConf, p.Exec)
 
-	req := reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir}
+	req := reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir, SkipUnchangedNAT: true}
 	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).CheckSweep(req, conf.CheckSweepInterval); err != nil {
 		p.warnf("warning: sweep of %s: %v", conf.Name, err)
 	}

@@ -45,6 +45,12 @@ type Request struct {
 	OtherDataDirs []string
 	// DryRun decides and reports, and changes nothing.
 	DryRun bool
+	// SkipUnchangedNAT is a CHECK's: an owned network's NAT rules are not
+	// listed for orphans while the ruleset is the one in which an earlier
+	// sweep's listing found none (netfilter.RulesetState, this boot). Every
+	// rule made or removed since changes it; a record removed by hand
+	// without one leaves its rules to the next change or to `gc`.
+	SkipUnchangedNAT bool
 	// Visit, when set, sees every attachment of the network once, with all
 	// its leases and its verdict, as the sweep judges it (in directory
 	// order, not sorted). The sweep keeps none of them.
@@ -154,6 +160,9 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	}
 	err = w.run()
 	w.summariseProblems()
+	if err == nil && !req.DryRun {
+		w.noteNATChecked()
+	}
 	if len(w.remembered) > 0 {
 		if rerr := s.remember(req.Dir, w.remembered); rerr != nil {
 			s.logf("%s: remembering released addresses for their restores: %v", req.Dir.Network, rerr)
@@ -217,6 +226,10 @@ type sweep struct {
 	// remembered are the addresses of the attachments released because
 	// their namespace or boot died, written once at the end (remember).
 	remembered map[string]remembered
+	// natState is the NAT ruleset's state when the sweep began, and
+	// listedForOrphans tells that its listing began then too (startNAT).
+	natState         netfilter.RulesetState
+	listedForOrphans bool
 }
 
 // pendingRelease is a stale attachment judged and not yet released.

@@ -27,8 +27,53 @@ func (w *sweep) startNAT() {
 	for i, b := range w.backends {
 		w.owners[i].tracked = b.Shared()
 	}
-	if w.owned {
-		w.startListing()
+	if !w.owned || w.Netfilter == nil {
+		return
+	}
+	w.natState = w.Netfilter.State()
+	if w.req.SkipUnchangedNAT && w.natState != (netfilter.RulesetState{}) && w.natChecked() == w.natState {
+		return
+	}
+	w.listedForOrphans = true
+	w.startListing()
+}
+
+// natCheckedState is NATCheckedMarker's content.
+type natCheckedState struct {
+	Boot string `json:"boot"`
+	netfilter.RulesetState
+}
+
+// natChecked is the ruleset state in which a sweep of this boot last
+// found no orphan rule; zero if none.
+func (w *sweep) natChecked() netfilter.RulesetState {
+	var c natCheckedState
+	readJSONMarker(w.req.Dir, ipamdir.NATCheckedMarker, &c)
+	if c.Boot != w.judge.bootID {
+		return netfilter.RulesetState{}
+	}
+	return c.RulesetState
+}
+
+// noteNATChecked notes the ruleset state in which the sweep's listing,
+// made from its start, found no orphan rule and nothing was committed
+// until its end (by the sweep or anyone), when nothing left the answer
+// unsure.
+func (w *sweep) noteNATChecked() {
+	if !w.listedForOrphans || w.natState == (netfilter.RulesetState{}) || w.natUnknown || w.heldUnsure ||
+		len(w.report.OrphanRules) > 0 || len(w.errs) > 0 || w.natChecked() == w.natState {
+		return
+	}
+	for _, set := range w.owners {
+		if set.unsure {
+			return
+		}
+	}
+	if w.Netfilter.State() != w.natState {
+		return
+	}
+	if err := writeJSONMarker(w.req.Dir, ipamdir.NATCheckedMarker, natCheckedState{Boot: w.judge.bootID, RulesetState: w.natState}); err != nil {
+		w.logf("%s: noting the NAT rules checked for orphans: %v", w.req.Dir.Network, err)
 	}
 }
 
@@ -244,7 +289,7 @@ func (w *sweep) releaseNAT() {
 		}
 	}
 	w.natWait = nil
-	if !w.owned || w.natUnknown {
+	if !w.owned || w.natUnknown || w.rules == nil { // not listed: see startNAT
 		return
 	}
 	for i := range w.backends {

@@ -124,7 +124,7 @@ func (e *testEnv) recordNames(t *testing.T) []string {
 // sweep's, the release counts, the ownership marker and the remembered
 // addresses. They are not records; a
 // temp file is.
-var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned", ".remembered"}
+var recordMarkers = []string{".migrated", ".warned-not-tmpfs", ".last-sweep", ".releases", ".owned", ".remembered", ".nat-checked"}
 
 // assertRecordsExactly checks that the record directory holds records of
 // exactly cids, besides the markers; a leftover temp file counts.

@@ -1,0 +1,75 @@
+package reclaim
+
+import (
+	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+)
+
+// A CHECK's sweep of an owned network lists its NAT rules for orphans
+// unless the ruleset is the one in which an earlier sweep's listing found
+// none; any commit since, an orphan found, a sweep that changed the rules,
+// a listing that was not a CHECK's (gc) or another boot make it list.
+func TestCheckSweepSkipsTheOrphanListingOfAnUnchangedRuleset(t *testing.T) {
+	w := newWorld(t)
+	w.markOwned()
+	w.container("live", "10.0.0.2")
+	state := netfilter.RulesetState{Cookie: 7, Gen: 100}
+	w.env.Netfilter.StateFunc = func() netfilter.RulesetState { return state }
+	w.sweeper.Env = w.env
+	listings := func() int {
+		n := 0
+		for _, c := range w.nat.Calls {
+			if c == "list nat" {
+				n++
+			}
+		}
+		w.nat.Calls = nil
+		return n
+	}
+	check := Request{SkipUnchangedNAT: true}
+
+	w.sweep(check)
+	if n := listings(); n == 0 {
+		t.Fatal("the first sweep did not list")
+	}
+	w.sweep(check)
+	if n := listings(); n != 0 {
+		t.Errorf("a sweep of the unchanged ruleset listed %d times", n)
+	}
+	// gc lists whatever the state.
+	w.sweep(Request{})
+	if n := listings(); n == 0 {
+		t.Error("a sweep without SkipUnchangedNAT did not list")
+	}
+	// A commit (an orphan's rules made by bare bridge): listed, released.
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 0)
+	state.Gen++
+	rep := w.sweep(check)
+	if n := listings(); n == 0 || len(rep.OrphanRules) != 1 {
+		t.Fatalf("after a commit: %d listings, orphans %v", n, rep.OrphanRules)
+	}
+	// The release was a commit too; the fake's state does not move, so
+	// the sweep that released noted nothing, and the next one lists.
+	w.sweep(check)
+	if n := listings(); n == 0 {
+		t.Error("the sweep after one that released orphans did not list")
+	}
+	w.sweep(check)
+	if n := listings(); n != 0 {
+		t.Errorf("a sweep of the unchanged ruleset listed %d times", n)
+	}
+	// Another boot.
+	w.host.ID = "boot-2"
+	w.sweep(check)
+	if n := listings(); n == 0 {
+		t.Error("a sweep in another boot did not list")
+	}
+	// A host whose state cannot be told always lists.
+	state = netfilter.RulesetState{}
+	w.sweep(check)
+	w.sweep(check)
+	if n := listings(); n != 2 {
+		t.Errorf("without a ruleset state: %d listings in two sweeps, want 2", n)
+	}
+}
