@@ -55,12 +55,13 @@ func (w *sweep) natChecked() netfilter.RulesetState {
 	return c.RulesetState
 }
 
-// noteNATChecked notes the ruleset state in which the sweep's listing,
-// made from its start, found no orphan rule and nothing was committed
-// until its end (by the sweep or anyone), when nothing left the answer
-// unsure.
+// noteNATChecked notes, for a CHECK's next sweep, the ruleset state in
+// which this CHECK's listing, made from its start, found no orphan rule
+// and nothing was committed until its end (by the sweep or anyone), when
+// nothing left the answer unsure. `gc` notes nothing: a gc that releases
+// nothing changes nothing.
 func (w *sweep) noteNATChecked() {
-	if !w.listedForOrphans || w.natState == (netfilter.RulesetState{}) || w.natUnknown || w.heldUnsure ||
+	if !w.req.SkipUnchangedNAT || !w.listedForOrphans || w.natState == (netfilter.RulesetState{}) || w.natUnknown || w.heldUnsure ||
 		len(w.report.OrphanRules) > 0 || len(w.errs) > 0 || w.natChecked() == w.natState {
 		return
 	}
