@@ -226,7 +226,7 @@ type sweep struct {
 	// remembered are the addresses of the attachments released because
 	// their namespace or boot died, written once at the end (remember).
 	remembered map[string]remembered
-	// natState is the NAT ruleset's state when the sweep began, and
+	// natState is the NAT ruleset's state when a CHECK's sweep began, and
 	// listedForOrphans tells that its listing began then too (startNAT).
 	natState         netfilter.RulesetState
 	listedForOrphans bool

@@ -30,9 +30,11 @@ func (w *sweep) startNAT() {
 	if !w.owned || w.Netfilter == nil {
 		return
 	}
-	w.natState = w.Netfilter.State()
-	if w.req.SkipUnchangedNAT && w.natState != (netfilter.RulesetState{}) && w.natChecked() == w.natState {
-		return
+	if w.req.SkipUnchangedNAT {
+		w.natState = w.Netfilter.State()
+		if w.natState != (netfilter.RulesetState{}) && w.natChecked() == w.natState {
+			return
+		}
 	}
 	w.listedForOrphans = true
 	w.startListing()
@@ -58,11 +60,13 @@ func (w *sweep) natChecked() netfilter.RulesetState {
 // noteNATChecked notes, for a CHECK's next sweep, the ruleset state in
 // which this CHECK's listing, made from its start, found no orphan rule
 // and nothing was committed until its end (by the sweep or anyone), when
-// nothing left the answer unsure. `gc` notes nothing: a gc that releases
-// nothing changes nothing.
+// nothing left the answer unsure. Only a CHECK's sweep reads the state
+// (natState), so `gc` notes nothing: a gc that releases nothing changes
+// nothing. A listing made means the marker did not hold natState then,
+// and no other sweep writes it under host-local's lock.
 func (w *sweep) noteNATChecked() {
-	if !w.req.SkipUnchangedNAT || !w.listedForOrphans || w.natState == (netfilter.RulesetState{}) || w.natUnknown || w.heldUnsure ||
-		len(w.report.OrphanRules) > 0 || len(w.errs) > 0 || w.natChecked() == w.natState {
+	if !w.listedForOrphans || w.natState == (netfilter.RulesetState{}) || w.natUnknown || w.heldUnsure ||
+		len(w.report.OrphanRules) > 0 || len(w.errs) > 0 {
 		return
 	}
 	for _, set := range w.owners {
