@@ -206,13 +206,14 @@ func TestSweepOfALargeNetworkJudgesEveryAttachmentByItsOwnNamespace(t *testing.T
 	equal(t, "leases left", left, wantLeft)
 }
 
-// An owned network's rules are listed from the start of its sweep, while
-// its records are read. An ADD whose last process added the container's
-// NAT rules after that listing, and then let go of the record's lock (so
-// that the attachment is judged stale), left rules the early listing does
-// not have: the release must list again after the verdict, and take them.
-// (Seen as "CHAIN_DEL failed (Device or resource busy)" with real
-// iptables: a jump the listing missed.)
+// An owned network's rules are listed for orphans before the attachments
+// left for the end of its sweep (pending records, leases without one) are
+// judged. An ADD whose last process added the container's NAT rules after
+// that listing, and then died (so that its pending attachment is judged
+// stale), left rules the listing does not have: the release must list
+// again after the verdict, and take them. (Seen as "CHAIN_DEL failed
+// (Device or resource busy)" with real iptables: a jump the listing
+// missed.)
 func TestReleaseListsTheRulesAgainAfterTheVerdict(t *testing.T) {
 	w := newWorld(t)
 	if err := os.MkdirAll(w.dir().Records(), 0o700); err != nil {
@@ -221,8 +222,8 @@ func TestReleaseListsTheRulesAgainAfterTheVerdict(t *testing.T) {
 	if err := os.WriteFile(w.dir().Marker(ipamdir.OwnedMarker), []byte(net1+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	w.container("late", "10.0.0.9")
-	delete(w.host.Namespaces, "/run/netns/late")
+	w.lease("10.0.0.9", "late\r\neth0", bootTime.Add(time.Minute))
+	w.record(&records.Record{ContainerID: "late", IfName: "eth0", Netns: "/run/netns/late", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 99}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
 	listed := make(chan struct{}, 4)
 	w.nat.OnList = func() { listed <- struct{}{} }
 	w.host.OnHolderScan = func() {

@@ -207,9 +207,7 @@ type sweep struct {
 	rules      []netfilter.Rules
 	owners     []ownerSets
 	natUnknown bool
-	// listing is the listing under way or made (startListing); relisted:
-	// a listing was started after the first stale verdict.
-	listing  *natListing
+	// relisted: the rules were listed after the first stale verdict.
 	relisted bool
 	// cniScanErr: a scan for running CNI commands failed (cniCommand).
 	cniScanErr error
@@ -226,8 +224,8 @@ type sweep struct {
 	// remembered are the addresses of the attachments released because
 	// their namespace or boot died, written once at the end (remember).
 	remembered map[string]remembered
-	// natState is the NAT ruleset's state when a CHECK's sweep began, and
-	// listedForOrphans tells that its listing began then too (startNAT).
+	// natState is the NAT ruleset's state when a CHECK's sweep began;
+	// listedForOrphans: the rules are listed for orphans (startNAT).
 	natState         netfilter.RulesetState
 	listedForOrphans bool
 }
@@ -265,8 +263,6 @@ const natBatch = 1024
 
 func (w *sweep) run() error {
 	w.startNAT()
-	// The listing under way never outlives the sweep (nor its lock).
-	defer w.waitNAT()
 	listing, err := w.records.WalkStreaming(w.record, func(err error, k records.Key, named bool) {
 		w.problem(err)
 		if named {
@@ -293,7 +289,9 @@ func (w *sweep) run() error {
 	}
 	w.claimed, w.named = nil, nil
 	// Record-less attachments are judged by what the listing tracks.
-	w.waitNAT()
+	if w.listedForOrphans {
+		w.listNAT()
+	}
 	for _, a := range sortedAttachments(w.later) {
 		if a.Record == nil && a.Key.IfName != "" {
 			// A record that could not be read was reported by pass 1;

@@ -15,10 +15,9 @@ import (
 // attachment, record or other data dir holds are orphans, released on a
 // network proved the plugin's.
 
-// startNAT finds the backends; an owned network's rules are listed from
-// the start, on another goroutine while the records are read (an iptables
-// and an ip6tables exec: their time overlaps the walk's), so that what
-// the orphans need is there when the walk ends.
+// startNAT finds the backends, and whether an owned network's rules are to
+// be listed for orphans (listedForOrphans): always, but on a CHECK whose
+// ruleset is the one in which an earlier listing found none.
 func (w *sweep) startNAT() {
 	if w.Netfilter != nil {
 		w.backends = w.Netfilter.Backends()
@@ -37,7 +36,6 @@ func (w *sweep) startNAT() {
 		}
 	}
 	w.listedForOrphans = true
-	w.startListing()
 }
 
 // natCheckedState is NATCheckedMarker's content.
@@ -58,8 +56,8 @@ func (w *sweep) natChecked() netfilter.RulesetState {
 }
 
 // noteNATChecked notes, for a CHECK's next sweep, the ruleset state in
-// which this CHECK's listing, made from its start, found no orphan rule
-// and nothing was committed until its end (by the sweep or anyone), when
+// which this CHECK's listing found no orphan rule and nothing was
+// committed from the CHECK's start to its end (by the sweep or anyone), when
 // nothing left the answer unsure. Only a CHECK's sweep reads the state
 // (natState), so `gc` notes nothing: a gc that releases nothing changes
 // nothing. A listing made means the marker did not hold natState then,
@@ -82,49 +80,26 @@ func (w *sweep) noteNATChecked() {
 	}
 }
 
-// natListing is the listing of the network's rules, made once on its own
-// goroutine; listNAT waits for it and takes it in.
-type natListing struct {
-	done  chan struct{}
-	rules []netfilter.Rules
-	errs  []error
-}
-
-// startListing lists the network's rules in every backend, once, on a
-// goroutine of its own: Backend.List touches nothing of the sweep.
-func (w *sweep) startListing() {
-	if w.listing != nil {
-		return
-	}
-	n := len(w.backends)
-	l := &natListing{done: make(chan struct{}), rules: make([]netfilter.Rules, n), errs: make([]error, n)}
-	w.listing = l
-	go func() {
-		defer close(l.done)
-		for i, b := range w.backends { // never changed once the sweep starts
-			l.rules[i], l.errs[i] = b.List(w.req.Dir.Network)
-		}
-	}()
-}
-
-// listNAT makes the network's listing (or waits for the one under way)
-// and takes it in, once. Until then, a backend whose owners are
-// attachments (nftables) is not tracked: only record-less attachments
-// need it (saw), and those are judged after the listing is in.
+// listNAT lists the network's rules in every backend, once. Until then, a
+// backend whose owners are attachments (nftables) is not tracked: only
+// record-less attachments need it (saw), and those are judged after the
+// listing is in. It is made when first needed, not beside the record walk:
+// the overlap saved at most the walk's time (about 30 µs an attachment:
+// BENCHMARKS.md, section 2) on a CHECK whose ruleset changed, which no
+// bound measures (a restore's CHECKs find it unchanged), and made a sweep
+// with a stale attachment list twice (listNATForRelease).
 func (w *sweep) listNAT() {
 	if w.rules != nil {
 		return
 	}
-	w.startListing()
-	<-w.listing.done
 	w.rules = make([]netfilter.Rules, len(w.backends))
 	for i, b := range w.backends {
-		if err := w.listing.errs[i]; err != nil {
+		rules, err := b.List(w.req.Dir.Network)
+		if err != nil {
 			w.errs = append(w.errs, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
 			w.natUnknown = true
 			continue
 		}
-		rules := w.listing.rules[i]
 		w.rules[i] = rules
 		if !b.Shared() && w.owned && len(rules.Owners()) > 0 {
 			w.owners[i].tracked = true
@@ -133,32 +108,16 @@ func (w *sweep) listNAT() {
 }
 
 // listNATForRelease is listNAT for the release of a stale attachment. A
-// listing started before its verdict proved that nothing of its ADD still
+// listing made before its verdict proved that nothing of its ADD still
 // runs may miss rules the ADD's last process made just before it let go,
-// so the release takes a listing started after the first stale verdict:
-// the one under way (an owned network's) is taken in, then made again.
+// so the release takes a listing made after the first stale verdict.
 func (w *sweep) listNATForRelease() {
-	if w.relisted {
+	if w.relisted || w.natUnknown {
 		return
 	}
 	w.relisted = true
-	if w.listing == nil {
-		w.listNAT() // started now, after the verdict
-		return
-	}
-	if w.listNAT(); w.natUnknown {
-		return
-	}
-	w.listing, w.rules = nil, nil
+	w.rules = nil
 	w.listNAT()
-}
-
-// waitNAT takes in a listing under way, if any: what is judged from here
-// on may need it.
-func (w *sweep) waitNAT() {
-	if w.listing != nil {
-		w.listNAT()
-	}
 }
 
 // each calls fn with the owner of k's rules in every tracked backend that
