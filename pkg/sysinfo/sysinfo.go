@@ -14,7 +14,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -41,8 +40,7 @@ type Host interface {
 	Now() time.Time
 	// Netns identifies the namespace at path. A missing path gives an error
 	// satisfying errors.Is(err, fs.ErrNotExist); a path that is not nsfs
-	// gives ErrNotNetns. It may be called from several goroutines at once
-	// (a sweep asks on the goroutines that read its records).
+	// gives ErrNotNetns.
 	Netns(path string) (NetnsID, error)
 	// NetnsCookie is the namespace's SO_NETNS_COOKIE (Linux 5.14+): unlike
 	// its inode number, which the kernel hands out again once a namespace
@@ -83,8 +81,6 @@ type Host interface {
 type Real struct {
 	bootID   string
 	bootTime time.Time
-	// nsfsDev is the device of nsfs, once a statfs proved it.
-	nsfsDev atomic.Uint64
 	// ProcRoot is where processes are read from; "" means /proc.
 	ProcRoot string
 }
@@ -137,17 +133,12 @@ func (r *Real) Netns(path string) (NetnsID, error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return NetnsID{}, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	// One stat for a file on the device a statfs proved nsfs: nsfs has a
-	// single superblock.
-	if dev := r.nsfsDev.Load(); dev == 0 || st.Dev != dev {
-		var fs unix.Statfs_t
-		if err := unix.Statfs(path, &fs); err != nil {
-			return NetnsID{}, &os.PathError{Op: "statfs", Path: path, Err: err}
-		}
-		if fs.Type != unix.NSFS_MAGIC {
-			return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
-		}
-		r.nsfsDev.Store(st.Dev)
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return NetnsID{}, &os.PathError{Op: "statfs", Path: path, Err: err}
+	}
+	if fs.Type != unix.NSFS_MAGIC {
+		return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
 	}
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
 }
