@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"golang.org/x/sys/unix"
 )
 
@@ -101,11 +102,11 @@ func TestSweepWaitsForTheDelegateOfAKilledAdd(t *testing.T) {
 	}()
 	args := e.cniArgs("ADD", ns)
 	args.Path = bin
-	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entryConfig(t, conf, pluginType), ctx: giveUp, group: true})
+	r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: entryConfig(t, conf, pluginType), Ctx: giveUp, Group: true})
 	if err := <-delegateStarted; err != nil {
 		t.Fatalf("delegate did not start: %v", err)
 	}
-	if r.err == nil {
+	if r.Err == nil {
 		t.Fatal("the plugin finished the ADD before it was killed")
 	}
 
@@ -311,8 +312,8 @@ func TestSweepEndsAnOverdueDelegate(t *testing.T) {
 	}()
 	args := e.cniArgs("ADD", ns)
 	args.Path = bin
-	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entryConfig(t, conf, pluginType), ctx: giveUp, group: true})
-	if r.err == nil {
+	r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: entryConfig(t, conf, pluginType), Ctx: giveUp, Group: true})
+	if r.Err == nil {
 		t.Fatal("the plugin finished the ADD before it was killed")
 	}
 	raw, err := os.ReadFile(pidFile)
