@@ -219,10 +219,7 @@ func TestDoctor(t *testing.T) {
 						t.Errorf("delete veths: %v", err)
 					}
 				})
-				if err := run("ip", "netns", "delete", ns.name); err != nil {
-					t.Fatal(err)
-				}
-				if err := run("ip", "netns", "add", ns.name); err != nil {
+				if err := ns.named().Recreate(); err != nil {
 					t.Fatal(err)
 				}
 			},

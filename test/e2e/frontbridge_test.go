@@ -153,10 +153,7 @@ func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
 
 			// The host lost the namespace (crash, or a reboot with /var/run
 			// not on tmpfs): Nomad re-creates it and sends ADD, no DEL.
-			e.mustKillNetns(t, ns)
-			if err := run("ip", "netns", "add", ns.name); err != nil {
-				t.Fatal(err)
-			}
+			e.restoreNetns(t, ns)
 			res, err = nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
 			if bare {
 				assertControlFails(t, res, err, duplicateAllocation)

@@ -519,7 +519,7 @@ func (s *storm) restore(c *stormCtr) *stormCtr {
 	if err := s.dropNetns(c, "deleted without DEL (lost)"); err != nil {
 		return nil
 	}
-	if err := run("ip", "netns", "add", c.ns.name); err != nil {
+	if err := c.ns.named().Add(); err != nil {
 		s.fail(c, "re-create the netns: %v", err)
 		return nil
 	}
@@ -552,14 +552,12 @@ func (s *storm) detach(c *stormCtr) {
 	}
 	s.logf(c, "task pid %d runs in the namespace", task.pid)
 	defer task.stop()
-	for _, args := range [][]string{{"ip", "netns", "delete", c.ns.name}, {"ip", "netns", "add", c.ns.name}} {
-		if err := run(args[0], args[1:]...); err != nil {
-			s.fail(c, "re-create the netns: %v", err)
-			task.stop()
-			_ = s.remove(c)
-			_ = run("ip", "netns", "delete", c.ns.name)
-			return
-		}
+	if err := c.ns.named().Recreate(); err != nil {
+		s.fail(c, "re-create the netns: %v", err)
+		task.stop()
+		_ = s.remove(c)
+		_ = c.ns.named().Delete()
+		return
 	}
 	s.logf(c, "netns path unmounted and re-created while pid %d holds the old namespace", task.pid)
 	old := c.addr

@@ -16,6 +16,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 )
 
 // gc --runtime podman against real podman: the ID podman gives CNI is the
@@ -31,12 +32,7 @@ func TestGCRuntimePodman(t *testing.T) {
 
 	// The leaked attachment: a namespace only its bind mount keeps, a
 	// record and a lease of an ID podman never had, made an hour ago.
-	leaked := "nbc-leak-" + strings.ReplaceAll(n.name, "_", "-")
-	if out, err := exec.Command("ip", "netns", "add", leaked).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "delete", leaked).Run() })
-	nsPath := "/var/run/netns/" + leaked
+	nsPath := kitns.New(t, "nbc-leak").Path
 	var st unix.Stat_t
 	if err := unix.Stat(nsPath, &st); err != nil {
 		t.Fatal(err)
@@ -62,12 +58,8 @@ func TestGCRuntimePodman(t *testing.T) {
 	// A second one whose recorded path is gone, its namespace kept only by
 	// a bind mount elsewhere: what a runtime that crashed mid-teardown
 	// leaves. --remove-mounts takes the mount too.
-	mounted := leaked + "-m"
-	if out, err := exec.Command("ip", "netns", "add", mounted).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "delete", mounted).Run() })
-	mountPath := "/var/run/netns/" + mounted
+	mountedNS := kitns.New(t, "nbc-leak-m")
+	mounted, mountPath := mountedNS.Name, mountedNS.Path
 	if err := unix.Stat(mountPath, &st); err != nil {
 		t.Fatal(err)
 	}
