@@ -18,8 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // A runtime that gives up on an ADD kills the plugin (containerd/go-cni

@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // Faults. A full tmpfs, a delegate that crashes, a
