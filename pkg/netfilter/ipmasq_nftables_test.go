@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -13,12 +12,12 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"sigs.k8s.io/knftables"
 
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -330,17 +329,14 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 }
 
 // nftNamespace is a throw-away network namespace for tests of nftables
-// state (root, else skipOrFail), removed when the test ends.
+// state, removed when the test ends.
 func nftNamespace(t *testing.T) ns.NetNS {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		testhost.SkipOrFail(t, "nftables in a namespace needs root")
-	}
-	netns, err := testutils.NewNS()
+	netns, err := ns.GetNS(kitns.New(t, "nbc-nft").Path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	t.Cleanup(func() { netns.Close() })
 	return netns
 }
 

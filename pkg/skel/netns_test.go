@@ -1,17 +1,16 @@
 package skel
 
 import (
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // asMain makes the test binary run Main, as the plugin's process.
@@ -54,30 +53,21 @@ func TestMainSwitchesSkelsNetnsCheckOffForItselfOnly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_ = os.Remove(seen)
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestMainSwitchesSkelsNetnsCheckOffForItselfOnly$")
-			for _, kv := range os.Environ() {
-				if !strings.HasPrefix(kv, "CNI_") && !strings.HasPrefix(kv, plugin.EnvDelegating+"=") {
-					cmd.Env = append(cmd.Env, kv)
-				}
-			}
-			cmd.Env = append(cmd.Env, asMain+"=1", "CNI_COMMAND=DEL", "CNI_CONTAINERID=c1", "CNI_IFNAME=eth0", "CNI_NETNS="+fifo, "CNI_PATH="+bin)
+			env := []string{asMain + "=1", plugin.EnvDelegating}
 			if tc.set {
-				cmd.Env = append(cmd.Env, plugin.EnvNetnsOverride+"="+tc.value)
+				env = append(env, plugin.EnvNetnsOverride+"="+tc.value)
 			}
-			cmd.Stdin = strings.NewReader(stdin)
-			cmd.WaitDelay = time.Second
-			out, err := cmd.CombinedOutput()
-			if ctx.Err() != nil {
-				t.Fatalf("DEL with a FIFO as CNI_NETNS did not return: %s", out)
+			r := cniexec.Run(t, os.Args[0], invoke.Args{Command: "DEL", ContainerID: "c1", IfName: "eth0", NetNS: fifo, Path: bin},
+				cniexec.Opts{Argv: []string{"-test.run=^TestMainSwitchesSkelsNetnsCheckOffForItselfOnly$"}, Stdin: []byte(stdin), Env: env, Timeout: 20 * time.Second, Combined: true})
+			if r.Killed {
+				t.Fatalf("DEL with a FIFO as CNI_NETNS did not return: %s", r)
 			}
-			if err != nil {
-				t.Fatalf("DEL: %v: %s", err, out)
+			if r.Err != nil {
+				t.Fatalf("DEL: %v", r.Err)
 			}
 			got, err := os.ReadFile(seen)
 			if err != nil {
-				t.Fatalf("the delegate did not run: %v: %s", err, out)
+				t.Fatalf("the delegate did not run: %v: %s", err, r.Stdout)
 			}
 			want := tc.value
 			if !tc.set {

@@ -10,15 +10,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
-// startWithEnv starts a process that waits on its stdin (closed at the
-// test's end) with env added to this process's environment.
-func startWithEnv(t *testing.T, env ...string) *exec.Cmd {
+// startCat starts a process that waits on its stdin (closed at the test's
+// end) with the CNI environment args and env make.
+func startCat(t *testing.T, args invoke.Args, env ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("cat")
-	cmd.Env = append(os.Environ(), env...)
+	cmd := cniexec.Command("cat", args, nil, env...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -51,8 +53,8 @@ func writeEnviron(t *testing.T, root, pid, environ string) {
 func TestCNIProcessesFindsARuntimesPlugin(t *testing.T) {
 	id := fmt.Sprintf("nbc-test-%x", rand.Uint64())
 	other := id + "-other"
-	plugin := startWithEnv(t, "CNI_COMMAND=DEL", "CNI_CONTAINERID="+id, "CNI_IFNAME=eth0")
-	startWithEnv(t, "NOT_CNI_CONTAINERID="+other, "X=CNI_CONTAINERID="+other)
+	plugin := startCat(t, invoke.Args{Command: "DEL", ContainerID: id, IfName: "eth0"})
+	startCat(t, invoke.Args{}, "NOT_CNI_CONTAINERID="+other, "X=CNI_CONTAINERID="+other)
 
 	found, err := (&Real{}).CNIProcesses([]string{id, other, id + "-none"})
 	if err != nil {

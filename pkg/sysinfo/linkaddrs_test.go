@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -22,9 +23,8 @@ import (
 // namespace (bridge's veth gives it one) or not, and never about the
 // host's own link of that name.
 func TestLinkAddrsInANamespace(t *testing.T) {
-	requireRoot(t, "making a namespace")
-	if _, err := exec.LookPath("ip"); err != nil {
-		testhost.SkipOrFail(t, "iproute2's ip is missing")
+	if missing := testhost.MissingTools("ip"); len(missing) > 0 {
+		testhost.SkipOrFail(t, "making a namespace needs "+strings.Join(missing, ", "))
 	}
 	ip := func(args ...string) string {
 		t.Helper()
@@ -34,7 +34,6 @@ func TestLinkAddrsInANamespace(t *testing.T) {
 		}
 		return string(out)
 	}
-	stamp := fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
 	// The namespace's link has the name of a host link with addresses of
 	// its own: an answer about the wrong namespace shows.
 	link := fmt.Sprintf("nbl%x", time.Now().UnixNano()%0xfffffff)
@@ -59,9 +58,8 @@ func TestLinkAddrsInANamespace(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ns := "nbc-linkaddrs-" + stamp + "-" + map[bool]string{false: "in", true: "out"}[c.outside]
-			ip("netns", "add", ns)
-			t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+			named := kitns.New(t, "nbc-linkaddrs")
+			ns := named.Name
 			c.make(ns)
 			ip("-n", ns, "addr", "add", "10.250.0.2/24", "dev", link)
 			ip("-n", ns, "addr", "add", "10.250.1.2/24", "dev", link)
@@ -80,7 +78,7 @@ func TestLinkAddrsInANamespace(t *testing.T) {
 				}
 			}
 			slices.Sort(want)
-			path := filepath.Join("/var/run/netns", ns)
+			path := named.Path
 			h := &Real{}
 			ips, err := h.LinkAddrs(path, link)
 			if got := sorted(ips); err != nil || !slices.Equal(got, want) || len(want) < 3 {

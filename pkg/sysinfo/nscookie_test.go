@@ -3,15 +3,13 @@ package sysinfo
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -22,29 +20,13 @@ func requireRoot(t *testing.T, why string) {
 	}
 }
 
-// newNetns starts a process in a network namespace of its own, killed at
-// cleanup, and returns the path of that namespace.
-func newNetns(t *testing.T) string {
-	t.Helper()
-	cmd := exec.Command("sleep", "600")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start a process in a network namespace of its own: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/net"
-}
-
 // A namespace's cookie is what a socket inside it says, and two
 // namespaces have two cookies.
 func TestNetnsCookieOfTwoNamespaces(t *testing.T) {
 	requireRoot(t, "entering a namespace")
 	r := &Real{}
 	cookies := map[uint64]string{}
-	for _, path := range []string{"/proc/self/ns/net", newNetns(t)} {
+	for _, path := range []string{"/proc/self/ns/net", kitns.New(t, "nbc-nscookie").Path} {
 		got, err := r.NetnsCookie(path)
 		if err != nil || got == 0 {
 			t.Fatalf("NetnsCookie(%s) = %d, %v", path, got, err)

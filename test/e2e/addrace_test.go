@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // A runtime that gives up on an ADD kills the plugin (containerd/go-cni
@@ -101,11 +103,11 @@ func TestSweepWaitsForTheDelegateOfAKilledAdd(t *testing.T) {
 	}()
 	args := e.cniArgs("ADD", ns)
 	args.Path = bin
-	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entryConfig(t, conf, pluginType), ctx: giveUp, group: true})
+	r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: entryConfig(t, conf, pluginType), Ctx: giveUp, Group: true})
 	if err := <-delegateStarted; err != nil {
 		t.Fatalf("delegate did not start: %v", err)
 	}
-	if r.err == nil {
+	if r.Err == nil {
 		t.Fatal("the plugin finished the ADD before it was killed")
 	}
 
@@ -311,8 +313,8 @@ func TestSweepEndsAnOverdueDelegate(t *testing.T) {
 	}()
 	args := e.cniArgs("ADD", ns)
 	args.Path = bin
-	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entryConfig(t, conf, pluginType), ctx: giveUp, group: true})
-	if r.err == nil {
+	r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: entryConfig(t, conf, pluginType), Ctx: giveUp, Group: true})
+	if r.Err == nil {
 		t.Fatal("the plugin finished the ADD before it was killed")
 	}
 	raw, err := os.ReadFile(pidFile)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -79,17 +80,17 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 			e.requirePlugin(t)
 			ns := e.addNetns(t, "a")
 			cwd := t.TempDir() // a relative dataDir would land here
-			r := runPlugin(t, e.binary(pluginType), e.cniArgs("ADD", ns), runOpts{stdin: tc.stdin(t, e), dir: cwd})
+			r := cniexec.Run(t, e.binary(pluginType), e.cniArgs("ADD", ns), cniexec.Opts{Stdin: tc.stdin(t, e), Dir: cwd})
 			var exitErr *exec.ExitError
-			if !errors.As(r.err, &exitErr) {
+			if !errors.As(r.Err, &exitErr) {
 				t.Fatalf("want a non-zero exit, got %v", r)
 			}
-			ce, err := parseCNIError(r.stdout)
+			ce, err := parseCNIError(r.Stdout)
 			if err != nil || ce.code() == 0 {
 				t.Fatalf("stdout is not a CNI error object with a code and a msg: %v\n%s", err, r)
 			}
 			if tc.wantCode != 0 && ce.code() != tc.wantCode {
-				t.Errorf("code %d, want %d: %s", ce.code(), tc.wantCode, r.stdout)
+				t.Errorf("code %d, want %d: %s", ce.code(), tc.wantCode, r.Stdout)
 			}
 			t.Logf("rejected with code %d: %s", ce.code(), ce.Msg)
 
@@ -112,11 +113,11 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 func TestFingerprint(t *testing.T) {
 	bin := testhost.BinDir(t)
 	testhost.RequireBinaries(t, bin, pluginType)
-	r := runPlugin(t, filepath.Join(bin, pluginType), invoke.Args{}, runOpts{})
-	if r.err != nil {
-		t.Fatalf("run without arguments: %v", r.err)
+	r := cniexec.Run(t, filepath.Join(bin, pluginType), invoke.Args{}, cniexec.Opts{})
+	if r.Err != nil {
+		t.Fatalf("run without arguments: %v", r.Err)
 	}
-	first, _, _ := strings.Cut(r.stdout, "\n")
+	first, _, _ := strings.Cut(r.Stdout, "\n")
 	re := regexp.MustCompile(`^CNI nomad-bridge-cni plugin v\d+\.\d+\.\d+\S*$`)
 	if !re.MatchString(first) {
 		t.Fatalf("fingerprint line %q does not match %s", first, re)

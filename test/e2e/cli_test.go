@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // leasesJSON runs `leases --json` on the test's network and decodes it.
@@ -45,9 +47,9 @@ type leasesDoc struct {
 // operator runs the plugin's operator CLI: args, no CNI variables.
 func (e *testEnv) operator(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
-	r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: args})
+	r := cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: args})
 	// The bare exit error: the callers show stdout and stderr themselves.
-	return r.stdout, r.stderr, errors.Unwrap(r.err)
+	return r.Stdout, r.Stderr, errors.Unwrap(r.Err)
 }
 
 // TestOperatorLeasesAndGC: after the stale-namespace scenario, `leases`
@@ -277,9 +279,9 @@ func TestGCOfADirectoryThePluginNeverServedCreatesNothing(t *testing.T) {
 		{"gc", "--data-dir", bare},
 		{"gc", "--runtime", "nomad", "--data-dir", bare},
 	} {
-		r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: args, env: []string{"PATH=" + fake + ":" + os.Getenv("PATH")}})
-		if r.err != nil || r.stdout != "nothing to release\n" {
-			t.Errorf("%v: %v\nstdout: %s\nstderr: %s", args, r.err, r.stdout, r.stderr)
+		r := cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: args, Env: []string{"PATH=" + fake + ":" + os.Getenv("PATH")}})
+		if r.Err != nil || r.Stdout != "nothing to release\n" {
+			t.Errorf("%v: %v\nstdout: %s\nstderr: %s", args, r.Err, r.Stdout, r.Stderr)
 		}
 		if after := treeState(t, bare); after != before {
 			t.Errorf("%v changed %s:\n--- before\n%s--- after\n%s", args, bare, before, after)

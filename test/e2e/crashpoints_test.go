@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -129,7 +130,7 @@ func TestCrashPoints(t *testing.T) {
 			name: "gc",
 			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
 				e.mustKillNetns(t, s.a)
-				runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: []string{"gc", "--data-dir", e.dataDir}, env: env})
+				cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: []string{"gc", "--data-dir", e.dataDir}, Env: env})
 			},
 			next: func(t *testing.T, e *testEnv, s *crashScene) {
 				e.operatorSweep(t)

@@ -60,10 +60,7 @@ func TestNomadReAddAfterFailedCheck(t *testing.T) {
 			e.failCheck(t, alloc, capArgs, tc.breakIt)
 			nat := e.readNAT(t, alloc.cid)
 			// Nomad's recovery: unmount the path, a new namespace there.
-			if err := run("ip", "netns", "delete", alloc.name); err != nil {
-				t.Fatal(err)
-			}
-			if err := run("ip", "netns", "add", alloc.name); err != nil {
+			if err := alloc.named().Recreate(); err != nil {
 				t.Fatal(err)
 			}
 

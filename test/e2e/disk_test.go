@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
 )
 
@@ -97,7 +98,7 @@ func TestUnsafeDirs(t *testing.T) {
 				scope := e.hostileScope("", e.dataDir, e.persistDir)
 				before := takeHostState(t, scope)
 				for _, verb := range []string{"ADD", "CHECK", "DEL", "GC", "STATUS"} {
-					r := runPlugin(t, e.binary(pluginType), e.cniArgs(verb, ns), runOpts{stdin: stdin})
+					r := cniexec.Run(t, e.binary(pluginType), e.cniArgs(verb, ns), cniexec.Opts{Stdin: stdin})
 					if verb == "STATUS" {
 						ce := assertCNIFailure(t, r, 50)
 						if !strings.Contains(ce.Msg+" "+ce.Details, kind.why) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -218,10 +219,7 @@ func TestDoctor(t *testing.T) {
 						t.Errorf("delete veths: %v", err)
 					}
 				})
-				if err := run("ip", "netns", "delete", ns.name); err != nil {
-					t.Fatal(err)
-				}
-				if err := run("ip", "netns", "add", ns.name); err != nil {
+				if err := ns.named().Recreate(); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -427,10 +425,10 @@ func (h *doctorHost) normalizeFinding(e *testEnv, f doctorFinding) doctorFinding
 // nomad-bridge-cni plugin <version>"), as doctor reads it.
 func pluginVersion(t *testing.T, e *testEnv) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(e.bin, pluginType)).Output()
-	f := strings.Fields(string(out))
-	if err != nil || len(f) < 4 {
-		t.Fatalf("%s prints no version: %v\n%s", pluginType, err, out)
+	r := cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{})
+	f := strings.Fields(r.Stdout)
+	if r.Err != nil || len(f) < 4 {
+		t.Fatalf("%s prints no version: %v", pluginType, r)
 	}
 	return f[3]
 }
@@ -657,8 +655,8 @@ func TestDoctorReadsTheNomadClient(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(fake, "nomad"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: []string{"doctor"}, env: []string{"PATH=" + fake + ":" + os.Getenv("PATH"), "CNI_PATH"}})
-	out := r.stdout
+	r := cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: []string{"doctor"}, Env: []string{"PATH=" + fake + ":" + os.Getenv("PATH"), "CNI_PATH"}})
+	out := r.Stdout
 	for _, want := range []string{
 		"✓ nomad: client: settings from the agent's API (/v1/agent/self): cni_path " + front + ":" + e.bin + ", cni_config_dir " + e.confDir + ", bridge nbn" + e.id,
 		"✓ nomad: bridge: Nomad records bridge v1.10.0 (from " + filepath.Join(e.bin, "bridge") + ", the last bridge of cni_path",
@@ -666,7 +664,7 @@ func TestDoctorReadsTheNomadClient(t *testing.T) {
 		"state: nomad (Nomad's built-in bridge network): ",
 	} {
 		if !strings.Contains(out, want) {
-			t.Errorf("doctor output lacks %q:\n%s\nstderr: %s", want, out, r.stderr)
+			t.Errorf("doctor output lacks %q:\n%s\nstderr: %s", want, out, r.Stderr)
 		}
 	}
 }
@@ -720,10 +718,10 @@ func TestDoctorJudgesNomadsFingerprintByTheAgentsVersion(t *testing.T) {
 			if err := os.WriteFile(nomad, []byte(c.script), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: []string{"doctor", "--conf-dir", e.confDir}, env: append([]string{"PATH=" + fake + ":" + os.Getenv("PATH")}, c.env...)})
+			r := cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: []string{"doctor", "--conf-dir", e.confDir}, Env: append([]string{"PATH=" + fake + ":" + os.Getenv("PATH")}, c.env...)})
 			for _, want := range c.want {
-				if !strings.Contains(r.stdout, want) {
-					t.Errorf("doctor output lacks %q:\n%s\nstderr: %s", want, r.stdout, r.stderr)
+				if !strings.Contains(r.Stdout, want) {
+					t.Errorf("doctor output lacks %q:\n%s\nstderr: %s", want, r.Stdout, r.Stderr)
 				}
 			}
 		})

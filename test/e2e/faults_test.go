@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // Faults. A full tmpfs, a delegate that crashes, a
@@ -122,16 +124,16 @@ func TestFullTmpfs(t *testing.T) {
 			conf := e.reclaimConf(t, "minimal.conflist")
 			e.writeConflist(t, conf)
 			stdin := entryConfig(t, conf, pluginType)
-			run := func(verb string, ns netns) pluginRun {
-				return runPlugin(t, e.binary(pluginType), e.cniArgs(verb, ns), runOpts{stdin: stdin})
+			run := func(verb string, ns netns) cniexec.Result {
+				return cniexec.Run(t, e.binary(pluginType), e.cniArgs(verb, ns), cniexec.Opts{Stdin: stdin})
 			}
 			if tc.warmUp {
 				first := e.addNetns(t, "first")
-				if r := run("ADD", first); r.err != nil {
-					t.Fatalf("ADD before filling: %v", r.err)
+				if r := run("ADD", first); r.Err != nil {
+					t.Fatalf("ADD before filling: %v", r.Err)
 				}
-				if r := run("DEL", first); r.err != nil {
-					t.Fatalf("DEL before filling: %v", r.err)
+				if r := run("DEL", first); r.Err != nil {
+					t.Fatalf("DEL before filling: %v", r.Err)
 				}
 			}
 			filler := fillTmpfs(t, e.dataDir, tc.leave)
@@ -139,7 +141,7 @@ func TestFullTmpfs(t *testing.T) {
 			ns := e.addNetns(t, "a")
 			r := run("ADD", ns)
 			ce := assertCNIFailure(t, r, tc.wantCode...)
-			t.Logf("ADD on a full tmpfs: code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.stderr)
+			t.Logf("ADD on a full tmpfs: code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.Stderr)
 			if !strings.Contains(ce.Msg+" "+ce.Details, "no space left on device") {
 				t.Errorf("the error does not say the disk is full: msg %q details %q", ce.Msg, ce.Details)
 			}
@@ -156,8 +158,8 @@ func TestFullTmpfs(t *testing.T) {
 			// A runtime DELs after a failed ADD (bridge leaves its veth in
 			// the namespace when host-local fails); with the disk still
 			// full, that must work too.
-			if r := run("DEL", ns); r.err != nil {
-				t.Fatalf("DEL after the failed ADD, disk still full: %v", r.err)
+			if r := run("DEL", ns); r.Err != nil {
+				t.Fatalf("DEL after the failed ADD, disk still full: %v", r.Err)
 			}
 			e.assertNoTrace(t, ns.cid)
 			if linkExistsIn(ns, ifName) {
@@ -169,14 +171,14 @@ func TestFullTmpfs(t *testing.T) {
 				t.Fatalf("remove filler: %v", err)
 			}
 			r = run("ADD", ns)
-			if r.err != nil {
-				t.Fatalf("ADD after freeing space: %v", r.err)
+			if r.Err != nil {
+				t.Fatalf("ADD after freeing space: %v", r.Err)
 			}
-			p, _ := parseResult(t, r.stdout).addrIn(t, e.subnet4)
+			p, _ := parseResult(t, r.Stdout).addrIn(t, e.subnet4)
 			assertLease(t, e.leaseDir(), p.Addr(), ns.cid)
 			e.assertRecord(t, ns, p.Addr())
-			if r := run("DEL", ns); r.err != nil {
-				t.Fatalf("DEL after freeing space: %v", r.err)
+			if r := run("DEL", ns); r.Err != nil {
+				t.Fatalf("DEL after freeing space: %v", r.Err)
 			}
 			e.assertNoTrace(t, ns.cid)
 		})
@@ -254,9 +256,9 @@ func TestDelegateCrash(t *testing.T) {
 
 			args := e.cniArgs("ADD", ns)
 			args.Path = bin
-			r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: stdin})
+			r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: stdin})
 			ce := assertCNIFailure(t, r, codeInternal)
-			t.Logf("ADD with a crashing delegate: code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.stderr)
+			t.Logf("ADD with a crashing delegate: code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.Stderr)
 			if !strings.Contains(ce.Msg, "crashed") {
 				t.Errorf("the error does not say the delegate crashed: %q", ce.Msg)
 			}
@@ -275,7 +277,7 @@ func TestDelegateCrash(t *testing.T) {
 
 			// DEL through the same delegate is clean whatever was left.
 			args.Command = "DEL"
-			_ = runPlugin(t, e.binary(pluginType), args, runOpts{stdin: stdin})
+			_ = cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: stdin})
 		})
 	}
 }
@@ -315,13 +317,13 @@ func TestDelegateHang(t *testing.T) {
 
 			args := e.cniArgs("ADD", ns)
 			args.Path = bin
-			r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: stdin, timeout: 20 * time.Second, group: true})
-			t.Logf("ADD with a hanging delegate returned after %v", r.elapsed.Round(time.Millisecond))
-			if r.elapsed > 10*time.Second {
-				t.Errorf("ADD took %v with delegateTimeout 1s", r.elapsed.Round(time.Millisecond))
+			r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: stdin, Timeout: 20 * time.Second, Group: true})
+			t.Logf("ADD with a hanging delegate returned after %v", r.Elapsed.Round(time.Millisecond))
+			if r.Elapsed > 10*time.Second {
+				t.Errorf("ADD took %v with delegateTimeout 1s", r.Elapsed.Round(time.Millisecond))
 			}
 			ce := assertCNIFailure(t, r, codeTryAgainLater)
-			t.Logf("code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.stderr)
+			t.Logf("code %d: %s (%s)\nstderr: %s", ce.code(), ce.Msg, ce.Details, r.Stderr)
 			if !strings.Contains(ce.Msg, "did not answer") {
 				t.Errorf("the error does not say the delegate did not answer in time: %q", ce.Msg)
 			}
@@ -377,13 +379,13 @@ func TestDelWhenGone(t *testing.T) {
 
 			tc.remove(t, e, ns, p.Addr())
 			for i, what := range []string{"DEL", "second DEL"} {
-				r := runPlugin(t, e.binary(pluginType), e.cniArgs("DEL", ns), runOpts{stdin: stdin})
+				r := cniexec.Run(t, e.binary(pluginType), e.cniArgs("DEL", ns), cniexec.Opts{Stdin: stdin})
 				assertNoPanic(t, r)
-				if r.exitCode != 0 || r.stdout != "" {
+				if r.ExitCode != 0 || r.Stdout != "" {
 					t.Fatalf("%s with the %s gone failed:\n%s", what, tc.name, r)
 				}
 				if i == 0 {
-					t.Logf("DEL stderr: %s", strings.TrimSpace(r.stderr))
+					t.Logf("DEL stderr: %s", strings.TrimSpace(r.Stderr))
 				}
 				e.assertNetworkEmpty(t, e.leaseDir())
 				if _, err := os.Stat(ns.path); err == nil && linkExistsIn(ns, ifName) {

@@ -13,6 +13,7 @@ import (
 	gocni "github.com/containerd/go-cni"
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -152,10 +153,7 @@ func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
 
 			// The host lost the namespace (crash, or a reboot with /var/run
 			// not on tmpfs): Nomad re-creates it and sends ADD, no DEL.
-			e.mustKillNetns(t, ns)
-			if err := run("ip", "netns", "add", ns.name); err != nil {
-				t.Fatal(err)
-			}
+			e.restoreNetns(t, ns)
 			res, err = nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
 			if bare {
 				assertControlFails(t, res, err, duplicateAllocation)
@@ -189,10 +187,10 @@ func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
 // version in it is the reference bridge's.
 func assertFingerprint(t *testing.T, front, cniPath string) {
 	t.Helper()
-	r := runPlugin(t, filepath.Join(front, "bridge"), invoke.Args{}, runOpts{env: []string{"CNI_PATH=" + cniPath}, combined: true})
-	out := r.stdout
-	if r.err != nil {
-		t.Fatalf("%s/bridge with no arguments: %v", front, r.err)
+	r := cniexec.Run(t, filepath.Join(front, "bridge"), invoke.Args{}, cniexec.Opts{Env: []string{"CNI_PATH=" + cniPath}, Combined: true})
+	out := r.Stdout
+	if r.Err != nil {
+		t.Fatalf("%s/bridge with no arguments: %v", front, r.Err)
 	}
 	fields := strings.Fields(string(out))
 	if len(fields) < 4 || strings.Join(fields[:4], " ") != "CNI bridge plugin v1.10.0" || !strings.Contains(string(out), "nomad-bridge-cni") {

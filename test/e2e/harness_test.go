@@ -31,7 +31,6 @@ import (
 const (
 	pluginType = "nomad-bridge-cni"
 	ifName     = "eth0"
-	netnsDir   = "/var/run/netns"
 
 	// hostLocalDefaultDir is where host-local keeps leases when nobody sets
 	// ipam.dataDir: the persistent store the plugin exists to move away from.
@@ -275,11 +274,8 @@ func (e *testEnv) destroyNetns(t *testing.T, ns netns) {
 	if err := e.deleteBridgePorts(); err != nil {
 		t.Fatalf("delete veths: %v", err)
 	}
-	if err := run("ip", "netns", "delete", ns.name); err != nil {
-		t.Fatalf("delete netns: %v", err)
-	}
-	if _, err := os.Stat(ns.path); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("netns %s still present after delete (stat: %v)", ns.path, err)
+	if err := ns.named().Delete(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -465,7 +461,7 @@ func (e *testEnv) cleanup(t *testing.T) {
 	}
 	for _, ns := range nses {
 		if _, err := os.Stat(ns.path); err == nil {
-			if err := run("ip", "netns", "delete", ns.name); err != nil {
+			if err := ns.named().Delete(); err != nil {
 				errs = append(errs, err)
 			}
 		}

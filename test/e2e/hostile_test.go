@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // Hostile input. The plugin binary is run directly, as a
@@ -453,12 +455,12 @@ func runHostileCase(t *testing.T, tc hostileCase) {
 	scope := e.hostileScope(hostNS.path, e.dataDir, e.persistDir, cwd)
 	before := takeHostState(t, scope)
 	nsenter := []string{"--net=" + hostNS.path, "--", e.binary(pluginType)}
-	r := runPlugin(t, "nsenter", e.cniArgs(command, ns), runOpts{argv: nsenter, stdin: stdin, dir: cwd, env: env})
+	r := cniexec.Run(t, "nsenter", e.cniArgs(command, ns), cniexec.Opts{Argv: nsenter, Stdin: stdin, Dir: cwd, Env: env})
 	ce := assertCNIFailure(t, r, tc.codes...)
 	if tc.msg != "" && !strings.Contains(ce.Msg+" "+ce.Details, tc.msg) {
 		t.Errorf("error does not mention %q: msg %q details %q", tc.msg, ce.Msg, ce.Details)
 	}
-	t.Logf("code %d: %s (%s) in %v", ce.code(), truncateText(ce.Msg, 200), truncateText(ce.Details, 200), r.elapsed.Round(time.Millisecond))
+	t.Logf("code %d: %s (%s) in %v", ce.code(), truncateText(ce.Msg, 200), truncateText(ce.Details, 200), r.Elapsed.Round(time.Millisecond))
 	before.assertUnchanged(t, takeHostState(t, scope))
 	if linkExistsIn(ns, ifName) {
 		t.Errorf("%s was created in %s", ifName, ns.name)
@@ -505,12 +507,12 @@ func TestDelOfAnotherIDKeepsTheLiveInterface(t *testing.T) {
 
 	args := e.cniArgs("DEL", live)
 	args.ContainerID = "someoneelse-" + e.id
-	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: mustJSON(t, hostileEntry(t, e, ""))})
-	if r.exitCode != 0 {
+	r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: mustJSON(t, hostileEntry(t, e, ""))})
+	if r.ExitCode != 0 {
 		t.Fatalf("DEL of an unknown ID: %v", r)
 	}
-	if !strings.Contains(r.stderr, live.cid) || !strings.Contains(r.stderr, "not run") {
-		t.Errorf("the DEL does not say why bridge was not run: %q", r.stderr)
+	if !strings.Contains(r.Stderr, live.cid) || !strings.Contains(r.Stderr, "not run") {
+		t.Errorf("the DEL does not say why bridge was not run: %q", r.Stderr)
 	}
 	assertAddrOnIf(t, live, addr)
 	ping(t, live, gw)
@@ -550,13 +552,13 @@ func TestFailedVerbOnANewNetworkLeavesNothing(t *testing.T) {
 				entry["dataDir"] = dataDir
 				tc.edit(entry)
 				args := e.cniArgs(tc.command, ns)
-				r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: mustJSON(t, entry)})
-				if tc.command != "GC" && r.exitCode == 0 {
+				r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: mustJSON(t, entry)})
+				if tc.command != "GC" && r.ExitCode == 0 {
 					t.Errorf("%s passed: %v", tc.command, r)
 				}
 				if _, err := os.Lstat(dataDir); !os.IsNotExist(err) {
 					entries, _ := os.ReadDir(dataDir)
-					t.Errorf("%s (%v) left %s with %v", tc.command, r.stderr, dataDir, entries)
+					t.Errorf("%s (%v) left %s with %v", tc.command, r.Stderr, dataDir, entries)
 					os.RemoveAll(dataDir)
 				}
 			}

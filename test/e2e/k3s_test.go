@@ -11,6 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -63,8 +64,8 @@ func (e *testEnv) execAsFlannel(t *testing.T, plugin, verb string, ns netns, std
 	t.Helper()
 	args := e.cniArgs(verb, ns)
 	args.PluginArgs = k8sArgs(t, ns.cid)
-	r := runPlugin(t, e.binary(plugin), args, runOpts{stdin: stdin})
-	return r.stdout, r.err
+	r := cniexec.Run(t, e.binary(plugin), args, cniexec.Opts{Stdin: stdin})
+	return r.Stdout, r.Err
 }
 
 // TestK3sFlannelDelegate runs the plugin as k3s's flannel runs its delegate

@@ -36,10 +36,7 @@ func TestRestoreInPlaceKeepsTheAddress(t *testing.T) {
 			}
 			p1, _ := goCNIResult(t, res).addrIn(t, e.subnet4)
 
-			e.mustKillNetns(t, ns)
-			if err := run("ip", "netns", "add", ns.name); err != nil {
-				t.Fatal(err)
-			}
+			e.restoreNetns(t, ns)
 			want := map[netip.Addr]string{}
 			switch tc {
 			case "taken":
@@ -136,10 +133,7 @@ func TestRestoreAfterAnotherCHECKSweptKeepsTheAddress(t *testing.T) {
 		t.Fatalf("Setup: %v", err)
 	}
 
-	e.mustKillNetns(t, lostNS)
-	if err := run("ip", "netns", "add", lostNS.name); err != nil {
-		t.Fatal(err)
-	}
+	e.restoreNetns(t, lostNS)
 	if err := nomad.Check(ctx, kept, keptNS.path, nomadOpts(kept, keptPort)...); err != nil {
 		t.Fatalf("CHECK of the other allocation: %v", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // What an earlier attachment, a killed release or a half-done ADD leaves
@@ -34,8 +36,8 @@ func TestReleaseWithIPTablesKilled(t *testing.T) {
 	pb, _ := parseResult(t, e.mustCNI(t, "add", b, capB)).addrIn(t, e.subnet4)
 	e.mustKillNetns(t, a)
 
-	r := runPlugin(t, "strace", invoke.Args{}, runOpts{argv: []string{"-f", "-qq", "-o", "/dev/null", "-e", "trace=execve", "-e", "inject=execve:signal=SIGKILL:when=1", e.binary(pluginType), "gc", "--data-dir", e.dataDir}})
-	t.Logf("gc with every iptables killed: %v\nstdout: %s\nstderr: %s", r.err, r.stdout, r.stderr)
+	r := cniexec.Run(t, "strace", invoke.Args{}, cniexec.Opts{Argv: []string{"-f", "-qq", "-o", "/dev/null", "-e", "trace=execve", "-e", "inject=execve:signal=SIGKILL:when=1", e.binary(pluginType), "gc", "--data-dir", e.dataDir}})
+	t.Logf("gc with every iptables killed: %v\nstdout: %s\nstderr: %s", r.Err, r.Stdout, r.Stderr)
 	if st := e.readNAT(t, a.cid); len(st["iptables"].masqJumps) > 0 {
 		// The rules stayed: so must what names them.
 		if _, err := os.Stat(e.recordPath(a.cid)); err != nil {
@@ -179,18 +181,18 @@ func TestFullTmpfsAtEveryWrite(t *testing.T) {
 			stdin := entryConfig(t, conf, pluginType)
 			filler := fillTmpfs(t, e.dataDir, leave)
 			ns := e.addNetns(t, "a")
-			r := runPlugin(t, e.binary(pluginType), e.cniArgs("ADD", ns), runOpts{stdin: stdin})
-			if r.err == nil {
+			r := cniexec.Run(t, e.binary(pluginType), e.cniArgs("ADD", ns), cniexec.Opts{Stdin: stdin})
+			if r.Err == nil {
 				succeeded = true
 				t.Logf("ADD succeeded with %d pages free", leave)
 			} else {
-				if !strings.Contains(r.stdout, "no space left on device") {
-					t.Errorf("the error does not say the disk is full: %s", r.stdout)
+				if !strings.Contains(r.Stdout, "no space left on device") {
+					t.Errorf("the error does not say the disk is full: %s", r.Stdout)
 				}
 				e.assertNoTrace(t, ns.cid)
 			}
-			if r := runPlugin(t, e.binary(pluginType), e.cniArgs("DEL", ns), runOpts{stdin: stdin}); r.err != nil {
-				t.Fatalf("DEL, disk still full: %v", r.err)
+			if r := cniexec.Run(t, e.binary(pluginType), e.cniArgs("DEL", ns), cniexec.Opts{Stdin: stdin}); r.Err != nil {
+				t.Fatalf("DEL, disk still full: %v", r.Err)
 			}
 			e.assertNoTrace(t, ns.cid)
 			if err := os.Remove(filler); err != nil {

@@ -10,12 +10,13 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
+
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 )
 
 // netnsIdentity is the device and inode of the namespace mounted at path.
@@ -32,7 +33,7 @@ func netnsIdentity(t *testing.T, path string) (dev, ino uint64) {
 // failing the test.
 func (e *testEnv) newNetns(suffix string) (netns, error) {
 	name := "nbc-e2e-" + e.id + "-" + suffix
-	ns := netns{name: name, path: filepath.Join(netnsDir, name)}
+	ns := netns{name: name, path: kitns.Named(name).Path}
 	ns.cid = containerIDFor(ns.path)
 	e.mu.Lock()
 	if !slices.Contains(e.netnses, ns) {
@@ -42,10 +43,21 @@ func (e *testEnv) newNetns(suffix string) (netns, error) {
 		e.cids = append(e.cids, ns.cid)
 	}
 	e.mu.Unlock()
-	if err := run("ip", "netns", "add", name); err != nil {
-		return ns, fmt.Errorf("create netns: %w", err)
+	return ns, ns.named().Add()
+}
+
+// named is ns's named namespace (ns.path may be a container's
+// /proc/<pid>/ns/net).
+func (ns netns) named() kitns.NS { return kitns.Named(ns.name) }
+
+// restoreNetns is Nomad's restore of an allocation whose namespace was
+// lost: ns deleted without any DEL (killNetns), a new one at its path.
+func (e *testEnv) restoreNetns(t *testing.T, ns netns) {
+	t.Helper()
+	e.mustKillNetns(t, ns)
+	if err := ns.named().Add(); err != nil {
+		t.Fatal(err)
 	}
-	return ns, nil
 }
 
 // killNetns deletes one namespace without any DEL, the way a crashed
@@ -83,13 +95,7 @@ func (e *testEnv) killNetns(ns netns) error {
 			}
 		}
 	}
-	if err := run("ip", "netns", "delete", ns.name); err != nil {
-		return err
-	}
-	if _, err := os.Stat(ns.path); !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("netns %s still present after delete (stat: %v)", ns.path, err)
-	}
-	return nil
+	return ns.named().Delete()
 }
 
 func (e *testEnv) mustKillNetns(t *testing.T, ns netns) {
@@ -225,8 +231,7 @@ func (e *testEnv) crash(t *testing.T, c *container) {
 		_ = c.cmd.Process.Kill()
 		_ = c.cmd.Wait()
 	}
-	named := netns{name: c.ns.name, path: filepath.Join(netnsDir, c.ns.name), cid: c.ns.cid}
-	e.mustKillNetns(t, named)
+	e.mustKillNetns(t, netns{name: c.ns.name, path: kitns.Named(c.ns.name).Path, cid: c.ns.cid})
 	if _, err := os.Stat(c.proc); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("%s still exists after the container died (stat: %v)", c.proc, err)
 	}

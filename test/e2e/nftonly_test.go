@@ -9,6 +9,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // hideIPTablesScript runs its arguments in a mount namespace of their own
@@ -25,11 +29,10 @@ for c in iptables ip6tables iptables-nft iptables-legacy; do
 done
 exec "$@"`
 
-// withoutIPTables wraps cmd to run in a mount namespace without iptables.
-func withoutIPTables(ctx context.Context, cmd *exec.Cmd) *exec.Cmd {
-	wrapped := exec.CommandContext(ctx, "unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c", hideIPTablesScript, "sh"}, cmd.Args...)...)
-	wrapped.Env, wrapped.Dir = cmd.Env, cmd.Dir
-	return wrapped
+// withoutIPTables is unshare's argv to run argv in a mount namespace
+// without iptables.
+func withoutIPTables(argv ...string) []string {
+	return append([]string{"--mount", "--propagation", "private", "sh", "-c", hideIPTablesScript, "sh"}, argv...)
 }
 
 // nftOnly runs cnitool VERB on ns in a namespace without iptables.
@@ -41,7 +44,9 @@ func (e *testEnv) nftOnly(t *testing.T, verb string, ns netns, capArgs string) s
 	if capArgs != "" {
 		env = append(env, "CAP_ARGS="+capArgs)
 	}
-	cmd := withoutIPTables(ctx, e.cnitoolCmd(ctx, verb, ns, env...))
+	cnitool := e.cnitoolCmd(ctx, verb, ns, env...)
+	cmd := exec.CommandContext(ctx, "unshare", withoutIPTables(cnitool.Args...)...)
+	cmd.Env = cnitool.Env
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
@@ -53,13 +58,8 @@ func (e *testEnv) nftOnly(t *testing.T, verb string, ns netns, capArgs string) s
 // nftOnlyOperator runs the operator CLI without iptables.
 func (e *testEnv) nftOnlyOperator(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := withoutIPTables(ctx, exec.CommandContext(ctx, e.binary(pluginType), args...))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	return out.String() + errb.String(), err
+	r := cniexec.Run(t, "unshare", invoke.Args{}, cniexec.Opts{Argv: withoutIPTables(append([]string{e.binary(pluginType)}, args...)...)})
+	return r.Stdout + r.Stderr, r.Err
 }
 
 // portmapNFTRules lists the comments of portmap's nftables rules (tables

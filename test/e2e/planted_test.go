@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // plantedBound is how long a verb or a command may take on a planted
@@ -81,9 +83,9 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 				command string
 				ns      netns
 			}{{"ADD", other}, {"CHECK", live}, {"DEL", live}} {
-				r := runPlugin(t, e.binary(pluginType), e.cniArgs(verb.command, verb.ns), runOpts{stdin: entry, timeout: plantedBound})
+				r := cniexec.Run(t, e.binary(pluginType), e.cniArgs(verb.command, verb.ns), cniexec.Opts{Stdin: entry, Timeout: plantedBound})
 				if verb.command == "DEL" && tc.delWorks {
-					if r.err != nil || r.elapsed > plantedBound/2 {
+					if r.Err != nil || r.Elapsed > plantedBound/2 {
 						t.Errorf("DEL beside a planted lease: %v", r)
 					}
 					// Not assertNoTrace: it reads every lease, the FIFO too.
@@ -99,8 +101,8 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 				if !strings.Contains(ce.Msg+ce.Details, planted) || !strings.Contains(ce.Msg+ce.Details, tc.says) {
 					t.Errorf("%s: %q (%q), want it to name %s as %s", verb.command, ce.Msg, ce.Details, planted, tc.says)
 				}
-				if r.elapsed > plantedBound/2 {
-					t.Errorf("%s took %v", verb.command, r.elapsed)
+				if r.Elapsed > plantedBound/2 {
+					t.Errorf("%s took %v", verb.command, r.Elapsed)
 				}
 			}
 			for _, args := range [][]string{
@@ -109,12 +111,12 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 				{"gc", "--dry-run", "--data-dir", e.dataDir},
 				{"gc", "--data-dir", e.dataDir},
 			} {
-				r := runPlugin(t, e.binary(pluginType), invoke.Args{}, runOpts{argv: args, timeout: plantedBound})
-				t.Logf("%s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.err, truncateText(r.stdout, 600), truncateText(r.stderr, 600))
-				if r.elapsed > plantedBound/2 {
-					t.Errorf("%s took %v", strings.Join(args, " "), r.elapsed)
+				r := cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: args, Timeout: plantedBound})
+				t.Logf("%s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.Err, truncateText(r.Stdout, 600), truncateText(r.Stderr, 600))
+				if r.Elapsed > plantedBound/2 {
+					t.Errorf("%s took %v", strings.Join(args, " "), r.Elapsed)
 				}
-				if !strings.Contains(r.stdout+r.stderr, tc.says) && !strings.Contains(r.stdout+r.stderr, "not a regular file") {
+				if !strings.Contains(r.Stdout+r.Stderr, tc.says) && !strings.Contains(r.Stdout+r.Stderr, "not a regular file") {
 					t.Errorf("%s does not say what it skipped", strings.Join(args, " "))
 				}
 			}
@@ -176,20 +178,20 @@ func TestFIFOAsCNINetns(t *testing.T) {
 	for _, command := range []string{"ADD", "CHECK", "DEL"} {
 		args := e.cniArgs(command, ns)
 		args.NetNS = fifo
-		r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: entry, timeout: plantedBound})
-		if r.elapsed > plantedBound/2 {
-			t.Fatalf("%s with a FIFO as CNI_NETNS took %v: %v", command, r.elapsed, r)
+		r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: entry, Timeout: plantedBound})
+		if r.Elapsed > plantedBound/2 {
+			t.Fatalf("%s with a FIFO as CNI_NETNS took %v: %v", command, r.Elapsed, r)
 		}
 		switch command {
 		case "DEL":
-			if r.err != nil {
+			if r.Err != nil {
 				t.Errorf("DEL with a FIFO as CNI_NETNS and nothing to delete: %v", r)
 			}
 		case "ADD":
 			assertCNIFailure(t, r, codeInvalidNetNS)
 		default:
 			// bridge's CHECK says it is no namespace, in its own words.
-			if r.err == nil {
+			if r.Err == nil {
 				t.Errorf("CHECK with a FIFO as CNI_NETNS succeeded: %v", r)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -431,9 +432,9 @@ func TestDelWithoutNetns(t *testing.T) {
 			}
 			del := e.cniArgs("DEL", ns)
 			del.NetNS = path
-			r := runPlugin(t, e.binary(plugin), del, runOpts{stdin: entryConfig(t, conf, plugin)})
-			if r.err != nil {
-				t.Fatalf("DEL with CNI_NETNS=%q: %v", path, r.err)
+			r := cniexec.Run(t, e.binary(plugin), del, cniexec.Opts{Stdin: entryConfig(t, conf, plugin)})
+			if r.Err != nil {
+				t.Fatalf("DEL with CNI_NETNS=%q: %v", path, r.Err)
 			}
 			assertLeases(t, leaseDir, nil)
 			if tc.bare {
@@ -446,11 +447,11 @@ func TestDelWithoutNetns(t *testing.T) {
 			e.assertNAT(t, ns.cid, natWant{})
 			e.assertNoRecord(t, ns.cid)
 			e.assertNetworkNATEmpty(t)
-			t.Logf("DEL stderr: %s", strings.TrimSpace(r.stderr))
+			t.Logf("DEL stderr: %s", strings.TrimSpace(r.Stderr))
 
 			// Idempotent: again.
-			if r := runPlugin(t, e.binary(plugin), del, runOpts{stdin: entryConfig(t, conf, plugin)}); r.err != nil {
-				t.Fatalf("second DEL: %v", r.err)
+			if r := cniexec.Run(t, e.binary(plugin), del, cniexec.Opts{Stdin: entryConfig(t, conf, plugin)}); r.Err != nil {
+				t.Fatalf("second DEL: %v", r.Err)
 			}
 		})
 	}

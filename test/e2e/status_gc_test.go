@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	gocni "github.com/containerd/go-cni"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // TestStatus sends STATUS (cniVersion 1.1.0) through cnitool: it passes on a
@@ -127,9 +129,9 @@ func TestGCWithTheOldListKeyKeepsWhatItLists(t *testing.T) {
 	entry["cni.dev/attachments"] = []map[string]string{{"containerID": f.a.cid, "ifname": ifName}}
 	args := e.cniArgs("GC", f.a)
 	args.ContainerID, args.NetNS, args.IfName = "", "", ""
-	r := runPlugin(t, e.binary(pluginType), args, runOpts{stdin: mustJSON(t, entry)})
-	if r.exitCode != 0 {
-		t.Fatalf("GC: exit %d: %s %s", r.exitCode, r.stdout, r.stderr)
+	r := cniexec.Run(t, e.binary(pluginType), args, cniexec.Opts{Stdin: mustJSON(t, entry)})
+	if r.ExitCode != 0 {
+		t.Fatalf("GC: exit %d: %s %s", r.ExitCode, r.Stdout, r.Stderr)
 	}
 	assertLeases(t, f.leaseDir, map[netip.Addr]string{f.addrA: leaseContent(f.a.cid)})
 	ping(t, f.a, f.gwA)

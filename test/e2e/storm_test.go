@@ -18,6 +18,8 @@ import (
 	gocni "github.com/containerd/go-cni"
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/plugins/pkg/utils"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // Knobs of TestStorm; `make test-storm` sets the first three.
@@ -517,7 +519,7 @@ func (s *storm) restore(c *stormCtr) *stormCtr {
 	if err := s.dropNetns(c, "deleted without DEL (lost)"); err != nil {
 		return nil
 	}
-	if err := run("ip", "netns", "add", c.ns.name); err != nil {
+	if err := c.ns.named().Add(); err != nil {
 		s.fail(c, "re-create the netns: %v", err)
 		return nil
 	}
@@ -550,14 +552,12 @@ func (s *storm) detach(c *stormCtr) {
 	}
 	s.logf(c, "task pid %d runs in the namespace", task.pid)
 	defer task.stop()
-	for _, args := range [][]string{{"ip", "netns", "delete", c.ns.name}, {"ip", "netns", "add", c.ns.name}} {
-		if err := run(args[0], args[1:]...); err != nil {
-			s.fail(c, "re-create the netns: %v", err)
-			task.stop()
-			_ = s.remove(c)
-			_ = run("ip", "netns", "delete", c.ns.name)
-			return
-		}
+	if err := c.ns.named().Recreate(); err != nil {
+		s.fail(c, "re-create the netns: %v", err)
+		task.stop()
+		_ = s.remove(c)
+		_ = c.ns.named().Delete()
+		return
 	}
 	s.logf(c, "netns path unmounted and re-created while pid %d holds the old namespace", task.pid)
 	old := c.addr
@@ -650,32 +650,32 @@ func (s *storm) watchSharedChains() {
 // duration.
 func (s *storm) gc(n int, kill bool) {
 	who := fmt.Sprintf("gc#%d", n)
-	o := runOpts{argv: []string{"gc", "--data-dir", s.e.dataDir}, dir: s.dir, group: true}
+	o := cniexec.Opts{Argv: []string{"gc", "--data-dir", s.e.dataDir}, Dir: s.dir, Group: true}
 	var killAfter time.Duration
 	if kill {
 		window := max(time.Duration(s.gcTime.Load()), time.Millisecond)
 		killAfter = 1 + time.Duration(rand.Int64N(int64(window)))
-		o.timeout = killAfter
+		o.Timeout = killAfter
 	}
 	if kill {
 		s.logCID("", fmt.Sprintf("%s started, to be SIGKILLed %v in", who, killAfter.Round(time.Microsecond)))
 	} else {
 		s.logCID("", who+" started")
 	}
-	r := runPlugin(s.t, s.e.binary(pluginType), invoke.Args{}, o)
-	released := s.gcReleases(who, r.stdout)
-	took := r.elapsed.Round(time.Millisecond)
+	r := cniexec.Run(s.t, s.e.binary(pluginType), invoke.Args{}, o)
+	released := s.gcReleases(who, r.Stdout)
+	took := r.Elapsed.Round(time.Millisecond)
 	switch {
-	case r.killed:
+	case r.Killed:
 		s.count("gc: killed mid-run")
 		s.logCID("", fmt.Sprintf("%s SIGKILLed (its process group) %v in, after %d release line(s)", who, killAfter.Round(time.Microsecond), released))
-	case r.err != nil:
+	case r.Err != nil:
 		s.count("gc: failed")
-		s.logCID("", fmt.Sprintf("%s FAILED after %v (exit %d): %s", who, took, r.exitCode, strings.TrimSpace(r.stderr)))
-		s.gcErrors(who, r.stderr)
-		s.errs.add("%s: %v", who, r.err)
+		s.logCID("", fmt.Sprintf("%s FAILED after %v (exit %d): %s", who, took, r.ExitCode, strings.TrimSpace(r.Stderr)))
+		s.gcErrors(who, r.Stderr)
+		s.errs.add("%s: %v", who, r.Err)
 	default:
-		s.gcTime.Store(int64(r.elapsed))
+		s.gcTime.Store(int64(r.Elapsed))
 		s.count("gc: finished")
 		if kill {
 			s.count("gc: finished before its kill")

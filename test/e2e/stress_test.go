@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 )
 
 // Knobs of the long-running tests; the defaults are the required load.
@@ -265,7 +267,7 @@ func TestCrashDuringAdd(t *testing.T) {
 		dead = append(dead, ns)
 		// The fault injection: the plugin alone is killed at a random point.
 		killAfter := 1 + time.Duration(rand.Int64N(int64(window)))
-		if r := runPlugin(t, e.binary(pluginType), e.cniArgs("ADD", ns), runOpts{stdin: stdin, timeout: killAfter}); r.err == nil {
+		if r := cniexec.Run(t, e.binary(pluginType), e.cniArgs("ADD", ns), cniexec.Opts{Stdin: stdin, Timeout: killAfter}); r.Err == nil {
 			completed++
 		}
 		// Its delegates finish the ADD (or fail) before the namespace goes.

@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -272,7 +273,7 @@ func (e *testEnv) underSyskill(t *testing.T, runner string, k int, cmd *exec.Cmd
 	dir := t.TempDir()
 	reportPath, logPath := filepath.Join(dir, "report.json"), filepath.Join(dir, "calls")
 	argv := append([]string{"-k", strconv.Itoa(k), "-report", reportPath, "-log", logPath, "--", cmd.Path}, cmd.Args[1:]...)
-	r := runPlugin(t, runner, invoke.Args{}, runOpts{argv: argv, env: cmd.Env})
+	r := cniexec.Run(t, runner, invoke.Args{}, cniexec.Opts{Argv: argv, Env: cmd.Env})
 	raw, err := os.ReadFile(reportPath)
 	if err != nil {
 		t.Fatalf("syskill wrote no report: %v\n%s", err, r)
@@ -296,13 +297,13 @@ func (e *testEnv) underSyskill(t *testing.T, runner string, k int, cmd *exec.Cmd
 	switch {
 	case len(calls) != rep.Count:
 		t.Fatalf("syskill logged %d calls, counted %d", len(calls), rep.Count)
-	case rep.Killed && (r.exitCode != 137 || rep.At == nil):
-		t.Fatalf("syskill killed the run but exits %d (at %v), want 137\n%s", r.exitCode, rep.At, r)
+	case rep.Killed && (r.ExitCode != 137 || rep.At == nil):
+		t.Fatalf("syskill killed the run but exits %d (at %v), want 137\n%s", r.ExitCode, rep.At, r)
 	case rep.Killed:
 		t.Logf("killed at call %s", rep.At)
-	case r.err != nil:
+	case r.Err != nil:
 		// Not killed, the run is the untraced one: it must succeed.
-		t.Fatalf("the run under syskill, not killed, failed: %v", r.err)
+		t.Fatalf("the run under syskill, not killed, failed: %v", r.Err)
 	case len(calls) == 0:
 		t.Fatal("no call counted: syskill traced nothing")
 	default:

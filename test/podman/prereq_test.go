@@ -2,7 +2,6 @@ package podman
 
 import (
 	"bytes"
-	"context"
 	"debug/elf"
 	"fmt"
 	"os"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
@@ -97,30 +99,19 @@ func asBridgeUnsupported(t *testing.T, bin string) string {
 	}
 	cniPath := "CNI_PATH=" + front + string(os.PathListSeparator) + bin
 
-	about, err := runAsBridge(front, nil, cniPath)
-	if err != nil || !strings.Contains(about, pluginType) {
-		return fmt.Sprintf("%s/bridge with no arguments printed %q (%v), want a line naming %s", front, about, err, pluginType)
+	asBridge := filepath.Join(front, "bridge")
+	about := cniexec.Run(t, asBridge, invoke.Args{}, cniexec.Opts{Env: []string{cniPath}, Timeout: cmdTimeout, Combined: true})
+	if about.Err != nil || !strings.Contains(about.Stdout, pluginType) {
+		return fmt.Sprintf("%s with no arguments printed %q (%v), want a line naming %s", asBridge, strings.TrimSpace(about.Stdout), about.Err, pluginType)
 	}
 	status := fmt.Sprintf(`{"cniVersion": "1.1.0", "name": "nbp-probe", "type": "bridge", "bridge": "nbpprobe0", "dataDir": %q,
 		"ipam": {"type": "host-local", "ranges": [[{"subnet": "192.0.2.0/24"}]]}}`, filepath.Join(dir, "data"))
-	out, err := runAsBridge(front, []byte(status), cniPath, "CNI_COMMAND=STATUS")
+	r := cniexec.Run(t, asBridge, invoke.Args{Command: "STATUS"}, cniexec.Opts{Stdin: []byte(status), Env: []string{cniPath}, Timeout: cmdTimeout, Combined: true})
 	// An error of the delegate's own (prefixed so by the plugin) also
 	// proves that the verb reached the real bridge: one older than STATUS
 	// (before v1.2.0) answers it with an error.
-	if err != nil && !strings.Contains(out, "delegate bridge failed (status)") {
-		return fmt.Sprintf("STATUS through %s/bridge: %v: %s", front, err, out)
+	if r.Err != nil && !strings.Contains(r.Stdout, "delegate bridge failed (status)") {
+		return fmt.Sprintf("STATUS through %s: %v", asBridge, r.Err)
 	}
 	return ""
-}
-
-// runAsBridge runs front/bridge with stdin and the CNI environment env,
-// returning its stdout and stderr.
-func runAsBridge(front string, stdin []byte, env ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(front, "bridge"))
-	cmd.Env = hostcmd.CNIEnv(env...)
-	cmd.Stdin = bytes.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
 }

@@ -1,21 +1,21 @@
 package podman
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 )
 
 // gc --runtime podman against real podman: the ID podman gives CNI is the
@@ -31,12 +31,7 @@ func TestGCRuntimePodman(t *testing.T) {
 
 	// The leaked attachment: a namespace only its bind mount keeps, a
 	// record and a lease of an ID podman never had, made an hour ago.
-	leaked := "nbc-leak-" + strings.ReplaceAll(n.name, "_", "-")
-	if out, err := exec.Command("ip", "netns", "add", leaked).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "delete", leaked).Run() })
-	nsPath := "/var/run/netns/" + leaked
+	nsPath := kitns.New(t, "nbc-leak").Path
 	var st unix.Stat_t
 	if err := unix.Stat(nsPath, &st); err != nil {
 		t.Fatal(err)
@@ -62,12 +57,8 @@ func TestGCRuntimePodman(t *testing.T) {
 	// A second one whose recorded path is gone, its namespace kept only by
 	// a bind mount elsewhere: what a runtime that crashed mid-teardown
 	// leaves. --remove-mounts takes the mount too.
-	mounted := leaked + "-m"
-	if out, err := exec.Command("ip", "netns", "add", mounted).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "delete", mounted).Run() })
-	mountPath := "/var/run/netns/" + mounted
+	mountedNS := kitns.New(t, "nbc-leak-m")
+	mounted, mountPath := mountedNS.Name, mountedNS.Path
 	if err := unix.Stat(mountPath, &st); err != nil {
 		t.Fatal(err)
 	}
@@ -82,29 +73,25 @@ func TestGCRuntimePodman(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// podman's configuration: the test's store.
+	operator := func(args ...string) cniexec.Result {
+		t.Helper()
+		r := cniexec.Run(t, e.operatorBin(), invoke.Args{}, cniexec.Opts{Argv: args, Base: e.environ(), Timeout: cmdTimeout})
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		return r
+	}
 	gc := func() string {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, e.operatorBin(), "gc", "--runtime", "podman", "--grace", "1m", "--remove-mounts", "--data-dir", e.tmpfs, "--network", n.name)
-		cmd.Env = e.environ() // podman's configuration: the test's store
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("gc --runtime podman: %v\n%s%s", err, stdout.String(), stderr.String())
-		}
-		t.Logf("gc --runtime podman:\n%s%s", stdout.String(), stderr.String())
-		return stdout.String()
+		r := operator("gc", "--runtime", "podman", "--grace", "1m", "--remove-mounts", "--data-dir", e.tmpfs, "--network", n.name)
+		t.Logf("gc --runtime podman:\n%s%s", r.Stdout, r.Stderr)
+		return r.Stdout
 	}
 	// leases --runtime podman: the running container is listed, the
 	// leaked ones are not.
 	{
-		cmd := exec.Command(e.operatorBin(), "leases", "--runtime", "podman", "--data-dir", e.tmpfs, "--network", n.name, "--json")
-		cmd.Env = e.environ()
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("leases --runtime podman: %v", err)
-		}
+		out := []byte(operator("leases", "--runtime", "podman", "--data-dir", e.tmpfs, "--network", n.name, "--json").Stdout)
 		var doc struct {
 			Leases []struct {
 				ContainerID string `json:"containerID"`

@@ -21,7 +21,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/invoke"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/elfcheck"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -633,12 +636,16 @@ func checkTree(t *testing.T, dir string, wants map[string]fs.FileMode) {
 // call would.
 func checkRuns(t *testing.T, bin, version string) {
 	t.Helper()
-	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	out := run(t, "", env, nil, bin)
-	if want := "CNI " + name + " plugin " + version + "\n"; out != want {
-		t.Errorf("%s with no args printed %q, want %q", bin, out, want)
+	// An installed plugin's environment: nothing but PATH.
+	opts := cniexec.Opts{Base: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}}
+	if r, want := cniexec.Run(t, bin, invoke.Args{}, opts), "CNI "+name+" plugin "+version+"\n"; r.Err != nil || r.Stdout != want {
+		t.Errorf("%s with no args: want %q on stdout and exit 0\n%s", bin, want, r)
 	}
-	out = run(t, "", append(env, "CNI_COMMAND=VERSION"), []byte{}, bin)
+	r := cniexec.Run(t, bin, invoke.Args{Command: "VERSION"}, opts)
+	out := r.Stdout
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
 	var v struct {
 		CNIVersion        string   `json:"cniVersion"`
 		SupportedVersions []string `json:"supportedVersions"`

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -21,7 +22,7 @@ const (
 	// delegateType is what A and C delegate to, and what B runs bare.
 	delegateType = "bridge"
 	ifName       = "eth0"
-	netnsDir     = "/var/run/netns"
+	netnsDir     = kitns.Dir
 	cmdTimeout   = 120 * time.Second
 )
 
@@ -227,17 +228,16 @@ func (e *Env) addNetns(tag string) (string, string, error) {
 	name := fmt.Sprintf("nbcb-%s-%s%04d", e.o.id, tag, e.nsSeq)
 	e.mu.Unlock()
 	e.note("netns", name)
-	if err := run("ip", "netns", "add", name); err != nil {
-		return "", "", err
-	}
-	return name, filepath.Join(netnsDir, name), nil
+	ns := kitns.Named(name)
+	return name, ns.Path, ns.Add()
 }
 
 func delNetns(name string) error {
-	if _, err := os.Stat(filepath.Join(netnsDir, name)); err != nil {
+	ns := kitns.Named(name)
+	if _, err := os.Stat(ns.Path); err != nil {
 		return nil
 	}
-	return run("ip", "netns", "delete", name)
+	return ns.Delete()
 }
 
 // containerID names a container of the run; it goes to the state file so
