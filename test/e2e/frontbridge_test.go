@@ -90,14 +90,7 @@ func (e *testEnv) frontDir(t *testing.T) string {
 // ':', interface prefix "eth", the generated conflist.
 func (e *testEnv) nomadCNI(t *testing.T, cniPath string) gocni.CNI {
 	t.Helper()
-	c, err := gocni.New(gocni.WithPluginDir(filepath.SplitList(cniPath)), gocni.WithInterfacePrefix("eth"))
-	if err != nil {
-		t.Fatalf("go-cni: %v", err)
-	}
-	if err := c.Load(gocni.WithConfListBytes(e.nomadBridgeConflist())); err != nil {
-		t.Fatalf("load Nomad's bridge conflist: %v", err)
-	}
-	return c
+	return e.goCNI(t, gocni.WithPluginDir(filepath.SplitList(cniPath)), gocni.WithInterfacePrefix("eth"), gocni.WithConfListBytes(e.nomadBridgeConflist()))
 }
 
 // nomadOpts are the namespace options of Nomad's Setup: its CNI_ARGS and
