@@ -74,6 +74,18 @@ func (d *leaseDir) read(ip net.IP) (Lease, error) {
 	return l, err
 }
 
+// holds reports whether a regular file is named after ip, without reading
+// it (never following a symlink), and gives the file's path.
+func (d *leaseDir) holds(ip net.IP) (path string, ok bool) {
+	if d == nil {
+		return "", false
+	}
+	name := ip.String()
+	var st unix.Stat_t
+	err := unix.Fstatat(int(d.f.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	return d.path + "/" + name, err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
+}
+
 // each calls fn with every reservation of the directory, read one at a
 // time, except those skip (when set) turns down by address, unread.
 // host-local's bookkeeping (lock, last_reserved_ip.N) is passed over; it
