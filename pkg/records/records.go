@@ -149,14 +149,11 @@ func (s *Store) RemoveAbandonedTemps(l *Listing, running func(pid int) bool) ([]
 
 // Read returns the record of k, or nil when there is none.
 func (s *Store) Read(k Key) (*Record, error) {
-	b, err := statefile.ReadFileNoFollow(s.PathOf(k))
+	r, err := s.readFile(fileName(k))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read record %s: %w", k, err)
-	}
-	return s.decode(fileName(k), b)
+	return r, err
 }
 
 // Remove deletes the record of k; a missing record is not an error.
