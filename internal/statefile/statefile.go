@@ -67,6 +67,14 @@ func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) 
 	return nil
 }
 
+// Exists is the one test that something is at path, a link not followed:
+// what cannot be inspected counts as there, and whoever reads it next says
+// why.
+func Exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, fs.ErrNotExist)
+}
+
 // ReadFileNoFollow reads a small state file without following a symlink
 // planted in its place, and refuses files larger than 64 KiB (a state file
 // is a few hundred bytes).

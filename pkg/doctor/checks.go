@@ -1,9 +1,7 @@
 package doctor
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"math"
 	"os"
@@ -398,7 +396,7 @@ func stateFinding(name string, d ipamdir.Dir, count map[string]int) Finding {
 func stateCounts(s *reclaim.Sweeper, scope operator.Scope) (map[string]int, error) {
 	d := scope.Dirs[0]
 	count := map[string]int{}
-	if !exists(d.Leases()) && !exists(d.Records()) {
+	if !d.Served() {
 		if s.Netfilter == nil {
 			return count, nil
 		}
@@ -430,13 +428,6 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// exists is the sweep's test: what cannot be inspected counts as there,
-// and the sweep reports why.
-func exists(path string) bool {
-	_, err := os.Lstat(path)
-	return !errors.Is(err, fs.ErrNotExist)
 }
 
 func countLeases(d ipamdir.Dir) int {

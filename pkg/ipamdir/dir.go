@@ -21,6 +21,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // RecordDirName is the plugin's directory under the data directory. A CNI
@@ -149,6 +151,10 @@ func (d Dir) ScratchIPAM() string { return filepath.Join(d.DataDir, RecordDirNam
 // Records is the plugin's record directory of the network.
 func (d Dir) Records() string { return filepath.Join(d.DataDir, RecordDirName, d.Network) }
 
+// Served reports whether host-local or the plugin ever kept anything of
+// the network here: its lease or its record directory is there.
+func (d Dir) Served() bool { return statefile.Exists(d.Leases()) || statefile.Exists(d.Records()) }
+
 // Check refuses directories someone else could have planted: the data
 // directory itself (its last component: /var/run is a symlink to /run on
 // most distributions, which is fine), host-local's network directory and
@@ -205,7 +211,7 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 			return nil, nil, fmt.Errorf("network %q: %s", only, e.Msg)
 		}
 		d := New(dataDir, only)
-		if !exists(d.Leases()) && !exists(d.Records()) {
+		if !d.Served() {
 			return nil, nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
 		}
 		if err := d.Check(); err != nil {
@@ -226,7 +232,7 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 	if len(names) == 0 && looksLikeHostLocal(dataDir) {
 		return nil, nil, fmt.Errorf("%s is host-local's directory of one network, not a data dir: give its parent", dataDir)
 	}
-	if len(names) == 0 && !exists(filepath.Join(dataDir, RecordDirName)) {
+	if len(names) == 0 && !statefile.Exists(filepath.Join(dataDir, RecordDirName)) {
 		if entries, _ := os.ReadDir(dataDir); len(entries) > 0 {
 			return nil, nil, fmt.Errorf("%s is not a data dir: it has no %s directory of the plugin's, and none of its directories looks like host-local's (a lock, leases named by address)", dataDir, RecordDirName)
 		}
@@ -292,9 +298,3 @@ func looksLikeHostLocal(dir string) bool {
 // hostLocalProbe bounds the entries looksLikeHostLocal reads of a
 // directory: a network's lock or a lease is among the first of a real one.
 const hostLocalProbe = 64
-
-// exists: something is at path (a link is not followed).
-func exists(path string) bool {
-	_, err := os.Lstat(path)
-	return !errors.Is(err, os.ErrNotExist)
-}

@@ -22,10 +22,10 @@ type Existing struct {
 // Existing looks at the network's directories, creating nothing.
 func (d Dir) Existing() Existing {
 	return Existing{
-		DataDir:    exists(d.DataDir),
-		Leases:     exists(d.Leases()),
-		RecordRoot: exists(filepath.Join(d.DataDir, RecordDirName)),
-		Records:    exists(d.Records()),
+		DataDir:    statefile.Exists(d.DataDir),
+		Leases:     statefile.Exists(d.Leases()),
+		RecordRoot: statefile.Exists(filepath.Join(d.DataDir, RecordDirName)),
+		Records:    statefile.Exists(d.Records()),
 	}
 }
 

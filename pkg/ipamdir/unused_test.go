@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // What a failed verb created on a new network goes, lock and OwnedMarker
@@ -23,7 +25,7 @@ func TestRemoveUnused(t *testing.T) {
 		write(t, d.Marker(OwnedMarker))
 		write(t, d.Marker(MigratedMarker))
 		mustOK(t, d.RemoveUnused(was))
-		if exists(d.DataDir) {
+		if statefile.Exists(d.DataDir) {
 			t.Errorf("left %s", d.DataDir)
 		}
 	})
@@ -44,7 +46,7 @@ func TestRemoveUnused(t *testing.T) {
 			if dir == d.Records() {
 				lock = d.Marker(OwnedMarker)
 			}
-			if !exists(keep(d)) || !exists(lock) {
+			if !statefile.Exists(keep(d)) || !statefile.Exists(lock) {
 				t.Errorf("removed from %s, which holds %s", dir, keep(d))
 			}
 		})

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -295,7 +296,7 @@ func (a *PendingAdd) Abort() error {
 // key: what host-local's DEL does, without host-local (which reads every
 // file in the directory, blocking).
 func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
-	if !exists(d.Leases()) {
+	if !statefile.Exists(d.Leases()) {
 		return nil
 	}
 	unlock, err := d.Lock()
@@ -430,7 +431,7 @@ func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
 	}
 	var leases []Lease
 	for _, path := range paths {
-		if exists(path) { // else its runtime released it already
+		if statefile.Exists(path) { // else its runtime released it already
 			leases = append(leases, Lease{Path: path, content: ipamdir.LeaseContent(rec.ContainerID, rec.IfName)})
 		}
 	}

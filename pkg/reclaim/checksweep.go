@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
@@ -27,7 +28,7 @@ func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, erro
 	}
 	// A network the plugin never served has nothing to sweep, and no
 	// marker of a sweep to leave.
-	if (!exists(req.Dir.Leases()) && !exists(req.Dir.Records())) || !s.sweepDue(req.Dir, interval) {
+	if !req.Dir.Served() || !s.sweepDue(req.Dir, interval) {
 		return nil, migrationErr
 	}
 	rep, err := s.Sweep(req)
@@ -35,7 +36,7 @@ func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, erro
 	// a record directory made for it: a gc of a data dir the plugin never
 	// served (a bare bridge's leases) that releases nothing creates
 	// nothing. A CHECK there sweeps each time, which is only slower.
-	if !req.DryRun && exists(req.Dir.Records()) {
+	if !req.DryRun && statefile.Exists(req.Dir.Records()) {
 		s.sweepEnded(req.Dir)
 	}
 	return rep, errors.Join(migrationErr, err)

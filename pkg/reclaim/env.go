@@ -1,11 +1,8 @@
 package reclaim
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -42,9 +39,4 @@ func (e *Env) logf(format string, args ...any) {
 func (e *Env) running(pid int) bool {
 	_, ok := e.Host.ProcessStart(pid)
 	return ok
-}
-
-func exists(path string) bool {
-	_, err := os.Lstat(path)
-	return !errors.Is(err, fs.ErrNotExist)
 }

@@ -42,7 +42,7 @@ func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) 
 		return &Migration{}, nil
 	}
 	legacyNet := ipamdir.New(legacyDir, d.Network).Leases()
-	if legacyDir == "" || filepath.Clean(legacyDir) == filepath.Clean(d.DataDir) || !exists(legacyNet) {
+	if legacyDir == "" || filepath.Clean(legacyDir) == filepath.Clean(d.DataDir) || !statefile.Exists(legacyNet) {
 		// Nothing to move. No marker either: the next run looks again
 		// (one stat), and a verb on a network the plugin never served
 		// creates nothing.

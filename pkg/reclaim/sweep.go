@@ -123,7 +123,7 @@ type Report struct {
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	report := &Report{}
 	owned := req.Orphans || owns(req.Dir)
-	if !owned && !exists(req.Dir.Leases()) && !exists(req.Dir.Records()) {
+	if !owned && !req.Dir.Served() {
 		return report, nil
 	}
 	lock := req.Dir.Lock
