@@ -69,7 +69,7 @@ func BenchmarkSweep(b *testing.B) {
 
 // BenchmarkSweepNode is make bench's cell 2b in-process, for profiling:
 // a CHECK's sweep of a network the plugin owns (its NAT rules are listed
-// from the start) holding bridge's maximum of 1023 other live attachments.
+// for orphans) holding bridge's maximum of 1023 other live attachments.
 func BenchmarkSweepNode(b *testing.B) {
 	benchSweepOwned(b, 1023, 0, true)
 }

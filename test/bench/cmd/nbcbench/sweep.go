@@ -286,7 +286,7 @@ func (e *Env) benchNode(res *Results) error {
 		return err
 	}
 	// Owned, as a network the plugin has added to: its sweeps list
-	// the NAT rules from the start.
+	// the NAT rules for orphans even when nothing is stale.
 	live := e.synthNet("node-live", nodeLiveLeases, 0)
 	stale := e.synthNet("node-stale", nodeStaleLeases, 100)
 	live.spec.Owned, stale.spec.Owned = true, true

@@ -44,7 +44,7 @@ type Spec struct {
 	Seed string
 	// Owned writes the marker an ADD of the plugin writes first
 	// (ipamdir.OwnedMarker): a sweep of an owned network lists its NAT
-	// rules from the start, for the orphans, as on a real node.
+	// rules for the orphans, as on a real node.
 	Owned bool
 }
 
