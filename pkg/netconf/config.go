@@ -360,6 +360,16 @@ func invalidConfig(msg string) *types.Error {
 	return types.NewError(types.ErrInvalidNetworkConfig, msg, "")
 }
 
+// LostPrevResult reports whether the entry came without the prevResult a
+// runtime sends on DEL from CNI 0.4.0 on (libcni's cached result of the
+// ADD): the runtime could not read its cache (killed while it wrote it,
+// say), and the chain's other plugins got none either.
+func (c *Config) LostPrevResult() bool {
+	prev, ok := c.raw["prevResult"]
+	sends, err := version.GreaterThanOrEqualTo(c.CNIVersion, "0.4.0")
+	return err == nil && sends && (!ok || isNull(prev))
+}
+
 // ValidAttachments reads the GC verb's list of attachments to keep:
 // "cni.dev/valid-attachments", or "cni.dev/attachments" as the spec first
 // misnamed it. It is parsed from the raw entry because types.NetConf's

@@ -150,6 +150,31 @@ func TestParseDefaults(t *testing.T) {
 	}
 }
 
+// A DEL lost its prevResult only where a runtime sends one: from
+// cniVersion 0.4.0 on.
+func TestLostPrevResult(t *testing.T) {
+	prev := `,"prevResult":{"cniVersion":"%s","ips":[{"address":"10.0.0.2/24"}]}`
+	for _, tc := range []struct {
+		version string
+		prev    bool
+		lost    bool
+	}{
+		{"0.4.0", false, true}, {"1.0.0", false, true}, {"1.0.0", true, false}, {"0.4.0", true, false}, {"0.3.1", false, false},
+	} {
+		entry := `{"cniVersion":"` + tc.version + `","name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}`
+		if tc.prev {
+			entry += fmt.Sprintf(prev, tc.version)
+		}
+		conf, err := Parse([]byte(entry + "}"))
+		if err != nil {
+			t.Fatalf("%s: Parse: %v", entry, err)
+		}
+		if got := conf.LostPrevResult(); got != tc.lost {
+			t.Errorf("%s: LostPrevResult = %v, want %v", entry, got, tc.lost)
+		}
+	}
+}
+
 // Both GC entries list exactly what the plugin's sweep kept, under the one
 // key host-local reads, however the runtime spelled it (regression: forwarded
 // as "cni.dev/attachments", host-local found no list and released every

@@ -41,7 +41,7 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 	} else if err != nil {
 		return plantedError(err)
 	}
-	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir}
+	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir, NoPrevResult: conf.LostPrevResult()}
 	if other, err := attacher.AttachedThere(conf.Dir(), key, args.Netns); err != nil {
 		p.warnf("warning: DEL %s: cannot tell who else is attached in %s: %v", key, args.Netns, err)
 	} else if other != nil {

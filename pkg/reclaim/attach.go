@@ -38,6 +38,12 @@ type Attacher struct {
 	// twice the floor's). What else is left is an orphan the next sweep
 	// releases.
 	TornDown []net.IP
+	// NoPrevResult: the DEL came without prevResult
+	// (netconf.Config.LostPrevResult), so the firewall plugin before it in
+	// the chain's DEL, which finds its per-address rules only through
+	// prevResult, left them; EndDel releases them as a sweep's release
+	// does.
+	NoPrevResult bool
 }
 
 // PendingAdd is an ADD under way: where its record lives, what it says,
@@ -359,6 +365,11 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	if err != nil {
 		return err
 	}
+	if s.NoPrevResult && rec != nil {
+		if err := s.releaseAddrRules(d, rec); err != nil {
+			return err
+		}
+	}
 	// A record write killed before its rename (an ADD of this attachment
 	// killed mid-write, say) left its temp file.
 	if _, err := store.RemoveAbandonedTemps(temps, s.running); err != nil {
@@ -371,6 +382,22 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	}
 	s.forget(d, key)
 	return store.Remove(key)
+}
+
+// releaseAddrRules releases the rules that name rec's attachment only by
+// its addresses (the firewall plugin's, portmap's nftables ones), as a
+// sweep's release does: those of an address another network leases stay.
+func (s *Attacher) releaseAddrRules(d ipamdir.Dir, rec *records.Record) error {
+	if s.Netfilter == nil || len(rec.IPs) == 0 {
+		return nil
+	}
+	p := pendingRelease{a: &Attachment{Key: rec.Key(), Record: rec}}
+	addr := addrRules{nf: s.Netfilter, own: d, roots: leaseRoots(d, s.LegacyDataDir, nil)}
+	_, err := addr.release(&p)
+	if what := slices.Concat(p.rel.What, p.rel.Kept); len(what) > 0 {
+		s.logf("%s: DEL %s without prevResult: %s", d.Network, rec.Key(), strings.Join(what, "; "))
+	}
+	return err
 }
 
 // AttachedThere is the record of another attachment in the namespace at

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -80,6 +81,38 @@ func TestFirewallRulesGoWithTheirAttachment(t *testing.T) {
 			}
 			assertNoFirewall(t, p1.Addr())
 			e.assertNetworkEmpty(t, e.leaseDir())
+		})
+	}
+}
+
+// TestDelWithoutCachedResultTakesTheFirewallRules: a runtime killed while
+// it wrote its cached result of an ADD (libcni's cache: the syskill sample
+// caught cnitool killed at that write) DELs with no prevResult, as libcni
+// does when the cache cannot be read; the firewall plugin, which finds its
+// per-address CNI-FORWARD rules only through prevResult, then leaves them.
+// The plugin's DEL takes them with the attachment: nothing of it is left.
+func TestDelWithoutCachedResultTakesTheFirewallRules(t *testing.T) {
+	for _, how := range []string{"empty", "missing"} {
+		t.Run(how, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			e.writeConflist(t, e.confFor(t, "nomad.conflist"))
+			ns := e.addNetns(t, "a")
+			p, _ := parseResult(t, e.mustCNI(t, "add", ns, "")).addrIn(t, e.subnet4)
+			e.assertFirewall(t, p.Addr())
+			cache := e.cachedResult(cnitoolCacheDir, ns.cid)
+			var err error
+			if how == "empty" {
+				err = os.Truncate(cache, 0)
+			} else {
+				err = os.Remove(cache)
+			}
+			if err != nil {
+				t.Fatalf("the runtime's cached result: %v", err)
+			}
+			e.mustCNI(t, "del", ns, "")
+			assertNoFirewall(t, p.Addr())
+			e.assertNoTrace(t, ns.cid)
 		})
 	}
 }
