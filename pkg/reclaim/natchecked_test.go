@@ -2,8 +2,10 @@ package reclaim
 
 import (
 	"testing"
+	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 )
 
 // A CHECK's sweep of an owned network lists its NAT rules for orphans
@@ -71,5 +73,28 @@ func TestCheckSweepSkipsTheOrphanListingOfAnUnchangedRuleset(t *testing.T) {
 	w.sweep(check)
 	if n := listings(); n != 2 {
 		t.Errorf("without a ruleset state: %d listings in two sweeps, want 2", n)
+	}
+}
+
+// A CHECK that skips the orphan listing still lists to release a stale
+// attachment, but that listing is no orphan listing: nftables owners are
+// tracked only from a listing for orphans on, so the rules of a lease with
+// no record judged before it (bare bridge's, say) were not seen, and would
+// have gone as orphans.
+func TestCheckSweepThatSkipsTheOrphanListingReleasesNoOrphan(t *testing.T) {
+	w := newWorld(t)
+	w.markOwned()
+	nft := fakenat.NewNFT()
+	state := netfilter.RulesetState{Cookie: 7, Gen: 100}
+	w.sweeper.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}, NFTables: nft, StateFunc: func() netfilter.RulesetState { return state }}
+	check := Request{SkipUnchangedNAT: true}
+	w.sweep(check) // notes the ruleset checked
+
+	w.lease("10.0.0.3", "bare\r\neth0", bootTime.Add(time.Minute)) // this boot, no record: unknown
+	nft.Add(net1, "bare", "eth0")
+	w.lease("10.0.0.4", "old\r\neth0", bootTime.Add(-time.Hour)) // another boot: stale
+	rep := w.sweep(check)
+	if len(rep.Releases) != 1 || rep.Releases[0].Key.ContainerID != "old" || !nft.Has(net1, "bare", "eth0") {
+		t.Errorf("releases %v; rules of bare kept %v", rep.Releases, nft.Has(net1, "bare", "eth0"))
 	}
 }

@@ -235,3 +235,45 @@ func TestReleaseListsTheRulesAgainAfterTheVerdict(t *testing.T) {
 		t.Errorf("releases %v; rules of late left: %v", rep.Releases, w.nat.Owns(net1, "late"))
 	}
 }
+
+// The same after a verdict that is not the sweep's first: a stale
+// attachment judged in pass 1 makes the sweep list the rules; then the
+// sweep ends an overdue ADD (its delegate killed past the record's
+// deadline), whose last process added bridge's POSTROUTING jump to the
+// chain the listing has. Released from that listing, the jump was missed
+// and deleting the chain it still jumps to failed the gc ("CHAIN_DEL
+// failed (Device or resource busy)", seen once in a storm): the release
+// needs a listing made after its own verdict.
+func TestReleaseListsTheRulesAfterEveryVerdict(t *testing.T) {
+	w := newWorld(t)
+	w.container("early", "10.0.0.2")
+	delete(w.host.Namespaces, "/run/netns/early")
+	w.host.Namespaces["/run/netns/late"] = sysinfo.NetnsID{Dev: 4, Ino: 71}
+	add, err := (&Attacher{Env: w.env, AddBound: time.Minute}).BeginAdd(w.dir(), records.Key{ContainerID: "late", IfName: "eth0"}, "/run/netns/late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer add.Close()
+	w.lease("10.0.0.9", "late\r\neth0", bootTime.Add(time.Hour))
+	w.nat.AddContainer(net1, "late", "10.0.0.9", 0)
+	jump := w.nat.Chains["POSTROUTING"][1]
+	w.nat.Chains["POSTROUTING"] = w.nat.Chains["POSTROUTING"][:1]
+	// The plugin was killed; its delegate runs on past the deadline, and
+	// adds the jump as it is killed.
+	delete(w.host.Processes, os.Getpid())
+	w.host.LockHolders = map[string][]int{records.NewStore(w.dir()).PathOf(add.Record.Key()): {4711}}
+	w.host.OnKill = func(string) {
+		w.nat.Chains["POSTROUTING"] = append(w.nat.Chains["POSTROUTING"], jump)
+		add.Close()
+	}
+	delete(w.host.Namespaces, "/run/netns/late")
+	w.host.Clock = w.host.Clock.Add(2 * time.Minute)
+
+	rep, err := w.sweeper.Sweep(Request{Dir: w.dir()})
+	if err != nil || rep.Released != 2 || len(w.host.Killed) != 1 {
+		t.Fatalf("sweep: %v; released %d, want 2; killed %v\n%s", err, rep.Released, w.host.Killed, w.log)
+	}
+	if w.nat.Owns(net1, "late") || w.nat.Owns(net1, "early") || w.hasRecord("late") || len(w.leases()) != 0 {
+		t.Errorf("left: rules of late %v, of early %v; record of late %v; leases %v", w.nat.Owns(net1, "late"), w.nat.Owns(net1, "early"), w.hasRecord("late"), w.leases())
+	}
+}

@@ -180,11 +180,12 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 
 // sweep is one Sweep under way. It reads the network in two passes, one
 // file at a time (docs/reclaim.md): the records, each judged with the
-// leases at the addresses it names (claimed), and released at once if
-// stale; then the leases no record claimed, grouped by attachment (later)
-// and judged once the pass is over, since an attachment is judged over
-// all its leases. A stale attachment's files go only after its NAT rules:
-// its own (nftables) per batch, its container's (iptables) at the end
+// leases at the addresses it names (claimed), and released in batches
+// (stale) if stale; then the leases no record claimed, grouped by
+// attachment (later) and judged once the pass is over, since an
+// attachment is judged over all its leases. A stale attachment's files go
+// only after its NAT rules, listed after its verdict (releaseStale): its
+// own (nftables) with its batch, its container's (iptables) at the end
 // (natWait), once it is known whether any attachment of that container
 // ID is left that is not stale.
 type sweep struct {
@@ -207,13 +208,12 @@ type sweep struct {
 	rules      []netfilter.Rules
 	owners     []ownerSets
 	natUnknown bool
-	// relisted: the rules were listed after the first stale verdict.
-	relisted bool
 	// cniScanErr: a scan for running CNI commands failed (cniCommand).
 	cniScanErr error
-	// natWait and batch are the stale attachments waiting for their
-	// container's rules, and for their own (released per natBatch).
-	natWait, batch []pendingRelease
+	// stale are the stale attachments judged since the rules were last
+	// listed (released per natBatch); natWait those waiting for their
+	// container's rules.
+	stale, natWait []pendingRelease
 	addr           addrRules
 	// heldRead: readHeld ran; heldUnsure: some of it could not be read,
 	// or a live process was writing a record, so no rule is an orphan.
@@ -257,8 +257,8 @@ type ownerSets struct {
 	unsure bool
 }
 
-// natBatch bounds the stale attachments whose own NAT rules (nftables) are
-// released at once (one listing and one batch each).
+// natBatch bounds the stale attachments released at once (one listing,
+// and one nftables batch, each).
 const natBatch = 1024
 
 func (w *sweep) run() error {
@@ -300,7 +300,7 @@ func (w *sweep) run() error {
 		}
 		w.judged(a)
 	}
-	w.flushBatch()
+	w.releaseStale()
 	w.releaseNAT()
 	return nil
 }
@@ -436,27 +436,9 @@ func (w *sweep) judged(a *Attachment) {
 		w.each(a.Key, w.shared, func(i int, owner string) { w.owners[i].alive.add(owner) })
 		return
 	}
-	if w.listNATForRelease(); w.natUnknown {
-		return // kept whole for the next sweep; the listing's error is reported
-	}
-	w.causes[a.Verdict.Cause]++
-	p := pendingRelease{a: a, rel: releaseOf(a)}
-	shared, own := false, false
-	for i, b := range w.backends {
-		if owner, ok := b.OwnerOf(w.req.Dir.Network, a.Key.ContainerID, a.Key.IfName); ok && len(w.rules[i].Owned(owner)) > 0 {
-			shared, own = shared || b.Shared(), own || !b.Shared()
-		}
-	}
-	switch {
-	case shared:
-		w.natWait = append(w.natWait, p)
-	case own:
-		w.batch = append(w.batch, p)
-		if len(w.batch) == natBatch {
-			w.flushBatch()
-		}
-	default:
-		w.releaseFiles(p)
+	w.stale = append(w.stale, pendingRelease{a: a, rel: releaseOf(a)})
+	if len(w.stale) == natBatch {
+		w.releaseStale()
 	}
 }
 

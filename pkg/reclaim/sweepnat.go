@@ -80,14 +80,15 @@ func (w *sweep) noteNATChecked() {
 	}
 }
 
-// listNAT lists the network's rules in every backend, once. Until then, a
-// backend whose owners are attachments (nftables) is not tracked: only
-// record-less attachments need it (saw), and those are judged after the
-// listing is in. It is made when first needed, not beside the record walk:
+// listNAT lists the network's rules in every backend, unless they are
+// listed (releaseStale lists them again). Until then, a backend whose
+// owners are attachments (nftables) is not tracked: only record-less
+// attachments need it (saw), and those are judged after the listing for
+// orphans is in. It is made when first needed, not beside the record walk:
 // the overlap saved at most the walk's time (about 30 µs an attachment:
 // BENCHMARKS.md, section 2) on a CHECK whose ruleset changed, which no
 // bound measures (a restore's CHECKs find it unchanged), and made a sweep
-// with a stale attachment list twice (listNATForRelease).
+// with a stale attachment list twice.
 func (w *sweep) listNAT() {
 	if w.rules != nil {
 		return
@@ -105,19 +106,6 @@ func (w *sweep) listNAT() {
 			w.owners[i].tracked = true
 		}
 	}
-}
-
-// listNATForRelease is listNAT for the release of a stale attachment. A
-// listing made before its verdict proved that nothing of its ADD still
-// runs may miss rules the ADD's last process made just before it let go,
-// so the release takes a listing made after the first stale verdict.
-func (w *sweep) listNATForRelease() {
-	if w.relisted || w.natUnknown {
-		return
-	}
-	w.relisted = true
-	w.rules = nil
-	w.listNAT()
 }
 
 // each calls fn with the owner of k's rules in every tracked backend that
@@ -153,18 +141,45 @@ func (w *sweep) saw(k records.Key, recorded bool) {
 	w.each(k, want, func(i int, owner string) { w.owners[i].seen.add(owner) })
 }
 
-// flushBatch releases the batch: its attachments' own NAT rules, then the
-// files of those whose rules went. If rules could not go, their files stay
-// for the next sweep, which finds the rules through them.
-func (w *sweep) flushBatch() {
-	if len(w.batch) == 0 {
+// releaseStale releases the stale attachments judged since the rules were
+// last listed, from a listing made after their verdicts: one made before
+// a verdict proved that nothing of an ADD still runs may miss rules its
+// last process made (a jump missed, the chain it still jumps to cannot
+// go). Their own rules (nftables) go first, then their files; those whose
+// container's rules are shared (iptables) wait for the end (natWait). If
+// the rules cannot be listed, they are kept whole for the next sweep.
+func (w *sweep) releaseStale() {
+	if len(w.stale) == 0 {
 		return
 	}
-	w.releaseRulesOf(w.batch, false)
-	for _, p := range w.batch {
+	w.rules = nil
+	if w.listNAT(); w.natUnknown {
+		w.stale = w.stale[:0]
+		return
+	}
+	var own []pendingRelease
+	for _, p := range w.stale {
+		w.causes[p.a.Verdict.Cause]++
+		shared, mine := false, false
+		for i, b := range w.backends {
+			if owner, ok := b.OwnerOf(w.req.Dir.Network, p.a.Key.ContainerID, p.a.Key.IfName); ok && len(w.rules[i].Owned(owner)) > 0 {
+				shared, mine = shared || b.Shared(), mine || !b.Shared()
+			}
+		}
+		switch {
+		case shared:
+			w.natWait = append(w.natWait, p)
+		case mine:
+			own = append(own, p)
+		default:
+			w.releaseFiles(p)
+		}
+	}
+	w.stale = w.stale[:0]
+	w.releaseRulesOf(own, false)
+	for _, p := range own {
 		w.releaseFiles(p)
 	}
-	w.batch = w.batch[:0]
 }
 
 // keptBusy says what a release left to a running CNI command of its
@@ -242,9 +257,6 @@ func (w *sweep) releaseOwned(i int, owners []string) (removed map[string][]strin
 // each owner's rules first, once no attachment of it is left that is not
 // stale, then their own rules, then the files; then the orphans' rules.
 func (w *sweep) releaseNAT() {
-	if len(w.natWait) > 0 {
-		w.listNAT()
-	}
 	if len(w.natWait) > 0 && !w.natUnknown {
 		w.releaseRulesOf(w.natWait, true)
 		w.releaseRulesOf(w.natWait, false)
@@ -253,7 +265,7 @@ func (w *sweep) releaseNAT() {
 		}
 	}
 	w.natWait = nil
-	if !w.owned || w.natUnknown || w.rules == nil { // not listed: see startNAT
+	if !w.listedForOrphans || w.natUnknown {
 		return
 	}
 	for i := range w.backends {
