@@ -206,12 +206,11 @@ func TestSweepOfALargeNetworkJudgesEveryAttachmentByItsOwnNamespace(t *testing.T
 	equal(t, "leases left", left, wantLeft)
 }
 
-// An owned network's rules are listed for orphans before the attachments
-// left for the end of its sweep (pending records, leases without one) are
-// judged. An ADD whose last process added the container's NAT rules after
-// that listing, and then died (so that its pending attachment is judged
-// stale), left rules the listing does not have: the release must list
-// again after the verdict, and take them. (Seen as "CHAIN_DEL failed
+// An ADD whose last process added the container's NAT rules and then died
+// (so that its pending attachment, judged at the end of the sweep, is
+// stale) left rules a listing made before its verdict (an owned network's
+// listing for orphans was) does not have: the release must list after the
+// verdict, and take them. (Seen as "CHAIN_DEL failed
 // (Device or resource busy)" with real iptables: a jump the listing
 // missed.)
 func TestReleaseListsTheRulesAgainAfterTheVerdict(t *testing.T) {
@@ -224,12 +223,8 @@ func TestReleaseListsTheRulesAgainAfterTheVerdict(t *testing.T) {
 	}
 	w.lease("10.0.0.9", "late\r\neth0", bootTime.Add(time.Minute))
 	w.record(&records.Record{ContainerID: "late", IfName: "eth0", Netns: "/run/netns/late", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 99}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
-	listed := make(chan struct{}, 4)
-	w.nat.OnList = func() { listed <- struct{}{} }
-	w.host.OnHolderScan = func() {
-		<-listed // the early listing is made: the rules come after it
-		w.nat.AddContainer(net1, "late", "10.0.0.9", 8080)
-	}
+	// Made at the verdict's holder scan, after any listing made before it.
+	w.host.OnHolderScan = func() { w.nat.AddContainer(net1, "late", "10.0.0.9", 8080) }
 	rep := w.sweep(Request{})
 	if len(rep.Releases) != 1 || w.nat.Owns(net1, "late") {
 		t.Errorf("releases %v; rules of late left: %v", rep.Releases, w.nat.Owns(net1, "late"))

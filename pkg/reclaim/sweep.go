@@ -247,10 +247,9 @@ type ownerSets struct {
 	// backend only); seen: of every attachment and damaged record; held:
 	// of what readHeld found once the rules were listed.
 	alive, seen, held idSet
-	// tracked: seen and held are kept. A backend whose
-	// owners are attachments (nftables: a hash each) is tracked only on an
-	// owned network whose listing found rules there: only its orphans
-	// need them.
+	// tracked: seen and held are kept. A backend whose owners are
+	// attachments (nftables: a hash each) is tracked only by a sweep that
+	// looks for orphans (startNAT): only its orphans need them.
 	tracked bool
 	// unsure: an attachment whose owner cannot be told (no ifname) was
 	// met: none of the backend's rules is an orphan.
@@ -288,10 +287,6 @@ func (w *sweep) run() error {
 		return err
 	}
 	w.claimed, w.named = nil, nil
-	// Record-less attachments are judged by what the listing tracks.
-	if w.listedForOrphans {
-		w.listNAT()
-	}
 	for _, a := range sortedAttachments(w.later) {
 		if a.Record == nil && a.Key.IfName != "" {
 			// A record that could not be read was reported by pass 1;

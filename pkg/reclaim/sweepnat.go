@@ -17,25 +17,22 @@ import (
 
 // startNAT finds the backends, and whether an owned network's rules are to
 // be listed for orphans (listedForOrphans): always, but on a CHECK whose
-// ruleset is the one in which an earlier listing found none.
+// ruleset is the one in which an earlier listing found none. A backend
+// whose owners are attachments (nftables: a hash each) is tracked only
+// then: only its orphans need them.
 func (w *sweep) startNAT() {
 	if w.Netfilter != nil {
 		w.backends = w.Netfilter.Backends()
 	}
+	w.listedForOrphans = w.owned && w.Netfilter != nil
+	if w.listedForOrphans && w.req.SkipUnchangedNAT {
+		w.natState = w.Netfilter.State()
+		w.listedForOrphans = w.natState == (netfilter.RulesetState{}) || w.natChecked() != w.natState
+	}
 	w.owners = make([]ownerSets, len(w.backends))
 	for i, b := range w.backends {
-		w.owners[i].tracked = b.Shared()
+		w.owners[i].tracked = b.Shared() || w.listedForOrphans
 	}
-	if !w.owned || w.Netfilter == nil {
-		return
-	}
-	if w.req.SkipUnchangedNAT {
-		w.natState = w.Netfilter.State()
-		if w.natState != (netfilter.RulesetState{}) && w.natChecked() == w.natState {
-			return
-		}
-	}
-	w.listedForOrphans = true
 }
 
 // natCheckedState is NATCheckedMarker's content.
@@ -81,14 +78,11 @@ func (w *sweep) noteNATChecked() {
 }
 
 // listNAT lists the network's rules in every backend, unless they are
-// listed (releaseStale lists them again). Until then, a backend whose
-// owners are attachments (nftables) is not tracked: only record-less
-// attachments need it (saw), and those are judged after the listing for
-// orphans is in. It is made when first needed, not beside the record walk:
-// the overlap saved at most the walk's time (about 30 µs an attachment:
-// BENCHMARKS.md, section 2) on a CHECK whose ruleset changed, which no
-// bound measures (a restore's CHECKs find it unchanged), and made a sweep
-// with a stale attachment list twice.
+// listed (releaseStale lists them again). It is made when first needed,
+// after the walk: overlapping it with the walk saved at most the walk's
+// time (about 30 µs an attachment: BENCHMARKS.md, section 2) on a CHECK
+// whose ruleset changed, which no bound measures (a restore's CHECKs find
+// it unchanged).
 func (w *sweep) listNAT() {
 	if w.rules != nil {
 		return
@@ -102,9 +96,6 @@ func (w *sweep) listNAT() {
 			continue
 		}
 		w.rules[i] = rules
-		if !b.Shared() && w.owned && len(rules.Owners()) > 0 {
-			w.owners[i].tracked = true
-		}
 	}
 }
 
@@ -265,7 +256,10 @@ func (w *sweep) releaseNAT() {
 		}
 	}
 	w.natWait = nil
-	if !w.listedForOrphans || w.natUnknown {
+	if !w.listedForOrphans {
+		return
+	}
+	if w.listNAT(); w.natUnknown {
 		return
 	}
 	for i := range w.backends {
