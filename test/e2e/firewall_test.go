@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -20,11 +21,7 @@ func TestFirewallRulesGoWithTheirAttachment(t *testing.T) {
 		name := map[bool]string{false: "address-free", true: "address-leased-by-another-network"}[shared]
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
-			e.requirePlugin(t)
-			e.writeConflist(t, e.confFor(t, "nomad.conflist"))
-			ns := e.addNetns(t, "a")
-			p1, _ := parseResult(t, e.mustCNI(t, "add", ns, "")).addrIn(t, e.subnet4)
-			e.assertFirewall(t, p1.Addr())
+			ns, a1 := e.addWithFirewall(t)
 
 			var other libcniNet
 			var rt *libcni.RuntimeConf
@@ -45,20 +42,20 @@ func TestFirewallRulesGoWithTheirAttachment(t *testing.T) {
 				rt = &libcni.RuntimeConf{ContainerID: cid, NetNS: twin.path, IfName: ifName}
 				t.Cleanup(func() { _ = other.cfg.DelNetworkList(other.ctx, other.list, rt) })
 				addr, _ := other.mustAdd(t, rt).addrIn(t, e.subnet4)
-				if addr.Addr() != p1.Addr() {
-					t.Fatalf("the twin network's container got %s, the first %s: the test needs the same address", addr, p1)
+				if addr.Addr() != a1 {
+					t.Fatalf("the twin network's container got %s, the first %s: the test needs the same address", addr, a1)
 				}
 			}
 
 			e.mustKillNetns(t, ns)
 			out := e.operatorSweep(t)
 			assertLeases(t, e.leaseDir(), nil)
-			rules := firewallRules(t, p1.Addr())
+			rules := firewallRules(t, a1)
 			if shared {
 				if len(rules) != 2 {
-					t.Errorf("the twin's firewall rules for %s went with the released attachment:\n%s", p1.Addr(), rulesString(rules))
+					t.Errorf("the twin's firewall rules for %s went with the released attachment:\n%s", a1, rulesString(rules))
 				}
-				if !strings.Contains(out, "firewall rules of "+p1.Addr().String()+" kept: "+p1.Addr().String()+" is leased in network "+e.netName+"-twin") {
+				if !strings.Contains(out, "firewall rules of "+a1.String()+" kept: "+a1.String()+" is leased in network "+e.netName+"-twin") {
 					t.Errorf("gc did not say what it kept:\n%s", out)
 				}
 				metrics, _, err := e.operator(t, "metrics", "--data-dir", e.dataDir)
@@ -73,13 +70,13 @@ func TestFirewallRulesGoWithTheirAttachment(t *testing.T) {
 				}
 			} else {
 				if len(rules) != 0 {
-					t.Errorf("firewall rules of the released %s left:\n%s", p1.Addr(), rulesString(rules))
+					t.Errorf("firewall rules of the released %s left:\n%s", a1, rulesString(rules))
 				}
-				if !strings.Contains(out, "firewall rules of "+p1.Addr().String()+" in CNI-FORWARD (2)") {
+				if !strings.Contains(out, "firewall rules of "+a1.String()+" in CNI-FORWARD (2)") {
 					t.Errorf("gc did not say it removed them:\n%s", out)
 				}
 			}
-			assertNoFirewall(t, p1.Addr())
+			assertNoFirewall(t, a1)
 			e.assertNetworkEmpty(t, e.leaseDir())
 		})
 	}
@@ -95,11 +92,7 @@ func TestDelWithoutCachedResultTakesTheFirewallRules(t *testing.T) {
 	for _, how := range []string{"empty", "missing"} {
 		t.Run(how, func(t *testing.T) {
 			e := newEnv(t)
-			e.requirePlugin(t)
-			e.writeConflist(t, e.confFor(t, "nomad.conflist"))
-			ns := e.addNetns(t, "a")
-			p, _ := parseResult(t, e.mustCNI(t, "add", ns, "")).addrIn(t, e.subnet4)
-			e.assertFirewall(t, p.Addr())
+			ns, addr := e.addWithFirewall(t)
 			cache := e.cachedResult(cnitoolCacheDir, ns.cid)
 			var err error
 			if how == "empty" {
@@ -111,8 +104,20 @@ func TestDelWithoutCachedResultTakesTheFirewallRules(t *testing.T) {
 				t.Fatalf("the runtime's cached result: %v", err)
 			}
 			e.mustCNI(t, "del", ns, "")
-			assertNoFirewall(t, p.Addr())
+			assertNoFirewall(t, addr)
 			e.assertNoTrace(t, ns.cid)
 		})
 	}
+}
+
+// addWithFirewall runs cnitool's ADD of Nomad's chain into a new
+// namespace and checks the firewall plugin's rules of its address.
+func (e *testEnv) addWithFirewall(t *testing.T) (netns, netip.Addr) {
+	t.Helper()
+	e.requirePlugin(t)
+	e.writeConflist(t, e.confFor(t, "nomad.conflist"))
+	ns := e.addNetns(t, "a")
+	p, _ := parseResult(t, e.mustCNI(t, "add", ns, "")).addrIn(t, e.subnet4)
+	e.assertFirewall(t, p.Addr())
+	return ns, p.Addr()
 }
