@@ -428,7 +428,7 @@ func (w *sweep) judged(a *Attachment) {
 	}
 	w.saw(a.Key, a.Record != nil)
 	if a.Verdict.State != Stale {
-		w.each(a.Key, w.shared, func(i int, owner string) { w.owners[i].alive.add(owner) })
+		w.each(a.Key, true, func(i int, owner string) { w.owners[i].alive.add(owner) })
 		return
 	}
 	w.stale = append(w.stale, pendingRelease{a: a, rel: releaseOf(a)})

@@ -99,13 +99,13 @@ func (w *sweep) listNAT() {
 	}
 }
 
-// each calls fn with the owner of k's rules in every tracked backend that
-// want selects (nil: all); an owner that cannot be told makes that backend
-// unsure. An owner is asked for only where it is used: an nftables one is
-// a hash.
-func (w *sweep) each(k records.Key, want func(i int) bool, fn func(i int, owner string)) {
+// each calls fn with the owner of k's rules in every tracked backend, or
+// with sharedOnly in those whose owners attachments share (iptables); an
+// owner that cannot be told makes that backend unsure. An owner is asked
+// for only where it is used: an nftables one is a hash.
+func (w *sweep) each(k records.Key, sharedOnly bool, fn func(i int, owner string)) {
 	for i, b := range w.backends {
-		if !w.owners[i].tracked || (want != nil && !want(i)) {
+		if !w.owners[i].tracked || (sharedOnly && !b.Shared()) {
 			continue
 		}
 		owner, ok := b.OwnerOf(w.req.Dir.Network, k.ContainerID, k.IfName)
@@ -117,19 +117,12 @@ func (w *sweep) each(k records.Key, want func(i int) bool, fn func(i int, owner 
 	}
 }
 
-// shared selects the backends whose owners attachments share (iptables).
-func (w *sweep) shared(i int) bool { return w.backends[i].Shared() }
-
 // saw remembers an attachment the network holds something of: its rules
 // are no orphans. A backend whose owners are attachments learns those
 // with a record from readHeld, which runs only when its rules are
 // examined for orphans (a hash each, saved on every other sweep).
 func (w *sweep) saw(k records.Key, recorded bool) {
-	want := w.shared
-	if !recorded {
-		want = nil
-	}
-	w.each(k, want, func(i int, owner string) { w.owners[i].seen.add(owner) })
+	w.each(k, recorded, func(i int, owner string) { w.owners[i].seen.add(owner) })
 }
 
 // releaseStale releases the stale attachments judged since the rules were
@@ -339,7 +332,7 @@ func (w *sweep) orphans(i int) []netfilter.RuleOwner {
 // another data dir, made its NAT rules).
 func (w *sweep) readHeld() {
 	hold := func(k records.Key) {
-		w.each(k, nil, func(i int, owner string) { w.owners[i].held.add(owner) })
+		w.each(k, false, func(i int, owner string) { w.owners[i].held.add(owner) })
 	}
 	unreadable := func(err error) {
 		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
