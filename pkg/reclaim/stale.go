@@ -82,7 +82,8 @@ type Attachment struct {
 // pending record whose ADD still runs is kept whatever the rules say, and
 // so is a record-less lease from this boot.
 type judge struct {
-	host sysinfo.Host
+	// Env is the host it looks at and the log it writes to.
+	*Env
 	// records' locks tell which ADDs still run.
 	records  *records.Store
 	bootID   string
@@ -92,9 +93,8 @@ type judge struct {
 	// holders: scanned at most once, when some path fails its check.
 	holders sysinfo.Holders
 	// endOverdue: kill what still runs of a pending ADD past its
-	// record's deadline (never in a dry run); logf says so.
+	// record's deadline (never in a dry run); the log says so.
 	endOverdue bool
-	logf       func(format string, args ...any)
 	// unlisted is Request.Unlisted.
 	unlisted func(a *Attachment) (string, bool)
 	// legacyDataDir is the entry's legacy lease directory's parent, where
@@ -118,8 +118,8 @@ func newJudge(e *Env, d ipamdir.Dir, legacyDataDir string) (*judge, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &judge{host: e.Host, records: records.NewStore(d), bootID: bootID, bootTime: bootTime,
-		endOverdue: true, logf: e.logf, legacyDataDir: legacyDataDir}, nil
+	return &judge{Env: e, records: records.NewStore(d), bootID: bootID, bootTime: bootTime,
+		endOverdue: true, legacyDataDir: legacyDataDir}, nil
 }
 
 func (j *judge) verdict(a *Attachment) Verdict {
@@ -189,7 +189,7 @@ func (j *judge) verdictOfDeadADD(a *Attachment) Verdict {
 // on its interface, other than a link-local one the kernel adds itself,
 // means the ADD got one (a lease may name it otherwise), and it is live.
 func (j *judge) deadADDInLiveNamespace(r *records.Record) Verdict {
-	addrs, err := j.host.LinkAddrs(r.Netns, r.IfName)
+	addrs, err := j.Host.LinkAddrs(r.Netns, r.IfName)
 	if err != nil {
 		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD did not finish, and cannot tell what %s holds: %v", r.Netns, err)}
 	}
@@ -213,7 +213,7 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 	if r.Netns == "" {
 		return Verdict{State: Unknown, Reason: "record has no namespace path"}
 	}
-	id, err := j.host.Netns(r.Netns)
+	id, err := j.Host.Netns(r.Netns)
 	var gone string
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -283,7 +283,7 @@ func legacyLeasePaths(r *records.Record, legacyDataDir string) []string {
 // one alive as long as something is in it.
 func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 	if j.holders == nil {
-		holders, err := j.host.NetnsHolders()
+		holders, err := j.Host.NetnsHolders()
 		if err != nil {
 			return Verdict{State: Unknown, Reason: fmt.Sprintf("%s, and cannot tell whether a process still holds it: %v", gone, err)}
 		}
@@ -291,7 +291,7 @@ func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 	}
 	var unsure error
 	for _, h := range j.holders[r.NetnsID] {
-		h, ok, err := j.host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie)
+		h, ok, err := j.Host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie)
 		if ok {
 			return Verdict{State: Detached, Reason: fmt.Sprintf("namespace net:[%d] still held by %s", r.NetnsID.Ino, h), Holder: &h}
 		}
@@ -316,7 +316,7 @@ func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
 // the ADD's overdue delegate was killed here (see overdue).
 func (j *judge) addRunning(r *records.Record) (running Verdict, ended string) {
 	if r.PID > 0 {
-		if start, ok := j.host.ProcessStart(r.PID); ok && start == r.PIDStart {
+		if start, ok := j.Host.ProcessStart(r.PID); ok && start == r.PIDStart {
 			return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d", r.PID)}, ""
 		}
 	}
@@ -325,7 +325,7 @@ func (j *judge) addRunning(r *records.Record) (running Verdict, ended string) {
 	case err != nil:
 		// Cannot look: cannot prove the ADD is over, so keep it.
 		return Verdict{State: Unknown, Reason: fmt.Sprintf("cannot tell whether its ADD still runs: %v", err)}, ""
-	case locked && r.Deadline != 0 && uint64(j.host.Now().Unix()) > r.Deadline:
+	case locked && r.Deadline != 0 && uint64(j.Host.Now().Unix()) > r.Deadline:
 		return j.overdue(r)
 	case locked:
 		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD in progress, pid %d gone, its delegate still runs", r.PID)}, ""
@@ -343,11 +343,9 @@ func (j *judge) overdue(r *records.Record) (Verdict, string) {
 	if !j.endOverdue {
 		return Verdict{State: Pending, Reason: fmt.Sprintf("ADD of pid %d (gone) still runs in its delegate, overdue since %s", r.PID, deadline)}, ""
 	}
-	killed, err := j.host.KillLockHolders(j.records.PathOf(r.Key()))
+	killed, err := j.Host.KillLockHolders(j.records.PathOf(r.Key()))
 	ended := fmt.Sprintf("its ADD's delegate ran past the deadline %s with the plugin (pid %d) gone: killed pids %v", deadline, r.PID, killed)
-	if j.logf != nil {
-		j.logf("%s: %s: %s", r.Network, r.Key(), ended)
-	}
+	j.logf("%s: %s: %s", r.Network, r.Key(), ended)
 	if err != nil {
 		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD's delegate is overdue since %s and could not all be killed: %v", deadline, err)}, ""
 	}
