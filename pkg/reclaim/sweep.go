@@ -247,10 +247,6 @@ type ownerSets struct {
 	// backend only); seen: of every attachment and damaged record; held:
 	// of what readHeld found once the rules were listed.
 	alive, seen, held idSet
-	// tracked: seen and held are kept. A backend whose owners are
-	// attachments (nftables: a hash each) is tracked only by a sweep that
-	// looks for orphans (startNAT): only its orphans need them.
-	tracked bool
 	// unsure: an attachment whose owner cannot be told (no ifname) was
 	// met: none of the backend's rules is an orphan.
 	unsure bool

@@ -30,9 +30,6 @@ func (w *sweep) startNAT() {
 		w.listedForOrphans = w.natState == (netfilter.RulesetState{}) || w.natChecked() != w.natState
 	}
 	w.owners = make([]ownerSets, len(w.backends))
-	for i, b := range w.backends {
-		w.owners[i].tracked = b.Shared() || w.listedForOrphans
-	}
 }
 
 // natCheckedState is NATCheckedMarker's content.
@@ -101,11 +98,13 @@ func (w *sweep) listNAT() {
 
 // each calls fn with the owner of k's rules in every tracked backend, or
 // with sharedOnly in those whose owners attachments share (iptables); an
-// owner that cannot be told makes that backend unsure. An owner is asked
-// for only where it is used: an nftables one is a hash.
+// owner that cannot be told makes that backend unsure. A backend whose
+// owners are attachments (nftables: a hash each) is tracked (its seen and
+// held kept) only by a sweep that looks for orphans (startNAT): only its
+// orphans need them. An owner is asked for only where it is used.
 func (w *sweep) each(k records.Key, sharedOnly bool, fn func(i int, owner string)) {
 	for i, b := range w.backends {
-		if !w.owners[i].tracked || (sharedOnly && !b.Shared()) {
+		if !b.Shared() && (sharedOnly || !w.listedForOrphans) {
 			continue
 		}
 		owner, ok := b.OwnerOf(w.req.Dir.Network, k.ContainerID, k.IfName)
@@ -263,8 +262,8 @@ func (w *sweep) releaseNAT() {
 // releaseOrphans releases backend i's rules whose owner the network holds
 // nothing of, in one go, and reports each owner as an orphan.
 func (w *sweep) releaseOrphans(i int) {
-	b, set := w.backends[i], &w.owners[i]
-	if w.rules[i] == nil || !set.tracked {
+	b := w.backends[i]
+	if w.rules[i] == nil {
 		return
 	}
 	doomed := w.orphans(i)
