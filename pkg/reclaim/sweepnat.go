@@ -188,24 +188,24 @@ func (w *sweep) releaseRulesOf(ps []pendingRelease, shared bool) {
 		if b.Shared() != shared || w.rules[i] == nil {
 			continue
 		}
-		first := map[string]int{}
+		of := map[string][]int{} // the pending releases of each owner
 		var owners []string
 		for j := range ps {
 			owner, ok := b.OwnerOf(w.req.Dir.Network, ps[j].a.Key.ContainerID, ps[j].a.Key.IfName)
 			if !ok || len(w.rules[i].Owned(owner)) == 0 || (shared && w.owners[i].alive.has(owner)) {
 				continue
 			}
-			if _, dup := first[owner]; !dup {
-				first[owner] = j
+			if len(of[owner]) == 0 {
 				owners = append(owners, owner)
 			}
+			of[owner] = append(of[owner], j)
 		}
 		if len(owners) == 0 {
 			continue
 		}
 		removed, failed := w.releaseOwned(i, owners)
 		for _, owner := range owners {
-			p := &ps[first[owner]]
+			p := &ps[of[owner][0]]
 			p.rel.What = append(p.rel.What, removed[owner]...)
 		}
 		for owner, err := range failed {
@@ -213,10 +213,8 @@ func (w *sweep) releaseRulesOf(ps []pendingRelease, shared bool) {
 			if !errors.As(err, &busy) {
 				w.errs = append(w.errs, fmt.Errorf("release %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
 			}
-			for j := range ps {
-				if o, ok := b.OwnerOf(w.req.Dir.Network, ps[j].a.Key.ContainerID, ps[j].a.Key.IfName); ok && o == owner {
-					ps[j].failed, ps[j].busy = true, busy
-				}
+			for _, j := range of[owner] {
+				ps[j].failed, ps[j].busy = true, busy
 			}
 		}
 	}
