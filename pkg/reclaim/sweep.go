@@ -2,12 +2,13 @@ package reclaim
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -491,20 +492,16 @@ func (w *sweep) released(rel Release) {
 // sortedAttachments orders attachments by first address, then by key for
 // those without a lease (a stable order for what is judged last).
 func sortedAttachments(m map[records.Key]*Attachment) []*Attachment {
-	out := make([]*Attachment, 0, len(m))
-	for _, a := range m {
+	out := slices.Collect(maps.Values(m))
+	for _, a := range out {
 		sortLeases(a.Leases)
-		out = append(out, a)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		li, lj := out[i].Leases, out[j].Leases
-		switch {
-		case len(li) > 0 && len(lj) > 0:
-			return bytes.Compare(li[0].IP.To16(), lj[0].IP.To16()) < 0
-		case len(li) != len(lj):
-			return len(li) > 0
+	slices.SortFunc(out, func(a, b *Attachment) int {
+		if len(a.Leases) > 0 && len(b.Leases) > 0 {
+			return bytes.Compare(a.Leases[0].IP.To16(), b.Leases[0].IP.To16())
 		}
-		return out[i].Key.String() < out[j].Key.String()
+		// At most one has leases: it goes first.
+		return cmp.Or(cmp.Compare(len(b.Leases), len(a.Leases)), strings.Compare(a.Key.String(), b.Key.String()))
 	})
 	return out
 }
