@@ -160,7 +160,10 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		w.problem(err)
 	}
 	err = w.run()
-	w.summariseProblems()
+	// How many skipped files problem did not log (maxProblemLines).
+	if n := w.problems - maxProblemLines; n > 0 {
+		w.logf("%s: skipped %d more damaged or foreign files (nomad-bridge-cni leases lists them all)", req.Dir.Network, n)
+	}
 	if err == nil && !req.DryRun {
 		w.noteNATChecked()
 	}
@@ -404,13 +407,6 @@ func (w *sweep) tell(err error) {
 		w.req.Problem(err)
 	} else {
 		w.report.Problems = append(w.report.Problems, err)
-	}
-}
-
-// summariseProblems says how many skipped files problem did not log.
-func (w *sweep) summariseProblems() {
-	if n := w.problems - maxProblemLines; n > 0 {
-		w.logf("%s: skipped %d more damaged or foreign files (nomad-bridge-cni leases lists them all)", w.req.Dir.Network, n)
 	}
 }
 
