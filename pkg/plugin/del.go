@@ -59,7 +59,7 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		// bridge handles a missing path, but fails on a path that is no
 		// longer a namespace (an unmounted netns file); with no netns it
 		// just releases the lease, which is all that is left to do there.
-		exec = withEnv(exec, "CNI_NETNS", "")
+		exec = &envExec{exec, "CNI_NETNS", ""}
 	}
 	// What bridge will find on the interface, and tear the rules of down
 	// (see Attacher.TornDown). An error proves nothing: EndDel then lists

@@ -145,8 +145,6 @@ type envExec struct {
 	key, value string
 }
 
-func withEnv(e invoke.Exec, key, value string) invoke.Exec { return &envExec{e, key, value} }
-
 func (e *envExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
 	return e.Exec.ExecPlugin(ctx, pluginPath, stdin, append(without(environ, e.key), e.key+"="+e.value))
 }
