@@ -99,9 +99,6 @@ Examples:
 Flags:
 `
 
-// binaryName is the binary's name, as operators type it.
-const binaryName = "nomad-bridge-cni"
-
 // cli holds the operator CLI's edges, so tests can give it a fake host.
 type cli struct {
 	stdout, stderr io.Writer
@@ -331,7 +328,7 @@ func (cmd *command) confDirFlag(help string) *[]string {
 }
 
 func (c *cli) flagSet(name, help string) *command {
-	flags := pflag.NewFlagSet(binaryName+" "+name, pflag.ContinueOnError)
+	flags := pflag.NewFlagSet(conflists.PluginName+" "+name, pflag.ContinueOnError)
 	// pflag would print errors and usage itself while parsing; parse does
 	// it once, on the right stream.
 	flags.SetOutput(io.Discard)
@@ -347,7 +344,7 @@ func (cmd *command) usage(w io.Writer) {
 // parse handles -h (usage on stdout, exit 0), and bad flags, arguments
 // given to a subcommand and a --conf-dir that is not a directory (exit 2).
 func (c *cli) parse(flags *command, args []string) (int, bool) {
-	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), binaryName))
+	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), conflists.PluginName))
 	err := flags.Parse(args)
 	switch {
 	case errors.Is(err, pflag.ErrHelp):
@@ -368,7 +365,7 @@ func (c *cli) parse(flags *command, args []string) (int, bool) {
 func (c *cli) fail(code int, err error, cmd string) int {
 	fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
 	if code == 2 {
-		fmt.Fprintf(c.stderr, "Run '%s --help' for usage.\n", strings.TrimSpace(binaryName+" "+cmd))
+		fmt.Fprintf(c.stderr, "Run '%s --help' for usage.\n", strings.TrimSpace(conflists.PluginName+" "+cmd))
 	}
 	return code
 }

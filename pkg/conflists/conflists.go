@@ -50,7 +50,8 @@ var DefaultReaders = map[string]Reader{
 	"/var/lib/rancher/k3s/agent/etc/cni/net.d": {"k3s", []string{"/var/lib/rancher/k3s/data/cni", "/var/lib/rancher/k3s/data/current/bin"}},
 }
 
-// PluginName is the type that names the plugin in an entry.
+// PluginName is the type that names the plugin in an entry: the name of
+// its binary (CNI runs the type), as operators type it too.
 const PluginName = "nomad-bridge-cni"
 
 // File is one configuration file and the bridge networks it sets up.
