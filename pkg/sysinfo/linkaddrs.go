@@ -4,10 +4,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"strconv"
-
-	"github.com/containernetworking/plugins/pkg/ns"
-	"golang.org/x/sys/unix"
 )
 
 // LinkAddrs enters the namespace (through the descriptor openNetns
@@ -19,13 +15,8 @@ import (
 // netlink library linked for this one question cost every verb's
 // start-up its package init.
 func (r *Real) LinkAddrs(path, ifName string) ([]net.IP, error) {
-	fd, err := openNetns(path)
-	if err != nil {
-		return nil, fmt.Errorf("addresses of %s in %s: %w", ifName, path, err)
-	}
-	defer unix.Close(fd)
 	var ips []net.IP
-	err = ns.WithNetNSPath("/proc/self/fd/"+strconv.Itoa(fd), func(ns.NetNS) error {
+	err := inNetns(path, func() error {
 		links, err := net.Interfaces()
 		if err != nil {
 			return err
@@ -46,7 +37,7 @@ func (r *Real) LinkAddrs(path, ifName string) ([]net.IP, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("addresses of %s in %s: %w", ifName, path, nsError(err))
+		return nil, fmt.Errorf("addresses of %s in %s: %w", ifName, path, err)
 	}
 	return ips, nil
 }

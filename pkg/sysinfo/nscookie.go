@@ -1,7 +1,9 @@
 package sysinfo
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 
@@ -20,21 +22,37 @@ const nsGetNSType = 0xb703 // _IO(0xb7, 0x3)
 // Reading the id from outside (NS_GET_ID, Linux 6.18) saved about 0.1 ms
 // an ADD, which a 30–140 ms verb cannot show.
 func (r *Real) NetnsCookie(path string) (uint64, error) {
-	fd, err := openNetns(path)
-	if err != nil {
-		return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
-	}
-	defer unix.Close(fd)
 	var cookie uint64
-	err = ns.WithNetNSPath("/proc/self/fd/"+strconv.Itoa(fd), func(ns.NetNS) error {
+	err := inNetns(path, func() error {
 		var err error
 		cookie, err = socketNetnsCookie()
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("namespace cookie of %s: %w", path, nsError(err))
+		return 0, fmt.Errorf("namespace cookie of %s: %w", path, err)
 	}
 	return cookie, nil
+}
+
+// inNetns runs fn in the network namespace at path, entered as
+// NetnsCookie says. ns.GetNS's errors, which wrap nothing, are given the
+// meaning callers test for: a path that is gone (a holder that exited
+// since it was seen) is fs.ErrNotExist, one that is no namespace
+// ErrNotNetns.
+func inNetns(path string, fn func() error) error {
+	fd, err := openNetns(path)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	err = ns.WithNetNSPath("/proc/self/fd/"+strconv.Itoa(fd), func(ns.NetNS) error { return fn() })
+	if _, gone := errors.AsType[ns.NSPathNotExistErr](err); gone {
+		return fmt.Errorf("%w: %v", fs.ErrNotExist, err)
+	}
+	if _, notNS := errors.AsType[ns.NSPathNotNSErr](err); notNS {
+		return fmt.Errorf("%w: %v", ErrNotNetns, err)
+	}
+	return err
 }
 
 // openNetns opens the network namespace at path, read-only and without

@@ -9,14 +9,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
@@ -141,19 +139,6 @@ func (r *Real) Netns(path string) (NetnsID, error) {
 		return NetnsID{}, fmt.Errorf("%s: %w", path, ErrNotNetns)
 	}
 	return NetnsID{Dev: st.Dev, Ino: st.Ino}, nil
-}
-
-// nsError gives ns.GetNS's errors, which wrap nothing, the meaning callers
-// test for: a path that is gone (a holder that exited since it was seen)
-// is fs.ErrNotExist, one that is no namespace ErrNotNetns.
-func nsError(err error) error {
-	if _, gone := errors.AsType[ns.NSPathNotExistErr](err); gone {
-		return fmt.Errorf("%w: %v", fs.ErrNotExist, err)
-	}
-	if _, notNS := errors.AsType[ns.NSPathNotNSErr](err); notNS {
-		return fmt.Errorf("%w: %v", ErrNotNetns, err)
-	}
-	return err
 }
 
 func (r *Real) ProcessStart(pid int) (uint64, bool) {
