@@ -198,20 +198,16 @@ type familyRules struct {
 // per family, whatever the number of containers.
 func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 	r := &iptablesRules{network: network, running: c.Running}
-	tables := c.Families()
 	// One family after the other: listing them at once saved the shorter
 	// listing's time (ip6tables -S of a small table, 1.9 ms), which no
 	// bound needs.
-	listings := make([][]string, len(tables))
-	for i, t := range tables {
-		var err error
-		if listings[i], err = t.List(natTableName); err != nil {
+	for _, t := range c.Families() {
+		lines, err := t.List(natTableName)
+		if err != nil {
 			return nil, fmt.Errorf("list nat rules: %w", err)
 		}
-	}
-	for i, t := range tables {
 		fr := familyRules{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
-		for _, line := range listings[i] {
+		for _, line := range lines {
 			if chain, ok := strings.CutPrefix(line, "-N "); ok {
 				fr.chains[strings.TrimSpace(chain)] = true
 				continue
