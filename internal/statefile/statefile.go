@@ -49,22 +49,18 @@ func WriteAtomic(path string, data []byte, beforeRename func(tmp string) error) 
 		return err
 	}
 	_, werr := tmp.Write(data)
-	if err := errors.Join(werr, tmp.Close()); err != nil {
+	err = errors.Join(werr, tmp.Close())
+	if err == nil && beforeRename != nil {
+		err = beforeRename(tmp.Name())
+	}
+	if err == nil {
+		crashpoint.Step("rename " + path)
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
 		os.Remove(tmp.Name())
-		return err
 	}
-	if beforeRename != nil {
-		if err := beforeRename(tmp.Name()); err != nil {
-			os.Remove(tmp.Name())
-			return err
-		}
-	}
-	crashpoint.Step("rename " + path)
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
+	return err
 }
 
 // Exists is the one test that something is at path, a link not followed:
