@@ -179,36 +179,21 @@ func (d Dir) CheckPlanted() error {
 // which no link can redirect. A sweep reports it (the verbs refuse the
 // network until it is removed).
 func (d Dir) CheckBookkeeping() error {
-	f, err := os.Open(d.Leases())
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("list %s: %w", d.Leases(), err)
-	}
-	defer f.Close()
-	var planted error
-	err = statefile.EachDirEntry(f, func(e fs.DirEntry) {
-		if planted != nil || !strings.HasPrefix(e.Name(), lastReservedPrefix) {
-			return
+	return firstPlanted(d.Leases(), func(e fs.DirEntry) error {
+		if !strings.HasPrefix(e.Name(), lastReservedPrefix) {
+			return nil
 		}
 		path := filepath.Join(d.Leases(), e.Name())
 		var st unix.Stat_t
 		switch {
 		case unix.Lstat(path, &st) != nil:
 		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-			planted = &PlantedError{err: fmt.Errorf("%s is a symlink: host-local would write the address it hands out through it, out of the data dir (planted? remove it)", path)}
+			return &PlantedError{err: fmt.Errorf("%s is a symlink: host-local would write the address it hands out through it, out of the data dir (planted? remove it)", path)}
 		case st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1:
-			planted = &PlantedError{err: fmt.Errorf("%s has %d hard links: host-local would write the address it hands out into each of them (planted? remove it)", path, st.Nlink)}
+			return &PlantedError{err: fmt.Errorf("%s has %d hard links: host-local would write the address it hands out into each of them (planted? remove it)", path, st.Nlink)}
 		}
+		return nil
 	})
-	if planted != nil {
-		return planted
-	}
-	if err != nil {
-		return fmt.Errorf("list %s: %w", d.Leases(), err)
-	}
-	return nil
 }
 
 // PlantedError is CheckPlanted's refusal. Lock says it is host-local's
@@ -224,32 +209,40 @@ func (e *PlantedError) Unwrap() error { return e.err }
 // checkPlantedIn refuses, in dir and the directories under it up to
 // depth levels, what is not a regular file.
 func checkPlantedIn(dir string, depth int) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+	return firstPlanted(dir, func(e fs.DirEntry) error {
+		mode := e.Type()
+		if mode.IsRegular() {
 			return nil
 		}
+		path := filepath.Join(dir, e.Name())
+		switch {
+		case mode.IsDir() && depth == 0:
+			return fmt.Errorf("%s is a directory tree deeper than %d levels in host-local's directory: host-local would walk it all (planted? remove it)", path, plantedDepth)
+		case mode.IsDir():
+			return checkPlantedIn(path, depth-1)
+		case mode&os.ModeSymlink != 0:
+			return fmt.Errorf("%s is a symlink: host-local would read or write through it, out of the data dir (planted? remove it)", path)
+		default:
+			return fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
+		}
+	})
+}
+
+// firstPlanted lists dir (a missing one is fine) and gives the first
+// error check returns of its entries, or else the listing's own.
+func firstPlanted(dir string, check func(fs.DirEntry) error) error {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("list %s: %w", dir, err)
 	}
 	defer f.Close()
 	var planted error
 	err = statefile.EachDirEntry(f, func(e fs.DirEntry) {
-		mode := e.Type()
-		if planted != nil || mode.IsRegular() {
-			return
-		}
-		path := filepath.Join(dir, e.Name())
-		switch {
-		case mode.IsDir():
-			if depth == 0 {
-				planted = fmt.Errorf("%s is a directory tree deeper than %d levels in host-local's directory: host-local would walk it all (planted? remove it)", path, plantedDepth)
-				return
-			}
-			planted = checkPlantedIn(path, depth-1)
-		case mode&os.ModeSymlink != 0:
-			planted = fmt.Errorf("%s is a symlink: host-local would read or write through it, out of the data dir (planted? remove it)", path)
-		default:
-			planted = fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
+		if planted == nil {
+			planted = check(e)
 		}
 	})
 	if err != nil && planted == nil {
