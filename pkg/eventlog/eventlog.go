@@ -91,7 +91,7 @@ func newLog(out io.WriteCloser, level Level, a Attachment) *Log {
 // Event writes one line, if the log's level takes it. extra adds fields;
 // writing never fails a verb, so its errors are dropped.
 func (l *Log) Event(level Level, event, message string, extra map[string]any) {
-	if l == nil || level > l.level {
+	if level > l.level {
 		return
 	}
 	line := map[string]any{"time": l.now().UTC().Format(time.RFC3339Nano), "level": Levels[level], "event": event, "message": message, "pid": os.Getpid()}
@@ -114,9 +114,6 @@ func (l *Log) Event(level Level, event, message string, extra map[string]any) {
 
 // Close closes the file.
 func (l *Log) Close() error {
-	if l == nil {
-		return nil
-	}
 	return l.out.Close()
 }
 
