@@ -81,7 +81,7 @@ func (r *iptablesRules) Release(owners []string) (map[string][]string, map[strin
 			failed[cid] = b
 			continue
 		}
-		gone, err := r.deleteChains(r.portmapChain(cid), cid, false)
+		gone, err := r.deleteChains(r.portmapChain(cid), cid, Table.DeleteChain)
 		removed[cid] = append(removed[cid], gone...)
 		if err != nil {
 			failed[cid] = err
@@ -157,25 +157,21 @@ func (r *iptablesRules) releaseBridge(containerID string) ([]string, error) {
 	for _, fr := range r.families {
 		removed = append(removed, fr.deleteJumps(containerID, postrouting, &errs)...)
 	}
-	gone, err := r.deleteChains(chainName(r.network, containerID), containerID, true)
+	gone, err := r.deleteChains(chainName(r.network, containerID), containerID, Table.ClearAndDeleteChain)
 	return append(removed, gone...), errors.Join(append(errs, err)...)
 }
 
-// deleteChains deletes chain (clear: with its rules; else it must be
-// empty) in every family that lists it, and forgets it. A chain already
-// gone is no error.
-func (r *iptablesRules) deleteChains(chain, containerID string, clear bool) ([]string, error) {
+// deleteChains deletes chain with del (Table.DeleteChain, which needs it
+// empty, or Table.ClearAndDeleteChain) in every family that lists it, and
+// forgets it. A chain already gone is no error.
+func (r *iptablesRules) deleteChains(chain, containerID string, del func(Table, string, string) error) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, fr := range r.families {
 		if !fr.chains[chain] {
 			continue
 		}
-		del := fr.table.DeleteChain
-		if clear {
-			del = fr.table.ClearAndDeleteChain
-		}
-		if err := del(natTableName, chain); err != nil && !isNotExist(err) {
+		if err := del(fr.table, natTableName, chain); err != nil && !isNotExist(err) {
 			errs = append(errs, fmt.Errorf("delete chain %s of %s: %w", chain, containerID, err))
 			continue
 		}
