@@ -89,10 +89,7 @@ type Release struct {
 }
 
 func (r Release) String() string {
-	ips := strings.Join(r.IPs, ",")
-	if ips == "" {
-		ips = "no lease"
-	}
+	ips := cmp.Or(strings.Join(r.IPs, ","), "no lease")
 	s := fmt.Sprintf("%s %s: %s; removed %s", r.Key, ips, r.Reason, strings.Join(r.What, ", "))
 	if len(r.Kept) > 0 {
 		s += "; " + strings.Join(r.Kept, "; ")
