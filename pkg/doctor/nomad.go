@@ -293,17 +293,11 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 			note += ", and never sends CHECK"
 		}
 	}
-	or := func(fix string) string {
-		if stopFix != "" {
-			return stopFix
-		}
-		return fix
-	}
 	switch {
 	case rec.Version == "":
-		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep)%s", where, note), Fix: or(fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))})
+		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep)%s", where, note), Fix: cmp.Or(stopFix, fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))})
 	case !atLeast13(rec.Version):
-		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, note), Fix: or(fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))})
+		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))})
 	default:
 		fs = append(fs, Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): it sends CHECK on restore%s", rec.Version, rec.From, where, note)})
 	}
