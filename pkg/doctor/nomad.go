@@ -110,9 +110,7 @@ func parseNomadVersion(out string) (string, error) {
 // hclSetting matches `key = "value"` in an HCL file: the client keys the
 // doctor reads exist in the client block only, so a line scan finds them
 // without an HCL parser (a diagnostic, which says where it read them).
-var hclSetting = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^\s*(cni_path|cni_config_dir|bridge_network_name|bridge_network_subnet|bridge_network_subnet_ipv6)\s*=\s*"([^"]*)"`)
-})
+var hclSetting = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^\s*(\w+)\s*=\s*"([^"]*)"`) })
 
 // readNomadConfigDir reads the client settings from the agent's
 // configuration files in dir (*.hcl and *.json), which Nomad loads in
@@ -150,7 +148,7 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 			}
 		} else {
 			for line := range strings.Lines(string(b)) {
-				if m := hclSetting().FindStringSubmatch(line); m != nil {
+				if m := hclSetting().FindStringSubmatch(line); m != nil && keys[m[1]] != nil {
 					*keys[m[1]] = m[2]
 					found = true
 				}
