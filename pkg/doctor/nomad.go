@@ -211,11 +211,9 @@ func nomadRecordedBridge(cniPath []string, version func(string) (string, error),
 		if err != nil {
 			continue
 		}
-		for _, tok := range strings.Fields(out) {
-			if nomadSemver().MatchString(tok) {
-				rec = bridgeRecord{tok, path}
-				break
-			}
+		toks := strings.Fields(out)
+		if i := slices.IndexFunc(toks, nomadSemver().MatchString); i >= 0 {
+			rec = bridgeRecord{toks[i], path}
 		}
 	}
 	return rec, "", ""
