@@ -258,9 +258,7 @@ func checkDataDirs(o Options, ours []*conflists.Network) []Finding {
 		default:
 			fs = append(fs, Finding{Level: OK, Check: "dataDir", Subject: d, Message: "a tmpfs: leases die with the boot"})
 		}
-		if f := roomFinding(o, d); f != nil {
-			fs = append(fs, *f)
-		}
+		fs = append(fs, roomFinding(o, d)...)
 	}
 	return fs
 }
@@ -278,7 +276,7 @@ const (
 
 // roomFinding judges the room left in a data dir by what ADDs need, or is
 // nil when there is plenty (or it cannot be told).
-func roomFinding(o Options, d string) *Finding {
+func roomFinding(o Options, d string) []Finding {
 	r, err := o.Free(d)
 	if err != nil {
 		return nil
@@ -289,9 +287,9 @@ func roomFinding(o Options, d string) *Finding {
 	}
 	switch {
 	case r.Bytes < addBytes || r.Inodes < addInodes:
-		return &Finding{Level: Error, Check: "dataDir", Subject: d, Message: free + ": an ADD cannot write its record and lease", Fix: "make room on that filesystem"}
+		return []Finding{{Level: Error, Check: "dataDir", Subject: d, Message: free + ": an ADD cannot write its record and lease", Fix: "make room on that filesystem"}}
 	case r.Bytes < marginBytes || r.Inodes < marginInodes:
-		return &Finding{Level: Warn, Check: "dataDir", Subject: d, Message: "nearly full: " + free, Fix: "make room on that filesystem before ADDs fail"}
+		return []Finding{{Level: Warn, Check: "dataDir", Subject: d, Message: "nearly full: " + free, Fix: "make room on that filesystem before ADDs fail"}}
 	}
 	return nil
 }
