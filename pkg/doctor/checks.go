@@ -50,12 +50,8 @@ type front struct{ path, real string }
 // version line. Installed as bridge, the plugin prints the reference
 // bridge's lines first (what Nomad's fingerprint reads), then its own.
 func isPlugin(out string) bool {
-	for line := range strings.Lines(out) {
-		if strings.HasPrefix(line, "CNI "+pluginName+" plugin") {
-			return true
-		}
-	}
-	return false
+	line := "CNI " + pluginName + " plugin"
+	return strings.HasPrefix(out, line) || strings.Contains(out, "\n"+line)
 }
 
 // findFront tells whether the first "bridge" in the CNI path is the
