@@ -12,9 +12,9 @@ import (
 // With bridgeIsPlugin (the plugin installed as "bridge" in front), an
 // entry of type "bridge" with host-local is the plugin's.
 func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []Finding) {
-	var nets []*conflists.Network
+	files := conflists.Read(dirs, bridgeIsPlugin)
 	var fs []Finding
-	for _, f := range conflists.Read(dirs, bridgeIsPlugin) {
+	for _, f := range files {
 		switch {
 		case f.NotCNI:
 			fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("not a CNI configuration (%v)", f.Err), Fix: "runtimes skip it too; remove it or fix it"})
@@ -25,7 +25,6 @@ func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []
 			switch {
 			case n.Err != nil:
 				fs = append(fs, Finding{Level: Error, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("entry %d of network %q: %v", n.Entry, n.Name, n.Err), Fix: "fix the entry: every ADD fails the same way"})
-				continue
 			case n.Ours:
 				how := pluginName
 				if n.Conf.Type != pluginName {
@@ -33,10 +32,9 @@ func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []
 				}
 				fs = append(fs, Finding{Level: OK, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("network %q uses %s (dataDir %s, delegate %s)", n.Name, how, n.Conf.DataDir, n.Conf.Delegate)})
 			}
-			nets = append(nets, n)
 		}
 	}
-	return nets, fs
+	return conflists.Networks(files), fs
 }
 
 const pluginName = conflists.PluginName
