@@ -8,6 +8,7 @@ require (
 	github.com/containernetworking/plugins v1.10.0
 	github.com/coreos/go-iptables v0.8.0
 	github.com/google/nftables v0.3.0
+	github.com/hashicorp/go-version v1.9.0
 	github.com/mattn/go-shellwords v1.0.16
 	github.com/mdlayher/netlink v1.11.2
 	github.com/prometheus/common v0.66.1

@@ -6,13 +6,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/hashicorp/go-version"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -22,23 +20,15 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// semver is compiled on first use: the doctor is linked into every CNI
-// verb, and package-level work runs at each process start.
-var semver = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`) })
-
-// firstVersion is what Nomad's fingerprint records: the first token of a
-// plugin's output that is a version.
-func firstVersion(out string) (string, [3]int, bool) {
-	for _, tok := range strings.Fields(out) {
-		if m := semver().FindStringSubmatch(tok); m != nil && strings.TrimRight(tok, ",") == tok {
-			var v [3]int
-			for i := range v {
-				v[i], _ = strconv.Atoi(m[i+1])
-			}
-			return tok, v, true
-		}
+// recordedVersion is what Nomad's fingerprint records of a plugin's
+// output: its first token that hashicorp/go-version's NewSemver accepts,
+// as Nomad reads it ("" for none).
+func recordedVersion(out string) string {
+	toks := strings.Fields(out)
+	if i := slices.IndexFunc(toks, func(tok string) bool { _, err := version.NewSemver(tok); return err == nil }); i >= 0 {
+		return toks[i]
 	}
-	return "", [3]int{}, false
+	return ""
 }
 
 // front is the plugin installed as "bridge" first in the CNI path (path),
@@ -212,13 +202,13 @@ func checkPluginsIn(o Options, pp pluginPath, need []string, files map[string][]
 		}
 		seen[path] = true
 		out, err := o.Version(path)
-		tok, _, ok := firstVersion(out)
+		tok := recordedVersion(out)
 		switch {
 		case err != nil:
 			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("does not run with no arguments: %v", err), Fix: "reinstall it"})
 		case strings.Contains(out, "version unknown"):
 			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "version unknown: built without its version stamped", Fix: "install plugins stamped with their version: make plugins"})
-		case !ok:
+		case tok == "":
 			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "prints no version", Fix: "install plugins stamped with their version: make plugins"})
 		default:
 			fs = append(fs, Finding{Level: OK, Check: "plugin", Subject: path, Message: "version " + tok})

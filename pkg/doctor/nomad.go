@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/hashicorp/go-version"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
@@ -173,13 +175,6 @@ func nomadBuiltin(nc NomadClient) *conflists.Network {
 		Subnets: slices.Clone(nc.Subnets), Dir: ipamdir.New(ipamdir.DefaultDataDir, nomadBuiltinNetwork)}
 }
 
-// nomadSemver is what Nomad's fingerprint takes for a version: a token
-// hashicorp/go-version's NewSemver accepts (one to three numbers, a
-// pre-release and build metadata).
-var nomadSemver = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^v?[0-9]+(\.[0-9]+){0,2}(-[0-9A-Za-z\-~]+(\.[0-9A-Za-z\-~]+)*|-?[A-Za-z\-~]+[0-9A-Za-z\-~]*(\.[0-9A-Za-z\-~]+)*)?(\+[0-9A-Za-z\-~]+(\.[0-9A-Za-z\-~]+)*)?$`)
-})
-
 // bridgeRecord is what Nomad's fingerprint records for `bridge`
 // (attr.plugins.cni.version.bridge): Version, "" for nothing, printed by
 // From.
@@ -211,9 +206,8 @@ func nomadRecordedBridge(cniPath []string, version func(string) (string, error),
 		if err != nil {
 			continue
 		}
-		toks := strings.Fields(out)
-		if i := slices.IndexFunc(toks, nomadSemver().MatchString); i >= 0 {
-			rec = bridgeRecord{toks[i], path}
+		if v := recordedVersion(out); v != "" {
+			rec = bridgeRecord{v, path}
 		}
 	}
 	return rec, "", ""
@@ -225,11 +219,11 @@ func nomadRecordedBridge(cniPath []string, version func(string) (string, error),
 // version. A pre-release counts as its release: the change was made
 // before 1.11.2 was released.
 func nomadStops(v string) (stops, known bool) {
-	_, n, ok := firstVersion(v)
-	if !ok {
+	n, err := version.NewVersion(v)
+	if err != nil {
 		return false, false
 	}
-	return n[0] < 1 || n[0] == 1 && (n[1] < 11 || n[1] == 11 && n[2] < 2), true
+	return n.Core().LessThan(version.Must(version.NewVersion("1.11.2"))), true
 }
 
 // describe says what Nomad records for bridge, for a finding.
@@ -240,11 +234,12 @@ func (r bridgeRecord) describe() string {
 	return fmt.Sprintf("bridge %s (from %s)", r.Version, r.From)
 }
 
-// atLeast13 reports whether a recorded version is 1.3.0 or later: Nomad
-// sends CHECK only then.
-func atLeast13(v string) bool {
-	_, n, ok := firstVersion(v)
-	return ok && (n[0] > 1 || (n[0] == 1 && n[1] >= 3))
+// sendsCheck reports whether Nomad sends CHECK for the version it
+// recorded for bridge: only for one that meets its constraint ">= 1.3.0",
+// which no pre-release meets (go-version's rule).
+func sendsCheck(recorded string) bool {
+	v, err := version.NewSemver(recorded)
+	return err == nil && version.MustConstraints(version.NewConstraint(">= 1.3.0")).Check(v)
 }
 
 // checkNomad reports the client settings the doctor used and what Nomad
@@ -273,7 +268,7 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 	case known && stops && stop != "":
 		rec = old
 		note = fmt.Sprintf("; Nomad %s, as every Nomad before 1.11.2, reads no further than %s (%s)", nc.Version, stop, why)
-		if old != modern && atLeast13(modern.Version) {
+		if old != modern && sendsCheck(modern.Version) {
 			stopFix = fmt.Sprintf("take %s out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records %s", stop, modern.describe())
 		}
 	case !known && old != modern:
@@ -283,17 +278,21 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 		}
 		note = fmt.Sprintf("; judged as Nomad 1.11.2 and later read cni_path (the agent's version is %s): an older Nomad reads no further than %s (%s), and records %s instead", unknown, stop, why, old.describe())
 		switch {
-		case atLeast13(old.Version) && !atLeast13(modern.Version):
+		case sendsCheck(old.Version) && !sendsCheck(modern.Version):
 			note += ", and sends CHECK"
-		case !atLeast13(old.Version) && atLeast13(modern.Version):
+		case !sendsCheck(old.Version) && sendsCheck(modern.Version):
 			note += ", and never sends CHECK"
 		}
 	}
 	switch {
 	case rec.Version == "":
 		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep)%s", where, note), Fix: cmp.Or(stopFix, fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))})
-	case !atLeast13(rec.Version):
-		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))})
+	case !sendsCheck(rec.Version):
+		why := "below 1.3.0"
+		if v := version.Must(version.NewSemver(rec.Version)); v.Prerelease() != "" && !v.Core().LessThan(version.Must(version.NewVersion("1.3.0"))) {
+			why = "a pre-release, which Nomad's \">= 1.3.0\" never takes, so"
+		}
+		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): %s it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, why, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))})
 	default:
 		fs = append(fs, Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): it sends CHECK on restore%s", rec.Version, rec.From, where, note)})
 	}

@@ -256,3 +256,46 @@ func TestDoctorUsesTheNomadClientsSettings(t *testing.T) {
 		}
 	}
 }
+
+// Nomad reads versions with hashicorp/go-version: the fingerprint keeps
+// the first token NewSemver accepts (four numbers too, a letter suffix
+// without its "-" not), and CHECK is sent for what meets ">= 1.3.0",
+// which takes "1.3" and "2" and never a pre-release (regression: the
+// doctor said a bridge printing "1.3" never gets CHECK, and one printing
+// "v1.4.0-rc.1" does).
+func TestDoctorReadsBridgeVersionsAsNomadDoes(t *testing.T) {
+	for v, want := range map[string]bool{
+		"v1.3.0": true, "1.3": true, "2": true, "v1.10.0": true, "v1.3.0+build.5": true,
+		"v1.2.9": false, "v1.4.0-rc.1": false, "v0.1.0-git117.ga2a9f7c": false,
+	} {
+		if got := sendsCheck(v); got != want {
+			t.Errorf("bridge %q: sends CHECK %v, want %v", v, got, want)
+		}
+	}
+	root := t.TempDir()
+	version := func(path string) (string, error) {
+		b, err := os.ReadFile(path)
+		return string(b), err
+	}
+	for prints, want := range map[string]string{
+		"CNI bridge plugin v1.2.3.4\n": "v1.2.3.4",
+		"CNI bridge plugin 1.7rc2\n":   "",
+	} {
+		d := t.TempDir()
+		if err := os.WriteFile(filepath.Join(d, "bridge"), []byte(prints), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if rec, _, _ := nomadRecordedBridge([]string{root, d}, version, false); rec.Version != want {
+			t.Errorf("bridge printing %q: recorded %q, want %q", prints, rec.Version, want)
+		}
+	}
+
+	h := newHost(t)
+	h.nomad = true
+	h.plugin("bridge", "CNI bridge plugin v1.4.0-rc.1\n")
+	want := Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: "Nomad records bridge v1.4.0-rc.1 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + h.bin + " that prints a version): a pre-release, which Nomad's \">= 1.3.0\" never takes, so it never sends CHECK (no CHECK-time sweep)",
+		Fix: "replace " + filepath.Join(h.bin, "bridge") + " with the reference plugins, stamped with their version (make plugins)"}
+	if r := h.run(); !slices.Contains(r.Findings, want) {
+		t.Errorf("no finding\n%+v\nin:\n%s", want, findings(r))
+	}
+}
