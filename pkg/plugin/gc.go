@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -15,8 +16,12 @@ import (
 // rules (including rules whose lease is already gone), records. Then it
 // forwards GC to the delegate, as the spec asks of a plugin that delegates,
 // and to host-local directly: bridge v1.10.0 has no GC and does not pass it
-// to its IPAM. Every step runs even if an earlier one failed; one failure
-// keeps its code, several fold into one internal error naming them all.
+// to its IPAM. Their list adds what the sweep kept although the runtime
+// did not list it (an ADD whose processes still run): host-local removes
+// every lease not listed. Every step runs even if an earlier one failed,
+// but host-local's GC, which without the sweep's verdicts could take a
+// running ADD's lease; one failure keeps its code, several fold into one
+// internal error naming them all.
 func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if _, err := p.loadForHostLocal(conf); err != nil {
 		return err
@@ -28,17 +33,24 @@ func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if err := p.find(netconf.HostLocal); err != nil {
 		return err
 	}
-	delegateConf, hostLocalConf, err := conf.GCConfigs(valid)
-	if err != nil {
-		return types.NewError(types.ErrInternal, "failed to render the GC configurations", err.Error())
-	}
 
 	var errs []error
 	if err := p.migrate(conf); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).Sweep(reclaim.Request{Dir: conf.Dir(), GC: true, Valid: valid, LegacyDataDir: conf.LegacyDataDir}); err != nil {
+	kept := slices.Clone(valid)
+	keep := func(a *reclaim.Attachment) {
+		if s := a.Verdict.State; s == reclaim.Pending || s == reclaim.Unknown {
+			kept = append(kept, types.GCAttachment{ContainerID: a.Key.ContainerID, IfName: a.Key.IfName})
+		}
+	}
+	report, err := (&reclaim.Sweeper{Env: p.Reclaim}).Sweep(reclaim.Request{Dir: conf.Dir(), GC: true, Valid: valid, LegacyDataDir: conf.LegacyDataDir, Visit: keep})
+	if err != nil {
 		errs = append(errs, types.NewError(types.ErrInternal, "garbage collection of "+conf.Name+" failed", err.Error()))
+	}
+	delegateConf, hostLocalConf, err := conf.GCConfigs(kept)
+	if err != nil {
+		return types.NewError(types.ErrInternal, "failed to render the GC configurations", errors.Join(append(errs, err)...).Error())
 	}
 	// Without leases host-local has nothing to collect there, and would
 	// create the network's directory and lock to find that out.
@@ -46,7 +58,7 @@ func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if err := p.delegate(conf, "gc", conf.Delegate, delegateConf, p.Exec); err != nil {
 		errs = append(errs, err)
 	}
-	if leases {
+	if leases && report != nil {
 		if err := p.delegate(conf, "gc", netconf.HostLocal, hostLocalConf, p.Exec); err != nil {
 			errs = append(errs, err)
 		}

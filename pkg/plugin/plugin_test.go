@@ -19,6 +19,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
@@ -641,5 +642,56 @@ func TestLogFileGetsTheVerbsEvents(t *testing.T) {
 	}
 	if !strings.Contains(h.stderr.String(), "not a regular file; nothing is logged there") {
 		t.Errorf("stderr: %q", h.stderr.String())
+	}
+}
+
+// What the sweep keeps although the runtime did not list it (an ADD whose
+// processes still run: the plugin killed, bridge on) is listed to
+// host-local's GC, which would otherwise remove its lease under the ADD
+// (regression: host-local got the runtime's list alone).
+func TestGCListsToHostLocalWhatTheSweepKept(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	pending := &records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: "adding", IfName: "eth0", Netns: "/var/run/netns/x",
+		BootID: "boot-1", State: records.Started, PID: 777, PIDStart: 55}
+	h.host.Processes[777] = 55
+	if err := records.NewStore(ipamdir.New(h.dataDir, "nomad")).Write(pending); err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(h.dataDir, "nomad", "172.26.64.7")
+	mkdir(t, filepath.Dir(lease))
+	if err := os.WriteFile(lease, []byte("adding\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdin := h.conf("1.1.0", `,"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"eth0"}]`)
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: stdin}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if gone(lease) {
+		t.Fatal("the sweep released the lease of an ADD still running")
+	}
+	call := h.exec.calls[len(h.exec.calls)-1]
+	if call.Plugin != "host-local" || call.Command != "GC" {
+		t.Fatalf("last call %s %s, want host-local GC", call.Plugin, call.Command)
+	}
+	valid, _ := json.Marshal(delegatedConf(t, call)["cni.dev/valid-attachments"])
+	if string(valid) != `[{"containerID":"keep","ifname":"eth0"},{"containerID":"adding","ifname":"eth0"}]` {
+		t.Errorf("host-local GC valid attachments = %s, want the runtime's and the running ADD's", valid)
+	}
+}
+
+// A sweep that could not judge the network (here the boot time cannot be
+// read) leaves host-local's GC unsent: without the sweep's verdicts,
+// host-local would remove the lease of an ADD still running.
+func TestGCSendsHostLocalNothingWhenTheSweepCouldNotJudge(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	h.served()
+	h.host.BootErr = errors.New("/proc/stat: input/output error")
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", "")}); err == nil || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("GC error = %v, want the sweep's", err)
+	}
+	for _, call := range h.exec.calls {
+		if call.Plugin == "host-local" {
+			t.Error("host-local GC sent after a sweep that could not judge the network")
+		}
 	}
 }

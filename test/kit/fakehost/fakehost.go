@@ -14,9 +14,11 @@ import (
 
 // Host is a settable sysinfo.Host.
 type Host struct {
-	ID    string
-	Boot  time.Time
-	Clock time.Time
+	ID   string
+	Boot time.Time
+	// BootErr makes BootTime fail: /proc/stat unreadable.
+	BootErr error
+	Clock   time.Time
 	// Namespaces maps a netns path to its identity; a path absent here does
 	// not exist, unless it is in NotNetns (exists, but not nsfs).
 	Namespaces map[string]sysinfo.NetnsID
@@ -71,7 +73,7 @@ func New(boot time.Time) *Host {
 }
 
 func (h *Host) BootID() (string, error)      { return h.ID, nil }
-func (h *Host) BootTime() (time.Time, error) { return h.Boot, nil }
+func (h *Host) BootTime() (time.Time, error) { return h.Boot, h.BootErr }
 func (h *Host) Now() time.Time               { return h.Clock }
 
 func (h *Host) Netns(path string) (sysinfo.NetnsID, error) {
