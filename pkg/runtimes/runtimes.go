@@ -126,8 +126,9 @@ func output(ctx context.Context, command string, args ...string) ([]byte, error)
 // reads NOMAD_ADDR, NOMAD_TOKEN and the TLS settings as it always does: an
 // HTTP client linked into the plugin would cost every CNI verb its
 // start-up (3 MB more to page in). The allocation ID is the container ID
-// Nomad gives CNI. A pending or running allocation is listed; one that is
-// complete, failed or lost is not.
+// Nomad gives CNI. A pending, running or unknown allocation is listed (an
+// unknown one is on a client the servers lost touch with: its tasks may
+// still run here); one that is complete, failed or lost is not.
 type Nomad struct{ Command string }
 
 func (n *Nomad) List(ctx context.Context) (*Listing, error) {
@@ -157,7 +158,7 @@ func (n *Nomad) List(ctx context.Context) (*Listing, error) {
 		if a.ID == "" {
 			return nil, errors.New("nomad listed an allocation without an ID")
 		}
-		if a.ClientStatus == "pending" || a.ClientStatus == "running" {
+		if a.ClientStatus == "pending" || a.ClientStatus == "running" || a.ClientStatus == "unknown" {
 			l.IDs[a.ID] = true
 		}
 	}
