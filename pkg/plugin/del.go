@@ -3,6 +3,7 @@ package plugin
 import (
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -62,11 +63,13 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		exec = &envExec{exec, "CNI_NETNS", ""}
 	}
 	// What bridge will find on the interface, and tear the rules of down
-	// (see Attacher.TornDown). An error proves nothing: EndDel then lists
-	// the NAT tables as before.
+	// (see Attacher.TornDown): its global unicast addresses, the only ones
+	// ip.DelLinkByNameAddr returns. An error proves nothing: EndDel then
+	// lists the NAT tables as before.
 	var onLink []net.IP
 	if usable {
 		onLink, _ = p.Reclaim.Host.LinkAddrs(args.Netns, args.IfName)
+		onLink = slices.DeleteFunc(onLink, func(ip net.IP) bool { return !ip.IsGlobalUnicast() })
 	}
 	if err := p.delegate(conf, "del", conf.Delegate, delegateConf, exec); err == nil {
 		attacher.TornDown = onLink

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -541,10 +542,13 @@ func TestDelOnAReadOnlyDataDirWithNothingToDelete(t *testing.T) {
 // down, and fails while an earlier attachment's rule still uses the
 // container's chain); one where bridge could not have (an address missing
 // from the interface, no interface, bridge failing) lists them and
-// releases what is left.
+// releases what is left. bridge tears down the rules of the link's global
+// unicast addresses only (ip.DelLinkByNameAddr): a recorded link-local one
+// was not (regression: it counted as torn down).
 func TestDelListsNATOnlyWhenBridgeCouldNotTearItDown(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
+		ip     string // the ADD's address (default 172.26.64.2)
 		onLink []string
 		fail   bool
 		listed bool
@@ -553,17 +557,19 @@ func TestDelListsNATOnlyWhenBridgeCouldNotTearItDown(t *testing.T) {
 		{name: "no link", listed: true},
 		{name: "another address on the link", onLink: []string{"172.26.64.3"}, listed: true},
 		{name: "bridge fails", onLink: []string{"172.26.64.2"}, fail: true, listed: true},
+		{name: "a link-local address on the link", ip: "169.254.3.2", onLink: []string{"169.254.3.2"}, listed: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, "bridge")
-			h.exec.reply["bridge ADD"] = bridgeResult100
+			ip := cmp.Or(tc.ip, "172.26.64.2")
+			h.exec.reply["bridge ADD"] = strings.ReplaceAll(bridgeResult100, "172.26.64.2", ip)
 			nat := fakenat.New()
 			h.plugin.Reclaim.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{nat}}
 			stdin := h.conf("1.0.0", "")
 			if err := h.plugin.Funcs().Add(h.args(stdin)); err != nil {
 				t.Fatal(err)
 			}
-			nat.AddContainer("nomad", "c1", "172.26.64.2", 0)
+			nat.AddContainer("nomad", "c1", ip, 0)
 			h.host.Links = map[string][]net.IP{}
 			for _, ip := range tc.onLink {
 				h.host.Links["/var/run/netns/x eth0"] = append(h.host.Links["/var/run/netns/x eth0"], net.ParseIP(ip))
