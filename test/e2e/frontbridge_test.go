@@ -102,6 +102,12 @@ func nomadOpts(allocID string, hostPort int) []gocni.NamespaceOpts {
 	}
 }
 
+// nomadDelOpts are those of Nomad's Teardown: the port mappings alone, no
+// CNI_ARGS (client/allocrunner/networking_cni.go).
+func nomadDelOpts(hostPort int) []gocni.NamespaceOpts {
+	return nomadOpts("", hostPort)[:1]
+}
+
 // TestNomadBuiltinBridgeWithThePluginInstalledAsBridge: with the plugin
 // installed as `bridge` in a directory listed first in Nomad's cni_path,
 // Nomad's own bridge network (the conflist it generates, "type": "bridge",
@@ -163,7 +169,7 @@ func TestNomadBuiltinBridgeWithThePluginInstalledAsBridge(t *testing.T) {
 			ping(t, ns, gw)
 			e.assertReaches(t, ns, netip.AddrPortFrom(gw, uint16(port)))
 
-			if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil {
+			if err := nomad.Remove(ctx, alloc, ns.path, nomadDelOpts(port)...); err != nil {
 				t.Fatalf("Remove: %v", err)
 			}
 			assertLeases(t, leaseDir, nil)
@@ -329,7 +335,7 @@ func TestCopiesOfThePluginNeverCallEachOther(t *testing.T) {
 			} else if err == nil || !strings.Contains(err.Error(), tc.says) {
 				t.Errorf("Setup = %v, want a refusal saying %q", err, tc.says)
 			}
-			if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil && tc.says == "" {
+			if err := nomad.Remove(ctx, alloc, ns.path, nomadDelOpts(port)...); err != nil && tc.says == "" {
 				t.Errorf("Remove: %v", err)
 			}
 			assertLeases(t, filepath.Join(pluginDefaultDataDir, e.netName), nil)

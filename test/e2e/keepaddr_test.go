@@ -70,7 +70,7 @@ func TestRestoreInPlaceKeepsTheAddress(t *testing.T) {
 			ping(t, ns, gw)
 			e.assertNAT(t, alloc, natWant{Masq: []netip.Addr{p2.Addr()}, DNAT: []portMap{{port, p2.Addr()}}})
 
-			if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil {
+			if err := nomad.Remove(ctx, alloc, ns.path, nomadDelOpts(port)...); err != nil {
 				t.Fatalf("Remove: %v", err)
 			}
 			delete(want, p2.Addr())
@@ -155,7 +155,7 @@ func TestRestoreAfterAnotherCHECKSweptKeepsTheAddress(t *testing.T) {
 		ns   netns
 		port int
 	}{{lost, lostNS, lostPort}, {kept, keptNS, keptPort}} {
-		if err := nomad.Remove(ctx, a.id, a.ns.path, nomadOpts(a.id, a.port)...); err != nil {
+		if err := nomad.Remove(ctx, a.id, a.ns.path, nomadDelOpts(a.port)...); err != nil {
 			t.Fatalf("Remove: %v", err)
 		}
 	}

@@ -205,7 +205,7 @@ func TestStatusPassesOnAFullDataDirSoNomadTearsDown(t *testing.T) {
 	if err := nomad.Status(); err != nil {
 		t.Fatalf("STATUS on a full data dir: %v (Nomad would not tear the allocation down)", err)
 	}
-	if err := nomad.Remove(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err != nil {
+	if err := nomad.Remove(ctx, alloc, ns.path, nomadDelOpts(port)...); err != nil {
 		t.Fatalf("Remove on a full data dir: %v", err)
 	}
 	e.assertNoTrace(t, alloc)

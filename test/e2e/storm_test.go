@@ -478,7 +478,7 @@ func (s *storm) check(c *stormCtr) error {
 func (s *storm) remove(c *stormCtr) error {
 	ctx, cancel := opCtx()
 	defer cancel()
-	err := s.cni.Remove(ctx, c.ns.cid, c.ns.path, c.opts...)
+	err := s.cni.Remove(ctx, c.ns.cid, c.ns.path, nomadDelOpts(c.port)...)
 	s.count("DEL")
 	s.unclaim(c)
 	if err != nil {
