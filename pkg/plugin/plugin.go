@@ -204,9 +204,13 @@ func delegateError(ctx context.Context, plugin, verb string, err error) error {
 
 // answer is the CNI error a delegate printed, or nil if it printed none
 // (code 0 is what invoke makes of output it could not parse). A delegate
-// that answered failed cleanly: bridge then rolled back what it had done.
-// Anything else (a crash, a kill, a timeout) may have left an allocation
-// behind.
+// that answered ran its own deferred undo: bridge's failed ADD releases its
+// IPAM allocation and spoof-check rules, but leaves a veth it made in the
+// namespace and ipMasq rules it set up. ADD then sends bridge no DEL: it
+// would delete CNI_IFNAME in the namespace, which may be another
+// attachment's when bridge refused because it exists. Abort releases the
+// NAT rules and leases. Anything else (a crash, a kill, a timeout) may
+// have left an allocation behind.
 func answer(err error) *types.Error {
 	var cniErr *types.Error
 	if errors.As(err, &cniErr) && cniErr.Code != 0 {

@@ -240,8 +240,11 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 
 // ReleaseNAT releases the NAT rules of key's container on the network
 // (iptables, and nftables of key), unless another attachment of the same
-// container ID has a record there: bridge and portmap name their rules by
-// network and container ID alone, so they are that one's too.
+// container ID has a record there: bridge and portmap name their iptables
+// rules by network and container ID alone, so they are that one's too.
+// bridge's nftables rules are key's own (a hash of ifname and container
+// ID), but they stay then as well: once key's record and leases are gone,
+// a later sweep releases them as orphans.
 func (s *Attacher) ReleaseNAT(d ipamdir.Dir, key records.Key) ([]string, error) {
 	others, _, err := records.NewStore(d).Names(key)
 	if err != nil || s.Netfilter == nil || len(others) > 0 {
@@ -332,14 +335,15 @@ func (a *PendingAdd) Close() {
 	}
 }
 
-// EndDel finishes a DEL the delegate accepted. bridge tears its ipMasq
-// rules down only when it finds the container's interface in CNI_NETNS
-// (docs/reclaim.md, "DEL"), and never removes a jump an earlier
-// attachment of the same ID left. So whatever NAT state of the container
-// is left is released here, with the temp files of record writers that
-// died; then the legacy leases of a migrated attachment; then the record,
-// last, so that a DEL killed or failing part-way is finished by the next
-// DEL or sweep.
+// EndDel finishes a DEL the delegate accepted. bridge skips its ipMasq
+// teardown when CNI_NETNS is empty or gone, and its iptables teardown when
+// the container's interface is not there (docs/reclaim.md, "DEL"); it never
+// removes a jump an earlier attachment of the same ID left. So whatever NAT
+// state of the container is left is released here (unless another
+// attachment of the same ID has a record: see ReleaseNAT), with the temp
+// files of record writers that died; then the legacy leases of a migrated
+// attachment; then the record, last, so that a DEL killed or failing
+// part-way is finished by the next DEL or sweep.
 func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	store := records.NewStore(d)
 	rec, err := store.Read(key)
@@ -354,6 +358,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	var removed []string
 	switch {
 	case s.Netfilter == nil || len(others) > 0:
+		// All stays, key's nftables rules too (see ReleaseNAT).
 	case tornDown(rec, s.TornDown):
 		removed, err = s.Netfilter.ReleaseOwnRules(d.Network, key.IfName, key.ContainerID)
 	default:
