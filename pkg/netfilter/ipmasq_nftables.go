@@ -151,9 +151,9 @@ func (r *nftRules) Release(owners []string) (map[string][]string, map[string]err
 // eachIPMasqRule lists the rules of bridge's ipMasq chain and deletes, in
 // as few netlink batches as the socket's buffers take (deleteRules), those
 // whose comment doomed selects. Without bridge's table or chain there are
-// no such rules: nothing to do, as bridge's GC finds when its chain does
-// not exist. Nor are there any this process could have made without
-// netlink access to nftables (not root).
+// no such rules: nothing to do, as bridge's teardown finds when its chain
+// does not exist (findRules upstream). Nor are there any this process
+// could have made without netlink access to nftables (not root).
 func eachIPMasqRule(doomed func(comment string) bool) error {
 	c, err := dialNFT()
 	if err != nil {

@@ -23,7 +23,8 @@ import (
 
 // TestNFTablesIPMasqAgainstBridge: rules made by bridge's own nftables
 // ipMasq code (plugins/pkg/ip) in a throw-away namespace are released
-// exactly as bridge's teardown and GC release them; what is left is listed
+// exactly as bridge's teardown, and pkg/ip's GCIPMasqForNetwork (which
+// bridge never calls), release them; what is left is listed
 // through knftables, as bridge reads it.
 func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {

@@ -73,8 +73,8 @@ type Cleaner struct {
 }
 
 // New returns a Cleaner for every iptables family present on this host and
-// bridge's own nftables GC. A missing iptables binary is not an error: the
-// host then only has nftables rules, if any.
+// for bridge's and portmap's nftables rules. A missing iptables binary is
+// not an error: the host then only has nftables rules, if any.
 func New() *Cleaner {
 	return &Cleaner{NFTables: nftBackend{}, findTables: hostTables, PortmapNFT: true}
 }

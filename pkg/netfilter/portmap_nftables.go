@@ -19,8 +19,8 @@ import (
 // address in masquerading, each commented with the bare container ID. The
 // comment names no network, so a rule is the attachment's only when it
 // names one of its addresses too: a container ID attached to another
-// network keeps its own. portmap's DEL and GC remove them; a release
-// without a DEL did not.
+// network keeps its own. Only portmap's DEL removes them (portmap has no
+// GC); a release without a DEL did not.
 
 const portmapNFTTable = "cni_hostport"
 
