@@ -109,13 +109,15 @@ func assertOnlyAddrOnIf(t *testing.T, ns netns, addr netip.Prefix) {
 	}
 }
 
-// Nomad's real order on a client restart where one allocation lost its
-// namespace: Nomad re-creates the lost one's namespace path, restores the
-// others with CHECK (whose sweep releases the lost one: its namespace was
-// replaced), and only then sends the lost one's ADD, without a DEL
-// (client/allocrunner/networking.go serialises them behind one lock). The
-// restored allocation must still get its address back (regression: it got
-// the next free one whenever a CHECK swept first).
+// One order Nomad can take on a client restart where one allocation lost
+// its namespace: the others are restored with CHECK (whose sweep releases
+// the lost one: its namespace was replaced) before the lost one's ADD,
+// without a DEL. Nomad runs each restored allocation in a goroutine of its
+// own (client/client.go: go ar.Run() over a map), and the one lock in
+// client/allocrunner/networking.go only serialises their Setup and
+// Teardown, so the ADD may come first too. The restored allocation must
+// still get its address back (regression: it got the next free one
+// whenever a CHECK swept first).
 func TestRestoreAfterAnotherCHECKSweptKeepsTheAddress(t *testing.T) {
 	e := newEnv(t)
 	e.requirePlugin(t)
