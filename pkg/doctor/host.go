@@ -18,7 +18,7 @@ import (
 // what each plugin prints when Nomad fingerprints it, whether a directory
 // is a tmpfs and how much room it has. The caller adds what to read.
 func HostOptions() Options {
-	return Options{Nomad: nomadInstalled(), NomadClient: nomadClient, Version: pluginVersion, OnTmpfs: onTmpfs, Free: freeRoom, EUID: os.Geteuid(),
+	return Options{Nomad: nomadInstalled(), NomadClient: func() NomadClient { return nomadClient(nomadConfigDir) }, Version: pluginVersion, OnTmpfs: onTmpfs, Free: freeRoom, EUID: os.Geteuid(),
 		PrometheusRules: PrometheusRules, PrometheusConfig: PrometheusConfig}
 }
 
@@ -27,10 +27,10 @@ const nomadConfigDir = "/etc/nomad.d"
 
 // nomadClient reads the client's settings from the running agent (its
 // API, through the nomad CLI and its NOMAD_ADDR and NOMAD_TOKEN), else
-// from the configuration files in /etc/nomad.d, else takes Nomad's
-// defaults; Source says which, and why not the API. The agent's version
-// comes from its API, else from `nomad version`, the CLI's own.
-func nomadClient() NomadClient {
+// from the configuration files in configDir (/etc/nomad.d), else takes
+// Nomad's defaults; Source says which, and why not the API. The agent's
+// version comes from its API, else from `nomad version`, the CLI's own.
+func nomadClient(configDir string) NomadClient {
 	why := "no nomad CLI in PATH"
 	path, err := exec.LookPath("nomad")
 	nc, ok := NomadClient{}, false
@@ -47,13 +47,15 @@ func nomadClient() NomadClient {
 		}
 	}
 	if !ok {
-		if nc, ok = readNomadConfigDir(nomadConfigDir); !ok {
+		if nc, ok = readNomadConfigDir(configDir); !ok {
 			nc = NomadDefaults()
 		}
 		nc.Source += " (the agent's API: " + why + ")"
 	}
 	if nc.Version == "" {
-		nc.Version, nc.VersionSource = nomadCLIVersion(path)
+		// After the settings: the version decides a default cni_path
+		// (Nomad 1.11.2 changed it), which setVersion applies.
+		nc.setVersion(nomadCLIVersion(path))
 	}
 	return nc
 }

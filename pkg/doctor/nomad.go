@@ -37,11 +37,22 @@ type NomadClient struct {
 	// the fingerprint reads cni_path. VersionSource says where it was
 	// read, or why it is unknown.
 	Version, VersionSource string
+
+	// cniPathDefault is the default filled in for a cni_path not set
+	// ("" when it was set): it depends on the version (setVersion).
+	cniPathDefault string
 }
 
 // Nomad's client defaults (client/config and command/agent).
 const (
-	nomadDefaultCNIPath      = "/opt/cni/bin"
+	// nomadDefaultCNIPath is cni_path's default from Nomad 1.11.2 (2.x
+	// too): client/config/config_linux.go DefaultCNIPath, added by #27336
+	// (fcc9a684dc, 8530874aa3 on release/1.11.x), which also made the
+	// fingerprint read past a directory it cannot read (nomadStops).
+	// nomadOldDefaultCNIPath is every earlier one's (v1.11.1
+	// client/config/config.go and command/agent/config.go).
+	nomadDefaultCNIPath      = "/opt/cni/bin:/usr/libexec/cni"
+	nomadOldDefaultCNIPath   = "/opt/cni/bin"
 	nomadDefaultCNIConfigDir = "/opt/cni/config"
 	nomadDefaultBridge       = "nomad"
 	nomadDefaultSubnet       = "172.26.64.0/20"
@@ -55,16 +66,54 @@ type nomadSettings struct {
 	CNIPath, CNIConfigDir, BridgeNetworkName, BridgeNetworkSubnet, BridgeNetworkSubnetIPv6 string
 }
 
-// resolve fills Nomad's defaults in.
+// resolve fills Nomad's defaults in, cni_path's as the version is
+// unknown: setVersion makes it the version's.
 func (s nomadSettings) resolve(source string) NomadClient {
-	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(cmp.Or(s.CNIPath, nomadDefaultCNIPath)),
+	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(s.CNIPath),
 		CNIConfigDir: cmp.Or(s.CNIConfigDir, nomadDefaultCNIConfigDir), BridgeName: cmp.Or(s.BridgeNetworkName, nomadDefaultBridge)}
+	if s.CNIPath == "" {
+		nc.cniPathDefault, _ = defaultCNIPath("")
+		nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
+	}
 	for _, sub := range []string{cmp.Or(s.BridgeNetworkSubnet, nomadDefaultSubnet), s.BridgeNetworkSubnetIPv6} {
 		if p, err := netip.ParsePrefix(sub); err == nil {
 			nc.Subnets = append(nc.Subnets, p.Masked())
 		}
 	}
 	return nc
+}
+
+// defaultCNIPath is cni_path's default in Nomad version v: changed in
+// 1.11.2. Unknown (known false), it is the newer one, which starts with
+// the older one's only directory: both read the plugins there first.
+func defaultCNIPath(v string) (path string, known bool) {
+	old, known := nomadStops(v)
+	if known && old {
+		return nomadOldDefaultCNIPath, true
+	}
+	return nomadDefaultCNIPath, known
+}
+
+// setVersion records the agent's version, read from source, and makes a
+// cni_path that was not set that version's default.
+func (nc *NomadClient) setVersion(v, source string) {
+	nc.Version, nc.VersionSource = v, source
+	if nc.cniPathDefault != "" && strings.Join(nc.CNIPath, ":") == nc.cniPathDefault {
+		nc.cniPathDefault, _ = defaultCNIPath(v)
+		nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
+	}
+}
+
+// cniPathNote says, for the client finding, whose default cni_path is
+// ("" when it was set).
+func (nc NomadClient) cniPathNote() string {
+	if nc.cniPathDefault == "" || strings.Join(nc.CNIPath, ":") != nc.cniPathDefault {
+		return ""
+	}
+	if _, known := defaultCNIPath(nc.Version); known {
+		return fmt.Sprintf(" (Nomad %s's default)", nc.Version)
+	}
+	return fmt.Sprintf(" (Nomad's default from 1.11.2, the agent's version unknown; before 1.11.2, %s)", nomadOldDefaultCNIPath)
 }
 
 // NomadDefaults are the settings of a client configured with none.
@@ -90,10 +139,11 @@ func parseAgentSelf(b []byte) (NomadClient, error) {
 	}
 	nc := self.Config.Client.resolve("the agent's API (/v1/agent/self)")
 	if v := self.Config.Version; v != nil && v.Version != "" {
-		nc.Version, nc.VersionSource = v.Version, "the agent's API"
+		version := v.Version
 		if v.VersionPrerelease != "" {
-			nc.Version += "-" + v.VersionPrerelease
+			version += "-" + v.VersionPrerelease
 		}
+		nc.setVersion(version, "the agent's API")
 	}
 	return nc, nil
 }
@@ -249,7 +299,7 @@ func sendsCheck(recorded string) bool {
 // and later make it, and the finding says what an older one records
 // instead, when that differs.
 func checkNomad(o Options, nc NomadClient) []Finding {
-	client := fmt.Sprintf("settings from %s: cni_path %s, cni_config_dir %s, bridge %s, subnets %s", nc.Source, strings.Join(nc.CNIPath, ":"), nc.CNIConfigDir, nc.BridgeName, prefixes(nc.Subnets))
+	client := fmt.Sprintf("settings from %s: cni_path %s%s, cni_config_dir %s, bridge %s, subnets %s", nc.Source, strings.Join(nc.CNIPath, ":"), nc.cniPathNote(), nc.CNIConfigDir, nc.BridgeName, prefixes(nc.Subnets))
 	cniPath, where := nc.CNIPath, "cni_path "+strings.Join(nc.CNIPath, ":")
 	if o.CNIPathGiven && !slices.Equal(o.CNIPath, nc.CNIPath) {
 		cniPath, where = o.CNIPath, "the CNI path given (--cni-path or CNI_PATH) "+strings.Join(o.CNIPath, ":")

@@ -215,7 +215,7 @@ func TestNomadClientSettings(t *testing.T) {
 	if _, err := parseAgentSelf([]byte(`{"config": {}}`)); err == nil {
 		t.Error("a server-only agent's settings were read")
 	}
-	if d := NomadDefaults(); !slices.Equal(d.CNIPath, []string{"/opt/cni/bin"}) || d.BridgeName != "nomad" || d.Subnets[0].String() != "172.26.64.0/20" {
+	if d := NomadDefaults(); !slices.Equal(d.CNIPath, []string{"/opt/cni/bin", "/usr/libexec/cni"}) || d.BridgeName != "nomad" || d.Subnets[0].String() != "172.26.64.0/20" {
 		t.Errorf("defaults %+v", d)
 	}
 }
@@ -297,5 +297,59 @@ func TestDoctorReadsBridgeVersionsAsNomadDoes(t *testing.T) {
 		Fix: "replace " + filepath.Join(h.bin, "bridge") + " with the reference plugins, stamped with their version (make plugins)"}
 	if r := h.run(); !slices.Contains(r.Findings, want) {
 		t.Errorf("no finding\n%+v\nin:\n%s", want, findings(r))
+	}
+}
+
+// cni_path's default depends on the agent's version: Nomad 1.11.2 made it
+// "/opt/cni/bin:/usr/libexec/cni" (client/config/config_linux.go
+// DefaultCNIPath, #27336); v1.11.1's is "/opt/cni/bin". Where the API
+// cannot be read and no configuration file sets cni_path, the default is
+// the one of the version `nomad version` prints, read after the settings
+// (regression: the doctor took "/opt/cni/bin" whatever the version).
+// Unknown, it is the newer one, whose first directory is the older one's,
+// and the client line says so.
+func TestNomadDefaultCNIPathFollowsTheAgentsVersion(t *testing.T) {
+	conf := t.TempDir()
+	if err := os.WriteFile(filepath.Join(conf, "client.hcl"), []byte("client {\n  bridge_network_name = \"nbr0\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	t.Setenv("PATH", bin)
+	for _, c := range []struct {
+		prints string // by `nomad version`; "" no nomad CLI
+		want   []string
+		client string
+	}{
+		{"Nomad v1.11.1", []string{"/opt/cni/bin"}, "cni_path /opt/cni/bin (Nomad 1.11.1's default), "},
+		{"Nomad v1.11.2", []string{"/opt/cni/bin", "/usr/libexec/cni"}, "cni_path /opt/cni/bin:/usr/libexec/cni (Nomad 1.11.2's default), "},
+		{"Nomad v2.0.5", []string{"/opt/cni/bin", "/usr/libexec/cni"}, "cni_path /opt/cni/bin:/usr/libexec/cni (Nomad 2.0.5's default), "},
+		{"", []string{"/opt/cni/bin", "/usr/libexec/cni"}, "cni_path /opt/cni/bin:/usr/libexec/cni (Nomad's default from 1.11.2, the agent's version unknown; before 1.11.2, /opt/cni/bin), "},
+	} {
+		os.Remove(filepath.Join(bin, "nomad"))
+		if c.prints != "" {
+			script := "#!/bin/sh\n[ \"$1\" = version ] || { echo 'Error querying agent: 403 Forbidden' >&2; exit 1; }\necho '" + c.prints + "'\n"
+			if err := os.WriteFile(filepath.Join(bin, "nomad"), []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		nc := nomadClient(conf)
+		if !slices.Equal(nc.CNIPath, c.want) || nc.BridgeName != "nbr0" {
+			t.Errorf("%q: cni_path %q, bridge %q; want %q, nbr0", c.prints, nc.CNIPath, nc.BridgeName, c.want)
+		}
+		for _, dir := range []string{conf, filepath.Join(conf, "absent")} {
+			nc := nomadClient(dir)
+			if !slices.Equal(nc.CNIPath, c.want) {
+				t.Errorf("%q, settings from %s: cni_path %q; want %q", c.prints, nc.Source, nc.CNIPath, c.want)
+			}
+			f := checkNomad(Options{Version: func(string) (string, error) { return "", nil }}, nc)[0]
+			if !strings.Contains(f.Message, c.client) {
+				t.Errorf("%q: client finding %q lacks %q", c.prints, f.Message, c.client)
+			}
+		}
+	}
+	nc := nomadSettings{CNIPath: "/opt/nbc/bin"}.resolve("test")
+	nc.setVersion("1.11.1", "the test")
+	if f := checkNomad(Options{Version: func(string) (string, error) { return "", nil }}, nc)[0]; !slices.Equal(nc.CNIPath, []string{"/opt/nbc/bin"}) || strings.Contains(f.Message, "default") {
+		t.Errorf("a cni_path set: %q, %q", nc.CNIPath, f.Message)
 	}
 }
