@@ -283,10 +283,12 @@ func roomFinding(o Options, d string) []Finding {
 // checkClashes: two networks with one name or one bridge, or overlapping
 // subnets kept in different lease directories (two host-local stores
 // handing out one range: duplicate addresses).
-func checkClashes(o Options, nets []*conflists.Network) []Finding {
+// With front (the plugin installed as bridge), Nomad's built-in network
+// is the plugin's, its leases in the plugin's dataDir.
+func checkClashes(o Options, nets []*conflists.Network, front bool) []Finding {
 	all := slices.Clone(nets)
 	if o.Nomad {
-		all = append(all, nomadBuiltin(o.nomad))
+		all = append(all, nomadBuiltin(o.nomad, front))
 	}
 	var fs []Finding
 	for i, a := range all {
@@ -337,7 +339,7 @@ func checkState(o Options, ours, nets []*conflists.Network, front bool) []Findin
 			fs = append(fs, stateFindings(o, n, nets, n.Name)...)
 		}
 	}
-	if n := nomadBuiltin(o.nomad); o.Nomad && front && !slices.ContainsFunc(nets, func(c *conflists.Network) bool { return c.Dir.Leases() == n.Dir.Leases() }) {
+	if n := nomadBuiltin(o.nomad, true); o.Nomad && front && !slices.ContainsFunc(nets, func(c *conflists.Network) bool { return c.Dir.Leases() == n.Dir.Leases() }) {
 		fs = append(fs, stateFindings(o, n, nets, n.Name+" (Nomad's built-in bridge network)")...)
 	}
 	return fs

@@ -116,7 +116,7 @@ func Run(o Options) *Report {
 	}
 	fs = append(fs, checkPlugins(o, ours, front)...)
 	fs = append(fs, checkDataDirs(o, ours)...)
-	fs = append(fs, checkClashes(o, nets)...)
+	fs = append(fs, checkClashes(o, nets, front.path != "")...)
 	fs = append(fs, checkState(o, ours, nets, front.path != "")...)
 	if o.PrometheusRules != "" {
 		fs = append(fs, checkPrometheus(o.PrometheusRules, o.PrometheusConfig)...)

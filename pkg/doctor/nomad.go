@@ -218,11 +218,59 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 
 // nomadBuiltin is the network Nomad's client builds in code for
 // `mode = "bridge"`: named "nomad", on the client's bridge and subnets,
-// with host-local's dataDir /var/run/cni (the plugin's default too, when
-// it is installed as bridge).
-func nomadBuiltin(nc NomadClient) *conflists.Network {
+// its leases where host-local keeps them: with the plugin installed as
+// bridge in front, in the plugin's own dataDir, its default /var/run/cni
+// (Nomad's conflist sets none); else in Nomad's ipam.dataDir
+// (nomadBuiltinDataDir).
+func nomadBuiltin(nc NomadClient, front bool) *conflists.Network {
+	dataDir := ipamdir.DefaultDataDir
+	if !front {
+		dataDir = nomadBuiltinDataDir(nc.Version)
+	}
 	return &conflists.Network{File: "Nomad's built-in bridge network", Name: nomadBuiltinNetwork, Bridge: nc.BridgeName,
-		Subnets: slices.Clone(nc.Subnets), Dir: ipamdir.New(ipamdir.DefaultDataDir, nomadBuiltinNetwork)}
+		Subnets: slices.Clone(nc.Subnets), Dir: ipamdir.New(dataDir, nomadBuiltinNetwork)}
+}
+
+// nomadHas reports whether Nomad version v has a change first released
+// in firsts, one version per release line it came to, oldest line first,
+// the last the line it came with (later lines have it); known is false
+// when v is not a version. A pre-release counts as its release, as in
+// nomadStops.
+func nomadHas(v string, firsts ...string) (has, known bool) {
+	n, err := version.NewVersion(v)
+	if err != nil {
+		return false, false
+	}
+	core := n.Core()
+	for _, f := range firsts {
+		first := version.Must(version.NewVersion(f))
+		if s, fs := core.Segments(), first.Segments(); s[0] == fs[0] && s[1] == fs[1] {
+			return !core.LessThan(first), true
+		}
+	}
+	return !core.LessThan(version.Must(version.NewVersion(firsts[len(firsts)-1]))), true
+}
+
+// Nomad sends CHECK on restore (a client restart finding an allocation's
+// network namespace) from 1.9.5: #24658, v1.9.5
+// client/allocrunner/networking_cni.go supportsCNICheck, where v1.9.4's
+// client/allocrunner/network_hook.go calls Setup only `if created`;
+// backported to 1.8.10 and 1.7.18 Enterprise (CHANGELOG.md, v2.0.5).
+var nomadCheckOnRestore = []string{"1.7.18", "1.8.10", "1.9.5"}
+
+// Nomad's built-in bridge network sets host-local's dataDir to
+// /var/run/cni from 1.9.4: #24650, v1.9.4 client/allocrunner/cni/bridge.go
+// (DataDir), where v1.9.3's sets none, so host-local's own default;
+// backported to 1.8.8 and 1.7.16 Enterprise (CHANGELOG.md, v2.0.5).
+var nomadTmpfsDataDir = []string{"1.7.16", "1.8.8", "1.9.4"}
+
+// nomadBuiltinDataDir is the ipam.dataDir of Nomad version v's built-in
+// network: unknown, a recent Nomad's.
+func nomadBuiltinDataDir(v string) string {
+	if has, known := nomadHas(v, nomadTmpfsDataDir...); known && !has {
+		return ipamdir.DefaultLegacyDataDir
+	}
+	return ipamdir.DefaultDataDir
 }
 
 // bridgeRecord is what Nomad's fingerprint records for `bridge`
@@ -293,11 +341,12 @@ func sendsCheck(recorded string) bool {
 }
 
 // checkNomad reports the client settings the doctor used and what Nomad
-// records for bridge, which decides whether it sends CHECK. A CNI path
-// given to the doctor is read in place of the agent's cni_path. When the
-// agent's version is unknown, the fingerprint is judged as Nomad 1.11.2
-// and later make it, and the finding says what an older one records
-// instead, when that differs.
+// records for bridge, which decides whether it sends CHECK, if the
+// agent's Nomad sends CHECK on restore at all (nomadCheckOnRestore). A CNI
+// path given to the doctor is read in place of the agent's cni_path. When
+// the agent's version is unknown, the fingerprint is judged as Nomad
+// 1.11.2 and later make it, and the finding says what an older one
+// records instead, when that differs, and which Nomads send CHECK.
 func checkNomad(o Options, nc NomadClient) []Finding {
 	client := fmt.Sprintf("settings from %s: cni_path %s%s, cni_config_dir %s, bridge %s, subnets %s", nc.Source, strings.Join(nc.CNIPath, ":"), nc.cniPathNote(), nc.CNIConfigDir, nc.BridgeName, prefixes(nc.Subnets))
 	cniPath, where := nc.CNIPath, "cni_path "+strings.Join(nc.CNIPath, ":")
@@ -310,6 +359,10 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 	}
 	fs := []Finding{{Level: OK, Check: "nomad", Subject: "client", Message: client}}
 
+	unknown := "unknown"
+	if nc.VersionSource != "" {
+		unknown += ": " + nc.VersionSource
+	}
 	stops, known := nomadStops(nc.Version)
 	modern, _, _ := nomadRecordedBridge(cniPath, o.Version, false)
 	old, stop, why := nomadRecordedBridge(cniPath, o.Version, true)
@@ -322,10 +375,6 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 			stopFix = fmt.Sprintf("take %s out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records %s", stop, modern.describe())
 		}
 	case !known && old != modern:
-		unknown := "unknown"
-		if nc.VersionSource != "" {
-			unknown += ": " + nc.VersionSource
-		}
 		note = fmt.Sprintf("; judged as Nomad 1.11.2 and later read cni_path (the agent's version is %s): an older Nomad reads no further than %s (%s), and records %s instead", unknown, stop, why, old.describe())
 		switch {
 		case sendsCheck(old.Version) && !sendsCheck(modern.Version):
@@ -334,19 +383,39 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 			note += ", and never sends CHECK"
 		}
 	}
+	var f Finding
 	switch {
 	case rec.Version == "":
-		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep)%s", where, note), Fix: cmp.Or(stopFix, fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))})
+		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep)%s", where, note), Fix: cmp.Or(stopFix, fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))}
 	case !sendsCheck(rec.Version):
 		why := "below 1.3.0"
 		if v := version.Must(version.NewSemver(rec.Version)); v.Prerelease() != "" && !v.Core().LessThan(version.Must(version.NewVersion("1.3.0"))) {
 			why = "a pre-release, which Nomad's \">= 1.3.0\" never takes, so"
 		}
-		fs = append(fs, Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): %s it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, why, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))})
+		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): %s it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, why, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))}
 	default:
-		fs = append(fs, Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): it sends CHECK on restore%s", rec.Version, rec.From, where, note)})
+		f = Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): it sends CHECK on restore%s", rec.Version, rec.From, where, note)}
 	}
-	return fs
+	// Whatever bridge records, a Nomad without CHECK on restore never
+	// sends it; unknown, the finding says which Nomads do.
+	switch checks, known := nomadHas(nc.Version, nomadCheckOnRestore...); {
+	case known && !checks:
+		recorded := rec.describe()
+		if rec.Version == "" {
+			recorded += " from " + where
+		}
+		fix := "upgrade Nomad to 1.9.5 or later"
+		if f.Fix != "" {
+			fix += "; then " + f.Fix
+		}
+		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad %s never sends CHECK on restore (no CHECK-time sweep), whatever it records for bridge, here %s: Nomad sends it from 1.9.5 (1.8.10 and 1.7.18 Enterprise)%s", nc.Version, recorded, note), Fix: fix}
+	case !known && f.Level == OK:
+		if note != "" {
+			unknown = "unknown" // the note says why
+		}
+		f.Message = strings.Replace(f.Message, "it sends CHECK on restore", "it sends CHECK on restore if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is "+unknown+")", 1)
+	}
+	return append(fs, f)
 }
 
 func prefixes(ps []netip.Prefix) string {

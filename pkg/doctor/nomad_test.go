@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
 
 // Nomad keeps the version of the last cni_path directory's bridge that
@@ -133,7 +135,7 @@ func TestDoctorJudgesNomadsFingerprintByItsVersion(t *testing.T) {
 	}{
 		{"2.0.6-dev", OK, recorded, ""},
 		{"1.11.2", OK, recorded, ""},
-		{"", OK, recorded + "; judged as Nomad 1.11.2 and later read cni_path (the agent's version is unknown: the test): an older Nomad reads no further than " + empty + " (empty), and records no version of bridge instead, and never sends CHECK", ""},
+		{"", OK, recorded + " if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is unknown); judged as Nomad 1.11.2 and later read cni_path (the agent's version is unknown: the test): an older Nomad reads no further than " + empty + " (empty), and records no version of bridge instead, and never sends CHECK", ""},
 		{"1.11.1", Warn, "Nomad records no version of bridge from cni_path " + empty + ":" + h.bin + ": it never sends CHECK (no CHECK-time sweep); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
 			"take " + empty + " out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ")"},
 	} {
@@ -159,7 +161,7 @@ func TestDoctorNomadLinesReadTheGivenCNIPath(t *testing.T) {
 	text := findings(r)
 	for _, want := range []string{
 		"✓ nomad: client: settings from test: cni_path /nowhere, cni_config_dir " + h.conf + ", bridge nomad, subnets 172.26.64.0/20; the doctor reads the CNI path given (--cni-path or CNI_PATH) " + h.bin + " in place of the agent's cni_path\n",
-		"✓ nomad: bridge: Nomad records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of the CNI path given (--cni-path or CNI_PATH) " + h.bin + " that prints a version): it sends CHECK on restore\n",
+		"✓ nomad: bridge: Nomad records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of the CNI path given (--cni-path or CNI_PATH) " + h.bin + " that prints a version): it sends CHECK on restore if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is unknown)\n",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %q in:\n%s", want, text)
@@ -351,5 +353,110 @@ func TestNomadDefaultCNIPathFollowsTheAgentsVersion(t *testing.T) {
 	nc.setVersion("1.11.1", "the test")
 	if f := checkNomad(Options{Version: func(string) (string, error) { return "", nil }}, nc)[0]; !slices.Equal(nc.CNIPath, []string{"/opt/nbc/bin"}) || strings.Contains(f.Message, "default") {
 		t.Errorf("a cni_path set: %q, %q", nc.CNIPath, f.Message)
+	}
+}
+
+// Nomad sends CHECK on restore from 1.9.5 (#24658: v1.9.5
+// client/allocrunner/networking_cni.go; v1.9.4's network_hook.go calls
+// Setup only for a namespace it created), 1.8.10 and 1.7.18 Enterprise:
+// an older agent never does, whatever it records for bridge (regression:
+// the doctor said "it sends CHECK on restore" from the record alone).
+// Unknown, the doctor says which Nomads do.
+func TestDoctorSaysWhichNomadsSendCheck(t *testing.T) {
+	h := newHost(t)
+	run := func(version string) Finding {
+		r := Run(Options{
+			ConfDirs: []string{h.conf}, Nomad: true, EUID: 1000,
+			NomadClient: func() NomadClient {
+				nc := nomadSettings{CNIPath: h.bin, CNIConfigDir: h.conf}.resolve("test")
+				nc.setVersion(version, "the test")
+				return nc
+			},
+			Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
+			OnTmpfs: func(string) (bool, error) { return true, nil },
+			Free:    func(string) (Room, error) { return plenty, nil },
+		})
+		for _, f := range r.Findings {
+			if f.Check == "nomad" && f.Subject == "bridge" {
+				return f
+			}
+		}
+		t.Fatalf("no nomad: bridge finding in:\n%s", findings(r))
+		return Finding{}
+	}
+	recorded := "Nomad records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + h.bin + " that prints a version): it sends CHECK on restore"
+	for _, v := range []string{"1.9.5", "1.10.0", "2.0.5", "1.8.10", "1.8.21+ent", "1.7.18"} {
+		if f := run(v); f.Level != OK || f.Message != recorded || f.Fix != "" {
+			t.Errorf("Nomad %s: %s: %s (fix: %s); want ok: %s", v, f.Level, f.Message, f.Fix, recorded)
+		}
+	}
+	for _, v := range []string{"1.9.4", "1.9.0", "1.8.4", "1.8.9", "1.7.17", "1.6.0"} {
+		want := Finding{Level: Warn, Check: "nomad", Subject: "bridge",
+			Message: "Nomad " + v + " never sends CHECK on restore (no CHECK-time sweep), whatever it records for bridge, here bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + "): Nomad sends it from 1.9.5 (1.8.10 and 1.7.18 Enterprise)",
+			Fix:     "upgrade Nomad to 1.9.5 or later"}
+		if f := run(v); f != want {
+			t.Errorf("Nomad %s:\n got %s: %s\n fix: %s\nwant %s: %s\n fix: %s", v, f.Level, f.Message, f.Fix, want.Level, want.Message, want.Fix)
+		}
+	}
+	if f, want := run(""), recorded+" if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is unknown: the test)"; f.Level != OK || f.Message != want {
+		t.Errorf("Nomad unknown: %s: %s\nwant ok: %s", f.Level, f.Message, want)
+	}
+	h.plugin("bridge", "CNI bridge plugin version unknown\nCNI protocol versions supported: 0.1.0, 0.2.0, 1.1.0\n")
+	if f, fix := run("1.9.4"), "upgrade Nomad to 1.9.5 or later; then replace "+filepath.Join(h.bin, "bridge")+" with the reference plugins, stamped with their version (make plugins)"; f.Level != Warn || f.Fix != fix {
+		t.Errorf("Nomad 1.9.4, bridge 1.1.0: %s: %s\n fix: %s\nwant fix: %s", f.Level, f.Message, f.Fix, fix)
+	}
+}
+
+// Nomad's built-in bridge network keeps host-local's leases in
+// /var/run/cni from 1.9.4 (#24650: v1.9.4 client/allocrunner/cni/bridge.go
+// DataDir; v1.9.3 sets none, so host-local's default), 1.8.8 and 1.7.16
+// Enterprise (regression: the doctor said /var/run/cni/nomad for every
+// version). The plugin installed as bridge in front keeps them in its own
+// dataDir, /var/run/cni, whatever the version.
+func TestDoctorFindsNomadsLeasesByItsVersion(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.64.0/24", "host-local"))
+	frontDir := filepath.Join(h.root, "front")
+	if err := os.MkdirAll(frontDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(frontDir, "bridge"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.versions[filepath.Join(frontDir, "bridge")] = "CNI bridge plugin v1.10.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
+	version := func(path string) (string, error) {
+		if v, ok := h.versions[path]; ok {
+			return v, nil
+		}
+		return h.versions[filepath.Base(path)], nil
+	}
+	for _, front := range []bool{false, true} {
+		cniPath := []string{h.bin}
+		if front {
+			cniPath = []string{frontDir, h.bin}
+		}
+		for v, want := range map[string]string{
+			"1.9.3": ipamdir.DefaultLegacyDataDir, "1.8.4": ipamdir.DefaultLegacyDataDir, "1.8.7": ipamdir.DefaultLegacyDataDir, "1.7.15": ipamdir.DefaultLegacyDataDir,
+			"1.9.4": ipamdir.DefaultDataDir, "1.8.8": ipamdir.DefaultDataDir, "1.7.16": ipamdir.DefaultDataDir, "2.0.5": ipamdir.DefaultDataDir, "": ipamdir.DefaultDataDir,
+		} {
+			r := Run(Options{
+				ConfDirs: []string{h.conf}, CNIPath: cniPath, CNIPathGiven: true, Nomad: true, EUID: 1000,
+				NomadClient: func() NomadClient {
+					nc := nomadSettings{CNIPath: strings.Join(cniPath, ":"), CNIConfigDir: h.conf}.resolve("test")
+					nc.setVersion(v, "the test")
+					return nc
+				},
+				Version: version,
+				OnTmpfs: func(string) (bool, error) { return true, nil },
+				Free:    func(string) (Room, error) { return plenty, nil },
+			})
+			if front {
+				want = ipamdir.DefaultDataDir
+			}
+			clash := "kept in " + filepath.Join(h.data, "web") + " and " + filepath.Join(want, "nomad") + ": one address can be handed out twice"
+			if text := findings(r); !strings.Contains(text, clash) {
+				t.Errorf("Nomad %q, front %v: no %q in:\n%s", v, front, clash, text)
+			}
+		}
 	}
 }

@@ -33,7 +33,9 @@ const RecordDirName = ".nomad-bridge-cni"
 
 const (
 	// DefaultDataDir is tmpfs on every systemd distribution (/var/run -> /run),
-	// and where Nomad points its own bridge's host-local since 1.9.
+	// and where Nomad points its own bridge's host-local since 1.9.4
+	// (client/allocrunner/cni/bridge.go, #24650; 1.8.8 and 1.7.16
+	// Enterprise); v1.9.3 and earlier leave host-local's own default.
 	DefaultDataDir = "/var/run/cni"
 	// DefaultLegacyDataDir is host-local's own default, where leases written
 	// before adoption live.
