@@ -340,6 +340,25 @@ func sendsCheck(recorded string) bool {
 	return err == nil && version.MustConstraints(version.NewConstraint(">= 1.3.0")).Check(v)
 }
 
+// noBridgeGroups says that Nomad places no group of network mode
+// "bridge" on the node, for a bridge version placesBridgeGroups refuses.
+const noBridgeGroups = `places no group with network mode "bridge" on this node (servers from Nomad 1.8.0 constrain each to attr.plugins.cni.version.bridge semver >= 0.4.0; "cni/" modes are not constrained)`
+
+// placesBridgeGroups reports whether Nomad's servers place a group of
+// network mode "bridge" on a node that records bridge version recorded
+// ("" none): from 1.8.0 (#15473) they add the constraint
+// attr.plugins.cni.version.bridge semver ">= 0.4.0" to every such group
+// (v2.0.5 nomad/job_endpoint_hooks.go cniBridgeConstraint, for
+// Job.RequiredBridgeNetwork: the mode "bridge" exactly, no "cni/" one),
+// which the scheduler checks with go-version's NewVersion and semver 2.0
+// order (scheduler/feasible/feasible.go checkVersionMatch,
+// helper/constraints/semver), so that a pre-release of 0.4.0 is below it
+// and a node recording nothing fails it.
+func placesBridgeGroups(recorded string) bool {
+	v, err := version.NewVersion(recorded)
+	return err == nil && v.Compare(version.Must(version.NewVersion("0.4.0"))) >= 0
+}
+
 // checkNomad reports the client settings the doctor used and what Nomad
 // records for bridge, which decides whether it sends CHECK, if the
 // agent's Nomad sends CHECK on restore at all (nomadCheckOnRestore). A CNI
@@ -386,13 +405,17 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 	var f Finding
 	switch {
 	case rec.Version == "":
-		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep)%s", where, note), Fix: cmp.Or(stopFix, fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))}
+		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records no version of bridge from %s: it never sends CHECK (no CHECK-time sweep), and %s%s", where, noBridgeGroups, note), Fix: cmp.Or(stopFix, fmt.Sprintf("install the reference CNI plugins, stamped with their version (make plugins), into a directory of %s", where))}
 	case !sendsCheck(rec.Version):
 		why := "below 1.3.0"
 		if v := version.Must(version.NewSemver(rec.Version)); v.Prerelease() != "" && !v.Core().LessThan(version.Must(version.NewVersion("1.3.0"))) {
 			why = "a pre-release, which Nomad's \">= 1.3.0\" never takes, so"
 		}
-		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): %s it never sends CHECK (no CHECK-time sweep)%s", rec.Version, rec.From, where, why, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))}
+		placed := ""
+		if !placesBridgeGroups(rec.Version) {
+			placed = ", and " + noBridgeGroups
+		}
+		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): %s it never sends CHECK (no CHECK-time sweep)%s%s", rec.Version, rec.From, where, why, placed, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))}
 	default:
 		f = Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): it sends CHECK on restore%s", rec.Version, rec.From, where, note)}
 	}
@@ -403,6 +426,9 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 		recorded := rec.describe()
 		if rec.Version == "" {
 			recorded += " from " + where
+		}
+		if !placesBridgeGroups(rec.Version) {
+			recorded += ", with which Nomad " + noBridgeGroups
 		}
 		fix := "upgrade Nomad to 1.9.5 or later"
 		if f.Fix != "" {

@@ -136,7 +136,7 @@ func TestDoctorJudgesNomadsFingerprintByItsVersion(t *testing.T) {
 		{"2.0.6-dev", OK, recorded, ""},
 		{"1.11.2", OK, recorded, ""},
 		{"", OK, recorded + " if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is unknown); judged as Nomad 1.11.2 and later read cni_path (the agent's version is unknown: the test): an older Nomad reads no further than " + empty + " (empty), and records no version of bridge instead, and never sends CHECK", ""},
-		{"1.11.1", Warn, "Nomad records no version of bridge from cni_path " + empty + ":" + h.bin + ": it never sends CHECK (no CHECK-time sweep); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
+		{"1.11.1", Warn, "Nomad records no version of bridge from cni_path " + empty + ":" + h.bin + ": it never sends CHECK (no CHECK-time sweep), and places no group with network mode \"bridge\" on this node (servers from Nomad 1.8.0 constrain each to attr.plugins.cni.version.bridge semver >= 0.4.0; \"cni/\" modes are not constrained); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
 			"take " + empty + " out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ")"},
 	} {
 		f := bridge(run(c.version))
@@ -458,5 +458,39 @@ func TestDoctorFindsNomadsLeasesByItsVersion(t *testing.T) {
 				t.Errorf("Nomad %q, front %v: no %q in:\n%s", v, front, clash, text)
 			}
 		}
+	}
+}
+
+// Nomad's servers (1.8.0 and later, #15473) constrain every group with
+// network mode "bridge" to attr.plugins.cni.version.bridge semver >=
+// 0.4.0 (v2.0.5 nomad/job_endpoint_hooks.go, Job.RequiredBridgeNetwork:
+// that mode only, not cni/ ones): with no version of bridge recorded, or
+// one below 0.4.0, no such group is placed on the node (regression: the
+// doctor spoke of CHECK only).
+func TestDoctorSaysNoBridgeModeGroupIsPlacedWithoutABridgeVersion(t *testing.T) {
+	h := newHost(t)
+	h.nomad = true
+	placed := `and places no group with network mode "bridge" on this node (servers from Nomad 1.8.0 constrain each to attr.plugins.cni.version.bridge semver >= 0.4.0; "cni/" modes are not constrained)`
+	for prints, want := range map[string]string{
+		"CNI bridge plugin\n":             "Nomad records no version of bridge from cni_path " + h.bin + ": it never sends CHECK (no CHECK-time sweep), " + placed,
+		"CNI bridge plugin v0.3.1\n":      "Nomad records bridge v0.3.1 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + h.bin + " that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep), " + placed,
+		"CNI bridge plugin v0.4.0-rc.1\n": "Nomad records bridge v0.4.0-rc.1 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + h.bin + " that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep), " + placed,
+		"CNI bridge plugin v0.4.0\n":      "Nomad records bridge v0.4.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + h.bin + " that prints a version): below 1.3.0 it never sends CHECK (no CHECK-time sweep)",
+		"CNI bridge plugin v1.4.0-rc.1\n": "Nomad records bridge v1.4.0-rc.1 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + h.bin + " that prints a version): a pre-release, which Nomad's \">= 1.3.0\" never takes, so it never sends CHECK (no CHECK-time sweep)",
+	} {
+		h.plugin("bridge", prints)
+		r := h.run()
+		i := slices.IndexFunc(r.Findings, func(f Finding) bool { return f.Check == "nomad" && f.Subject == "bridge" })
+		if i < 0 || r.Findings[i].Level != Warn || r.Findings[i].Message != want {
+			t.Errorf("bridge printing %q: no warning %q in:\n%s", prints, want, findings(r))
+		}
+	}
+	// A Nomad without CHECK on restore says so too.
+	h.plugin("bridge", "CNI bridge plugin\n")
+	nc := nomadSettings{CNIPath: h.bin}.resolve("test")
+	nc.setVersion("1.9.4", "the test")
+	want := "Nomad 1.9.4 never sends CHECK on restore (no CHECK-time sweep), whatever it records for bridge, here no version of bridge from cni_path " + h.bin + ", with which Nomad " + placed[len("and "):] + ": Nomad sends it from 1.9.5 (1.8.10 and 1.7.18 Enterprise)"
+	if f := checkNomad(Options{Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil }}, nc)[1]; f.Level != Warn || f.Message != want {
+		t.Errorf("Nomad 1.9.4, no version of bridge: %s: %s\nwant warn: %s", f.Level, f.Message, want)
 	}
 }

@@ -707,7 +707,7 @@ func TestDoctorJudgesNomadsFingerprintByTheAgentsVersion(t *testing.T) {
 	}{
 		{"api", "#!/bin/sh\n[ \"$1 $2 $3\" = \"operator api /v1/agent/self\" ] || exit 1\ncat <<'JSON'\n" + self + "\nJSON\n", []string{"CNI_PATH"}, []string{
 			"; Nomad 1.11.1 (from the agent's API)",
-			"! nomad: bridge: Nomad records no version of bridge from cni_path " + cniPath + ": it never sends CHECK (no CHECK-time sweep); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
+			"! nomad: bridge: Nomad records no version of bridge from cni_path " + cniPath + ": it never sends CHECK (no CHECK-time sweep), and places no group with network mode \"bridge\" on this node (servers from Nomad 1.8.0 constrain each to attr.plugins.cni.version.bridge semver >= 0.4.0; \"cni/\" modes are not constrained); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
 		}},
 		{"cli", "#!/bin/sh\n[ \"$1\" = version ] || { echo 'Error querying agent: connection refused' >&2; exit 1; }\necho 'Nomad v2.0.6-dev'\necho 'BuildDate 2026-11-30T10:00:00Z'\n", []string{"CNI_PATH=" + cniPath}, []string{
 			"; Nomad 2.0.6-dev (from " + nomad + " version, the CLI's: the agent's unless it runs another binary)",
