@@ -402,6 +402,14 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 			note += ", and never sends CHECK"
 		}
 	}
+	checks, versionKnown := nomadHas(nc.Version, nomadCheckOnRestore...)
+	sends := "it sends CHECK on restore"
+	if !versionKnown {
+		if note != "" {
+			unknown = "unknown" // the note says why
+		}
+		sends += " if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is " + unknown + ")"
+	}
 	var f Finding
 	switch {
 	case rec.Version == "":
@@ -417,12 +425,11 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 		}
 		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): %s it never sends CHECK (no CHECK-time sweep)%s%s", rec.Version, rec.From, where, why, placed, note), Fix: cmp.Or(stopFix, fmt.Sprintf("replace %s with the reference plugins, stamped with their version (make plugins)", rec.From))}
 	default:
-		f = Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): it sends CHECK on restore%s", rec.Version, rec.From, where, note)}
+		f = Finding{Level: OK, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad records bridge %s (from %s, the last bridge of %s that prints a version): %s%s", rec.Version, rec.From, where, sends, note)}
 	}
 	// Whatever bridge records, a Nomad without CHECK on restore never
-	// sends it; unknown, the finding says which Nomads do.
-	switch checks, known := nomadHas(nc.Version, nomadCheckOnRestore...); {
-	case known && !checks:
+	// sends it.
+	if versionKnown && !checks {
 		recorded := rec.describe()
 		if rec.Version == "" {
 			recorded += " from " + where
@@ -435,11 +442,6 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 			fix += "; then " + f.Fix
 		}
 		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad %s never sends CHECK on restore (no CHECK-time sweep), whatever it records for bridge, here %s: Nomad sends it from 1.9.5 (1.8.10 and 1.7.18 Enterprise)%s", nc.Version, recorded, note), Fix: fix}
-	case !known && f.Level == OK:
-		if note != "" {
-			unknown = "unknown" // the note says why
-		}
-		f.Message = strings.Replace(f.Message, "it sends CHECK on restore", "it sends CHECK on restore if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is "+unknown+")", 1)
 	}
 	return append(fs, f)
 }
