@@ -184,8 +184,8 @@ func newGCFixture(t *testing.T, bare bool) gcFixture {
 // network and drops the teardown when it fails ("resources may have
 // leaked"). A full data dir is something a DEL works through (and frees
 // space by): STATUS passes, saying so, the Remove that follows it releases
-// everything, and an ADD on the full disk fails with its own error (issue
-// 43: STATUS failed with code 50, and no DEL was ever sent).
+// everything, and an ADD on the full disk fails with its own error
+// (regression: STATUS failed with code 50, and no DEL was ever sent).
 func TestStatusPassesOnAFullDataDirSoNomadTearsDown(t *testing.T) {
 	e := newEnv(t)
 	e.requirePlugin(t)
