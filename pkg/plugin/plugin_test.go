@@ -657,17 +657,9 @@ func TestLogFileGetsTheVerbsEvents(t *testing.T) {
 // (regression: host-local got the runtime's list alone).
 func TestGCListsToHostLocalWhatTheSweepKept(t *testing.T) {
 	h := newHarness(t, "bridge", "host-local")
-	pending := &records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: "adding", IfName: "eth0", Netns: "/var/run/netns/x",
-		BootID: "boot-1", State: records.Started, PID: 777, PIDStart: 55}
 	h.host.Processes[777] = 55
-	if err := records.NewStore(ipamdir.New(h.dataDir, "nomad")).Write(pending); err != nil {
-		t.Fatal(err)
-	}
-	lease := filepath.Join(h.dataDir, "nomad", "172.26.64.7")
-	mkdir(t, filepath.Dir(lease))
-	if err := os.WriteFile(lease, []byte("adding\r\neth0"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	lease := h.attachment(&records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: "adding", IfName: "eth0", Netns: "/var/run/netns/x",
+		BootID: "boot-1", State: records.Started, PID: 777, PIDStart: 55}, "172.26.64.7")
 	stdin := h.conf("1.1.0", `,"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"eth0"}]`)
 	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: stdin}); err != nil {
 		t.Fatalf("GC: %v", err)

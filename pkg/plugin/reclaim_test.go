@@ -205,13 +205,19 @@ func TestFailedRollbackKeepsThePendingRecord(t *testing.T) {
 // its record and its lease.
 func (h *harness) deadAttachment(cid, ip string) string {
 	h.t.Helper()
-	gone := &records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: cid, IfName: "eth0", Netns: "/var/run/netns/" + cid, BootID: "boot-1", State: records.Complete}
-	if err := records.NewStore(ipamdir.New(h.dataDir, "nomad")).Write(gone); err != nil {
+	return h.attachment(&records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: cid, IfName: "eth0", Netns: "/var/run/netns/" + cid, BootID: "boot-1", State: records.Complete}, ip)
+}
+
+// attachment writes rec, and its lease of ip as host-local writes it; it
+// returns the lease's path.
+func (h *harness) attachment(rec *records.Record, ip string) string {
+	h.t.Helper()
+	if err := records.NewStore(ipamdir.New(h.dataDir, "nomad")).Write(rec); err != nil {
 		h.t.Fatal(err)
 	}
 	lease := filepath.Join(h.dataDir, "nomad", ip)
 	mkdir(h.t, filepath.Dir(lease))
-	if err := os.WriteFile(lease, []byte(cid+"\r\neth0"), 0o600); err != nil {
+	if err := os.WriteFile(lease, []byte(rec.ContainerID+"\r\n"+rec.IfName), 0o600); err != nil {
 		h.t.Fatal(err)
 	}
 	return lease
