@@ -3,9 +3,11 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	gocni "github.com/containerd/go-cni"
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
@@ -340,5 +343,56 @@ func TestCopiesOfThePluginNeverCallEachOther(t *testing.T) {
 			}
 			assertLeases(t, filepath.Join(pluginDefaultDataDir, e.netName), nil)
 		})
+	}
+}
+
+// Nomad sends an allocation's ADD up to three times, a second or two
+// apart, with no DEL between (networking_cni.go's retry for racing bridge
+// creations); after the last failure it kills the tasks, and its network
+// hook's Postrun sends DEL. Here the firewall fails every ADD after bridge
+// succeeded (an admin chain name iptables refuses): the retries are
+// refused as the live duplicate they are, one lease is held throughout,
+// and the DEL leaves nothing of the allocation.
+func TestNomadRetriesAFailedADDThenDELs(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	cniPath := e.frontDir(t) + ":" + e.bin
+	tooLong := strconv.Quote(e.adminChain + "-longer-than-iptables-takes")
+	conflist := strings.Replace(string(e.nomadBridgeConflist()), strconv.Quote(e.adminChain), tooLong, 1)
+	nomad := e.goCNI(t, gocni.WithPluginDir(filepath.SplitList(cniPath)), gocni.WithInterfacePrefix("eth"), gocni.WithConfListBytes([]byte(conflist)))
+	alloc := podUID(t)
+	ns := e.podNetns(t, "alloc", alloc)
+	port := randomHostPort()
+	ctx := runtimeCtx(t)
+	leaseDir := filepath.Join(pluginDefaultDataDir, e.netName)
+
+	var held map[netip.Addr]string
+	for attempt := 1; attempt <= 3; attempt++ {
+		_, err := nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+		switch {
+		case err == nil:
+			t.Fatalf("ADD %d succeeded through a firewall that cannot make its admin chain", attempt)
+		case attempt == 1 && !strings.Contains(err.Error(), `type="firewall"`):
+			t.Fatalf("ADD 1: %v, want the firewall's error", err)
+		case attempt > 1 && !strings.Contains(err.Error(), "already attached"):
+			t.Errorf("ADD %d (Nomad's retry): %v, want the live duplicate refused", attempt, err)
+		}
+		leases := readLeases(t, leaseDir)
+		if len(leases) != 1 || (held != nil && !maps.Equal(leases, held)) {
+			t.Fatalf("leases after ADD %d: %v, want the first ADD's one (%v)", attempt, leases, held)
+		}
+		held = leases
+	}
+	if err := nomad.Remove(ctx, alloc, ns.path, nomadDelOpts(port)...); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	assertLeases(t, leaseDir, nil)
+	if recordPath := filepath.Join(pluginDefaultDataDir, recordDirName, e.netName, alloc+"@"+ifName); statefile.Exists(recordPath) {
+		t.Errorf("record %s left after DEL", recordPath)
+	}
+	e.assertNetworkNATEmpty(t)
+	enter := ns.enter()
+	if out, err := output(enter[0], append(enter[1:], "ip", "link", "show", "dev", ifName)...); err == nil {
+		t.Errorf("%s left in %s after DEL: %s", ifName, ns.name, out)
 	}
 }
