@@ -2,13 +2,16 @@ package plugin
 
 import (
 	"errors"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
 // gc releases every attachment of the network the runtime did not list in
@@ -17,8 +20,9 @@ import (
 // forwards GC to the delegate, as the spec asks of a plugin that delegates,
 // and to host-local directly: bridge v1.10.0 has no GC and does not pass it
 // to its IPAM. Their list adds what the sweep kept although the runtime
-// did not list it (an ADD whose processes still run): host-local removes
-// every lease not listed. Every step runs even if an earlier one failed,
+// did not list it (an ADD whose processes still run, a stale attachment
+// whose NAT rules could not go): host-local removes every lease not
+// listed. Every step runs even if an earlier one failed,
 // but host-local's GC, which without the sweep's verdicts could take a
 // running ADD's lease; one failure keeps its code, several fold into one
 // internal error naming them all.
@@ -38,15 +42,22 @@ func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if err := p.migrate(conf); err != nil {
 		errs = append(errs, err)
 	}
-	kept := slices.Clone(valid)
-	keep := func(a *reclaim.Attachment) {
-		if s := a.Verdict.State; s == reclaim.Pending || s == reclaim.Unknown {
-			kept = append(kept, types.GCAttachment{ContainerID: a.Key.ContainerID, IfName: a.Key.IfName})
-		}
-	}
-	report, err := (&reclaim.Sweeper{Env: p.Reclaim}).Sweep(reclaim.Request{Dir: conf.Dir(), GC: true, Valid: valid, LegacyDataDir: conf.LegacyDataDir, Visit: keep})
+	// What the sweep keeps of what the runtime did not list (listed ones
+	// are live): every such attachment it judged, but those it released.
+	unlisted := map[records.Key]bool{}
+	report, err := (&reclaim.Sweeper{Env: p.Reclaim}).Sweep(reclaim.Request{Dir: conf.Dir(), GC: true, Valid: valid, LegacyDataDir: conf.LegacyDataDir,
+		Visit: func(a *reclaim.Attachment) {
+			if a.Verdict.State != reclaim.Live {
+				unlisted[a.Key] = true
+			}
+		},
+		Released: func(r reclaim.Release) { delete(unlisted, r.Key) }})
 	if err != nil {
 		errs = append(errs, types.NewError(types.ErrInternal, "garbage collection of "+conf.Name+" failed", err.Error()))
+	}
+	kept := slices.Clone(valid)
+	for _, k := range slices.SortedFunc(maps.Keys(unlisted), func(a, b records.Key) int { return strings.Compare(a.String(), b.String()) }) {
+		kept = append(kept, types.GCAttachment{ContainerID: k.ContainerID, IfName: k.IfName})
 	}
 	delegateConf, hostLocalConf, err := conf.GCConfigs(kept)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/utils"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
@@ -691,5 +692,34 @@ func TestGCSendsHostLocalNothingWhenTheSweepCouldNotJudge(t *testing.T) {
 		if call.Plugin == "host-local" {
 			t.Error("host-local GC sent after a sweep that could not judge the network")
 		}
+	}
+}
+
+// A stale attachment whose NAT rules could not go keeps its lease and
+// record, through which the next sweep finds them: host-local's GC must
+// not take that lease either, or the address is handed out again while
+// the old rules still point at it (regression: host-local's list had only
+// the runtime's and the attachments judged pending or unknown).
+func TestGCListsToHostLocalAStaleAttachmentWhoseRulesStayed(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	nat := fakenat.New()
+	h.plugin.Reclaim.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{nat}}
+	lease := h.deadAttachment("dead1", "172.26.64.9")
+	nat.AddContainer("nomad", "dead1", "172.26.64.9", 0)
+	// A jump no comment names: bridge's chain cannot be deleted.
+	nat.Add("OUTPUT", "-j "+utils.FormatChainName("nomad", "dead1"))
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: h.conf("1.1.0", `,"cni.dev/valid-attachments":[]`)}); err == nil {
+		t.Fatal("GC succeeded although a chain could not be deleted")
+	}
+	if gone(lease) {
+		t.Fatal("the sweep released the lease of an attachment whose rules stayed")
+	}
+	call := h.exec.calls[len(h.exec.calls)-1]
+	if call.Plugin != "host-local" || call.Command != "GC" {
+		t.Fatalf("last call %s %s, want host-local GC", call.Plugin, call.Command)
+	}
+	valid, _ := json.Marshal(delegatedConf(t, call)["cni.dev/valid-attachments"])
+	if string(valid) != `[{"containerID":"dead1","ifname":"eth0"}]` {
+		t.Errorf("host-local GC valid attachments = %s, want the attachment the sweep kept", valid)
 	}
 }
