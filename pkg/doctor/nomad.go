@@ -98,16 +98,21 @@ func defaultCNIPath(v string) (path string, known bool) {
 // cni_path that was not set that version's default.
 func (nc *NomadClient) setVersion(v, source string) {
 	nc.Version, nc.VersionSource = v, source
-	if nc.cniPathDefault != "" && strings.Join(nc.CNIPath, ":") == nc.cniPathDefault {
+	if nc.defaulted() {
 		nc.cniPathDefault, _ = defaultCNIPath(v)
 		nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
 	}
 }
 
+// defaulted reports whether cni_path is the default filled in.
+func (nc NomadClient) defaulted() bool {
+	return nc.cniPathDefault != "" && strings.Join(nc.CNIPath, ":") == nc.cniPathDefault
+}
+
 // cniPathNote says, for the client finding, whose default cni_path is
 // ("" when it was set).
 func (nc NomadClient) cniPathNote() string {
-	if nc.cniPathDefault == "" || strings.Join(nc.CNIPath, ":") != nc.cniPathDefault {
+	if !nc.defaulted() {
 		return ""
 	}
 	if _, known := defaultCNIPath(nc.Version); known {
@@ -149,10 +154,11 @@ func parseAgentSelf(b []byte) (NomadClient, error) {
 }
 
 // parseNomadVersion reads the version `nomad version` prints on its first
-// line ("Nomad v2.0.6-dev").
+// line ("Nomad v2.0.6-dev"; before 1.3, "Nomad v1.2.6 (<revision>)").
 func parseNomadVersion(out string) (string, error) {
 	first, _, _ := strings.Cut(out, "\n")
 	v, ok := strings.CutPrefix(strings.TrimSpace(first), "Nomad v")
+	v, _, _ = strings.Cut(v, " ")
 	if !ok || v == "" {
 		return "", fmt.Errorf("no version in %q", first)
 	}
@@ -383,8 +389,14 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 		unknown += ": " + nc.VersionSource
 	}
 	stops, known := nomadStops(nc.Version)
+	// A Nomad before 1.11.2 reads its own default cni_path, the newer
+	// one's first directory (defaultCNIPath), where cni_path is not set.
+	oldPath := cniPath
+	if !known && nc.defaulted() && slices.Equal(cniPath, nc.CNIPath) {
+		oldPath = cniPath[:1]
+	}
 	modern, _, _ := nomadRecordedBridge(cniPath, o.Version, false)
-	old, stop, why := nomadRecordedBridge(cniPath, o.Version, true)
+	old, stop, why := nomadRecordedBridge(oldPath, o.Version, true)
 	rec, note, stopFix := modern, "", ""
 	switch {
 	case known && stops && stop != "":
@@ -394,10 +406,14 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 			stopFix = fmt.Sprintf("take %s out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records %s", stop, modern.describe())
 		}
 	case !known && old != modern:
-		note = fmt.Sprintf("; judged as Nomad 1.11.2 and later read cni_path (the agent's version is %s): an older Nomad reads no further than %s (%s), and records %s instead", unknown, stop, why, old.describe())
+		reads := fmt.Sprintf("reads no further than %s (%s)", stop, why)
+		if stop == "" {
+			reads = fmt.Sprintf("reads only %s (its default cni_path)", strings.Join(oldPath, ":"))
+		}
+		note = fmt.Sprintf("; judged as Nomad 1.11.2 and later read cni_path (the agent's version is %s): an older Nomad %s, and records %s instead", unknown, reads, old.describe())
 		switch {
 		case sendsCheck(old.Version) && !sendsCheck(modern.Version):
-			note += ", and sends CHECK"
+			note += ", and sends CHECK from 1.9.5 (1.8.10 and 1.7.18 Enterprise)"
 		case !sendsCheck(old.Version) && sendsCheck(modern.Version):
 			note += ", and never sends CHECK"
 		}

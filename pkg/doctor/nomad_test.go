@@ -83,8 +83,10 @@ func TestNomadStops(t *testing.T) {
 	}
 	for out, want := range map[string]string{
 		"Nomad v2.0.6-dev\nBuildDate 2026-11-30T10:00:00Z\nRevision abc\n": "2.0.6-dev",
-		"Nomad v1.10.5+ent\n":      "1.10.5+ent",
-		"nomad: command not found": "",
+		"Nomad v1.10.5+ent\n": "1.10.5+ent",
+		// Before 1.3, the revision followed on the same line.
+		"Nomad v1.2.6 (a6c6b475db5073e33885377b4a5c733e1161020d)\n": "1.2.6",
+		"nomad: command not found":                                  "",
 	} {
 		if v, err := parseNomadVersion(out); v != want || (err != nil) != (want == "") {
 			t.Errorf("nomad version printed %q: read %q, %v; want %q", out, v, err, want)
@@ -493,4 +495,41 @@ func TestDoctorSaysNoBridgeModeGroupIsPlacedWithoutABridgeVersion(t *testing.T) 
 	if f := checkNomad(Options{Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil }}, nc)[1]; f.Level != Warn || f.Message != want {
 		t.Errorf("Nomad 1.9.4, no version of bridge: %s: %s\nwant warn: %s", f.Level, f.Message, want)
 	}
+}
+
+// With the agent's version unknown and cni_path not set, the doctor reads
+// the newer default; an older Nomad reads only its own default, that
+// path's first directory (regression: the older Nomad's scan walked the
+// newer default too, and found a bridge it never sees).
+func TestDoctorJudgesAnOlderNomadByItsOwnDefaultCNIPath(t *testing.T) {
+	h := newHost(t)
+	first := filepath.Join(h.root, "opt-cni-bin")
+	if err := os.MkdirAll(first, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(first, "loopback"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := Run(Options{
+		ConfDirs: []string{h.conf}, Nomad: true, EUID: 1000,
+		NomadClient: func() NomadClient {
+			nc := NomadDefaults()
+			nc.cniPathDefault = first + ":" + h.bin
+			nc.CNIPath = []string{first, h.bin}
+			nc.VersionSource = "the test"
+			return nc
+		},
+		Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
+		OnTmpfs: func(string) (bool, error) { return true, nil },
+		Free:    func(string) (Room, error) { return plenty, nil },
+	})
+	for _, f := range r.Findings {
+		if f.Check == "nomad" && f.Subject == "bridge" {
+			if !strings.Contains(f.Message, "an older Nomad reads only "+first+" (its default cni_path), and records no version of bridge instead, and never sends CHECK") {
+				t.Errorf("bridge finding: %s", f.Message)
+			}
+			return
+		}
+	}
+	t.Fatalf("no nomad: bridge finding in:\n%s", findings(r))
 }
