@@ -106,27 +106,10 @@ func TestDoctorJudgesNomadsFingerprintByItsVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	cniPath := []string{empty, h.bin}
-	run := func(version string) *Report {
-		return Run(Options{
-			ConfDirs: []string{h.conf}, Nomad: true, EUID: 1000,
-			NomadClient: func() NomadClient {
-				nc := nomadSettings{CNIPath: strings.Join(cniPath, ":"), CNIConfigDir: h.conf}.resolve("test")
-				nc.Version, nc.VersionSource = version, "the test"
-				return nc
-			},
-			Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
-			OnTmpfs: func(string) (bool, error) { return true, nil },
-			Free:    func(string) (Room, error) { return plenty, nil },
-		})
-	}
-	bridge := func(r *Report) Finding {
-		for _, f := range r.Findings {
-			if f.Check == "nomad" && f.Subject == "bridge" {
-				return f
-			}
-		}
-		t.Fatalf("no nomad: bridge finding in:\n%s", findings(r))
-		return Finding{}
+	bridge := func(version string) Finding {
+		nc := nomadSettings{CNIPath: strings.Join(cniPath, ":"), CNIConfigDir: h.conf}.resolve("test")
+		nc.Version, nc.VersionSource = version, "the test"
+		return h.nomadBridgeFinding(nc)
 	}
 	recorded := "Nomad records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + empty + ":" + h.bin + " that prints a version): it sends CHECK on restore"
 	for _, c := range []struct {
@@ -141,7 +124,7 @@ func TestDoctorJudgesNomadsFingerprintByItsVersion(t *testing.T) {
 		{"1.11.1", Warn, "Nomad records no version of bridge from cni_path " + empty + ":" + h.bin + ": it never sends CHECK (no CHECK-time sweep), and places no group with network mode \"bridge\" on this node (servers from Nomad 1.8.0 constrain each to attr.plugins.cni.version.bridge semver >= 0.4.0; \"cni/\" modes are not constrained); Nomad 1.11.1, as every Nomad before 1.11.2, reads no further than " + empty + " (empty)",
 			"take " + empty + " out of cni_path (or fill it, or make it readable), or upgrade Nomad to 1.11.2 or later, which reads on and records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ")"},
 	} {
-		f := bridge(run(c.version))
+		f := bridge(c.version)
 		if f.Level != c.level || f.Message != c.message || f.Fix != c.fix {
 			t.Errorf("Nomad %q:\n got %s: %s\n fix: %s\nwant %s: %s\n fix: %s", c.version, f.Level, f.Message, f.Fix, c.level, c.message, c.fix)
 		}
@@ -367,24 +350,9 @@ func TestNomadDefaultCNIPathFollowsTheAgentsVersion(t *testing.T) {
 func TestDoctorSaysWhichNomadsSendCheck(t *testing.T) {
 	h := newHost(t)
 	run := func(version string) Finding {
-		r := Run(Options{
-			ConfDirs: []string{h.conf}, Nomad: true, EUID: 1000,
-			NomadClient: func() NomadClient {
-				nc := nomadSettings{CNIPath: h.bin, CNIConfigDir: h.conf}.resolve("test")
-				nc.setVersion(version, "the test")
-				return nc
-			},
-			Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
-			OnTmpfs: func(string) (bool, error) { return true, nil },
-			Free:    func(string) (Room, error) { return plenty, nil },
-		})
-		for _, f := range r.Findings {
-			if f.Check == "nomad" && f.Subject == "bridge" {
-				return f
-			}
-		}
-		t.Fatalf("no nomad: bridge finding in:\n%s", findings(r))
-		return Finding{}
+		nc := nomadSettings{CNIPath: h.bin, CNIConfigDir: h.conf}.resolve("test")
+		nc.setVersion(version, "the test")
+		return h.nomadBridgeFinding(nc)
 	}
 	recorded := "Nomad records bridge v1.10.0 (from " + filepath.Join(h.bin, "bridge") + ", the last bridge of cni_path " + h.bin + " that prints a version): it sends CHECK on restore"
 	for _, v := range []string{"1.9.5", "1.10.0", "2.0.5", "1.8.10", "1.8.21+ent", "1.7.18"} {
@@ -510,26 +478,31 @@ func TestDoctorJudgesAnOlderNomadByItsOwnDefaultCNIPath(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(first, "loopback"), []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	nc := NomadDefaults()
+	nc.cniPathDefault = first + ":" + h.bin
+	nc.CNIPath = []string{first, h.bin}
+	nc.VersionSource = "the test"
+	if f := h.nomadBridgeFinding(nc); !strings.Contains(f.Message, "an older Nomad reads only "+first+" (its default cni_path), and records no version of bridge instead, and never sends CHECK") {
+		t.Errorf("bridge finding: %s", f.Message)
+	}
+}
+
+// nomadBridgeFinding runs the doctor with the Nomad client nc, its
+// fingerprint reading h's plugins, and returns its nomad: bridge finding.
+func (h *host) nomadBridgeFinding(nc NomadClient) Finding {
+	h.t.Helper()
 	r := Run(Options{
 		ConfDirs: []string{h.conf}, Nomad: true, EUID: 1000,
-		NomadClient: func() NomadClient {
-			nc := NomadDefaults()
-			nc.cniPathDefault = first + ":" + h.bin
-			nc.CNIPath = []string{first, h.bin}
-			nc.VersionSource = "the test"
-			return nc
-		},
-		Version: func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
-		OnTmpfs: func(string) (bool, error) { return true, nil },
-		Free:    func(string) (Room, error) { return plenty, nil },
+		NomadClient: func() NomadClient { return nc },
+		Version:     func(path string) (string, error) { return h.versions[filepath.Base(path)], nil },
+		OnTmpfs:     func(string) (bool, error) { return true, nil },
+		Free:        func(string) (Room, error) { return plenty, nil },
 	})
 	for _, f := range r.Findings {
 		if f.Check == "nomad" && f.Subject == "bridge" {
-			if !strings.Contains(f.Message, "an older Nomad reads only "+first+" (its default cni_path), and records no version of bridge instead, and never sends CHECK") {
-				t.Errorf("bridge finding: %s", f.Message)
-			}
-			return
+			return f
 		}
 	}
-	t.Fatalf("no nomad: bridge finding in:\n%s", findings(r))
+	h.t.Fatalf("no nomad: bridge finding in:\n%s", findings(r))
+	return Finding{}
 }

@@ -75,7 +75,7 @@ func (h *harness) args(stdin []byte) *skel.CmdArgs {
 	return &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/x", IfName: "eth0", Path: "/opt/cni/bin", StdinData: stdin}
 }
 
-func delegatedConf(t *testing.T, call execCall) map[string]any {
+func delegatedConf(t testing.TB, call execCall) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal([]byte(call.Stdin), &m); err != nil {
@@ -668,12 +668,8 @@ func TestGCListsToHostLocalWhatTheSweepKept(t *testing.T) {
 	if gone(lease) {
 		t.Fatal("the sweep released the lease of an ADD still running")
 	}
-	call := h.exec.calls[len(h.exec.calls)-1]
-	if call.Plugin != "host-local" || call.Command != "GC" {
-		t.Fatalf("last call %s %s, want host-local GC", call.Plugin, call.Command)
-	}
-	valid, _ := json.Marshal(delegatedConf(t, call)["cni.dev/valid-attachments"])
-	if string(valid) != `[{"containerID":"keep","ifname":"eth0"},{"containerID":"adding","ifname":"eth0"}]` {
+	valid := h.hostLocalGCList()
+	if valid != `[{"containerID":"keep","ifname":"eth0"},{"containerID":"adding","ifname":"eth0"}]` {
 		t.Errorf("host-local GC valid attachments = %s, want the runtime's and the running ADD's", valid)
 	}
 }
@@ -714,12 +710,20 @@ func TestGCListsToHostLocalAStaleAttachmentWhoseRulesStayed(t *testing.T) {
 	if gone(lease) {
 		t.Fatal("the sweep released the lease of an attachment whose rules stayed")
 	}
-	call := h.exec.calls[len(h.exec.calls)-1]
-	if call.Plugin != "host-local" || call.Command != "GC" {
-		t.Fatalf("last call %s %s, want host-local GC", call.Plugin, call.Command)
-	}
-	valid, _ := json.Marshal(delegatedConf(t, call)["cni.dev/valid-attachments"])
-	if string(valid) != `[{"containerID":"dead1","ifname":"eth0"}]` {
+	valid := h.hostLocalGCList()
+	if valid != `[{"containerID":"dead1","ifname":"eth0"}]` {
 		t.Errorf("host-local GC valid attachments = %s, want the attachment the sweep kept", valid)
 	}
+}
+
+// hostLocalGCList is the valid-attachments list of the last call, which
+// must be host-local's GC.
+func (h *harness) hostLocalGCList() string {
+	h.t.Helper()
+	call := h.exec.calls[len(h.exec.calls)-1]
+	if call.Plugin != "host-local" || call.Command != "GC" {
+		h.t.Fatalf("last call %s %s, want host-local GC", call.Plugin, call.Command)
+	}
+	valid, _ := json.Marshal(delegatedConf(h.t, call)["cni.dev/valid-attachments"])
+	return string(valid)
 }
