@@ -323,11 +323,8 @@ func nomadRecordedBridge(cniPath []string, version func(string) (string, error),
 // version. A pre-release counts as its release: the change was made
 // before 1.11.2 was released.
 func nomadStops(v string) (stops, known bool) {
-	n, err := version.NewVersion(v)
-	if err != nil {
-		return false, false
-	}
-	return n.Core().LessThan(version.Must(version.NewVersion("1.11.2"))), true
+	reads, known := nomadHas(v, "1.11.2")
+	return known && !reads, known
 }
 
 // describe says what Nomad records for bridge, for a finding.

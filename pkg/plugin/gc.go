@@ -22,10 +22,10 @@ import (
 // to its IPAM. Their list adds what the sweep kept although the runtime
 // did not list it (an ADD whose processes still run, a stale attachment
 // whose NAT rules could not go): host-local removes every lease not
-// listed. Every step runs even if an earlier one failed,
-// but host-local's GC, which without the sweep's verdicts could take a
-// running ADD's lease; one failure keeps its code, several fold into one
-// internal error naming them all.
+// listed. Every step runs even if an earlier one failed, but for
+// host-local's GC after a sweep that could not judge the network: without
+// its verdicts, host-local could take a running ADD's lease. One failure
+// keeps its code; several fold into one internal error naming them all.
 func (p *Plugin) gc(args *skel.CmdArgs, conf *netconf.Config) error {
 	if _, err := p.loadForHostLocal(conf); err != nil {
 		return err
