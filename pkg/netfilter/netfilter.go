@@ -192,6 +192,12 @@ type familyRules struct {
 	chains map[string]bool
 	// jumps maps a container ID to the rules that jump to its chains.
 	jumps map[string][]rule
+	// cut are the CNI-HOSTPORT-DNAT jumps whose comment names no
+	// container of the network, by the chain they jump to: portmap's own
+	// comment, cut short when a network name and container ID are over 235
+	// characters together (trimComment, then iptables' 255), names its
+	// container only by that chain (a hash of network and container ID).
+	cut map[string][]rule
 }
 
 // listNAT lists network's NAT rules: one `iptables -S` of the nat table
@@ -206,7 +212,7 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 		if err != nil {
 			return nil, fmt.Errorf("list nat rules: %w", err)
 		}
-		fr := familyRules{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}}
+		fr := familyRules{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}, cut: map[string][]rule{}}
 		for _, line := range lines {
 			if chain, ok := strings.CutPrefix(line, "-N "); ok {
 				fr.chains[strings.TrimSpace(chain)] = true
@@ -218,8 +224,12 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 					continue
 				}
 				net, cid, ok := ParseComment(comment)
-				if ok && net == network {
+				target := slices.Index(spec, "-j") + 1
+				switch {
+				case ok && net == network:
 					fr.jumps[cid] = append(fr.jumps[cid], rule{chain: chain, spec: spec})
+				case chain == hostportDNAT && target > 0 && target < len(spec):
+					fr.cut[spec[target]] = append(fr.cut[spec[target]], rule{chain: chain, spec: spec})
 				}
 			}
 		}
@@ -247,11 +257,12 @@ func (r *iptablesRules) Owners() []RuleOwner {
 // Owned lists the chains and jumps a container holds on the network.
 func (r *iptablesRules) Owned(containerID string) []string {
 	var out []string
+	dn := r.portmapChain(containerID)
 	for _, fr := range r.families {
-		for _, j := range fr.jumps[containerID] {
+		for _, j := range slices.Concat(fr.jumps[containerID], fr.cut[dn]) {
 			out = append(out, "jump in "+j.chain)
 		}
-		for _, ch := range []string{chainName(r.network, containerID), r.portmapChain(containerID)} {
+		for _, ch := range []string{chainName(r.network, containerID), dn} {
 			if fr.chains[ch] {
 				out = append(out, "chain "+ch)
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -106,6 +107,35 @@ func TestListListsEachChainOncePerFamily(t *testing.T) {
 func release(rules netfilter.Rules, owner string) ([]string, error) {
 	removed, failed := rules.Release([]string{owner})
 	return removed[owner], failed[owner]
+}
+
+// portmap cuts a comment over 255 characters: the jump to a container's
+// portmap chain is still that container's, found by the chain it jumps
+// to, and goes before the chain.
+func TestReleaseFindsAPortmapJumpWhoseCommentWasCut(t *testing.T) {
+	f := fakenat.New()
+	// 20 + 237 characters: portmap cuts it; bridge's (15 + 237) fits.
+	network := strings.Repeat("n", 233)
+	f.AddContainer(network, "dead", "10.0.0.2", 8080)
+	f.AddContainer(network, "live", "10.0.0.3", 8081)
+	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}}
+	s, err := c.Backends()[0].List(network)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dn := utils.MustFormatChainNameWithPrefix(network, "dead", "DN-")
+	if owned := s.Owned("dead"); !slices.Contains(owned, "jump in CNI-HOSTPORT-DNAT") {
+		t.Errorf("Owned(dead) = %v, want its portmap jump too", owned)
+	}
+	if _, err := release(s, "dead"); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if f.Has(dn) || f.Owns(network, "dead") {
+		t.Errorf("portmap chain %s or a rule of dead is still there: %v", dn, f.Chains)
+	}
+	if n := len(f.Chains["CNI-HOSTPORT-DNAT"]); n != 1 {
+		t.Errorf("CNI-HOSTPORT-DNAT has %d rules, want live's 1", n)
+	}
 }
 
 // ReleaseContainer releases one attachment's rules in every backend: its

@@ -134,6 +134,9 @@ func (r *iptablesRules) emptyPortmap(containerID string) ([]string, error) {
 	var errs []error
 	dn := r.portmapChain(containerID)
 	for _, fr := range r.families {
+		// Its jumps whose comment portmap cut are its own too.
+		fr.jumps[containerID] = append(fr.jumps[containerID], fr.cut[dn]...)
+		delete(fr.cut, dn)
 		removed = append(removed, fr.deleteJumps(containerID, hostportDNAT, &errs)...)
 		if !fr.chains[dn] {
 			continue

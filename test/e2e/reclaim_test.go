@@ -117,6 +117,52 @@ func TestReclaimOnCheck(t *testing.T) {
 	e.assertDefaultDirsUntouched(t)
 }
 
+// TestReclaimOnCheckWhenPortmapCutItsComment: portmap cuts a comment over
+// 255 characters (trimComment), so with a long network name its jump names
+// the container only by the chain it jumps to. A CHECK sweep still
+// releases all that A left: the jump must go before portmap's chain can.
+func TestReclaimOnCheckWhenPortmapCutItsComment(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	// cnitool's container IDs are 28 characters: portmap's comment (20
+	// more) is then 258 characters, bridge's (15 more) 253, which
+	// iptables still takes.
+	e.netName += "-" + strings.Repeat("n", 210-len(e.netName)-1)
+	e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+
+	a, b := e.addNetns(t, "a"), e.addNetns(t, "b")
+	portA := randomHostPort()
+	capA, capB := portMappings(portA), portMappings(portA+1)
+	pa, _ := parseResult(t, e.mustCNI(t, "add", a, capA)).addrIn(t, e.subnet4)
+	pb, gw := parseResult(t, e.mustCNI(t, "add", b, capB)).addrIn(t, e.subnet4)
+	addrA, addrB := pa.Addr(), pb.Addr()
+	// portmap's jump is there, its comment cut (portmap makes it 256
+	// characters, iptables keeps 255).
+	cutJump := func(cid string) {
+		t.Helper()
+		if nat := e.readNAT(t, cid)["iptables"]; len(nat.dnatJumps) != 1 || len(nat.dnatJumps[0].Comment()) != 255 || !nat.hasDNAT || !nat.hasMasq {
+			t.Fatalf("want %s's chains and one jump to portmap's with a cut comment:\n%v", cid, e.readNAT(t, cid))
+		}
+	}
+	cutJump(a.cid)
+	cutJump(b.cid)
+
+	e.mustKillNetns(t, a)
+	_, stderr, err := e.cnitool("check", b, capB)
+	if err != nil {
+		t.Fatalf("CHECK of the live container B: %v\nstderr: %s", err, stderr)
+	}
+	e.assertReleased(t, stderr, a.cid, addrA.String(), e.masqChain(a.cid), e.dnatChain(a.cid))
+	e.assertNoRecord(t, a.cid)
+	e.assertNAT(t, a.cid, natWant{})
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{addrB: leaseContent(b.cid)})
+	cutJump(b.cid)
+	ping(t, b, gw)
+
+	e.mustCNI(t, "del", b, capB)
+	e.assertNetworkEmpty(t, e.leaseDir())
+}
+
 // TestRestoreReAdd is Nomad's restore path: after a failed CHECK Nomad
 // re-creates the allocation's namespace at the same path and ADDs again
 // under the same container ID, without a DEL. The plugin must release the

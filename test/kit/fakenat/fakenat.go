@@ -191,7 +191,13 @@ func (f *Table) AddContainer(network, cid, ip string, hostPort int) {
 // hostPort to its port 80: its chain and the jump to it.
 func (f *Table) AddPortmap(network, cid, ip string, hostPort int) {
 	dn := utils.MustFormatChainNameWithPrefix(network, cid, "DN-")
-	dcomment := fmt.Sprintf("%q", fmt.Sprintf(`dnat name: %q id: %q`, network, cid))
+	dcomment := fmt.Sprintf(`dnat name: %q id: %q`, network, cid)
+	if len(dcomment) > 255 {
+		// portmap's trimComment (plugins/meta/portmap/utils.go) makes it
+		// 256 characters, and iptables keeps 255 of them.
+		dcomment = (dcomment[:253] + "...")[:255]
+	}
+	dcomment = fmt.Sprintf("%q", dcomment)
 	f.Add("CNI-HOSTPORT-DNAT", fmt.Sprintf("-p tcp -m comment --comment %s -m multiport --dports %d -j %s", dcomment, hostPort, dn))
 	f.Add(dn, fmt.Sprintf("-p tcp -m tcp --dport %d -j DNAT --to-destination %s:80", hostPort, ip))
 }
