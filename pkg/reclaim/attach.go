@@ -304,9 +304,11 @@ func (a *PendingAdd) Abort() error {
 	return records.NewStore(a.dir).Remove(a.Record.Key())
 }
 
-// ReleaseLeasesOf removes, under host-local's lock, every lease that names
-// key: what host-local's DEL does, without host-local (which reads every
-// file in the directory, blocking).
+// ReleaseLeasesOf removes, under host-local's lock, the leases that
+// host-local's DEL would (disk.Store.ReleaseByID), without host-local
+// (which reads every file in the directory, blocking): those that name
+// key or, only if none does, its container alone (written before
+// host-local recorded ifnames).
 func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 	if !statefile.Exists(d.Leases()) {
 		return nil
@@ -321,7 +323,10 @@ func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 		return err
 	}
 	defer leases.close()
-	mine, err := leases.naming(key, false)
+	mine, err := leases.naming(key, true)
+	if slices.ContainsFunc(mine, func(l Lease) bool { return l.Key == key }) {
+		mine = slices.DeleteFunc(mine, func(l Lease) bool { return l.Key != key })
+	}
 	return errors.Join(err, leases.remove(mine))
 }
 
