@@ -197,7 +197,7 @@ func leasesOf(d ipamdir.Dir, key records.Key) ([]Lease, error) {
 		return nil, err
 	}
 	defer leases.close()
-	return leases.naming(key, true)
+	return leases.naming(key)
 }
 
 // releaseOne releases a single stale attachment the way a sweep releases
@@ -219,7 +219,7 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 	a := &Attachment{Key: old.Key(), Record: old, Verdict: v}
 	// One read of the directory, as a sweep does (disk.Store.ReleaseByID
 	// would walk into planted subdirectories and follow symlinks).
-	a.Leases, err = leases.naming(a.Key, true)
+	a.Leases, err = leases.naming(a.Key)
 	errs := []error{err}
 	sortLeases(a.Leases)
 	p := pendingRelease{a: a, rel: releaseOf(a)}
@@ -323,7 +323,7 @@ func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 		return err
 	}
 	defer leases.close()
-	mine, err := leases.naming(key, true)
+	mine, err := leases.naming(key)
 	if slices.ContainsFunc(mine, func(l Lease) bool { return l.Key == key }) {
 		mine = slices.DeleteFunc(mine, func(l Lease) bool { return l.Key != key })
 	}

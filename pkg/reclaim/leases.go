@@ -158,15 +158,15 @@ func (d *leaseDir) remove(leases []Lease) error {
 	return errors.Join(errs...)
 }
 
-// naming are the directory's leases that name key or, with orContainer,
-// its container alone (a lease written before host-local recorded
-// ifnames, as host-local's own ReleaseByID matches it). Damaged files are
-// passed over: a sweep reports them.
-func (d *leaseDir) naming(key records.Key, orContainer bool) ([]Lease, error) {
+// naming are the directory's leases that name key or its container alone
+// (a lease written before host-local recorded ifnames, which host-local
+// matches by the container ID). Damaged files are passed over: a sweep
+// reports them.
+func (d *leaseDir) naming(key records.Key) ([]Lease, error) {
 	legacy := records.Key{ContainerID: key.ContainerID}
 	var mine []Lease
 	err := d.each(nil, func(l Lease) {
-		if l.Key == key || (orContainer && l.Key == legacy) {
+		if l.Key == key || l.Key == legacy {
 			mine = append(mine, l)
 		}
 	}, func(error) {})
