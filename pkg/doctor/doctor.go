@@ -105,12 +105,7 @@ func Run(o Options) *Report {
 	}
 	nets, cfs := readConflists(o.ConfDirs, front.path != "")
 	fs = append(fs, cfs...)
-	var ours []*conflists.Network
-	for _, n := range nets {
-		if n.Ours && n.Conf != nil {
-			ours = append(ours, n)
-		}
-	}
+	ours := slices.DeleteFunc(slices.Clone(nets), func(n *conflists.Network) bool { return !n.Ours || n.Conf == nil })
 	if len(ours) == 0 && !slices.ContainsFunc(fs, isError) {
 		fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: strings.Join(o.ConfDirs, ", "), Message: "no conflist uses " + pluginName, Fix: "change \"type\": \"bridge\" to \"type\": \"" + pluginName + "\" in one, or pass --conf-dir"})
 	}
