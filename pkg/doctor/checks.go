@@ -158,60 +158,51 @@ func checkPlugins(o Options, ours []*conflists.Network, fr front) []Finding {
 		}
 	}
 	var fs []Finding
+	// seen are the plugins already reported.
 	seen := map[string]bool{}
 	for _, g := range groups {
-		fs = append(fs, checkPluginsIn(o, g.path, g.need, g.files, fr, seen)...)
-	}
-	return fs
-}
-
-// checkPluginsIn finds the plugins need in their plugin path (files are
-// the files that need each); seen are the plugins already reported.
-func checkPluginsIn(o Options, pp pluginPath, need []string, files map[string][]string, fr front, seen map[string]bool) []Finding {
-	var fs []Finding
-	where := strings.Join(pp.dirs, ":")
-	// The front copy's reference bridge counts where the path starts with
-	// the doctor's, in which that copy was found.
-	behindFront := fr.path != "" && len(pp.dirs) >= len(o.CNIPath) && slices.Equal(pp.dirs[:len(o.CNIPath)], o.CNIPath)
-	for _, name := range need {
-		find := plugin.FindDelegate // past the plugin itself, as it delegates
-		if name == pluginName {
-			find = invoke.FindInPath
-		}
-		if name == "bridge" && behindFront {
-			if fr.real == "" {
-				continue // findFront said so
+		where := strings.Join(g.path.dirs, ":")
+		// The front copy's reference bridge counts where the path starts
+		// with the doctor's, in which that copy was found.
+		behindFront := fr.path != "" && len(g.path.dirs) >= len(o.CNIPath) && slices.Equal(g.path.dirs[:len(o.CNIPath)], o.CNIPath)
+		for _, name := range g.need {
+			find := plugin.FindDelegate // past the plugin itself, as it delegates
+			if name == pluginName {
+				find = invoke.FindInPath
 			}
-			find = func(string, []string) (string, error) { return fr.real, nil }
-		}
-		path, err := find(name, pp.dirs)
-		neededBy := strings.Join(files[name], ", ")
-		switch {
-		case err != nil && pp.who == "" && pp.known:
-			fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s: %v", where, err), Fix: installFix(name, where)})
-			continue
-		case err != nil && pp.known:
-			fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s%s (for %s): %v", pp.who, where, neededBy, err), Fix: installFix(name, where)})
-			continue
-		case err != nil:
-			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s (for %s): %v; the doctor cannot tell which runtime reads %s, so not where it looks for plugins", where, neededBy, err, neededBy),
-				Fix: fmt.Sprintf("install %s where the runtime that reads %s looks for plugins, or tell the doctor where that is: nomad-bridge-cni doctor --cni-path DIRS", name, neededBy)})
-			continue
-		case seen[path]:
-			continue
-		}
-		seen[path] = true
-		out, err := o.Version(path)
-		tok := recordedVersion(out)
-		switch {
-		case err != nil:
-			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("does not run with no arguments: %v", err), Fix: "reinstall it"})
-		case strings.Contains(out, "version unknown"):
-			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "version unknown: built without its version stamped", Fix: "install plugins stamped with their version: make plugins"})
-		case tok == "":
-			fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "prints no version", Fix: "install plugins stamped with their version: make plugins"})
-		default:
-			fs = append(fs, Finding{Level: OK, Check: "plugin", Subject: path, Message: "version " + tok})
+			if name == "bridge" && behindFront {
+				if fr.real == "" {
+					continue // findFront said so
+				}
+				find = func(string, []string) (string, error) { return fr.real, nil }
+			}
+			path, err := find(name, g.path.dirs)
+			neededBy := strings.Join(g.files[name], ", ")
+			switch {
+			case err != nil && g.path.who == "" && g.path.known:
+				fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s: %v", where, err), Fix: installFix(name, where)})
+			case err != nil && g.path.known:
+				fs = append(fs, Finding{Level: Error, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s%s (for %s): %v", g.path.who, where, neededBy, err), Fix: installFix(name, where)})
+			case err != nil:
+				fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: name, Message: fmt.Sprintf("not found in %s (for %s): %v; the doctor cannot tell which runtime reads %s, so not where it looks for plugins", where, neededBy, err, neededBy),
+					Fix: fmt.Sprintf("install %s where the runtime that reads %s looks for plugins, or tell the doctor where that is: nomad-bridge-cni doctor --cni-path DIRS", name, neededBy)})
+			}
+			if err != nil || seen[path] {
+				continue
+			}
+			seen[path] = true
+			out, err := o.Version(path)
+			tok := recordedVersion(out)
+			switch {
+			case err != nil:
+				fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: fmt.Sprintf("does not run with no arguments: %v", err), Fix: "reinstall it"})
+			case strings.Contains(out, "version unknown"):
+				fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "version unknown: built without its version stamped", Fix: "install plugins stamped with their version: make plugins"})
+			case tok == "":
+				fs = append(fs, Finding{Level: Warn, Check: "plugin", Subject: path, Message: "prints no version", Fix: "install plugins stamped with their version: make plugins"})
+			default:
+				fs = append(fs, Finding{Level: OK, Check: "plugin", Subject: path, Message: "version " + tok})
+			}
 		}
 	}
 	return fs
