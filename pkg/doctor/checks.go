@@ -346,21 +346,16 @@ func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, s
 	if err != nil {
 		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: fmt.Sprintf("cannot read: %v", err)}}
 	}
-	return []Finding{stateFinding(n, subject, count)}
-}
-
-// stateFinding says what the counts of network n mean; subject names n.
-func stateFinding(n *conflists.Network, subject string, count map[string]int) Finding {
 	msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
 	switch {
 	case count["stale"] > 0 || count["orphan-rules"] > 0:
-		return Finding{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))}
+		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))}}
 	case count["detached"] > 0:
-		return Finding{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"}
+		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"}}
 	case count["unknown"] > 0:
-		return Finding{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"}
+		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"}}
 	}
-	return Finding{Level: OK, Check: "state", Subject: subject, Message: msg}
+	return []Finding{{Level: OK, Check: "state", Subject: subject, Message: msg}}
 }
 
 // stateCounts counts the attachments of the one network of scope by the
