@@ -235,7 +235,21 @@ func checkDataDirs(o Options, ours []*conflists.Network) []Finding {
 		default:
 			fs = append(fs, Finding{Level: OK, Check: "dataDir", Subject: d, Message: "a tmpfs: leases die with the boot"})
 		}
-		fs = append(fs, roomFinding(o, d)...)
+		// Room that cannot be told is not judged.
+		r, err := o.Free(d)
+		if err != nil {
+			continue
+		}
+		free := fmt.Sprintf("%d bytes and %d inodes free", r.Bytes, r.Inodes)
+		if r.Inodes == math.MaxUint64 {
+			free = fmt.Sprintf("%d bytes free", r.Bytes)
+		}
+		switch {
+		case r.Bytes < addBytes || r.Inodes < addInodes:
+			fs = append(fs, Finding{Level: Error, Check: "dataDir", Subject: d, Message: free + ": an ADD cannot write its record and lease", Fix: "make room on that filesystem"})
+		case r.Bytes < marginBytes || r.Inodes < marginInodes:
+			fs = append(fs, Finding{Level: Warn, Check: "dataDir", Subject: d, Message: "nearly full: " + free, Fix: "make room on that filesystem before ADDs fail"})
+		}
 	}
 	return fs
 }
@@ -250,26 +264,6 @@ const (
 	addBytes, addInodes       = 64 << 10, 16
 	marginBytes, marginInodes = 1 << 20, 256
 )
-
-// roomFinding judges the room left in a data dir by what ADDs need, or is
-// nil when there is plenty (or it cannot be told).
-func roomFinding(o Options, d string) []Finding {
-	r, err := o.Free(d)
-	if err != nil {
-		return nil
-	}
-	free := fmt.Sprintf("%d bytes and %d inodes free", r.Bytes, r.Inodes)
-	if r.Inodes == math.MaxUint64 {
-		free = fmt.Sprintf("%d bytes free", r.Bytes)
-	}
-	switch {
-	case r.Bytes < addBytes || r.Inodes < addInodes:
-		return []Finding{{Level: Error, Check: "dataDir", Subject: d, Message: free + ": an ADD cannot write its record and lease", Fix: "make room on that filesystem"}}
-	case r.Bytes < marginBytes || r.Inodes < marginInodes:
-		return []Finding{{Level: Warn, Check: "dataDir", Subject: d, Message: "nearly full: " + free, Fix: "make room on that filesystem before ADDs fail"}}
-	}
-	return nil
-}
 
 // checkClashes: two networks with one name or one bridge, or overlapping
 // subnets kept in different lease directories (two host-local stores
