@@ -226,12 +226,12 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 // `mode = "bridge"`: named "nomad", on the client's bridge and subnets,
 // its leases where host-local keeps them: with the plugin installed as
 // bridge in front, in the plugin's own dataDir, its default /var/run/cni
-// (Nomad's conflist sets none); else in Nomad's ipam.dataDir
-// (nomadBuiltinDataDir).
+// (Nomad's conflist sets none); else in Nomad's ipam.dataDir, which
+// depends on its version (nomadTmpfsDataDir): unknown, a recent Nomad's.
 func nomadBuiltin(nc NomadClient, front bool) *conflists.Network {
 	dataDir := ipamdir.DefaultDataDir
-	if !front {
-		dataDir = nomadBuiltinDataDir(nc.Version)
+	if has, known := nomadHas(nc.Version, nomadTmpfsDataDir...); !front && known && !has {
+		dataDir = ipamdir.DefaultLegacyDataDir
 	}
 	return &conflists.Network{File: "Nomad's built-in bridge network", Name: nomadBuiltinNetwork, Bridge: nc.BridgeName,
 		Subnets: slices.Clone(nc.Subnets), Dir: ipamdir.New(dataDir, nomadBuiltinNetwork)}
@@ -269,15 +269,6 @@ var nomadCheckOnRestore = []string{"1.7.18", "1.8.10", "1.9.5"}
 // (DataDir), where v1.9.3's sets none, so host-local's own default;
 // backported to 1.8.8 and 1.7.16 Enterprise (CHANGELOG.md, v2.0.5).
 var nomadTmpfsDataDir = []string{"1.7.16", "1.8.8", "1.9.4"}
-
-// nomadBuiltinDataDir is the ipam.dataDir of Nomad version v's built-in
-// network: unknown, a recent Nomad's.
-func nomadBuiltinDataDir(v string) string {
-	if has, known := nomadHas(v, nomadTmpfsDataDir...); known && !has {
-		return ipamdir.DefaultLegacyDataDir
-	}
-	return ipamdir.DefaultDataDir
-}
 
 // bridgeRecord is what Nomad's fingerprint records for `bridge`
 // (attr.plugins.cni.version.bridge): Version, "" for nothing, printed by
