@@ -72,7 +72,7 @@ func (s nomadSettings) resolve(source string) NomadClient {
 	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(s.CNIPath),
 		CNIConfigDir: cmp.Or(s.CNIConfigDir, nomadDefaultCNIConfigDir), BridgeName: cmp.Or(s.BridgeNetworkName, nomadDefaultBridge)}
 	if s.CNIPath == "" {
-		nc.cniPathDefault, _ = defaultCNIPath("")
+		nc.cniPathDefault = nomadDefaultCNIPath
 		nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
 	}
 	for _, sub := range []string{cmp.Or(s.BridgeNetworkSubnet, nomadDefaultSubnet), s.BridgeNetworkSubnetIPv6} {
@@ -84,14 +84,13 @@ func (s nomadSettings) resolve(source string) NomadClient {
 }
 
 // defaultCNIPath is cni_path's default in Nomad version v: changed in
-// 1.11.2. Unknown (known false), it is the newer one, which starts with
-// the older one's only directory: both read the plugins there first.
-func defaultCNIPath(v string) (path string, known bool) {
-	old, known := nomadStops(v)
-	if known && old {
-		return nomadOldDefaultCNIPath, true
+// 1.11.2. Unknown, it is the newer one, which starts with the older one's
+// only directory: both read the plugins there first.
+func defaultCNIPath(v string) string {
+	if stops, _ := nomadStops(v); stops {
+		return nomadOldDefaultCNIPath
 	}
-	return nomadDefaultCNIPath, known
+	return nomadDefaultCNIPath
 }
 
 // setVersion records the agent's version, read from source, and makes a
@@ -99,7 +98,7 @@ func defaultCNIPath(v string) (path string, known bool) {
 func (nc *NomadClient) setVersion(v, source string) {
 	nc.Version, nc.VersionSource = v, source
 	if nc.defaulted() {
-		nc.cniPathDefault, _ = defaultCNIPath(v)
+		nc.cniPathDefault = defaultCNIPath(v)
 		nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
 	}
 }
@@ -115,7 +114,7 @@ func (nc NomadClient) cniPathNote() string {
 	if !nc.defaulted() {
 		return ""
 	}
-	if _, known := defaultCNIPath(nc.Version); known {
+	if _, known := nomadStops(nc.Version); known {
 		return fmt.Sprintf(" (Nomad %s's default)", nc.Version)
 	}
 	return fmt.Sprintf(" (Nomad's default from 1.11.2, the agent's version unknown; before 1.11.2, %s)", nomadOldDefaultCNIPath)
