@@ -404,13 +404,11 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 		case !sendsCheck(old.Version) && sendsCheck(modern.Version):
 			note += ", and never sends CHECK"
 		}
+		unknown = "unknown" // the note says why
 	}
-	checks, versionKnown := nomadHas(nc.Version, nomadCheckOnRestore...)
+	checks, _ := nomadHas(nc.Version, nomadCheckOnRestore...)
 	sends := "it sends CHECK on restore"
-	if !versionKnown {
-		if note != "" {
-			unknown = "unknown" // the note says why
-		}
+	if !known {
 		sends += " if the agent is Nomad 1.9.5 or later (1.8.10 and 1.7.18 Enterprise): earlier ones never send it (the agent's version is " + unknown + ")"
 	}
 	var f Finding
@@ -432,7 +430,7 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 	}
 	// Whatever bridge records, a Nomad without CHECK on restore never
 	// sends it.
-	if versionKnown && !checks {
+	if known && !checks {
 		recorded := rec.describe()
 		if rec.Version == "" {
 			recorded += " from " + where
