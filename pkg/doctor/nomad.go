@@ -123,18 +123,16 @@ func (nc NomadClient) cniPathNote() string {
 // NomadDefaults are the settings of a client configured with none.
 func NomadDefaults() NomadClient { return nomadSettings{}.resolve("Nomad's defaults") }
 
-// agentSelf is the part of /v1/agent/self the doctor reads: the agent's
-// configuration, whose Version is the agent's build (version.VersionInfo).
-type agentSelf struct {
-	Config struct {
-		Client  *nomadSettings
-		Version *struct{ Version, VersionPrerelease string }
-	} `json:"config"`
-}
-
 // parseAgentSelf reads the client settings from the agent's /v1/agent/self.
 func parseAgentSelf(b []byte) (NomadClient, error) {
-	var self agentSelf
+	// The part of it the doctor reads: the agent's configuration, whose
+	// Version is the agent's build (version.VersionInfo).
+	var self struct {
+		Config struct {
+			Client  *nomadSettings
+			Version *struct{ Version, VersionPrerelease string }
+		} `json:"config"`
+	}
 	if err := json.Unmarshal(b, &self); err != nil {
 		return NomadClient{}, fmt.Errorf("decode /v1/agent/self: %w", err)
 	}
