@@ -295,10 +295,7 @@ func nomadRecordedBridge(cniPath []string, version func(string) (string, error),
 			continue
 		}
 		out, err := version(path)
-		if err != nil {
-			continue
-		}
-		if v := recordedVersion(out); v != "" {
+		if v := recordedVersion(out); err == nil && v != "" {
 			rec = bridgeRecord{v, path}
 		}
 	}
