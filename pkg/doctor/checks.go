@@ -353,28 +353,25 @@ func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, s
 }
 
 // stateCounts counts the attachments of the one network of scope by the
-// state `leases` gives them. A network none of whose directories exists holds no attachment, and
-// is not swept: a sweep takes host-local's lock, whose store creates the
-// network's directory, and the doctor only reads. Every NAT rule set of
-// such a network is an orphan.
+// state `leases` gives them. A network none of whose directories exists
+// holds no attachment, and is not swept: a sweep takes host-local's lock,
+// whose store creates the network's directory, and the doctor only reads.
+// Every NAT rule set of such a network is an orphan.
 func stateCounts(s *reclaim.Sweeper, scope operator.Scope) (map[string]int, error) {
 	d := scope.Dirs[0]
 	count := map[string]int{}
-	if !d.Served() {
-		if s.Netfilter == nil {
-			return count, nil
-		}
-		for _, b := range s.Netfilter.Backends() {
-			rules, err := b.List(d.Network)
-			if err != nil {
-				return nil, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), d.Network, err)
-			}
-			count["orphan-rules"] += len(rules.Owners())
-		}
+	if d.Served() {
+		return count, operator.Leases(s, scope, stateCounter(count))
+	}
+	if s.Netfilter == nil {
 		return count, nil
 	}
-	if err := operator.Leases(s, scope, stateCounter(count)); err != nil {
-		return nil, err
+	for _, b := range s.Netfilter.Backends() {
+		rules, err := b.List(d.Network)
+		if err != nil {
+			return nil, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), d.Network, err)
+		}
+		count["orphan-rules"] += len(rules.Owners())
 	}
 	return count, nil
 }
