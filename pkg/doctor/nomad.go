@@ -69,11 +69,10 @@ type nomadSettings struct {
 // resolve fills Nomad's defaults in, cni_path's as the version is
 // unknown: setVersion makes it the version's.
 func (s nomadSettings) resolve(source string) NomadClient {
-	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(s.CNIPath),
+	nc := NomadClient{Source: source, CNIPath: filepath.SplitList(cmp.Or(s.CNIPath, nomadDefaultCNIPath)),
 		CNIConfigDir: cmp.Or(s.CNIConfigDir, nomadDefaultCNIConfigDir), BridgeName: cmp.Or(s.BridgeNetworkName, nomadDefaultBridge)}
 	if s.CNIPath == "" {
 		nc.cniPathDefault = nomadDefaultCNIPath
-		nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
 	}
 	for _, sub := range []string{cmp.Or(s.BridgeNetworkSubnet, nomadDefaultSubnet), s.BridgeNetworkSubnetIPv6} {
 		if p, err := netip.ParsePrefix(sub); err == nil {
@@ -83,24 +82,20 @@ func (s nomadSettings) resolve(source string) NomadClient {
 	return nc
 }
 
-// defaultCNIPath is cni_path's default in Nomad version v: changed in
-// 1.11.2. Unknown, it is the newer one, which starts with the older one's
-// only directory: both read the plugins there first.
-func defaultCNIPath(v string) string {
-	if stops, _ := nomadStops(v); stops {
-		return nomadOldDefaultCNIPath
-	}
-	return nomadDefaultCNIPath
-}
-
 // setVersion records the agent's version, read from source, and makes a
-// cni_path that was not set that version's default.
+// cni_path that was not set that version's default: changed in 1.11.2.
+// Unknown, it is the newer one, which starts with the older one's only
+// directory: both read the plugins there first.
 func (nc *NomadClient) setVersion(v, source string) {
 	nc.Version, nc.VersionSource = v, source
-	if nc.defaulted() {
-		nc.cniPathDefault = defaultCNIPath(v)
-		nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
+	if !nc.defaulted() {
+		return
 	}
+	nc.cniPathDefault = nomadDefaultCNIPath
+	if stops, _ := nomadStops(v); stops {
+		nc.cniPathDefault = nomadOldDefaultCNIPath
+	}
+	nc.CNIPath = filepath.SplitList(nc.cniPathDefault)
 }
 
 // defaulted reports whether cni_path is the default filled in.
@@ -372,7 +367,7 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 	}
 	stops, known := nomadStops(nc.Version)
 	// A Nomad before 1.11.2 reads its own default cni_path, the newer
-	// one's first directory (defaultCNIPath), where cni_path is not set.
+	// one's first directory (setVersion), where cni_path is not set.
 	oldPath := cniPath
 	if !known && nc.defaulted() && slices.Equal(cniPath, nc.CNIPath) {
 		oldPath = cniPath[:1]
