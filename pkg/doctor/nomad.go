@@ -229,24 +229,21 @@ func nomadBuiltin(nc NomadClient, front bool) *conflists.Network {
 		Subnets: slices.Clone(nc.Subnets), Dir: ipamdir.New(dataDir, nomadBuiltinNetwork)}
 }
 
-// nomadHas reports whether Nomad version v has a change first released
-// in firsts, one version per release line it came to, oldest line first,
-// the last the line it came with (later lines have it); known is false
-// when v is not a version. A pre-release counts as its release, as in
-// nomadStops.
-func nomadHas(v string, firsts ...string) (has, known bool) {
+// nomadHas reports whether Nomad version v has a change, released in the
+// versions one of constraints takes (one constraint per release line it
+// came to); known is false when v is not a version. A pre-release counts
+// as its release, as in nomadStops.
+func nomadHas(v string, constraints ...string) (has, known bool) {
 	n, err := version.NewVersion(v)
 	if err != nil {
 		return false, false
 	}
-	core := n.Core()
-	for _, f := range firsts {
-		first := version.Must(version.NewVersion(f))
-		if s, fs := core.Segments(), first.Segments(); s[0] == fs[0] && s[1] == fs[1] {
-			return !core.LessThan(first), true
+	for _, c := range constraints {
+		if version.MustConstraints(version.NewConstraint(c)).Check(n.Core()) {
+			return true, true
 		}
 	}
-	return !core.LessThan(version.Must(version.NewVersion(firsts[len(firsts)-1]))), true
+	return false, true
 }
 
 // Nomad sends CHECK on restore (a client restart finding an allocation's
@@ -254,13 +251,13 @@ func nomadHas(v string, firsts ...string) (has, known bool) {
 // client/allocrunner/networking_cni.go supportsCNICheck, where v1.9.4's
 // client/allocrunner/network_hook.go calls Setup only `if created`;
 // backported to 1.8.10 and 1.7.18 Enterprise (CHANGELOG.md, v2.0.5).
-var nomadCheckOnRestore = []string{"1.7.18", "1.8.10", "1.9.5"}
+var nomadCheckOnRestore = []string{"~> 1.7.18", "~> 1.8.10", ">= 1.9.5"}
 
 // Nomad's built-in bridge network sets host-local's dataDir to
 // /var/run/cni from 1.9.4: #24650, v1.9.4 client/allocrunner/cni/bridge.go
 // (DataDir), where v1.9.3's sets none, so host-local's own default;
 // backported to 1.8.8 and 1.7.16 Enterprise (CHANGELOG.md, v2.0.5).
-var nomadTmpfsDataDir = []string{"1.7.16", "1.8.8", "1.9.4"}
+var nomadTmpfsDataDir = []string{"~> 1.7.16", "~> 1.8.8", ">= 1.9.4"}
 
 // bridgeRecord is what Nomad's fingerprint records for `bridge`
 // (attr.plugins.cni.version.bridge): Version, "" for nothing, printed by
@@ -303,7 +300,7 @@ func nomadRecordedBridge(cniPath []string, version func(string) (string, error),
 // version. A pre-release counts as its release: the change was made
 // before 1.11.2 was released.
 func nomadStops(v string) (stops, known bool) {
-	reads, known := nomadHas(v, "1.11.2")
+	reads, known := nomadHas(v, ">= 1.11.2")
 	return known && !reads, known
 }
 
