@@ -6,11 +6,10 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 )
 
-// readConflists reads every configuration file in dirs and returns the
-// bridge networks it found, with a finding for each file that uses the
-// plugin (valid or not) and for each file that cannot be read.
-// With bridgeIsPlugin (the plugin installed as "bridge" in front), an
-// entry of type "bridge" with host-local is the plugin's.
+// readConflists reads every configuration file in dirs as conflists.Read
+// does and returns the bridge networks it found, with a finding for each
+// file that uses the plugin (valid or not) and for each file that cannot
+// be read.
 func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []Finding) {
 	files := conflists.Read(dirs, bridgeIsPlugin)
 	var fs []Finding
