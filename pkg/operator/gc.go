@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"cmp"
 	"errors"
 	"io"
 	"strings"
@@ -74,15 +75,12 @@ func (t *GCText) Release(r GCRelease) {
 	if t.dryRun {
 		verb, removed = "would release", "would remove"
 	}
-	ips := strings.Join(r.IPs, ",")
-	if ips == "" {
-		ips = "(no lease)"
-	}
+	ips := cmp.Or(strings.Join(r.IPs, ","), "(no lease)")
 	kept := ""
 	if len(r.Kept) > 0 {
 		kept = "; " + strings.Join(r.Kept, "; ")
 	}
-	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", verb, r.Network, r.ContainerID, dash(r.IfName), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)
+	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", verb, r.Network, r.ContainerID, cmp.Or(r.IfName, "-"), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)
 }
 
 func (t *GCText) End(released int, problems *Problems) error {

@@ -4,6 +4,7 @@
 package operator
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -144,7 +145,7 @@ func (t *LeasesTable) Row(r Row) {
 	if r.Runtime == "not listed" {
 		state += "; not listed by the runtime"
 	}
-	t.printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Network, r.IP, r.ContainerID, dash(r.IfName), dash(r.Netns), ageText, state)
+	t.printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Network, r.IP, r.ContainerID, cmp.Or(r.IfName, "-"), cmp.Or(r.Netns, "-"), ageText, state)
 	if t.n++; t.n%tableBlock == 0 && t.err == nil {
 		t.err = t.tw.Flush()
 	}
@@ -187,13 +188,6 @@ func WriteJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 // formatAge is coarse on purpose: "3d4h", "2h5m", "7m12s", "9s".
