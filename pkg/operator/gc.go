@@ -22,11 +22,11 @@ type GCRelease struct {
 	Kept []string `json:"kept,omitempty"`
 }
 
-// GCSink takes gc's releases as each sweep makes them, then how many
-// there were and the problems the sweeps skipped.
+// GCSink takes gc's releases as each sweep makes them, then the problems
+// the sweeps skipped.
 type GCSink interface {
 	Release(GCRelease)
-	End(released int, problems *Problems) error
+	End(problems *Problems) error
 }
 
 // GC runs CHECK's sweep over each network (with orphanRules, also the NAT
@@ -35,12 +35,11 @@ type GCSink interface {
 // With rec, it also releases what the runtime no longer lists (see
 // Reconcile), and remembers what it did not list (not in a dry run).
 func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcile, sink GCSink) error {
-	problems, released := &Problems{}, 0
+	problems := &Problems{}
 	defer problems.Close()
 	err := scope.each(problems, func(d ipamdir.Dir, req reclaim.Request) error {
 		req.DryRun, req.Orphans = dryRun, orphanRules
 		req.Released = func(rel reclaim.Release) {
-			released++
 			if rec != nil {
 				rec.released(d, &rel, dryRun)
 			}
@@ -55,14 +54,14 @@ func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcil
 	if rec != nil && !dryRun {
 		err = errors.Join(err, rec.Save())
 	}
-	return errors.Join(err, sink.End(released, problems))
+	return errors.Join(err, sink.End(problems))
 }
 
 // GCText prints one line per release, saying what went (or would go) and
 // why, as it goes.
 type GCText struct {
 	output
-	dryRun bool
+	dryRun, released bool
 }
 
 // NewGCText prints to w; with dryRun, what would go.
@@ -71,6 +70,7 @@ func NewGCText(w io.Writer, dryRun bool) *GCText {
 }
 
 func (t *GCText) Release(r GCRelease) {
+	t.released = true
 	verb, removed := "released", "removed"
 	if t.dryRun {
 		verb, removed = "would release", "would remove"
@@ -83,9 +83,9 @@ func (t *GCText) Release(r GCRelease) {
 	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", verb, r.Network, r.ContainerID, cmp.Or(r.IfName, "-"), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)
 }
 
-func (t *GCText) End(released int, problems *Problems) error {
+func (t *GCText) End(problems *Problems) error {
 	err := problems.Each(func(p string) { t.printf("skipped: %s\n", p) })
-	if released == 0 {
+	if !t.released {
 		t.printf("nothing to release\n")
 	}
 	return t.done(err)
@@ -94,15 +94,14 @@ func (t *GCText) End(released int, problems *Problems) error {
 // GCJSON writes the `gc --json` document one release at a time:
 //
 //	{"dataDir": ..., "dryRun": ..., "released": [GCRelease, ...], "problems": [...]}
-type GCJSON struct{ doc *jsonStream }
+type GCJSON struct{ *jsonStream }
 
 // NewGCJSON starts the document.
 func NewGCJSON(w io.Writer, dataDir string, dryRun bool) *GCJSON {
-	return &GCJSON{doc: newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)}
+	return &GCJSON{newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)}
 }
 
-func (j *GCJSON) Release(r GCRelease)                 { j.doc.item(r) }
-func (j *GCJSON) End(_ int, problems *Problems) error { return j.doc.end(problems) }
+func (j *GCJSON) Release(r GCRelease) { j.item(r) }
 
 func nonNil(s []string) []string {
 	if s == nil {

@@ -68,9 +68,9 @@ func (j *jsonStream) closeArray() {
 	j.n = 0
 }
 
-// end closes the items array, writes the problems one at a time and ends
+// End closes the items array, writes the problems one at a time and ends
 // the document.
-func (j *jsonStream) end(problems *Problems) error {
+func (j *jsonStream) End(problems *Problems) error {
 	j.closeArray()
 	j.printf(",\n  \"problems\": [")
 	err := problems.Each(func(p string) { j.item(p) })

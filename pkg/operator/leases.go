@@ -173,15 +173,14 @@ func (t *LeasesTable) End(problems *Problems) error {
 // LeasesJSON writes the `leases --json` document one row at a time:
 //
 //	{"dataDir": ..., "leases": [Row, ...], "problems": [...]}
-type LeasesJSON struct{ doc *jsonStream }
+type LeasesJSON struct{ *jsonStream }
 
 // NewLeasesJSON starts the document.
 func NewLeasesJSON(w io.Writer, dataDir string) *LeasesJSON {
-	return &LeasesJSON{doc: newJSONStream(w, "leases", "dataDir", dataDir)}
+	return &LeasesJSON{newJSONStream(w, "leases", "dataDir", dataDir)}
 }
 
-func (j *LeasesJSON) Row(r Row)                    { j.doc.item(r) }
-func (j *LeasesJSON) End(problems *Problems) error { return j.doc.end(problems) }
+func (j *LeasesJSON) Row(r Row) { j.item(r) }
 
 // WriteJSON prints v as indented JSON.
 func WriteJSON(w io.Writer, v any) error {

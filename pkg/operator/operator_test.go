@@ -202,12 +202,12 @@ func (c *collector) Release(r GCRelease) {
 	c.text.Release(r)
 }
 
-func (c *collector) End(released int, problems *Problems) error {
+func (c *collector) End(problems *Problems) error {
 	var err error
 	if c.out.Problems, err = all(problems); err != nil {
 		return err
 	}
-	return c.text.End(released, problems)
+	return c.text.End(problems)
 }
 
 func runGC(s *reclaim.Sweeper, dataDir string, networks []string, dryRun, orphans bool) (*GCOutput, []byte, error) {
@@ -240,7 +240,7 @@ func TestGCJSONStreamsTheDocument(t *testing.T) {
 		for _, p := range problems {
 			spool.Add(p)
 		}
-		if err := j.End(n, spool); err != nil {
+		if err := j.End(spool); err != nil {
 			t.Fatal(err)
 		}
 		if err := WriteJSON(&whole, doc); err != nil {
