@@ -106,12 +106,11 @@ type cli struct {
 	about          string
 }
 
-func realSweeper() *reclaim.Sweeper { return &reclaim.Sweeper{Env: reclaim.NewEnv(nil)} }
-
 // Run is the operator's entry point: flags and subcommands, never the CNI
 // protocol. about is the version line --version prints.
 func Run(args []string, stdout, stderr io.Writer, about string) int {
-	return (&cli{stdout: stdout, stderr: stderr, sweeper: realSweeper, about: about}).run(args)
+	sweeper := func() *reclaim.Sweeper { return &reclaim.Sweeper{Env: reclaim.NewEnv(nil)} }
+	return (&cli{stdout: stdout, stderr: stderr, sweeper: sweeper, about: about}).run(args)
 }
 
 func (c *cli) run(args []string) int {
@@ -203,10 +202,7 @@ func (c *cli) leases(args []string) (code int) {
 // skipped and why; any makes the command fail.
 func (c *cli) reportSkipped(skipped []error, code *int) {
 	for _, err := range skipped {
-		fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
-	}
-	if len(skipped) > 0 && *code == 0 {
-		*code = 1
+		*code = max(*code, c.fail(1, err, ""))
 	}
 }
 
@@ -262,8 +258,7 @@ func (c *cli) gc(args []string) (code int) {
 		dirs, skippedHere, err := ipamdir.List(dataDir, only)
 		if err != nil {
 			// The others are still swept; the failure is the exit status.
-			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
-			code = 1
+			code = c.fail(1, err, "")
 			continue
 		}
 		skipped = append(skipped, skippedHere...)
@@ -275,8 +270,7 @@ func (c *cli) gc(args []string) (code int) {
 			sink = operator.NewGCJSON(c.stdout, dataDir, *dryRun)
 		}
 		if err := operator.GC(c.sweeper(), operator.NewScope(dataDir, dirs, nets), *dryRun, *orphans, rec, sink); err != nil {
-			fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
-			code = 1
+			code = c.fail(1, err, "")
 		}
 	}
 	return code
