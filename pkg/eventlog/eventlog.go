@@ -44,17 +44,13 @@ func ParseLevel(s string) (Level, error) {
 }
 
 // Size bounds of the file: each process appends; once the file passes
-// MaxSizeMB, the process that notices renames it to a timestamped backup
-// and starts a new one, keeping MaxBackups of them. Two plugins rotating at
+// maxSizeMB, the process that notices renames it to a timestamped backup
+// and starts a new one, keeping maxBackups of them. Two plugins rotating at
 // once make one more, smaller, backup: no line is lost, since each line is
 // one write(2) on an O_APPEND descriptor.
-const (
-	MaxSizeMB  = 10
-	MaxBackups = 5
-)
+var maxSizeMB = 10 // tests make it smaller
 
-// maxSizeMB is MaxSizeMB; tests make it smaller.
-var maxSizeMB = MaxSizeMB
+const maxBackups = 5
 
 // Log is one verb's log: its lines carry the verb's attachment.
 type Log struct {
@@ -80,7 +76,7 @@ func Open(path string, level Level, a Attachment) (*Log, error) {
 	} else if err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("log file: %w", err)
 	}
-	return newLog(&lumberjack.Logger{Filename: path, MaxSize: maxSizeMB, MaxBackups: MaxBackups}, level, a), nil
+	return newLog(&lumberjack.Logger{Filename: path, MaxSize: maxSizeMB, MaxBackups: maxBackups}, level, a), nil
 }
 
 func newLog(out io.WriteCloser, level Level, a Attachment) *Log {

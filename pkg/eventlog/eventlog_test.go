@@ -122,10 +122,10 @@ func TestOpenAppendsAndRefusesWhatIsNotAFile(t *testing.T) {
 }
 
 // Past its size the file is rotated: a backup beside it, a new file, no
-// line lost, at most MaxBackups backups.
+// line lost, at most maxBackups backups.
 func TestRotatesBySize(t *testing.T) {
+	defer func(was int) { maxSizeMB = was }(maxSizeMB)
 	maxSizeMB = 1
-	defer func() { maxSizeMB = MaxSizeMB }()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "nbc.log")
 	l, err := Open(path, Info, Attachment{Command: "CHECK", Network: "nomad"})
