@@ -126,10 +126,10 @@ func Networks(files []File) []*Network {
 	return out
 }
 
-// ReadConfFile reads a configuration file as a runtime would (through a
+// readConfFile reads a configuration file as a runtime would (through a
 // symlink), but never blocks on a FIFO planted there and reads at most
 // what the plugin accepts on stdin: every ADD of a bigger one is refused.
-func ReadConfFile(path string) ([]byte, error) {
+func readConfFile(path string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
@@ -154,7 +154,7 @@ func ReadConfFile(path string) ([]byte, error) {
 
 func readFile(path string, bridgeIsPlugin bool) File {
 	file := File{Path: path}
-	raw, err := ReadConfFile(path)
+	raw, err := readConfFile(path)
 	if err != nil {
 		file.Err = err
 		return file

@@ -29,18 +29,18 @@ const (
 	Debug
 )
 
-// Levels are the "logLevel" values, by Level.
-var Levels = []string{"error", "info", "debug"}
+// levels are the "logLevel" values, by Level.
+var levels = []string{"error", "info", "debug"}
 
 // ParseLevel reads a "logLevel" value; "" is Info.
 func ParseLevel(s string) (Level, error) {
 	if s == "" {
 		return Info, nil
 	}
-	if i := slices.Index(Levels, s); i >= 0 {
+	if i := slices.Index(levels, s); i >= 0 {
 		return Level(i), nil
 	}
-	return Info, fmt.Errorf("%q is not one of %s", s, strings.Join(Levels, ", "))
+	return Info, fmt.Errorf("%q is not one of %s", s, strings.Join(levels, ", "))
 }
 
 // Size bounds of the file: each process appends; once the file passes
@@ -90,7 +90,7 @@ func (l *Log) Event(level Level, event, message string, extra map[string]any) {
 	if level > l.level {
 		return
 	}
-	line := map[string]any{"time": l.now().UTC().Format(time.RFC3339Nano), "level": Levels[level], "event": event, "message": message, "pid": os.Getpid()}
+	line := map[string]any{"time": l.now().UTC().Format(time.RFC3339Nano), "level": levels[level], "event": event, "message": message, "pid": os.Getpid()}
 	for k, v := range l.base {
 		if v != "" {
 			line[k] = v

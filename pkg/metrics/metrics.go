@@ -17,10 +17,6 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// States are the attachment states, each always written (0 included) so
-// an alert on one does not depend on its having been seen.
-var States = []reclaim.State{reclaim.Live, reclaim.Pending, reclaim.Stale, reclaim.Detached, reclaim.Unknown}
-
 // Network is what is known of one network.
 type Network struct {
 	Name         string
@@ -80,7 +76,9 @@ func Write(w io.Writer, nets []Network) error {
 	}
 	gauge := func(name, help string, each func(n Network)) { family(name, "gauge", help, each) }
 	gauge("attachments", "Attachments of a network by state, as `leases` judges them.", func(n Network) {
-		for _, st := range States {
+		// Each state is written, 0 included, so that an alert on one does
+		// not depend on its having been seen.
+		for _, st := range []reclaim.State{reclaim.Live, reclaim.Pending, reclaim.Stale, reclaim.Detached, reclaim.Unknown} {
 			fmt.Fprintf(bw, "nomad_bridge_cni_attachments{network=%q,state=%q} %d\n", n.Name, st, n.Attachments[st])
 		}
 	})
