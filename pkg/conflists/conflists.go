@@ -330,21 +330,17 @@ func (r hostLocalRange) bounds() (start, end netip.Addr, ok bool) {
 	if p.Addr().Is4() {
 		last = last.Prev()
 	}
-	start, end = p.Addr().Next(), last
-	for _, bound := range []struct {
-		given string
-		addr  *netip.Addr
-	}{{r.RangeStart, &start}, {r.RangeEnd, &end}} {
-		if bound.given == "" {
-			continue
+	// A bound given must be an address of the subnet.
+	bound := func(given string, def netip.Addr) (netip.Addr, bool) {
+		if given == "" {
+			return def, true
 		}
-		a, err := netip.ParseAddr(bound.given)
-		if err != nil || !p.Contains(a.Unmap()) {
-			return start, end, false
-		}
-		*bound.addr = a.Unmap()
+		a, err := netip.ParseAddr(given)
+		return a.Unmap(), err == nil && p.Contains(a.Unmap())
 	}
-	return start, end, start.Compare(end) <= 0
+	start, startOK := bound(r.RangeStart, p.Addr().Next())
+	end, endOK := bound(r.RangeEnd, last)
+	return start, end, startOK && endOK && start.Compare(end) <= 0
 }
 
 // lastAddr is the last address of p.
