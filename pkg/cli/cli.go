@@ -114,17 +114,9 @@ func Run(args []string, stdout, stderr io.Writer, about string) int {
 }
 
 func (c *cli) run(args []string) int {
-	if len(args) > 0 {
-		switch args[0] {
-		case "leases":
-			return c.leases(args[1:])
-		case "gc":
-			return c.gc(args[1:])
-		case "doctor":
-			return c.doctor(args[1:])
-		case "metrics":
-			return c.metrics(args[1:])
-		}
+	commands := map[string]func(args []string) int{"leases": c.leases, "gc": c.gc, "doctor": c.doctor, "metrics": c.metrics}
+	if len(args) > 0 && commands[args[0]] != nil {
+		return commands[args[0]](args[1:])
 	}
 	flags := c.flagSet("", usage)
 	showVersion := flags.Bool("version", false, "print the version line and exit")
@@ -326,7 +318,6 @@ func (c *cli) flagSet(name, help string) *command {
 	// pflag would print errors and usage itself while parsing; parse does
 	// it once, on the right stream.
 	flags.SetOutput(io.Discard)
-	flags.Usage = func() {}
 	return &command{FlagSet: flags, help: help}
 }
 
