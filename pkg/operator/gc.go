@@ -88,7 +88,7 @@ func (t *GCText) End(problems *Problems) error {
 	if !t.released {
 		t.printf("nothing to release\n")
 	}
-	return t.done(err)
+	return t.keep(err)
 }
 
 // GCJSON writes the `gc --json` document one release at a time:

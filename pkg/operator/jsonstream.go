@@ -19,8 +19,8 @@ func (o *output) printf(format string, args ...any) {
 	}
 }
 
-// done is the output's first error, else err.
-func (o *output) done(err error) error {
+// keep keeps err unless an earlier error is kept, and returns the first.
+func (o *output) keep(err error) error {
 	if o.err == nil {
 		o.err = err
 	}
@@ -76,13 +76,11 @@ func (j *jsonStream) End(problems *Problems) error {
 	err := problems.Each(func(p string) { j.item(p) })
 	j.closeArray()
 	j.printf("\n}\n")
-	return j.done(err)
+	return j.keep(err)
 }
 
 func (j *jsonStream) marshal(v any, prefix string) string {
 	b, err := json.MarshalIndent(v, prefix, "  ")
-	if err != nil && j.err == nil {
-		j.err = err
-	}
+	j.keep(err)
 	return string(b)
 }

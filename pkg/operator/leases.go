@@ -158,16 +158,14 @@ func (t *LeasesTable) Kept(network string, addresses int) {
 }
 
 func (t *LeasesTable) End(problems *Problems) error {
-	if err := t.tw.Flush(); err != nil && t.err == nil {
-		t.err = err
-	}
+	t.keep(t.tw.Flush())
 	// Below the table, not through the tabwriter: a skipped file's name
 	// may hold a tab.
 	t.w = t.plain
 	for _, k := range t.kept {
 		t.printf("%s\n", k)
 	}
-	return t.done(problems.Each(func(p string) { t.printf("skipped: %s\n", p) }))
+	return t.keep(problems.Each(func(p string) { t.printf("skipped: %s\n", p) }))
 }
 
 // LeasesJSON writes the `leases --json` document one row at a time:

@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -194,8 +195,5 @@ func (d *Drift) End(problems *Problems) error {
 			note.printf("listed by %s, holding nothing on these networks: %s\n", d.Runtime, id)
 		}
 	}
-	if err != nil {
-		return err
-	}
-	return note.err
+	return cmp.Or(err, note.err)
 }
