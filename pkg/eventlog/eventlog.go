@@ -11,7 +11,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"gopkg.in/natefinch/lumberjack.v2"
@@ -54,7 +53,6 @@ const maxBackups = 5
 
 // Log is one verb's log: its lines carry the verb's attachment.
 type Log struct {
-	mu    sync.Mutex
 	out   io.WriteCloser
 	level Level
 	base  map[string]string
@@ -103,8 +101,6 @@ func (l *Log) Event(level Level, event, message string, extra map[string]any) {
 	if err != nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	_, _ = l.out.Write(append(b, '\n'))
 }
 
