@@ -137,7 +137,6 @@ func (c *cli) run(args []string) int {
 type commonFlags struct {
 	dataDir, network string
 	json             bool
-	confDirs         *[]string
 }
 
 func (c *cli) common(flags *command) *commonFlags {
@@ -145,7 +144,7 @@ func (c *cli) common(flags *command) *commonFlags {
 	flags.StringVar(&f.dataDir, "data-dir", ipamdir.DefaultDataDir, "the plugin's dataDir")
 	flags.StringVar(&f.network, "network", "", "only this network (default: every network under the data dir)")
 	flags.BoolVar(&f.json, "json", false, "print JSON instead of text")
-	f.confDirs = flags.confDirFlag("also read the conflists here, for the data dirs they use (repeatable)")
+	flags.confDirFlag("also read the conflists here, for the data dirs they use (repeatable)")
 	return f
 }
 
@@ -184,7 +183,7 @@ func (c *cli) leases(args []string) (code int) {
 	if listing != nil {
 		sink = &operator.Drift{Sink: sink, Runtime: *runtime, Listing: listing, Note: note}
 	}
-	if err := operator.Leases(c.sweeper(), operator.NewScope(f.dataDir, dirs, hostNetworks(*f.confDirs)), sink); err != nil {
+	if err := operator.Leases(c.sweeper(), operator.NewScope(f.dataDir, dirs, hostNetworks(*flags.confDirs)), sink); err != nil {
 		return c.fail(1, err, "")
 	}
 	return 0
@@ -231,7 +230,7 @@ func (c *cli) gc(args []string) (code int) {
 	if *allDataDirs && f.json {
 		return c.fail(2, errors.New("--json prints one data dir's document: run gc --json --data-dir D for each data dir"), "gc")
 	}
-	nets := hostNetworks(*f.confDirs)
+	nets := hostNetworks(*flags.confDirs)
 	dataDirs, only := []string{f.dataDir}, f.network
 	if *allDataDirs {
 		// A data dir without the network is no error: each is listed whole.
