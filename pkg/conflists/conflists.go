@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/containernetworking/cni/libcni"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
@@ -89,24 +91,18 @@ type Network struct {
 	Plugins []string
 }
 
-// Read reads every configuration file (.conflist, .conf, .json) in dirs; a
-// directory that does not exist is a runtime not installed here. With
+// Read reads every configuration file (.conflist, .conf, .json) in dirs, as
+// libcni finds them for the runtimes; a directory that cannot be read
+// (that does not exist: a runtime not installed here) holds none. With
 // bridgeIsPlugin (the plugin installed as "bridge" in front of the
 // reference plugins), an entry of type "bridge" with host-local is the
 // plugin's too.
 func Read(dirs []string, bridgeIsPlugin bool) []File {
 	var files []File
 	for _, dir := range dirs {
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			continue
-		}
-		for _, e := range entries {
-			ext := filepath.Ext(e.Name())
-			if e.IsDir() || (ext != ".conflist" && ext != ".conf" && ext != ".json") {
-				continue
-			}
-			files = append(files, readFile(filepath.Join(dir, e.Name()), bridgeIsPlugin))
+		paths, _ := libcni.ConfFiles(dir, []string{".conflist", ".conf", ".json"})
+		for _, path := range paths {
+			files = append(files, readFile(path, bridgeIsPlugin))
 		}
 	}
 	return files
