@@ -109,20 +109,16 @@ func (l *Log) Close() error {
 	return l.out.Close()
 }
 
-// Lines is a writer for the plugin's stderr lines ("nomad-bridge-cni:
-// <message>", one per write): each becomes an event, its kind told by what
-// it says (see kindOf).
-func (l *Log) Lines() io.Writer { return lineWriter{l} }
-
-type lineWriter struct{ l *Log }
-
-func (w lineWriter) Write(p []byte) (int, error) {
+// Write takes the plugin's stderr lines ("nomad-bridge-cni: <message>",
+// one per write): each becomes an event, its kind told by what it says
+// (see kindOf).
+func (l *Log) Write(p []byte) (int, error) {
 	for line := range strings.Lines(string(p)) {
 		msg := strings.TrimSpace(strings.TrimPrefix(line, "nomad-bridge-cni: "))
 		if msg == "" {
 			continue
 		}
-		w.l.Event(Info, kindOf(msg), msg, nil)
+		l.Event(Info, kindOf(msg), msg, nil)
 	}
 	return len(p), nil
 }

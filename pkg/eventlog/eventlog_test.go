@@ -3,6 +3,7 @@ package eventlog
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,7 +34,7 @@ func TestLinesBecomeEventsOfTheirKind(t *testing.T) {
 	var b buffer
 	l := newLog(&b, Info, Attachment{Command: "CHECK", Network: "nomad", ContainerID: "c1", IfName: "eth0"})
 	l.now = func() time.Time { return time.Unix(1764660000, 0) }
-	w := l.Lines()
+	var w io.Writer = l
 	for _, msg := range []string{
 		"nomad-bridge-cni: nomad: released c2/eth0 172.26.64.3: namespace /var/run/netns/x is gone; removed lease 172.26.64.3, record\n",
 		"nomad-bridge-cni: warning: dataDir /var/lib/x is not on tmpfs\n",

@@ -110,8 +110,8 @@ func (p *Plugin) logTo(name string, args *skel.CmdArgs, conf *netconf.Config) (e
 		return func(err error) error { return err }
 	}
 	stderr, reclaimLog := p.Stderr, p.Reclaim.Log
-	p.Stderr = teeTo(stderr, log.Lines())
-	p.Reclaim.Log = teeTo(reclaimLog, log.Lines())
+	p.Stderr = teeTo(stderr, log)
+	p.Reclaim.Log = teeTo(reclaimLog, log)
 	log.Event(eventlog.Debug, "start", name, nil)
 	return func(verr error) error {
 		var cniErr *types.Error
