@@ -357,11 +357,24 @@ func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, s
 // holds no attachment, and is not swept: a sweep takes host-local's lock,
 // whose store creates the network's directory, and the doctor only reads.
 // Every NAT rule set of such a network is an orphan.
+//
+// It makes the sweep `leases` makes but counts what Visit sees, each
+// attachment once: `leases` has a row per lease (two for a dual-stack
+// attachment). The files the sweep skips are counted, not held.
 func stateCounts(s *reclaim.Sweeper, scope operator.Scope) (map[string]int, error) {
 	d := scope.Dirs[0]
 	count := map[string]int{}
 	if d.Served() {
-		return count, operator.Leases(s, scope, stateCounter(count))
+		req := scope.Request(d)
+		req.DryRun, req.Orphans = true, true
+		req.Visit = func(a *reclaim.Attachment) { count[string(a.Verdict.State)]++ }
+		req.Problem = func(error) { count["skipped"]++ }
+		rep, err := s.Sweep(req)
+		if err != nil {
+			return nil, err
+		}
+		count["orphan-rules"] = len(rep.OrphanRules)
+		return count, nil
 	}
 	if s.Netfilter == nil {
 		return count, nil
@@ -375,12 +388,6 @@ func stateCounts(s *reclaim.Sweeper, scope operator.Scope) (map[string]int, erro
 	}
 	return count, nil
 }
-
-// stateCounter counts the rows of `leases` by state.
-type stateCounter map[string]int
-
-func (c stateCounter) Row(r operator.Row)           { c[r.State]++ }
-func (c stateCounter) End(*operator.Problems) error { return nil }
 
 // shellQuote quotes s for a POSIX shell when it needs it, so that a fix can
 // be pasted as it is printed.

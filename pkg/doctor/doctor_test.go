@@ -259,6 +259,42 @@ func TestUnusedNetworkWritesNothing(t *testing.T) {
 	}
 }
 
+// stale writes a stale attachment of network web: a record from another
+// boot that lists cidrs, and a lease of each.
+func (h *host) stale(id string, cidrs ...string) {
+	h.t.Helper()
+	d := ipamdir.New(h.data, "web")
+	if err := os.MkdirAll(d.Leases(), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	r := &records.Record{Version: records.FormatVersion, Network: "web", ContainerID: id, IfName: "eth0", Netns: "/run/netns/" + id, BootID: "boot-0", Created: boot.Add(-time.Hour), State: records.Complete}
+	for _, cidr := range cidrs {
+		ip, _, _ := strings.Cut(cidr, "/")
+		if err := os.WriteFile(filepath.Join(d.Leases(), ip), []byte(id+"\r\neth0"), 0o600); err != nil {
+			h.t.Fatal(err)
+		}
+		r.IPs = append(r.IPs, cidr)
+	}
+	if err := records.NewStore(d).Write(r); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// The state finding counts attachments, as its words and the metrics
+// command do, not leases: a dual-stack attachment is one (regression: it
+// counted a row of `leases` per lease, so twice).
+func TestStateCountsAttachmentsNotLeases(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	h.stale("dual", "172.26.80.2/20", "fd00::2/64")
+	h.stale("single", "172.26.80.3/20")
+	r := h.run()
+	want := "0 live, 0 pending, 2 stale, 0 detached, 0 unknown, 0 orphan NAT rule set(s)"
+	if !slices.ContainsFunc(r.Findings, func(f Finding) bool { return f.Check == "state" && f.Subject == "web" && f.Message == want }) {
+		t.Errorf("no state finding %q (two attachments, three leases) in:\n%s", want, findings(r))
+	}
+}
+
 // A FIFO in a conf dir never hangs the doctor, and a conflist bigger than
 // the plugin reads of an entry is an error, not fine: every ADD of it is
 // refused.
