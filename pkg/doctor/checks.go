@@ -305,9 +305,9 @@ func checkClashes(o Options, nets []*conflists.Network, front bool) []Finding {
 
 // checkState summarizes, per network of the plugin, what `leases` judges:
 // legacy leases still waiting for the migration, and attachments that are
-// stale, detached or unknown, and NAT rules nobody holds. Nomad's built-in
-// bridge network is the plugin's too when it is installed as bridge in
-// cni_path (front).
+// stale, detached or unknown, NAT rules nobody holds, and files skipped.
+// Nomad's built-in bridge network is the plugin's too when it is installed
+// as bridge in cni_path (front).
 func checkState(o Options, ours, nets []*conflists.Network, front bool) []Finding {
 	var fs []Finding
 	done := map[string]bool{}
@@ -330,8 +330,8 @@ func checkState(o Options, ours, nets []*conflists.Network, front bool) []Findin
 	return fs
 }
 
-// stateFindings says what the attachments of network n are, for a root
-// doctor with a sweeper; subject names n.
+// stateFindings says what the attachments of network n are, and how many
+// files the sweep skipped, for a root doctor with a sweeper; subject names n.
 func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, subject string) []Finding {
 	if o.Sweeper == nil || o.EUID != 0 {
 		return nil
@@ -341,15 +341,22 @@ func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, s
 		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: fmt.Sprintf("cannot read: %v", err)}}
 	}
 	msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
+	f := Finding{Level: Warn, Check: "state", Subject: subject, Message: msg}
 	switch {
 	case count["stale"] > 0 || count["orphan-rules"] > 0:
-		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))}}
+		f.Fix = fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))
 	case count["detached"] > 0:
-		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"}}
+		f.Fix = "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"
 	case count["unknown"] > 0:
-		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: msg, Fix: "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"}}
+		f.Fix = "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"
+	default:
+		f.Level = OK
 	}
-	return []Finding{{Level: OK, Check: "state", Subject: subject, Message: msg}}
+	fs := []Finding{f}
+	if k := count["skipped"]; k > 0 {
+		fs = append(fs, Finding{Level: Warn, Check: "state", Subject: subject, Message: fmt.Sprintf("%d damaged or foreign file(s) skipped: neither judged nor counted", k), Fix: fmt.Sprintf("see nomad-bridge-cni leases --data-dir %s --network %s: it lists them, each with why", shellQuote(n.Dir.DataDir), shellQuote(n.Name))})
+	}
+	return fs
 }
 
 // stateCounts counts the attachments of the one network of scope by the

@@ -295,6 +295,29 @@ func TestStateCountsAttachmentsNotLeases(t *testing.T) {
 	}
 }
 
+// What the sweep skipped (a damaged lease, a file that is not one) is
+// worth a look, as `leases` lists it (regression: the doctor dropped it and
+// could call the network fine).
+func TestStateSaysWhatTheSweepSkipped(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	leases := ipamdir.New(h.data, "web").Leases()
+	for _, d := range []string{leases, filepath.Join(leases, "172.26.80.9")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(leases, "not-an-address"), []byte("x\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := h.run()
+	want := Finding{Level: Warn, Check: "state", Subject: "web", Message: "2 damaged or foreign file(s) skipped: neither judged nor counted",
+		Fix: "see nomad-bridge-cni leases --data-dir " + h.data + " --network web: it lists them, each with why"}
+	if !slices.Contains(r.Findings, want) {
+		t.Errorf("no %+v in:\n%s", want, findings(r))
+	}
+}
+
 // A FIFO in a conf dir never hangs the doctor, and a conflist bigger than
 // the plugin reads of an entry is an error, not fine: every ADD of it is
 // refused.

@@ -266,6 +266,20 @@ func TestDoctor(t *testing.T) {
 				"0 live, 0 pending, 0 stale, 0 detached, 0 unknown, 1 orphan NAT rule set(s)",
 				"nomad-bridge-cni gc --data-dir DATA --network NET --orphan-rules (see nomad-bridge-cni leases --data-dir DATA)"}},
 		},
+		{
+			// A directory named for an address among the leases, next to
+			// a live container: the sweep skips it, `leases` lists it.
+			name: "skipped-file",
+			setup: func(t *testing.T, e *testEnv, h *doctorHost) {
+				e.mustCNI(t, "add", e.addNetns(t, "a"), "")
+				if err := os.Mkdir(filepath.Join(e.leaseDir(), "10.255.255.254"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []doctorFinding{{"warn", "state", "NET",
+				"1 damaged or foreign file(s) skipped: neither judged nor counted",
+				"see nomad-bridge-cni leases --data-dir DATA --network NET: it lists them, each with why"}},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
