@@ -3,6 +3,7 @@ package doctor
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -39,4 +40,32 @@ func TestPrometheusRulesFinding(t *testing.T) {
 	check("rule_files with a glob", OK)
 	write(config, "rule_files:\n  - /etc/prometheus/other.yml\nscrape_configs:\n  - "+rules+"\n")
 	check("ours outside rule_files", Warn)
+
+	// Valid YAML a line scan misread (regression: each was a warning).
+	write(config, "rule_files:\n- /etc/prometheus/other.yml\n- "+rules+"\nscrape_configs: []\n")
+	check("items at the key's own indent", OK)
+	write(config, "rule_files:\n  - "+rules+" # nomad-bridge-cni\n")
+	check("an item with a comment", OK)
+	write(config, "rule_files:\n  - '"+rules+"' # nomad-bridge-cni\n")
+	check("a quoted item with a comment", OK)
+	write(config, "rule_files: [/etc/prometheus/other.yml, \""+rules+"\"] # ours\n")
+	check("the flow form", OK)
+	write(config, "rule_files:\n  - share/nomad-bridge-cni.rules.yml\n")
+	check("an entry relative to prometheus.yml's directory", OK)
+	write(config, "rule_files:\n  - 'share/*.yml'\n")
+	check("a relative glob", OK)
+	// And no match where there is none.
+	write(config, "rule_files:\n- /etc/prometheus/other.yml\nscrape_configs:\n- "+rules+"\n")
+	check("ours at column 0 under another key", Warn)
+	write(config, "rule_files:\n  - /etc/prometheus/other.yml # "+rules+"\n")
+	check("ours in a comment only", Warn)
+	write(config, "rule_files: [/etc/prometheus/other.yml]\n")
+	check("the flow form without ours", Warn)
+	write(config, "rule_files:\n  - nomad-bridge-cni.rules.yml\n")
+	check("ours relative to another directory", Warn)
+	// A form the scan does not read is no warning: it says it cannot tell.
+	write(config, "rule_files: [\n  "+rules+"\n]\n")
+	if fs := checkPrometheus(rules, config); len(fs) != 1 || fs[0].Level != OK || !strings.Contains(fs[0].Message, "could not tell") {
+		t.Errorf("a flow list over lines: %+v, want one OK finding that could not tell", fs)
+	}
 }
