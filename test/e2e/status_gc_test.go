@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -218,4 +219,161 @@ func TestStatusPassesOnAFullDataDirSoNomadTearsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.assertNetworkEmpty(t, e.leaseDir())
+}
+
+// Nomad's restore of an allocation whose namespace was lost, on a `cni/`
+// network whose conflist (conflist/nomad.conflist) is at cniVersion 1.1.0,
+// verb by verb as its client sends them (client/allocrunner/network_hook.go
+// Prerun and networking_cni.go Setup and Teardown; the same code from Nomad
+// v1.10.0 to v2.0.5, read at v1.11.2):
+//
+//   - Setup and Teardown begin with ensureCNIInitialized, which calls
+//     go-cni's Status() (go-cni v1.1.12 and v1.1.13, Nomad's pins): libcni's
+//     GetStatusNetworkList sends STATUS to every plugin of a list at 1.1.0
+//     or later, and nothing below (Nomad's own bridge conflist,
+//     client/allocrunner/cni/bridge.go, is 0.4.0, and never gets one). A
+//     STATUS that fails fails the Setup ("cni not initialized"), which is
+//     not ErrCNICheckFailed: the allocation fails, with no second try;
+//   - the restored allocation's namespace path is still a namespace
+//     (client/allocrunner/network_manager_linux.go, defaultNetworkManager's
+//     CreateNetwork: NewNS fails with EPERM on the mounted path, and it
+//     returns created=false), so Setup sends CHECK (with `bridge`
+//     fingerprinted at 1.3.0 or later, supportsCNICheck);
+//   - that CHECK fails: the namespace there is an empty one, whose lo is
+//     down, so loopback, first in Nomad's chain, fails it and libcni stops
+//     the list there (the plugin never sees this CHECK, and no CHECK sweep
+//     runs); the hook then destroys the namespace (DestroyNetwork: unmount
+//     and remove the path), makes a new one at the same path
+//     (CreateNetwork, created=true) and runs Setup again: STATUS, then ADD
+//     with the same container ID (the allocation ID), no DEL between;
+//   - Postrun's Teardown: STATUS, then DEL.
+//
+// STATUS comes while the lost attachment's lease, record and NAT rules are
+// still there: it must pass and change nothing. The re-ADD alone releases
+// the lost attachment; after it the allocation has one lease (its old
+// address), one record naming the new namespace, its NAT and firewall
+// rules once, its address on eth0 and a working gateway; the DEL leaves
+// nothing. The plugin's log (debug) shows the verbs that reached it, each
+// STATUS passing, and the lost attachment released once, by the ADD.
+func TestNomadStatusThenFailedCheckThenReAdd(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	logFile := filepath.Join(t.TempDir(), "nbc.log")
+	conf := e.confFor(t, "nomad.conflist")
+	conf["cniVersion"] = "1.1.0"
+	entry := entryOfType(t, conf, pluginType)
+	entry["logFile"], entry["logLevel"] = logFile, "debug"
+	nomad := e.goCNI(t, gocni.WithConfListBytes(mustJSON(t, conf)))
+	ctx := runtimeCtx(t)
+	alloc := podUID(t)
+	ns := e.podNetns(t, "alloc", alloc)
+	port := randomHostPort()
+
+	if err := nomad.Status(); err != nil {
+		t.Fatalf("STATUS before the first Setup: %v", err)
+	}
+	res, err := nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+	if err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	p1, _ := goCNIResult(t, res).addrIn(t, e.subnet4)
+	e.assertFirewall(t, p1.Addr())
+
+	// The namespace is lost with no DEL; an empty one is at its path when
+	// the client restores the allocation.
+	_, oldIno := netnsIdentity(t, ns.path)
+	e.restoreNetns(t, ns)
+	nat := e.readNAT(t, alloc)
+
+	if err := nomad.Status(); err != nil {
+		t.Fatalf("STATUS with the lost allocation's attachment still recorded: %v (Nomad fails the restore)", err)
+	}
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{p1.Addr(): leaseContent(alloc)})
+	if r, raw := e.readRecord(t, alloc); r.State != "complete" || r.NetnsID.Ino != oldIno {
+		t.Errorf("STATUS changed the lost attachment's record (want complete, inode %d): %s", oldIno, raw)
+	}
+	if now := e.readNAT(t, alloc); now.String() != nat.String() {
+		t.Errorf("STATUS changed the lost attachment's NAT state:\nwas:\n%snow:\n%s", nat, now)
+	}
+
+	if err := nomad.Check(ctx, alloc, ns.path, nomadOpts(alloc, port)...); err == nil || !strings.Contains(err.Error(), "loopback interface is down") {
+		t.Fatalf("CHECK of the empty namespace: %v, want loopback's failure (Nomad's re-setup follows)", err)
+	}
+	// DestroyNetwork, then CreateNetwork: a new namespace at the same path.
+	if err := ns.named().Recreate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := nomad.Status(); err != nil {
+		t.Fatalf("STATUS before the re-ADD: %v", err)
+	}
+	res, err = nomad.Setup(ctx, alloc, ns.path, nomadOpts(alloc, port)...)
+	if err != nil {
+		t.Fatalf("re-ADD after the failed CHECK: %v", err)
+	}
+	p2, gw := goCNIResult(t, res).addrIn(t, e.subnet4)
+	if p2 != p1 {
+		t.Errorf("re-ADD got %s, first %s: the allocation keeps its free address", p2, p1)
+	}
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{p2.Addr(): leaseContent(alloc)})
+	e.assertRecord(t, ns, p2.Addr())
+	e.assertRecordsExactly(t, alloc)
+	e.assertNAT(t, alloc, natWant{Masq: []netip.Addr{p2.Addr()}, DNAT: []portMap{{port, p2.Addr()}}})
+	e.assertFirewall(t, p2.Addr())
+	assertOnlyAddrOnIf(t, ns, p2)
+	ping(t, ns, gw)
+
+	if err := nomad.Status(); err != nil {
+		t.Fatalf("STATUS before the teardown: %v", err)
+	}
+	if err := nomad.Remove(ctx, alloc, ns.path, nomadDelOpts(port)...); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	e.assertNetworkEmpty(t, e.leaseDir())
+	assertNoFirewall(t, p2.Addr())
+
+	// What reached the plugin, from its log.
+	var verbs, statusOutcomes, releasedBy []string
+	for _, ev := range readEventLog(t, logFile) {
+		cmd, _ := ev["command"].(string)
+		switch ev["event"] {
+		case "start":
+			verbs = append(verbs, cmd)
+		case "done", "refusal":
+			if cmd == "STATUS" {
+				statusOutcomes = append(statusOutcomes, ev["event"].(string))
+			}
+		case "release":
+			if msg, _ := ev["message"].(string); strings.Contains(msg, "released "+alloc+"/"+ifName+" "+p1.Addr().String()) {
+				releasedBy = append(releasedBy, cmd)
+			}
+		}
+	}
+	if want := []string{"STATUS", "ADD", "STATUS", "STATUS", "ADD", "STATUS", "DEL"}; !slices.Equal(verbs, want) {
+		t.Errorf("the plugin saw %q, want Nomad's %q", verbs, want)
+	}
+	if want := []string{"done", "done", "done", "done"}; !slices.Equal(statusOutcomes, want) {
+		t.Errorf("STATUS outcomes in the log: %q, want %q", statusOutcomes, want)
+	}
+	if !slices.Equal(releasedBy, []string{"ADD"}) {
+		t.Errorf("the lost attachment was released by %q, want once, by the re-ADD", releasedBy)
+	}
+}
+
+// readEventLog is the plugin's log file (entry key "logFile"), one JSON
+// object per line.
+func readEventLog(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("log file: %v", err)
+	}
+	var events []map[string]any
+	for line := range strings.Lines(string(raw)) {
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		events = append(events, ev)
+	}
+	return events
 }
