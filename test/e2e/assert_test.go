@@ -266,7 +266,7 @@ func (e *testEnv) assertNetworkEmpty(t *testing.T, leaseDir string) {
 
 // leaseDir is host-local's directory for the test's network under the
 // plugin's dataDir.
-func (e *testEnv) leaseDir() string { return filepath.Join(e.dataDir, e.netName) }
+func (e *testEnv) leaseDir() string { return filepath.Join(e.stateDir, e.netName) }
 
 // readLeases returns host-local's leases in dir: files whose names parse as
 // IP addresses, mapped to their content. Other files (lock,

@@ -25,6 +25,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/hostcmd"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
+	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -110,6 +111,7 @@ type testEnv struct {
 	subnet6    netip.Prefix
 
 	dataDir    string // tmpfs mount point, the plugin's dataDir
+	stateDir   string // the plugin's leases and records: dataDir, or pluginDefaultDataDir (Nomad's own bridge conflist, no dataDir key)
 	persistDir string // plain directory: the bare-bridge control's ipam.dataDir
 	confDir    string // NETCONFPATH
 	cacheDir   string // libcni cache for the Go harness (cnitool uses /var/lib/cni)
@@ -137,6 +139,7 @@ func newEnv(t *testing.T) *testEnv {
 		bridge:     "nbc" + id, // 11 bytes: Linux allows at most 15
 		adminChain: "NBC-ADM-" + id,
 		dataDir:    filepath.Join(base, "tmpfs"),
+		stateDir:   filepath.Join(base, "tmpfs"),
 		persistDir: filepath.Join(base, "persistent"),
 		confDir:    filepath.Join(base, "net.d"),
 		cacheDir:   filepath.Join(base, "libcni-cache"),
@@ -246,9 +249,10 @@ func containerIDFor(nsPath string) string {
 // enter is the command prefix that runs a command in ns: by its name, or,
 // for a container's /proc/<pid>/ns/net, in that process's namespace
 // whatever the name now points at (Nomad re-creates the path while its
-// tasks stay in the old namespace).
+// tasks stay in the old namespace), and for any other path (docker's
+// /var/run/docker/netns/<key>), in the namespace mounted there.
 func (ns netns) enter() []string {
-	if strings.HasPrefix(ns.path, "/proc/") {
+	if filepath.Dir(ns.path) != kitns.Dir {
 		return []string{"nsenter", "--net=" + ns.path}
 	}
 	return []string{"ip", "netns", "exec", ns.name}

@@ -62,40 +62,54 @@ func (e *testEnv) restoreNetns(t *testing.T, ns netns) {
 
 // killNetns deletes one namespace without any DEL, the way a crashed
 // runtime or a lost namespace leaves a container. Unlike destroyNetns it
-// only deletes that container's own host veth (found as the peer of its
-// eth0), so the other containers on the bridge keep working; deleting it
-// first makes the veth's end settled instead of asynchronous.
+// only deletes that container's own host veth (deleteHostVeth), so the
+// other containers on the bridge keep working.
 func (e *testEnv) killNetns(ns netns) error {
-	if out, err := output("ip", "-j", "-n", ns.name, "link", "show", "dev", ifName); err == nil {
-		var links []struct {
-			LinkIndex int `json:"link_index"`
-		}
-		if err := json.Unmarshal([]byte(out), &links); err != nil {
-			return fmt.Errorf("parse ip link in %s: %w", ns.name, err)
-		}
-		if len(links) == 1 && links[0].LinkIndex > 0 {
-			host, err := output("ip", "-j", "link", "show")
-			if err != nil {
+	if err := e.deleteHostVeth(ns); err != nil {
+		return err
+	}
+	return ns.named().Delete()
+}
+
+// deleteHostVeth deletes the host end of the veth whose other end is eth0
+// in ns (see netns.enter), if there is one on the test's bridge: the
+// kernel deletes a veth with its namespace, but asynchronously, and
+// deleting it first makes its end settled before the next step runs.
+func (e *testEnv) deleteHostVeth(ns netns) error {
+	enter := ns.enter()
+	out, err := output(enter[0], append(enter[1:], "ip", "-j", "link", "show", "dev", ifName)...)
+	if err != nil {
+		return nil // no eth0 there
+	}
+	var links []struct {
+		LinkIndex int `json:"link_index"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil {
+		return fmt.Errorf("parse ip link in %s: %w", ns.name, err)
+	}
+	if len(links) != 1 || links[0].LinkIndex <= 0 {
+		return nil
+	}
+	host, err := output("ip", "-j", "link", "show")
+	if err != nil {
+		return err
+	}
+	var all []struct {
+		Ifindex int    `json:"ifindex"`
+		Ifname  string `json:"ifname"`
+		Master  string `json:"master"`
+	}
+	if err := json.Unmarshal([]byte(host), &all); err != nil {
+		return fmt.Errorf("parse ip link: %w", err)
+	}
+	for _, l := range all {
+		if l.Ifindex == links[0].LinkIndex && l.Master == e.bridge {
+			if err := run("ip", "link", "delete", l.Ifname); err != nil {
 				return err
-			}
-			var all []struct {
-				Ifindex int    `json:"ifindex"`
-				Ifname  string `json:"ifname"`
-				Master  string `json:"master"`
-			}
-			if err := json.Unmarshal([]byte(host), &all); err != nil {
-				return fmt.Errorf("parse ip link: %w", err)
-			}
-			for _, l := range all {
-				if l.Ifindex == links[0].LinkIndex && l.Master == e.bridge {
-					if err := run("ip", "link", "delete", l.Ifname); err != nil {
-						return err
-					}
-				}
 			}
 		}
 	}
-	return ns.named().Delete()
+	return nil
 }
 
 func (e *testEnv) mustKillNetns(t *testing.T, ns netns) {
@@ -157,10 +171,11 @@ type container struct {
 	proc string
 }
 
-// startContainer runs `sleep` inside ns (ip netns exec execs sh, which
-// execs sleep, so the pid stays the one started) and waits for the line sh
-// prints once it runs there, then checks that /proc/<pid>/ns/net is that
-// namespace. Cleanup kills it if the test has not.
+// startContainer runs `sleep` inside ns (ip netns exec, or nsenter: see
+// netns.enter; it execs sh, which execs sleep, so the pid stays the one
+// started) and waits for the line sh prints once it runs there, then
+// checks that /proc/<pid>/ns/net is that namespace. Cleanup kills it if
+// the test has not.
 func (e *testEnv) startContainer(t *testing.T, ns netns) *container {
 	t.Helper()
 	c, err := e.newContainer(ns)
@@ -173,7 +188,8 @@ func (e *testEnv) startContainer(t *testing.T, ns netns) *container {
 // newContainer is startContainer for any goroutine: it returns an error
 // instead of failing the test.
 func (e *testEnv) newContainer(ns netns) (*container, error) {
-	cmd := exec.Command("ip", "netns", "exec", ns.name, "sh", "-c", "echo ready; exec sleep 600")
+	enter := ns.enter()
+	cmd := exec.Command(enter[0], append(enter[1:], "sh", "-c", "echo ready; exec sleep 600")...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

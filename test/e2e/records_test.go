@@ -38,7 +38,7 @@ type attachRecord struct {
 }
 
 // recordDir is where the plugin keeps the test network's records.
-func (e *testEnv) recordDir() string { return filepath.Join(e.dataDir, recordDirName, e.netName) }
+func (e *testEnv) recordDir() string { return filepath.Join(e.stateDir, recordDirName, e.netName) }
 
 // recordPath is the record of cid's eth0 attachment.
 func (e *testEnv) recordPath(cid string) string {
