@@ -7,6 +7,7 @@ package netconf
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -104,7 +105,7 @@ func (c *Config) LegacyDir() ipamdir.Dir { return ipamdir.New(c.LegacyDataDir, c
 
 // Parse decodes and validates a conflist entry. Every error is a
 // *types.Error carrying the CNI code the runtime should see; nothing on
-// disk is touched.
+// disk is changed.
 func Parse(stdin []byte) (*Config, error) {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(stdin, &raw); err != nil {
@@ -194,6 +195,11 @@ func Parse(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	c.LegacyDataDir = filepath.Clean(c.LegacyDataDir)
+	if sameDir(c.LegacyDataDir, c.DataDir) {
+		// The dataDir under another name (Nomad's "/var/run/cni" with a
+		// dataDir of "/run/cni"): nothing to migrate, and its lock is ours.
+		c.LegacyDataDir = c.DataDir
+	}
 	if err := checkPrevResult(raw, c.CNIVersion); err != nil {
 		return nil, err
 	}
@@ -354,6 +360,16 @@ func validateDir(key, dir string) error {
 		}
 	}
 	return nil
+}
+
+// sameDir reports whether a and b name one existing directory.
+func sameDir(a, b string) bool {
+	ai, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	bi, err := os.Stat(b)
+	return err == nil && os.SameFile(ai, bi)
 }
 
 func invalidConfig(msg string) *types.Error {

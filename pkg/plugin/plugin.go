@@ -72,7 +72,7 @@ func (p *Plugin) verb(name string, v func(*skel.CmdArgs, *netconf.Config) error)
 		if err != nil {
 			return err
 		}
-		// Parsing touches nothing; the refusal comes before anything else
+		// Parsing changes nothing; the refusal comes before anything else
 		// does, and is logged like the verb's own.
 		end := p.logTo(name, args, conf)
 		depth := DelegationDepth()
