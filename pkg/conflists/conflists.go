@@ -248,8 +248,11 @@ func describe(file, name string, e map[string]any, ranges []hostLocalRange) *Net
 	}
 	ipam, _ := e["ipam"].(map[string]any)
 	dataDir := ipamdir.DefaultLegacyDataDir
-	if d, ok := ipam["dataDir"].(string); ok {
-		dataDir = d
+	for k, v := range ipam {
+		// host-local reads the key in any case, and "" as its default.
+		if d, ok := v.(string); ok && d != "" && strings.EqualFold(k, "dataDir") {
+			dataDir = d
+		}
 	}
 	n.Dir = ipamdir.New(dataDir, name)
 	for _, r := range ranges {

@@ -23,9 +23,9 @@ func entry(name, typ, extra, ipam string) string {
 }
 
 // DataDirsOf names each data dir a host's conflists keep leases in once: the
-// plugin's entries' dataDir, bare bridge's ipam.dataDir and, where that is
-// not set, host-local's default; a relative one (a runtime's working
-// directory) names none.
+// plugin's entries' dataDir, bare bridge's ipam.dataDir (in any case, as
+// host-local reads it) and, where that is not set or empty, host-local's
+// default; a relative one (a runtime's working directory) names none.
 func TestDataDirs(t *testing.T) {
 	root := t.TempDir()
 	data, custom := filepath.Join(root, "run-cni"), filepath.Join(root, "custom")
@@ -35,8 +35,16 @@ func TestDataDirs(t *testing.T) {
 	write(t, root, "20-db.conflist", entry("db", "bridge", "", `"dataDir": "`+custom+`/", `+ranges))
 	write(t, root, "30-plain.conflist", entry("plain", "bridge", "", ranges))
 	write(t, root, "40-rel.conflist", entry("rel", "bridge", "", `"dataDir": "rel/dir", `+ranges))
-	got := DataDirsOf(Networks(Read([]string{root, filepath.Join(root, "absent")}, false)))
-	want := []string{data, custom, "/var/lib/cni/networks"}
+	// host-local reads an empty dataDir as its default, and any spelling.
+	write(t, root, "50-empty.conflist", entry("empty", "bridge", "", `"dataDir": "", `+ranges))
+	spelled := filepath.Join(root, "spelled")
+	write(t, root, "60-spelled.conflist", entry("spelled", "bridge", "", `"datadir": "`+spelled+`", `+ranges))
+	nets := Networks(Read([]string{root, filepath.Join(root, "absent")}, false))
+	got := DataDirsOf(nets)
+	want := []string{data, custom, "/var/lib/cni/networks", spelled}
+	if n := nets[len(nets)-2]; n.Dir.Leases() != "/var/lib/cni/networks/empty" {
+		t.Errorf("%s: leases in %q, want host-local's default", n.File, n.Dir.Leases())
+	}
 	if !slices.Equal(got, want) {
 		t.Errorf("DataDirs = %v, want %v", got, want)
 	}

@@ -5,6 +5,7 @@
 package netconf
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -186,9 +187,11 @@ func Parse(stdin []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.LegacyDataDir, err = stringKey(c.ipam, legacyKey, ipamdir.DefaultLegacyDataDir); err != nil {
+	if c.LegacyDataDir, err = stringKey(c.ipam, legacyKey, ""); err != nil {
 		return nil, invalidConfig(`"ipam.dataDir" must be a string`)
 	}
+	// Absent or empty, host-local's own default (backend/disk.New).
+	c.LegacyDataDir = cmp.Or(c.LegacyDataDir, ipamdir.DefaultLegacyDataDir)
 	// The legacy directory is read and pruned by the migration: it gets
 	// the same checks as our own.
 	if err := validateDir("ipam.dataDir", c.LegacyDataDir); err != nil {

@@ -233,6 +233,19 @@ func TestGCConfigs(t *testing.T) {
 	}
 }
 
+// host-local reads an empty ipam.dataDir as its default
+// (backend/disk.New): so does the plugin, for the legacy directory, where
+// it refused the entry (code 7, "must not be empty").
+func TestEmptyIPAMDataDirIsHostLocalsDefault(t *testing.T) {
+	conf, err := Parse([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24","dataDir":""}}`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if conf.LegacyDataDir != ipamdir.DefaultLegacyDataDir {
+		t.Errorf("legacy dir = %q, want host-local's default %s", conf.LegacyDataDir, ipamdir.DefaultLegacyDataDir)
+	}
+}
+
 // host-local decodes ipam with encoding/json, which takes "datadir" or
 // "DATADIR" for its dataDir: every spelling must be overridden, as host-local
 // itself reads the result (regression: a lower-case "datadir" won and the
