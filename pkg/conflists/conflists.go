@@ -227,15 +227,10 @@ func bridgeEntry(e map[string]any, bridgeIsPlugin bool) (map[string]any, bool) {
 	return nil, false
 }
 
-// withListKeys adds the conflist's name and cniVersion to an entry, as
-// libcni does before running it.
+// withListKeys sets an entry's name and cniVersion to the conflist's, as
+// libcni does before running it (over the entry's own).
 func withListKeys(entry map[string]any, name, version string) ([]byte, error) {
-	if _, ok := entry["name"]; !ok {
-		entry["name"] = name
-	}
-	if _, ok := entry["cniVersion"]; !ok {
-		entry["cniVersion"] = version
-	}
+	entry["name"], entry["cniVersion"] = name, version
 	return json.Marshal(entry)
 }
 

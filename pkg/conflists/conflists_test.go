@@ -119,3 +119,19 @@ func TestReadReportsWhatItCannotUse(t *testing.T) {
 		t.Errorf("Networks = %+v, want only ok, the plugin's, in /var/run/cni/ok", nets)
 	}
 }
+
+// libcni sets every entry's "name" and "cniVersion" to the list's before it
+// runs it (libcni buildOneConfig), whatever the entry says: a network's
+// leases are under the list's name.
+func TestEntryTakesTheListsNameAndVersion(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "10-web.conflist", `{"cniVersion": "1.0.0", "name": "web", "plugins": [
+	  {"type": "`+PluginName+`", "name": "old-name", "cniVersion": "0.3.1", "ipam": {"type": "host-local", "subnet": "10.1.0.0/24"}}]}`)
+	nets := Networks(Read([]string{root}, false))
+	if len(nets) != 1 || nets[0].Conf == nil {
+		t.Fatalf("networks = %+v, want web", nets)
+	}
+	if n := nets[0]; n.Conf.Name != "web" || n.Conf.CNIVersion != "1.0.0" || n.Dir.Leases() != "/var/run/cni/web" {
+		t.Errorf("entry read as network %q at %s, leases in %s; want web at 1.0.0, in /var/run/cni/web", n.Conf.Name, n.Conf.CNIVersion, n.Dir.Leases())
+	}
+}
