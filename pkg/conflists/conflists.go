@@ -5,9 +5,11 @@
 package conflists
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net/netip"
 	"os"
@@ -177,11 +179,12 @@ func readFile(path string, bridgeIsPlugin bool) File {
 		types[i], _ = entries[i]["type"].(string)
 	}
 	for i, e := range entries {
-		entry, ours := bridgeEntry(e, bridgeIsPlugin)
+		entry, ours, refused := bridgeEntry(e, bridgeIsPlugin)
 		if entry == nil {
 			continue
 		}
 		stdin, err := withListKeys(entry, list.Name, list.CNIVersion)
+		err = cmp.Or(refused, err)
 		ranges, rangesErr := hostLocalRanges(stdin)
 		n := describe(path, list.Name, entry, ranges)
 		n.Entry = i
@@ -189,7 +192,11 @@ func readFile(path string, bridgeIsPlugin bool) File {
 			n.Addresses = rangeAddresses(ranges)
 		}
 		if ours {
+			// flannel's delegate runs too.
 			n.Ours, n.Plugins = true, types
+			if t := entry["type"].(string); !slices.Contains(types, t) {
+				n.Plugins = append(slices.Clone(types), t)
+			}
 			if err == nil {
 				n.Conf, err = netconf.Parse(stdin)
 			}
@@ -206,25 +213,44 @@ func readFile(path string, bridgeIsPlugin bool) File {
 
 // bridgeEntry returns the entry that configures a bridge with host-local,
 // and whether it is the plugin's: "type" nomad-bridge-cni (or bridge, when
-// bridgeIsPlugin), or flannel's "delegate" (flannel passes it to its
-// delegate type, bridge by default).
-func bridgeEntry(e map[string]any, bridgeIsPlugin bool) (map[string]any, bool) {
+// bridgeIsPlugin), or what flannel hands its delegate of that type;
+// refused says why flannel refuses its entry.
+func bridgeEntry(e map[string]any, bridgeIsPlugin bool) (entry map[string]any, ours bool, refused error) {
 	if e["type"] == "flannel" {
-		d, ok := e["delegate"].(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		return d, d["type"] == PluginName || (bridgeIsPlugin && d["type"] == "bridge")
+		e, refused = flannelDelegate(e)
 	}
 	switch e["type"] {
 	case PluginName:
-		return e, true
+		return e, true, refused
 	case "bridge":
 		if ipam, ok := e["ipam"].(map[string]any); ok && ipam["type"] == netconf.HostLocal {
-			return e, bridgeIsPlugin
+			return e, bridgeIsPlugin, refused
 		}
 	}
-	return nil, false
+	return nil, false, nil
+}
+
+// flannelDelegate is the entry flannel's CNI plugin (flannel-io/cni-plugin)
+// hands its delegate, as far as the conflist tells: its "delegate" map, of
+// type bridge unless it says otherwise, with flannel's own "ipam", of type
+// host-local unless it says otherwise (its ranges come from subnet.env).
+// flannel refuses a "delegate" with "name" or "ipam", which it sets.
+func flannelDelegate(e map[string]any) (map[string]any, error) {
+	given, _ := e["delegate"].(map[string]any)
+	var refused error
+	for _, key := range []string{"name", "ipam"} {
+		if _, ok := given[key]; ok {
+			refused = fmt.Errorf(`flannel refuses %q in its "delegate": it sets it from its own entry's %q`, key, key)
+		}
+	}
+	d := map[string]any{"type": "bridge"}
+	maps.Copy(d, given)
+	ipam := map[string]any{"type": netconf.HostLocal}
+	if own, ok := e["ipam"].(map[string]any); ok {
+		maps.Copy(ipam, own)
+	}
+	d["ipam"] = ipam
+	return d, refused
 }
 
 // withListKeys sets an entry's name and cniVersion to the conflist's, as

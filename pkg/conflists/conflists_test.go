@@ -1,6 +1,7 @@
 package conflists
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -133,5 +134,43 @@ func TestEntryTakesTheListsNameAndVersion(t *testing.T) {
 	}
 	if n := nets[0]; n.Conf.Name != "web" || n.Conf.CNIVersion != "1.0.0" || n.Dir.Leases() != "/var/run/cni/web" {
 		t.Errorf("entry read as network %q at %s, leases in %s; want web at 1.0.0, in /var/run/cni/web", n.Conf.Name, n.Conf.CNIVersion, n.Dir.Leases())
+	}
+}
+
+// flannel hands its delegate the "delegate" map (of type bridge unless it
+// says otherwise) with flannel's own "ipam" (of type host-local unless it
+// says otherwise), and refuses "ipam" or "name" in "delegate"
+// (flannel-io/cni-plugin; test/e2e flannelDelegate rebuilds it): the
+// plugin's delegate entry is read that way, as the shipped k3s conflist
+// has it, and the plugin is one of the chain's plugins.
+func TestFlannelDelegate(t *testing.T) {
+	root := t.TempDir()
+	shipped, err := os.ReadFile("../../conflist/k3s-flannel.conflist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, root, "10-flannel.conflist", string(shipped))
+	write(t, root, "20-own.conflist", `{"cniVersion": "1.0.0", "name": "own", "plugins": [{"type": "flannel",
+	  "ipam": {"dataDir": "/var/lib/k3s-leases"}, "delegate": {"type": "`+PluginName+`", "dataDir": "/run/own"}}]}`)
+	write(t, root, "30-refused.conflist", `{"cniVersion": "1.0.0", "name": "refused", "plugins": [{"type": "flannel",
+	  "delegate": {"type": "`+PluginName+`", "ipam": {"type": "host-local", "subnet": "10.1.0.0/24"}}}]}`)
+	files := Read([]string{root}, false)
+	var got []string
+	for _, f := range files {
+		for _, n := range f.Networks {
+			if n.Err != nil {
+				got = append(got, fmt.Sprintf("%s: %v", n.Name, n.Err))
+				continue
+			}
+			got = append(got, fmt.Sprintf("%s ours=%v leases=%s legacy=%s plugins=%v", n.Name, n.Ours, n.Dir.Leases(), n.Conf.LegacyDataDir, n.Plugins))
+		}
+	}
+	want := []string{
+		"cbr0 ours=true leases=/var/run/cni/cbr0 legacy=/var/lib/cni/networks plugins=[flannel portmap bandwidth nomad-bridge-cni]",
+		"own ours=true leases=/run/own/own legacy=/var/lib/k3s-leases plugins=[flannel nomad-bridge-cni]",
+		`refused: flannel refuses "ipam" in its "delegate": it sets it from its own entry's "ipam"`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("networks =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
