@@ -7,6 +7,7 @@ package conflists
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -167,9 +168,20 @@ func readFile(path string, bridgeIsPlugin bool) File {
 		file.Err, file.NotCNI = fmt.Errorf("JSON: %w", err), true
 		return file
 	}
+	// The extension says how runtimes read the file (libcni, go-cni,
+	// Nomad): they refuse it in the other shape.
 	raws := list.Plugins
-	if len(raws) == 0 && list.Type != "" { // a single .conf
+	switch conflist := filepath.Ext(path) == ".conflist"; {
+	case conflist && len(raws) == 0 && list.Type != "":
+		file.Err = errors.New(`one plugin's configuration ("type", no "plugins"): runtimes read that only from a .conf or .json file`)
+	case !conflist && list.Type == "":
+		file.Err = errors.New(`no "type": runtimes read a .conf or .json file as one plugin's configuration, and a list of plugins only from a .conflist`)
+	case !conflist:
 		raws = []json.RawMessage{raw}
+	}
+	if file.Err != nil {
+		file.NotCNI = true
+		return file
 	}
 	// An entry that is not an object stays nil, of no type.
 	entries := make([]map[string]any, len(raws))

@@ -174,3 +174,33 @@ func TestFlannelDelegate(t *testing.T) {
 		t.Errorf("networks =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A file's extension says how runtimes read it: a .conflist's plugins are
+// its "plugins" (libcni NetworkConfFromBytes), a .conf or .json file is one
+// plugin's configuration, "type" required (libcni NetworkPluginConfFromBytes;
+// go-cni's loadFromConfDir, Nomad's loadCNIConf). A list in a .conf file,
+// or one plugin's configuration in a .conflist, is refused by every
+// runtime (containerd and Nomad stop loading the directory there): it is
+// no network, and says why.
+func TestFileIsReadAsItsExtensionSays(t *testing.T) {
+	root := t.TempDir()
+	list := entry("list", PluginName, "", `"subnet": "10.1.0.0/24"`)
+	single := `{"cniVersion": "1.0.0", "name": "single", "type": "` + PluginName + `", "ipam": {"type": "host-local", "subnet": "10.2.0.0/24"}}`
+	write(t, root, "10-list.conf", list)
+	write(t, root, "20-list.json", list)
+	write(t, root, "30-single.conflist", single)
+	write(t, root, "40-ok.conf", strings.Replace(single, `"single"`, `"ok-conf"`, 1))
+	write(t, root, "50-ok.conflist", strings.Replace(list, `"list"`, `"ok-list"`, 1))
+	var got []string
+	for _, f := range Read([]string{root}, false) {
+		var names []string
+		for _, n := range f.Networks {
+			names = append(names, n.Name)
+		}
+		got = append(got, fmt.Sprintf("%s %v err=%v", filepath.Base(f.Path), names, f.Err != nil))
+	}
+	want := []string{"10-list.conf [] err=true", "20-list.json [] err=true", "30-single.conflist [] err=true", "40-ok.conf [ok-conf] err=false", "50-ok.conflist [ok-list] err=false"}
+	if !slices.Equal(got, want) {
+		t.Errorf("files =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
