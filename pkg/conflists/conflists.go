@@ -63,7 +63,7 @@ const PluginName = "nomad-bridge-cni"
 type File struct {
 	Path string
 	// Err: the file could not be read (NotCNI: it was read, but is not a
-	// CNI configuration; runtimes skip it too).
+	// CNI configuration, which containerd and Nomad stop loading at).
 	Err    error
 	NotCNI bool
 	// Networks are its bridge entries with host-local, in file order.

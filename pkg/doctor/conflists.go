@@ -16,7 +16,9 @@ func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []
 	for _, f := range files {
 		switch {
 		case f.NotCNI:
-			fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("not a CNI configuration (%v)", f.Err), Fix: "runtimes skip it too; remove it or fix it"})
+			// go-cni's loadFromConfDir and Nomad's loadCNIConf return
+			// on the first file they cannot load (CRI-O passes it over).
+			fs = append(fs, Finding{Level: Error, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("not a CNI configuration (%v)", f.Err), Fix: "fix it or remove it: containerd and Nomad stop loading the directory at it"})
 		case f.Err != nil:
 			fs = append(fs, Finding{Level: Error, Check: "conflist", Subject: f.Path, Message: fmt.Sprintf("cannot read: %v", f.Err), Fix: "remove it, or fix it"})
 		}
