@@ -94,15 +94,18 @@ type Network struct {
 	Plugins []string
 }
 
-// Read reads every configuration file (.conflist, .conf, .json) in dirs, as
-// libcni finds them for the runtimes; a directory that cannot be read
-// (that does not exist: a runtime not installed here) holds none. With
-// bridgeIsPlugin (the plugin installed as "bridge" in front of the
-// reference plugins), an entry of type "bridge" with host-local is the
-// plugin's too.
+// Read reads every configuration file (.conflist, .conf, .json) in dirs,
+// each directory once, as libcni finds them for the runtimes; a directory
+// that cannot be read (that does not exist: a runtime not installed here)
+// holds none. With bridgeIsPlugin (the plugin installed as "bridge" in
+// front of the reference plugins), an entry of type "bridge" with
+// host-local is the plugin's too.
 func Read(dirs []string, bridgeIsPlugin bool) []File {
 	var files []File
-	for _, dir := range dirs {
+	for i, dir := range dirs {
+		if slices.ContainsFunc(dirs[:i], func(d string) bool { return filepath.Clean(d) == filepath.Clean(dir) }) {
+			continue // read already
+		}
 		paths, _ := libcni.ConfFiles(dir, []string{".conflist", ".conf", ".json"})
 		for _, path := range paths {
 			files = append(files, readFile(path, bridgeIsPlugin))

@@ -204,3 +204,14 @@ func TestFileIsReadAsItsExtensionSays(t *testing.T) {
 		t.Errorf("files =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A directory given twice (a --conf-dir that is a default one, Nomad's
+// cni_config_dir "/opt/cni/config/") is read once: the doctor reported each
+// of its files twice.
+func TestDirectoryGivenTwiceIsReadOnce(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "10-web.conflist", entry("web", PluginName, "", `"subnet": "10.1.0.0/24"`))
+	if files := Read([]string{root, root + "/", root + "//."}, false); len(files) != 1 {
+		t.Errorf("files = %+v, want 10-web.conflist once", files)
+	}
+}
