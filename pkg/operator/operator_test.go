@@ -16,6 +16,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
@@ -477,20 +478,27 @@ func TestGCMigratesAndRemembersItsSweepAsCHECKDoes(t *testing.T) {
 }
 
 // A network whose releases kept firewall rules (another network leased
-// the address) says how many, below the table.
+// the address) says how many, below the table; with --runtime too (Drift
+// wraps the table).
 func TestLeasesTableSaysWhatReleasesKept(t *testing.T) {
 	dataDir, s, _ := fixture(t)
 	d := ipamdir.New(dataDir, "nomad")
 	if err := os.WriteFile(d.Marker(ipamdir.ReleasesMarker), []byte(`{"namespace-gone":3,"firewall-rules-kept":2}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var table bytes.Buffer
-	if err := Leases(s, scopeOf(dataDir, []string{"nomad", "other"}), NewLeasesTable(&table)); err != nil {
-		t.Fatal(err)
-	}
-	want := "kept: nomad: the firewall rules of 2 released address(es), which another network leases"
-	if !strings.Contains(table.String(), want) || strings.Contains(table.String(), "kept: other") {
-		t.Errorf("leases table lacks %q (or names other):\n%s", want, table.String())
+	for _, runtime := range []bool{false, true} {
+		var table bytes.Buffer
+		var sink LeasesSink = NewLeasesTable(&table)
+		if runtime {
+			sink = &Drift{Sink: sink, Runtime: "nomad", Listing: &runtimes.Listing{IDs: map[string]bool{}}, Note: io.Discard}
+		}
+		if err := Leases(s, scopeOf(dataDir, []string{"nomad", "other"}), sink); err != nil {
+			t.Fatal(err)
+		}
+		want := "kept: nomad: the firewall rules of 2 released address(es), which another network leases"
+		if !strings.Contains(table.String(), want) || strings.Contains(table.String(), "kept: other") {
+			t.Errorf("runtime %v: leases table lacks %q (or names other):\n%s", runtime, want, table.String())
+		}
 	}
 }
 

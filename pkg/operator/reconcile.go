@@ -187,6 +187,12 @@ func (d *Drift) Row(r Row) {
 	d.Sink.Row(r)
 }
 
+func (d *Drift) Kept(network string, addresses int) {
+	if k, ok := d.Sink.(keptSink); ok {
+		k.Kept(network, addresses)
+	}
+}
+
 func (d *Drift) End(problems *Problems) error {
 	err := d.Sink.End(problems)
 	note := output{w: d.Note}
