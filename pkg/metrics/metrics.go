@@ -23,6 +23,7 @@ type Network struct {
 	Attachments  map[reclaim.State]int
 	Leases       int
 	OrphanRules  int
+	Skipped      int     // damaged or foreign files the sweep skipped
 	RangeSize    float64 // 0: unknown (no conflist found)
 	LastSweepAge float64 // seconds; negative: no CHECK sweep this boot
 	// DataDir is the network's data dir; Tmpfs says whether it lives in
@@ -50,6 +51,7 @@ func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64
 		}
 		req := scope.Request(d)
 		req.DryRun, req.Orphans, req.Visit = true, true, count
+		req.Problem = func(error) { n.Skipped++ }
 		rep, err := s.Sweep(req)
 		if err != nil {
 			return nil, fmt.Errorf("network %s: %w", name, err)
@@ -92,6 +94,9 @@ func Write(w io.Writer, nets []Network) error {
 	})
 	gauge("orphan_nat_rule_sets", "Containers with NAT rules on a network but no lease or record.", func(n Network) {
 		fmt.Fprintf(bw, "nomad_bridge_cni_orphan_nat_rule_sets{network=%q} %d\n", n.Name, n.OrphanRules)
+	})
+	gauge("skipped_files", "Damaged or foreign files in a network's directories, skipped: neither judged nor counted (`leases` lists them).", func(n Network) {
+		fmt.Fprintf(bw, "nomad_bridge_cni_skipped_files{network=%q} %d\n", n.Name, n.Skipped)
 	})
 	gauge("last_check_sweep_age_seconds", "Seconds since a CHECK last swept a network in this boot (absent when none did).", func(n Network) {
 		if n.LastSweepAge >= 0 {

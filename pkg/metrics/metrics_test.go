@@ -20,9 +20,9 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 )
 
-// A network with a live attachment, a stale one and a record-less lease
-// from this boot; its last CHECK sweep 90 s ago. The output parses with
-// Prometheus's own text parser and says exactly that.
+// A network with a live attachment, a stale one, a record-less lease from
+// this boot and three damaged records; its last CHECK sweep 90 s ago. The
+// output parses with Prometheus's own text parser and says exactly that.
 func TestMetricsParseAndCount(t *testing.T) {
 	boot := time.Unix(1764576000, 0)
 	host := fakehost.New(boot)
@@ -55,6 +55,13 @@ func TestMetricsParseAndCount(t *testing.T) {
 	lease("10.0.0.2", "live\r\neth0")
 	lease("10.0.0.3", "dead\r\neth0")
 	lease("10.0.0.4", "someone\r\neth0")
+	// Damaged or planted: skipped, counted, never held (there may be
+	// 100 000 of them).
+	for i := range 3 {
+		if err := os.WriteFile(filepath.Join(dataDir, ipamdir.RecordDirName, "web", fmt.Sprintf("planted-%d@eth0", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s := &reclaim.Sweeper{Env: reclaim.Env{Host: host}}
 	// A CHECK's sweep ended now (the marker sweeps write).
 	if err := os.WriteFile(d.Marker(ipamdir.LastSweepMarker), []byte(fmt.Sprintf("%s %d", host.ID, host.Clock.UnixNano())), 0o600); err != nil {
@@ -110,6 +117,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 		{value("leases", map[string]string{"network": "web"}), 3},
 		{value("range_addresses", map[string]string{"network": "web"}), 254},
 		{value("orphan_nat_rule_sets", map[string]string{"network": "web"}), 0},
+		{value("skipped_files", map[string]string{"network": "web"}), 3},
 		{value("last_check_sweep_age_seconds", map[string]string{"network": "web"}), 90},
 		{value("releases_total", map[string]string{"network": "web", "reason": "earlier-boot"}), 4},
 		{value("releases_total", map[string]string{"network": "web", "reason": "namespace-gone"}), 2},
