@@ -209,6 +209,9 @@ func (c *cli) gc(args []string) (code int) {
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
+	if *allDataDirs && f.json {
+		return c.fail(2, errors.New("--json prints one data dir's document: run gc --json --data-dir D for each data dir"), "gc")
+	}
 	var rec *operator.Reconcile
 	if *runtime == "" {
 		// Accepted silently, they would read as in force.
@@ -226,9 +229,6 @@ func (c *cli) gc(args []string) (code int) {
 			return code
 		}
 		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now(), RemoveMounts: *removeMounts}
-	}
-	if *allDataDirs && f.json {
-		return c.fail(2, errors.New("--json prints one data dir's document: run gc --json --data-dir D for each data dir"), "gc")
 	}
 	nets := hostNetworks(*flags.confDirs)
 	dataDirs, only := []string{f.dataDir}, f.network

@@ -195,6 +195,17 @@ func TestGCRuntimeOptionsNeedRuntime(t *testing.T) {
 	}
 }
 
+// A usage error is one before the runtime is asked: not 30 s later, and
+// not exit 1 when the runtime cannot be asked.
+func TestGCRefusesBadFlagsBeforeAskingTheRuntime(t *testing.T) {
+	t.Setenv("PATH", t.TempDir()) // no podman here
+	c, _, stderr := fakeNATCLI()
+	code := c.run([]string{"gc", "--all-data-dirs", "--json", "--runtime", "podman"})
+	if code != 2 || !strings.Contains(stderr.String(), "--json prints one data dir's document") || strings.Contains(stderr.String(), "cannot ask podman") {
+		t.Errorf("gc --all-data-dirs --json --runtime podman: exit %d, %s", code, stderr)
+	}
+}
+
 // The fix doctor prints for stale attachments can be pasted as it is: run
 // as printed, it releases them.
 func TestDoctorsGCFixCanBePasted(t *testing.T) {
