@@ -231,10 +231,9 @@ func (c *cli) gc(args []string) (code int) {
 		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now(), RemoveMounts: *removeMounts}
 	}
 	nets := hostNetworks(*flags.confDirs)
-	dataDirs, only := []string{f.dataDir}, f.network
+	dataDirs := []string{f.dataDir}
 	if *allDataDirs {
-		// A data dir without the network is no error: each is listed whole.
-		dataDirs, only = conflists.PluginDataDirs(f.dataDir, nets), ""
+		dataDirs = conflists.PluginDataDirs(f.dataDir, nets)
 	}
 	var skipped []error
 	defer func() { c.reportSkipped(skipped, &code) }()
@@ -246,16 +245,16 @@ func (c *cli) gc(args []string) (code int) {
 			}
 			fmt.Fprintf(c.stdout, "data dir %s:\n", dataDir)
 		}
-		dirs, skippedHere, err := ipamdir.List(dataDir, only)
+		dirs, skippedHere, err := ipamdir.List(dataDir, f.network)
+		if *allDataDirs && errors.Is(err, ipamdir.ErrNotServed) {
+			err = nil // a data dir without the network holds nothing of it
+		}
 		if err != nil {
 			// The others are still swept; the failure is the exit status.
 			code = c.fail(1, err, "")
 			continue
 		}
 		skipped = append(skipped, skippedHere...)
-		if f.network != "" {
-			dirs = slices.DeleteFunc(dirs, func(d ipamdir.Dir) bool { return d.Network != f.network })
-		}
 		var sink operator.GCSink = operator.NewGCText(c.stdout, *dryRun)
 		if f.json {
 			sink = operator.NewGCJSON(c.stdout, dataDir, *dryRun)

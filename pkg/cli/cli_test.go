@@ -137,6 +137,40 @@ func TestGCAllDataDirsSweepsEveryDataDirTheConflistsUse(t *testing.T) {
 	}
 }
 
+// gc --all-data-dirs --network N sweeps N alone, wherever it is: an unsafe
+// other network neither shows nor fails it, a data dir without N is no
+// error, and an N no network can be named is refused as without
+// --all-data-dirs.
+func TestGCAllDataDirsWithNetworkIsAboutThatNetworkOnly(t *testing.T) {
+	dataDir, other, confDir := t.TempDir(), t.TempDir(), t.TempDir()
+	networkWithOldLease(t, confDir, dataDir, "good", "10.97.0.5")
+	otherLease := networkWithOldLease(t, confDir, other, "pers", "10.96.0.5")
+	for _, dir := range []string{".nomad-bridge-cni", "planted"} {
+		if err := os.MkdirAll(filepath.Join(dataDir, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dataDir, "planted", "lock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(t.TempDir(), filepath.Join(dataDir, ".nomad-bridge-cni", "planted")); err != nil {
+		t.Fatal(err)
+	}
+	c, stdout, stderr := fakeNATCLI()
+	code := c.run([]string{"gc", "--all-data-dirs", "--network", "good", "--data-dir", dataDir, "--conf-dir", confDir})
+	if code != 0 || strings.Contains(stderr.String(), "planted") || !strings.Contains(stdout.String(), "released good c1/eth0 10.97.0.5") {
+		t.Errorf("exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	if _, err := os.Lstat(otherLease); err != nil {
+		t.Errorf("the lease of another network went: %v", err)
+	}
+
+	c, _, stderr = fakeNATCLI()
+	if code := c.run([]string{"gc", "--all-data-dirs", "--network", "../x", "--data-dir", dataDir, "--conf-dir", confDir}); code != 1 || !strings.Contains(stderr.String(), "invalid characters") {
+		t.Errorf("--all-data-dirs --network ../x: exit %d, %s", code, stderr)
+	}
+}
+
 // metrics --textfile replaces the file whole, readable by node_exporter's
 // user, and leaves it as it was when the collection fails.
 func TestMetricsTextfileIsWrittenAtomically(t *testing.T) {

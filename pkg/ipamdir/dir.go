@@ -192,6 +192,10 @@ func checkOwnDir(dir string) error {
 	return nil
 }
 
+// ErrNotServed is why List refuses an only network that holds nothing
+// under the data dir.
+var ErrNotServed = errors.New("no leases or records")
+
 // List names the networks under dataDir — host-local's directories and the
 // record directories, by valid CNI network name — each checked as the CNI
 // verbs check it. A network that fails the check is left out, with why in
@@ -214,7 +218,7 @@ func List(dataDir, only string) (dirs []Dir, skipped []error, err error) {
 		}
 		d := New(dataDir, only)
 		if !d.Served() {
-			return nil, nil, fmt.Errorf("network %q: no leases or records under %s", only, dataDir)
+			return nil, nil, fmt.Errorf("network %q: %w under %s", only, ErrNotServed, dataDir)
 		}
 		if err := d.Check(); err != nil {
 			return nil, nil, fmt.Errorf("network %s: unsafe data directory: %w", only, err)
