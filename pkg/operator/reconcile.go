@@ -172,17 +172,17 @@ type Drift struct {
 	Runtime string
 	Listing *runtimes.Listing
 	Note    io.Writer
-	seen    map[string]bool
+	seen    map[string]bool // listed containers met in rows: never more than the listing, whatever the leases
 }
 
 func (d *Drift) Row(r Row) {
 	if d.seen == nil {
 		d.seen = map[string]bool{}
 	}
-	d.seen[r.ContainerID] = true
 	r.Runtime = "not listed"
 	if d.Listing.IDs[r.ContainerID] {
 		r.Runtime = "listed"
+		d.seen[r.ContainerID] = true
 	}
 	d.Sink.Row(r)
 }

@@ -205,6 +205,10 @@ func TestLeasesDriftBothWays(t *testing.T) {
 	if note.String() != "listed by nomad, holding nothing on these networks: elsewhere\n" {
 		t.Errorf("note = %q", note.String())
 	}
+	// What it keeps is bounded by the runtime's list, not the leases.
+	if len(sink.seen) != 1 || !sink.seen["web"] {
+		t.Errorf("seen = %v, want only web, the listed container with rows", sink.seen)
+	}
 }
 
 type rowCollector struct{ rows *[]Row }
