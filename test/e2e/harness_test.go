@@ -437,11 +437,18 @@ func output(name string, args ...string) (string, error) {
 // ---------------------------------------------------------------------------
 // Cleanup
 
-// cleanup removes everything the test may have created, in dependency
-// order, then checks that nothing is left. It never touches what other
-// tests or the host own: it only acts on names derived from the test's id.
+// cleanup removes everything the test may have created.
 func (e *testEnv) cleanup(t *testing.T) {
 	t.Helper()
+	if err := e.remove(); err != nil {
+		t.Errorf("cleanup of %s: %v", e.netName, err)
+	}
+}
+
+// remove removes everything the test may have created, in dependency
+// order, then checks that nothing is left. It never touches what other
+// tests or the host own: it only acts on names derived from the test's id.
+func (e *testEnv) remove() error {
 	var errs []error
 	e.mu.Lock()
 	nses := slices.Clone(e.netnses)
@@ -471,6 +478,7 @@ func (e *testEnv) cleanup(t *testing.T) {
 		}
 	}
 	errs = append(errs, e.cleanupIPTables()...)
+	errs = append(errs, e.deleteNFTMasqRules()...)
 	if err := e.dropCnitoolCache(); err != nil {
 		errs = append(errs, err)
 	}
@@ -498,9 +506,7 @@ func (e *testEnv) cleanup(t *testing.T) {
 		}
 	}
 	errs = append(errs, e.leftovers()...)
-	if len(errs) > 0 {
-		t.Errorf("cleanup of %s: %v", e.netName, errors.Join(errs...))
-	}
+	return errors.Join(errs...)
 }
 
 // leftovers reports anything of this test's that still exists.

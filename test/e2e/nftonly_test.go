@@ -111,7 +111,6 @@ func TestNFTablesOnlyHost(t *testing.T) {
 	entryOfType(t, conf, pluginType)["ipMasqBackend"] = "nftables"
 	entryOfType(t, conf, "portmap")["backend"] = "nftables"
 	e.writeConflist(t, conf)
-	t.Cleanup(func() { e.deleteNFTMasqRules(t) })
 	live, dead := e.addNetns(t, "live"), e.addNetns(t, "dead")
 	livePort, deadPort := randomHostPort(), randomHostPort()
 	for deadPort == livePort {
