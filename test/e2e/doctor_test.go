@@ -607,9 +607,7 @@ func otherSubnet(p netip.Prefix) netip.Prefix {
 // cleanup removes them.
 func (e *testEnv) orphanMasq(t *testing.T, cid string) {
 	t.Helper()
-	e.mu.Lock()
-	e.cids = append(e.cids, cid)
-	e.mu.Unlock()
+	e.track(cid)
 	chain := e.masqChain(cid)
 	for _, args := range [][]string{
 		{"-N", chain},

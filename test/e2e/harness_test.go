@@ -121,6 +121,8 @@ type testEnv struct {
 	netnses   []netns
 	cids      []string
 	listeners []*exec.Cmd
+	run       *os.File // the run file (reap_test.go), locked while the test lives
+	runErr    error    // the first failed write to it
 }
 
 // newEnv sets up a fresh environment and registers its cleanup.
@@ -157,6 +159,11 @@ func newEnv(t *testing.T) *testEnv {
 	// (cleanups run last-in first-out) and the tmpfs is unmounted by then.
 	t.Cleanup(func() { e.cleanup(t) })
 
+	// Recorded before anything is created, for the reaper of a run killed
+	// before its cleanup.
+	if err := e.openRunFile(); err != nil {
+		t.Fatalf("run file: %v", err)
+	}
 	e.mountTmpfs(t)
 	return e
 }
@@ -437,10 +444,16 @@ func output(name string, args ...string) (string, error) {
 // ---------------------------------------------------------------------------
 // Cleanup
 
-// cleanup removes everything the test may have created.
+// cleanup removes everything the test may have created, then its run
+// file. When something is left, the run file stays, and the reaper of a
+// later run tries again once this process is gone.
 func (e *testEnv) cleanup(t *testing.T) {
 	t.Helper()
 	if err := e.remove(); err != nil {
+		t.Errorf("cleanup of %s: %v", e.netName, err)
+		return
+	}
+	if err := e.dropRunFile(); err != nil {
 		t.Errorf("cleanup of %s: %v", e.netName, err)
 	}
 }
@@ -448,6 +461,7 @@ func (e *testEnv) cleanup(t *testing.T) {
 // remove removes everything the test may have created, in dependency
 // order, then checks that nothing is left. It never touches what other
 // tests or the host own: it only acts on names derived from the test's id.
+// The reaper runs it for a test whose process died.
 func (e *testEnv) remove() error {
 	var errs []error
 	e.mu.Lock()

@@ -31,6 +31,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(gcHelperEnv) != "" {
 		os.Exit(gcHelperMain(os.Args[1:]))
 	}
+	var reapErr error
+	if len(missingHostPrereqs()) == 0 {
+		reapErr = reapDeadRuns(os.Stderr)
+	}
 	snap := snapshotHost()
 	code := m.Run()
 	if err := snap.restore(); err != nil {
@@ -38,6 +42,9 @@ func TestMain(m *testing.M) {
 		if code == 0 {
 			code = 1
 		}
+	}
+	if reapErr != nil && code == 0 {
+		code = 1 // printed above, before the tests
 	}
 	os.Exit(code)
 }

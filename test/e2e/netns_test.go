@@ -32,18 +32,25 @@ func netnsIdentity(t *testing.T, path string) (dev, ino uint64) {
 // newNetns is addNetns for any goroutine: it returns an error instead of
 // failing the test.
 func (e *testEnv) newNetns(suffix string) (netns, error) {
-	name := "nbc-e2e-" + e.id + "-" + suffix
+	ns := e.knowNetns("nbc-e2e-" + e.id + "-" + suffix)
+	if err := e.record(runLine{Netns: ns.name}); err != nil {
+		return ns, err
+	}
+	return ns, ns.named().Add()
+}
+
+// knowNetns makes the named namespace, and the container ID cnitool
+// derives from its path, the test's: cleanup's to remove.
+func (e *testEnv) knowNetns(name string) netns {
 	ns := netns{name: name, path: kitns.Named(name).Path}
 	ns.cid = containerIDFor(ns.path)
 	e.mu.Lock()
 	if !slices.Contains(e.netnses, ns) {
 		e.netnses = append(e.netnses, ns)
 	}
-	if !slices.Contains(e.cids, ns.cid) {
-		e.cids = append(e.cids, ns.cid)
-	}
 	e.mu.Unlock()
-	return ns, ns.named().Add()
+	e.knowCID(ns.cid)
+	return ns
 }
 
 // named is ns's named namespace (ns.path may be a container's
@@ -142,8 +149,14 @@ func podUID(t *testing.T) string {
 }
 
 // track registers a container ID the test uses, so that cleanup and the
-// leftover checks know the per-container chains named after it.
+// leftover checks know the per-container chains named after it; before
+// they are made, so that a reaper knows them too.
 func (e *testEnv) track(cid string) {
+	e.knowCID(cid)
+	_ = e.record(runLine{CID: cid}) // cleanup reports a failure
+}
+
+func (e *testEnv) knowCID(cid string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !slices.Contains(e.cids, cid) {

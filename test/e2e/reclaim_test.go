@@ -382,9 +382,7 @@ func TestGCVerbValidList(t *testing.T) {
 	// An orphan: bridge's ipMasq chain and jump for a container that has
 	// no lease and no record, as a DEL that skipped the teardown leaves.
 	orphan := "orphan-id"
-	e.mu.Lock()
-	e.cids = append(e.cids, orphan) // cleanup removes its chains if the plugin does not
-	e.mu.Unlock()
+	e.track(orphan) // cleanup removes its chains if the plugin does not
 	orphanSrc := map[string]string{"iptables": e.hostAddr(250).String(), "ip6tables": e.subnet6.Addr().Next().String()}
 	for _, fam := range ipFamilies {
 		chain := e.masqChain(orphan)
