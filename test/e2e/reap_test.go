@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
@@ -9,11 +11,17 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/iptstate"
 )
 
 // A run killed from outside (kill -9 of go test, a CI timeout, a power cut)
@@ -228,4 +236,177 @@ func readRun(r io.Reader) (*testEnv, int, error) {
 			e.knowCID(l.CID)
 		}
 	}
+}
+
+// deadRunEnv makes the test binary TestReapDeadRun's run to kill (TestMain).
+const deadRunEnv = "NBC_E2E_DEAD_RUN"
+
+// deadRun is what the run to kill made, as it reports it.
+type deadRun struct {
+	RunFile, Bridge, DataDir, TempRoot string
+	Netns, Cache, Rules, Chains        []string // Rules, Chains: "FAMILY TABLE ..."
+}
+
+// TestReapDeadRun: a run of the package SIGKILLed after its environment
+// made a namespace, a bridge, the iptables rules and chains of bridge,
+// portmap and firewall and of a tracked container ID, cnitool's cache and a
+// tmpfs leaves all of it; the reaper removes it and the run file. It leaves
+// live runs alone: that run while it lived, and this test's environment.
+func TestReapDeadRun(t *testing.T) {
+	if os.Getenv(deadRunEnv) != "" {
+		makeDeadRun(t)
+		return
+	}
+	live := newEnv(t)
+	live.requirePlugin(t)
+	liveNS := live.addNetns(t, "live")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestReapDeadRun$", "-test.count=1")
+	cmd.Env = append(os.Environ(), deadRunEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe() // the run waits on it
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var r deadRun
+	t.Cleanup(func() {
+		// Failed or not, the run dies and what it made is reaped.
+		stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		var out bytes.Buffer
+		if err := reapDeadRuns(&out); err != nil {
+			t.Errorf("reaping after the test: %v", err)
+		}
+		t.Logf("reaper after the test: %q", out.String())
+		if m, err := isMountPoint(r.DataDir); err == nil && !m && strings.HasPrefix(r.TempRoot, os.TempDir()+"/") {
+			_ = os.RemoveAll(r.TempRoot)
+		}
+	})
+	lines := bufio.NewReader(stdout)
+	line, err := waitLine(lines, 2*time.Minute)
+	if report, ok := strings.CutPrefix(line, "dead-run: "); !ok || json.Unmarshal([]byte(report), &r) != nil {
+		stdin.Close()
+		rest, _ := io.ReadAll(lines)
+		t.Fatalf("the run to kill did not report what it made: %v\n%s\n%s\nstderr: %s", err, line, rest, stderr.String())
+	}
+	if len(r.Netns) == 0 || len(r.Cache) == 0 || len(r.Rules) == 0 || len(r.Chains) < 4 {
+		t.Fatalf("the run to kill made too little: %+v", r)
+	}
+	all := r.left(t)
+	t.Logf("the run to kill made: %q", all)
+
+	var out bytes.Buffer
+	if err := reapDeadRuns(&out); err != nil || strings.Contains(out.String(), r.RunFile) {
+		t.Fatalf("the reaper, the run alive: %v %q", err, out.String())
+	}
+	if left := r.left(t); !slices.Equal(left, all) {
+		t.Fatalf("the reaper removed state of a live run: %q is left of %q", left, all)
+	}
+
+	if err := cmd.Process.Signal(unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("the run: %v, want it killed; stderr: %s", err, stderr.String())
+	}
+	if left := r.left(t); !slices.Equal(left, all) {
+		t.Fatalf("after the kill, %q is left of %q: did a cleanup run?", left, all)
+	}
+
+	out.Reset()
+	if err := reapDeadRuns(&out); err != nil || !strings.Contains(out.String(), "reaped "+r.RunFile) {
+		t.Fatalf("the reaper, the run dead: %v %q", err, out.String())
+	}
+	t.Logf("reaper: %s", out.String())
+	if left := r.left(t); len(left) > 0 {
+		t.Errorf("left after the reaper: %q", left)
+	}
+	if _, err := os.Stat(live.runPath()); err != nil {
+		t.Errorf("the reaper took the live environment's run file: %v", err)
+	}
+	if _, err := os.Stat(liveNS.path); err != nil {
+		t.Errorf("the reaper took the live environment's namespace: %v", err)
+	}
+	if m, err := isMountPoint(live.dataDir); err != nil || !m {
+		t.Errorf("the reaper unmounted the live environment's tmpfs: %v", err)
+	}
+}
+
+// makeDeadRun is TestReapDeadRun in the run to kill: it makes the state,
+// reports it on stdout, and waits to be killed. If the test dies instead,
+// stdin's end lets the cleanup run.
+func makeDeadRun(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	e.writeConflist(t, e.confFor(t, "nomad.conflist"))
+	ns := e.addNetns(t, "a")
+	e.mustCNI(t, "add", ns, portMappings(randomHostPort()))
+	e.orphanMasq(t, "dead-run-"+e.id)
+	r := deadRun{RunFile: e.runPath(), Bridge: e.bridge, DataDir: e.dataDir, TempRoot: filepath.Dir(t.TempDir()), Netns: []string{ns.path}}
+	var err error
+	if r.Cache, err = filepath.Glob(filepath.Join(cnitoolCacheDir, "results", e.netName+"-*")); err != nil {
+		t.Fatal(err)
+	}
+	if errs := iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		for _, rule := range tb.Rules {
+			if e.ownsRule(rule) {
+				r.Rules = append(r.Rules, fam+" "+table+" "+rule.String())
+			}
+		}
+		for _, c := range e.ownedChains() {
+			if tb.Chains[c] {
+				r.Chains = append(r.Chains, fam+" "+table+" "+c)
+			}
+		}
+		return nil
+	}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	fmt.Printf("dead-run: %s\n", mustJSON(t, r))
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// left is what of r is still on the host, in a fixed order.
+func (r deadRun) left(t *testing.T) []string {
+	t.Helper()
+	var left []string
+	for _, p := range slices.Concat([]string{r.RunFile}, r.Netns, r.Cache) {
+		if _, err := os.Lstat(p); err == nil {
+			left = append(left, p)
+		}
+	}
+	if linkExists(r.Bridge) {
+		left = append(left, "bridge "+r.Bridge)
+	}
+	if m, err := isMountPoint(r.DataDir); err != nil || m {
+		left = append(left, "tmpfs "+r.DataDir)
+	}
+	if errs := iptstate.EachTable(func(fam, table string, tb ipTable) []error {
+		for _, rule := range tb.Rules {
+			if s := fam + " " + table + " " + rule.String(); slices.Contains(r.Rules, s) {
+				left = append(left, s)
+			}
+		}
+		for _, c := range r.Chains {
+			if f := strings.Fields(c); f[0] == fam && f[1] == table && tb.Chains[f[2]] {
+				left = append(left, c)
+			}
+		}
+		return nil
+	}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	return left
 }
