@@ -12,7 +12,8 @@
 //
 // Every test works on its own network name, bridge, subnets, namespaces and
 // tmpfs, and removes all of it (including the iptables rules keyed by its
-// network name) on success and failure alike. Run them with
+// network name) on success and failure alike; what a run killed before its
+// cleanup left, the next run reaps (reap_test.go). Run them with
 //
 //	NBC_BIN_DIR=$PWD/bin go test -count=1 -p 1 -v ./test/e2e/
 //
