@@ -146,12 +146,14 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 // the legacy copy. While that copy exists the attachment is alive
 // (migratedVerdict). A lease written before host-local recorded ifnames,
 // or an attachment that already has a record, fails here: its legacy
-// lease is removed instead.
+// lease is removed instead. A migrated record of this boot is no such
+// record but this migration's own, left by a run killed before its marker:
+// it is written again, and the legacy lease stays.
 func recordMigrated(store *records.Store, k records.Key, leases []Lease, bootID string) error {
 	if k.IfName == "" {
 		return errors.New("lease names no ifname")
 	}
-	if old, err := store.Read(k); err != nil || old != nil {
+	if old, err := store.Read(k); err != nil || old != nil && (old.State != records.Migrated || old.BootID != bootID) {
 		return fmt.Errorf("already has a record (%v)", err)
 	}
 	rec := &records.Record{Version: records.FormatVersion, Network: store.Network(), ContainerID: k.ContainerID, IfName: k.IfName,

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -108,6 +109,35 @@ func TestMigrateResumesAfterACrashBetweenCopyAndRemove(t *testing.T) {
 	if r, err := records.NewStore(w.dir()).Read(records.Key{ContainerID: "c1", IfName: "eth0"}); err != nil || r == nil || r.State != records.Migrated {
 		t.Errorf("record = %+v, %v; want a migrated one", r, err)
 	}
+}
+
+// A migration killed after writing a migrated record and before its
+// marker is run again by the next ADD, CHECK or GC: the record it finds is
+// its own, and the legacy lease, the sign that the attachment is alive,
+// stays (regression: it was removed as that of an attachment "already
+// recorded", and the next sweep released the running container's copy).
+func TestMigrateRunAgainKeepsTheLegacyLeaseOfItsOwnRecord(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	src := w.legacyLease(legacy, "10.0.0.2", "c1\r\neth0", bootTime.Add(time.Minute))
+	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Fatal(err)
+	}
+	// What the killed run left: everything but its marker.
+	if err := os.Remove(w.dir().Marker(ipamdir.MigratedMarker)); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := w.migrate.Migrate(w.dir(), legacy); err != nil || m.Moved != 1 {
+		t.Fatalf("Migrate again = %+v, %v", m, err)
+	}
+	if _, err := os.Stat(src); err != nil {
+		t.Fatalf("legacy lease gone after the migration ran again: %v", err)
+	}
+	rep := w.sweep(Request{LegacyDataDir: legacy})
+	if got := verdicts(rep)["c1"]; got != Live {
+		t.Errorf("c1: %s, want live", got)
+	}
+	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
 }
 
 // A runtime that adopted the plugin in place DELs with the configuration

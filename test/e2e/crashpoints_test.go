@@ -312,51 +312,82 @@ func killAtEveryStep(t *testing.T, trial func(t *testing.T, k int) crashRun) {
 // TestCrashPointsAdoption: a container L runs on bare bridge with its lease
 // in the legacy directory; the conflist is switched to the plugin, and the
 // first ADD through it (of C) migrates L's lease, killed at each step.
-// Next the runtime DELs C and ADDs it again. Then L's lease must be in the
-// dataDir exactly once (never handed to C), L's DEL through the bare
-// configuration it was added with and one sweep release it, and nothing is
-// left.
+// Then one of L's futures:
+//
+//   - l-runs: the runtime DELs C and ADDs it again (the migration runs
+//     again), and a sweep runs while L still runs: L's lease must be in
+//     the dataDir exactly once, never handed to C, and kept by the sweep
+//     (regression: the migration run again removed L's legacy lease, the
+//     sign that L is alive, and the sweep released L's copy); then L's DEL
+//     through the bare configuration it was added with and one sweep
+//     release it.
+//
+// Nothing may be left after C's DEL.
 func TestCrashPointsAdoption(t *testing.T) {
-	killAtEveryStep(t, func(t *testing.T, k int) crashRun {
-		e := newEnv(t)
-		e.requirePlugin(t)
-		e.useCrashpointPlugin(t)
-		bare := e.reclaimConf(t, "nomad.conflist")
-		bareBridge(t, bare, e.persistDir)
-		e.writeConflist(t, bare)
-		l, c := e.addNetns(t, "l"), e.addNetns(t, "c")
-		pl, _ := parseResult(t, e.mustCNI(t, "add", l, "")).addrIn(t, e.subnet4)
+	for _, future := range []struct {
+		name     string
+		lDeleted bool // L's runtime DELs L right after the crash
+	}{{"l-runs", false}} {
+		t.Run(future.name, func(t *testing.T) {
+			killAtEveryStep(t, func(t *testing.T, k int) crashRun {
+				e := newEnv(t)
+				e.requirePlugin(t)
+				e.useCrashpointPlugin(t)
+				bare := e.reclaimConf(t, "nomad.conflist")
+				bareBridge(t, bare, e.persistDir)
+				e.writeConflist(t, bare)
+				l, c := e.addNetns(t, "l"), e.addNetns(t, "c")
+				pl, _ := parseResult(t, e.mustCNI(t, "add", l, "")).addrIn(t, e.subnet4)
+				legacyDir := filepath.Join(e.persistDir, e.netName)
+				// L goes the way its runtime added it: bare bridge, legacy dir.
+				delL := func() {
+					e.writeConflist(t, bare)
+					e.mustCNI(t, "del", l, "")
+					e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+				}
+				// gc learns the legacy directory, where L's migrated
+				// record's lease was, from the conflist: a record's own
+				// paths are not trusted.
+				sweep := func() {
+					if _, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--conf-dir", e.confDir); err != nil {
+						t.Fatalf("gc: %v\n%s", err, stderr)
+					}
+				}
 
-		e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
-		env, done := armed(t, k)
-		_, _, _ = e.cnitoolEnv("add", c, env...)
-		run := done()
+				e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+				env, done := armed(t, k)
+				_, _, _ = e.cnitoolEnv("add", c, env...)
+				run := done()
 
-		e.mustCNI(t, "del", c, "")
-		out := e.mustCNI(t, "add", c, "")
-		pc, _ := parseResult(t, out).addrIn(t, e.subnet4)
-		if pc.Addr() == pl.Addr() {
-			t.Fatalf("C got L's address %s", pl.Addr())
-		}
-		assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(l.cid), pc.Addr(): leaseContent(c.cid)})
-		e.assertRecordsExactly(t, l.cid, c.cid)
-
-		// L goes the way its runtime added it: bare bridge, legacy dir.
-		e.writeConflist(t, bare)
-		e.mustCNI(t, "del", l, "")
-		e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
-		// gc learns the legacy directory, where L's migrated record's
-		// lease was, from the conflist: a record's own paths are not
-		// trusted.
-		if _, stderr, err := e.operator(t, "gc", "--data-dir", e.dataDir, "--conf-dir", e.confDir); err != nil {
-			t.Fatalf("gc: %v\n%s", err, stderr)
-		}
-		e.assertNoTrace(t, l.cid)
-		e.mustCNI(t, "del", c, "")
-		e.assertNetworkEmpty(t, e.leaseDir())
-		assertLeases(t, filepath.Join(e.persistDir, e.netName), nil)
-		return run
-	})
+				if future.lDeleted {
+					delL()
+				}
+				e.mustCNI(t, "del", c, "")
+				out := e.mustCNI(t, "add", c, "")
+				pc, _ := parseResult(t, out).addrIn(t, e.subnet4)
+				if pc.Addr() == pl.Addr() && !future.lDeleted {
+					t.Fatalf("C got L's address %s", pl.Addr())
+				}
+				sweep()
+				if future.lDeleted {
+					e.assertNoTrace(t, l.cid)
+					assertLeases(t, e.leaseDir(), map[netip.Addr]string{pc.Addr(): leaseContent(c.cid)})
+					e.assertRecordsExactly(t, c.cid)
+				} else {
+					assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(l.cid), pc.Addr(): leaseContent(c.cid)})
+					assertLeases(t, legacyDir, map[netip.Addr]string{pl.Addr(): leaseContent(l.cid)})
+					e.assertRecordsExactly(t, l.cid, c.cid)
+					delL()
+					sweep()
+					e.assertNoTrace(t, l.cid)
+				}
+				e.mustCNI(t, "del", c, "")
+				e.assertNetworkEmpty(t, e.leaseDir())
+				assertLeases(t, legacyDir, nil)
+				return run
+			})
+		})
+	}
 }
 
 // newCrashScene starts the test's network with A and B attached on
