@@ -29,9 +29,9 @@ type Migration struct {
 // user's own ipam.dataDir, or /var/lib/cni/networks) into d.DataDir, once per
 // boot and network: without it, right after adoption the empty dataDir
 // would hand out addresses that running containers still hold. Leases
-// from this boot are copied (content and mtime kept; recordMigrated);
-// those from before it are removed. Both host-local locks are held
-// throughout, ours first. A crash loses nothing: without the marker the
+// from this boot are recorded (recordMigrated), then copied (content and
+// mtime kept); those from before it are removed. Both host-local locks are
+// held throughout, ours first. A crash loses nothing: without the marker the
 // next run starts again, and keeps a copy already there.
 func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) {
 	bootID, err := s.Host.BootID()
@@ -91,41 +91,52 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 	recStore := records.NewStore(d)
 	drop := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
-	copied := map[records.Key][]Lease{}
-	var errs []error
+	// This boot's leases, by attachment.
+	var keys []records.Key
+	ofKey := map[records.Key][]Lease{}
 	for _, l := range leases {
 		if l.ModTime.Before(bootTime) {
 			drop[l.Key] = true
 			m.Dropped++
 			continue
 		}
-		target := d.Lease(l.IP)
-		moved, err := copyLease(l, target)
-		switch {
-		case err != nil:
-			errs = append(errs, err)
-			kept[l.Key] = true
-		case !moved:
-			m.Conflicts = append(m.Conflicts, l.IP.String())
-			kept[l.Key] = true
-			s.logf("%s: legacy lease %s for %s not migrated: %s already holds it", d.Network, l.IP, l.Key, target)
-		default:
-			copied[l.Key] = append(copied[l.Key], l)
-			m.Moved++
+		if ofKey[l.Key] == nil {
+			keys = append(keys, l.Key)
 		}
+		ofKey[l.Key] = append(ofKey[l.Key], l)
 	}
-	for k, leases := range copied {
-		if kept[k] {
-			continue // one lease moved and another kept: both stay in place
+	var errs []error
+	for _, k := range keys {
+		// The record before the copies: it is what finds them once the
+		// attachment's runtime DELs its legacy lease. A run killed
+		// between a copy and its record left a lease nothing names,
+		// which no sweep releases, if that DEL came before the next run.
+		recErr := recordMigrated(recStore, k, ofKey[k], bootID)
+		for _, l := range ofKey[k] {
+			target := d.Lease(l.IP)
+			moved, err := copyLease(l, target)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+				kept[k] = true
+			case !moved:
+				m.Conflicts = append(m.Conflicts, l.IP.String())
+				kept[k] = true
+				s.logf("%s: legacy lease %s for %s not migrated: %s already holds it", d.Network, l.IP, l.Key, target)
+			default:
+				m.Moved++
+			}
 		}
-		if err := recordMigrated(recStore, k, leases, bootID); err != nil {
-			s.logf("%s: %s: %v; its legacy lease is removed instead", d.Network, k, err)
+		// A lease kept where it is (its address has another owner here)
+		// keeps the others there too, and the record, which finds the
+		// copies made.
+		if recErr != nil && !kept[k] {
+			s.logf("%s: %s: %v; its legacy lease is removed instead", d.Network, k, recErr)
 			drop[k] = true
 		}
 	}
 	var doomed []Lease
 	for _, l := range leases {
-		// A key with one lease moved and another kept keeps both in place.
 		if drop[l.Key] && !kept[l.Key] {
 			doomed = append(doomed, l)
 		}

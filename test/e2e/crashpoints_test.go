@@ -320,14 +320,18 @@ func killAtEveryStep(t *testing.T, trial func(t *testing.T, k int) crashRun) {
 //     (regression: the migration run again removed L's legacy lease, the
 //     sign that L is alive, and the sweep released L's copy); then L's DEL
 //     through the bare configuration it was added with and one sweep
-//     release it.
+//     release it;
+//   - l-deleted: L's runtime DELs it first, through that configuration;
+//     then C's DEL and ADD (the migration runs again) and a sweep must
+//     leave nothing of L (regression: a copy the killed run made before
+//     L's record stayed, a lease with no record, until the reboot).
 //
 // Nothing may be left after C's DEL.
 func TestCrashPointsAdoption(t *testing.T) {
 	for _, future := range []struct {
 		name     string
 		lDeleted bool // L's runtime DELs L right after the crash
-	}{{"l-runs", false}} {
+	}{{"l-runs", false}, {"l-deleted", true}} {
 		t.Run(future.name, func(t *testing.T) {
 			killAtEveryStep(t, func(t *testing.T, k int) crashRun {
 				e := newEnv(t)
