@@ -48,15 +48,15 @@ func FuzzParseCommentRoundTrip(f *testing.F) {
 	})
 }
 
-// FuzzParseRule: any `iptables -S` line either yields a rulespec and a
-// comment or is skipped; never a panic.
+// FuzzParseRule: any `iptables -S` line either yields a chain, a
+// rulespec and a comment or is skipped; never a panic.
 func FuzzParseRule(f *testing.F) {
 	f.Add(`-A POSTROUTING -s 10.0.0.2/32 -m comment --comment "name: \"n\" id: \"c\"" -j CNI-abc`)
 	f.Add(`-A POSTROUTING -j MASQUERADE`)
 	f.Add(`-N CNI-abc`)
 	f.Add(`-A POSTROUTING --comment`)
 	f.Fuzz(func(t *testing.T, line string) {
-		spec, comment, ok := parseRule(line, "POSTROUTING")
+		chain, spec, comment, ok := parseRule(line)
 		if !ok {
 			return
 		}
@@ -65,13 +65,13 @@ func FuzzParseRule(f *testing.F) {
 		}
 		// The rulespec is what a Delete gets: the same rule printed with
 		// every word quoted parses back to it.
-		quoted := "-A POSTROUTING"
-		for _, w := range spec {
+		quoted := "-A"
+		for _, w := range append([]string{chain}, spec...) {
 			quoted += " '" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 		}
-		again, againComment, ok := parseRule(quoted, "POSTROUTING")
-		if !ok || !slices.Equal(again, spec) || againComment != comment {
-			t.Fatalf("%q parsed to %q, %q; quoted again (%q) to %q, %q", line, spec, comment, quoted, again, againComment)
+		againChain, again, againComment, ok := parseRule(quoted)
+		if !ok || againChain != chain || !slices.Equal(again, spec) || againComment != comment {
+			t.Fatalf("%q parsed to %q, %q, %q; quoted again (%q) to %q, %q, %q", line, chain, spec, comment, quoted, againChain, again, againComment)
 		}
 	})
 }

@@ -198,6 +198,10 @@ type familyRules struct {
 	// characters together (trimComment, then iptables' 255), names its
 	// container only by that chain (a hash of network and container ID).
 	cut map[string][]rule
+	// masq are the containers whose bridge chain holds rules commented
+	// as its jump is: they name the container once the jump is gone (a
+	// release killed between the jump and the chain).
+	masq map[string]bool
 }
 
 // listNAT lists network's NAT rules: one `iptables -S` of the nat table
@@ -212,25 +216,28 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 		if err != nil {
 			return nil, fmt.Errorf("list nat rules: %w", err)
 		}
-		fr := familyRules{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}, cut: map[string][]rule{}}
+		fr := familyRules{table: t, chains: map[string]bool{}, jumps: map[string][]rule{}, cut: map[string][]rule{}, masq: map[string]bool{}}
 		for _, line := range lines {
 			if chain, ok := strings.CutPrefix(line, "-N "); ok {
 				fr.chains[strings.TrimSpace(chain)] = true
 				continue
 			}
-			for _, chain := range []string{postrouting, hostportDNAT} {
-				spec, comment, ok := parseRule(line, chain)
-				if !ok {
-					continue
+			chain, spec, comment, ok := parseRule(line)
+			if !ok {
+				continue
+			}
+			net, cid, named := ParseComment(comment)
+			named = named && net == network
+			target := slices.Index(spec, "-j") + 1
+			switch {
+			case chain != postrouting && chain != hostportDNAT:
+				if named && chain == chainName(network, cid) {
+					fr.masq[cid] = true
 				}
-				net, cid, ok := ParseComment(comment)
-				target := slices.Index(spec, "-j") + 1
-				switch {
-				case ok && net == network:
-					fr.jumps[cid] = append(fr.jumps[cid], rule{chain: chain, spec: spec})
-				case chain == hostportDNAT && target > 0 && target < len(spec):
-					fr.cut[spec[target]] = append(fr.cut[spec[target]], rule{chain: chain, spec: spec})
-				}
+			case named:
+				fr.jumps[cid] = append(fr.jumps[cid], rule{chain: chain, spec: spec})
+			case chain == hostportDNAT && target > 0 && target < len(spec):
+				fr.cut[spec[target]] = append(fr.cut[spec[target]], rule{chain: chain, spec: spec})
 			}
 		}
 		r.families = append(r.families, fr)
@@ -238,13 +245,15 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 	return r, nil
 }
 
-// Owners are the containers with a commented jump on the network, sorted.
-// Chains without a jump are only found for IDs the caller already knows
-// (see Owned).
+// Owners are the containers with a commented jump on the network, or a
+// bridge chain whose own rules name them, sorted. Other chains without a
+// jump (portmap's, whose rules carry no comment, or an emptied one) are
+// only found for IDs the caller already knows (see Owned).
 func (r *iptablesRules) Owners() []RuleOwner {
 	var cids []string
 	for _, fr := range r.families {
 		cids = slices.AppendSeq(cids, maps.Keys(fr.jumps))
+		cids = slices.AppendSeq(cids, maps.Keys(fr.masq))
 	}
 	slices.Sort(cids)
 	var out []RuleOwner
@@ -284,13 +293,18 @@ func ruleSpec(line, chain string) ([]string, bool) {
 	return words[2:], true
 }
 
-// parseRule is ruleSpec and the value of the rule's --comment.
-func parseRule(line, chain string) (spec []string, comment string, ok bool) {
-	spec, ok = ruleSpec(line, chain)
-	if i := slices.Index(spec, "--comment"); ok && i >= 0 && i+1 < len(spec) {
-		return spec, spec[i+1], true
+// parseRule is the chain of an `iptables -S` line of a commented rule,
+// the rulespec Delete takes, and the value of its --comment.
+func parseRule(line string) (chain string, spec []string, comment string, ok bool) {
+	words, err := shellwords.Parse(line)
+	if err != nil || len(words) < 3 || words[0] != "-A" {
+		return "", nil, "", false
 	}
-	return nil, "", false
+	spec = words[2:]
+	if i := slices.Index(spec, "--comment"); i >= 0 && i+1 < len(spec) {
+		return words[1], spec, spec[i+1], true
+	}
+	return "", nil, "", false
 }
 
 // ParseComment extracts the network and container ID from a bridge or

@@ -89,6 +89,38 @@ func TestReleaseFindsChainWithoutJump(t *testing.T) {
 	}
 }
 
+// A release of an orphan (no record, no lease: only its rules name it)
+// killed between bridge's jump and its chain leaves the chain: the rules
+// in it, commented as the jump was, still name the container to the next
+// listing (regression: the chain was found only through its jump, and
+// stayed for ever).
+func TestListFindsABridgeChainWhoseJumpIsGone(t *testing.T) {
+	f := fakenat.New()
+	f.AddContainer("nomad", "dead", "10.0.0.2", 0)
+	f.AddContainer("other", "dead2", "10.0.1.2", 0)
+	f.Chains["POSTROUTING"] = nil
+	// A rule commented for the network in a chain that is not the
+	// container's own names nobody.
+	f.Add("CNI-FORWARD", fmt.Sprintf("-s 10.0.0.9/32 -m comment --comment %q -j ACCEPT", utils.FormatComment("nomad", "stranger")))
+	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}}
+	s, err := c.Backends()[0].List("nomad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Owners(); !reflect.DeepEqual(got, []netfilter.RuleOwner{{Owner: "dead", ContainerID: "dead"}}) {
+		t.Fatalf("Owners = %v, want dead alone", got)
+	}
+	if _, err := release(s, "dead"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.Chains[utils.FormatChainName("nomad", "dead")]; ok {
+		t.Error("the chain survived")
+	}
+	if _, ok := f.Chains[utils.FormatChainName("other", "dead2")]; !ok {
+		t.Error("another network's chain went")
+	}
+}
+
 func TestListListsEachChainOncePerFamily(t *testing.T) {
 	v4, v6 := fakenat.New(), fakenat.New()
 	for i := 0; i < 50; i++ {

@@ -54,10 +54,11 @@ func (e *BusyError) Error() string {
 // chains, then bridge's jumps and chains (a chain cannot be deleted while
 // referenced). In a sweep the containers a CNI command runs for keep what
 // portmap's teardown needs (see above), each failed with a *BusyError.
-// Bridge's POSTROUTING jump and chain go last: its commented jump is what
-// names a container that has no record (an orphan) to the next sweep, so
-// while portmap's chain is still there, so is the jump (a kill, a failure,
-// or a command found the second time, leaves both).
+// Bridge's POSTROUTING jump and chain go last: its commented rules, the
+// jump and then those in its chain (listNAT), are what name a container
+// that has no record (an orphan) to the next sweep, so while portmap's
+// chain is still there, so is the jump (a kill, a failure, or a command
+// found the second time, leaves both).
 func (r *iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
 	removed, failed := map[string][]string{}, map[string]error{}
 	busy := r.busy(r.withPortmapChain(owners), false)

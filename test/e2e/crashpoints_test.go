@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -136,6 +137,28 @@ func TestCrashPoints(t *testing.T) {
 				e.operatorSweep(t)
 				e.assertOnlyB(t, s)
 				e.restoreAndDel(t, s)
+			},
+		},
+		{
+			// gc releasing orphan rules: X ran on bare bridge (its lease
+			// in the legacy directory), lost its namespace, and its
+			// runtime's DEL, through that configuration, released its
+			// lease and skipped bridge's teardown: its ipMasq jumps and
+			// chains, in both families, name a container the network
+			// holds nothing of. Next: another gc. Regression: a gc killed
+			// between a family's jump and its chain left the chain, which
+			// nothing named any more.
+			name: "gc-orphan",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				s.c = e.orphanOnBareBridge(t, s)
+				cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: []string{"gc", "--data-dir", e.dataDir}, Env: env})
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.operatorSweep(t)
+				e.assertNoTrace(t, s.c.cid)
+				e.assertLiveB(t, s)
+				e.assertNAT(t, s.a.cid, natWant{Masq: []netip.Addr{s.addrA}, DNAT: []portMap{{s.portA, s.addrA}}})
+				e.mustCNI(t, "del", s.a, s.capA)
 			},
 		},
 		{
@@ -420,6 +443,37 @@ func (e *testEnv) newScene(t *testing.T, gcVerb bool) *crashScene {
 	pb, _ := parseResult(t, e.mustCNI(t, "add", s.b, s.capB)).addrIn(t, e.subnet4)
 	s.addrA, s.addrB = pa.Addr(), pb.Addr()
 	return s
+}
+
+// orphanOnBareBridge makes orphan NAT rules on the scene's network: a
+// container added through bare bridge (at an address A and B do not have),
+// whose namespace dies before its runtime's DEL through the same
+// configuration; bridge then skips its ipMasq teardown. It returns that
+// container's namespace, gone.
+func (e *testEnv) orphanOnBareBridge(t *testing.T, s *crashScene) netns {
+	t.Helper()
+	ours, err := os.ReadFile(s.confPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bare map[string]any
+	if err := json.Unmarshal(ours, &bare); err != nil {
+		t.Fatal(err)
+	}
+	bareBridge(t, bare, e.persistDir)
+	addr := e.hostAddr(200)
+	setRange(t, bare, addr, addr)
+	e.writeConflist(t, bare)
+	x := e.addNetns(t, "x")
+	e.mustCNI(t, "add", x, "")
+	e.mustKillNetns(t, x)
+	e.mustCNI(t, "del", x, "")
+	if err := os.WriteFile(s.confPath, ours, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.assertNAT(t, x.cid, natWant{Masq: []netip.Addr{addr}})
+	assertLeases(t, filepath.Join(e.persistDir, e.netName), nil)
+	return x
 }
 
 // assertLiveB checks B kept everything: its lease, its record, its NAT
