@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -107,8 +109,12 @@ type crashPath struct {
 	name string
 	// gcVerb: the conflist is at cniVersion 1.1.0, for the GC verb.
 	gcVerb bool
-	run    func(t *testing.T, e *testEnv, s *crashScene, env []string)
-	next   func(t *testing.T, e *testEnv, s *crashScene)
+	// nftables: bridge's ipMasq and portmap keep their rules in
+	// nftables, whose batches are the steps, where they are iptables
+	// rules elsewhere.
+	nftables bool
+	run      func(t *testing.T, e *testEnv, s *crashScene, env []string)
+	next     func(t *testing.T, e *testEnv, s *crashScene)
 }
 
 // crashScene is a live container B (with a port mapping) that every step
@@ -236,6 +242,35 @@ func TestCrashPoints(t *testing.T) {
 			},
 		},
 		{
+			// gc releasing a lost namespace's attachment whose rules are
+			// nftables rules (bridge's and portmap's); next: another gc.
+			name:     "gc-nftables",
+			nftables: true,
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				e.mustKillNetns(t, s.a)
+				cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: []string{"gc", "--data-dir", e.dataDir}, Env: env})
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.operatorSweep(t)
+				e.assertOnlyBNFTables(t, s)
+			},
+		},
+		{
+			// DEL after the namespace is gone, with nftables rules:
+			// bridge skips its teardown, the plugin's DEL releases them;
+			// next: the DEL again.
+			name:     "del-lost-netns-nftables",
+			nftables: true,
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				e.mustKillNetns(t, s.a)
+				_, _, _ = e.cnitoolEnv("del", s.a, append(env, "CAP_ARGS="+s.capA)...)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.mustCNI(t, "del", s.a, s.capA)
+				e.assertOnlyBNFTables(t, s)
+			},
+		},
+		{
 			// A first ADD; next: its container is gone, and a sweep runs.
 			name: "add",
 			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
@@ -287,13 +322,16 @@ func TestCrashPoints(t *testing.T) {
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
 			killAtEveryStep(t, func(t *testing.T, k int) crashRun {
-				e, s := newCrashScene(t, p.gcVerb)
+				e, s := newCrashScene(t, p.gcVerb, p.nftables)
 				env, done := armed(t, k)
 				p.run(t, e, s, env)
 				run := done()
 				p.next(t, e, s)
 				e.mustCNI(t, "del", s.b, s.capB)
 				e.assertNetworkEmpty(t, e.leaseDir())
+				if p.nftables {
+					e.assertNFTablesHold(t, s, 0)
+				}
 				return run
 			})
 		})
@@ -418,17 +456,18 @@ func TestCrashPointsAdoption(t *testing.T) {
 }
 
 // newCrashScene starts the test's network with A and B attached on
-// Nomad's chain, each with a port mapping, through the armed plugin.
-func newCrashScene(t *testing.T, gcVerb bool) (*testEnv, *crashScene) {
+// Nomad's chain, each with a port mapping, through the armed plugin;
+// with nftables, bridge's ipMasq and portmap use their nftables backends.
+func newCrashScene(t *testing.T, gcVerb, nftables bool) (*testEnv, *crashScene) {
 	t.Helper()
 	e := newEnv(t)
 	e.requirePlugin(t)
 	e.useCrashpointPlugin(t)
-	return e, e.newScene(t, gcVerb)
+	return e, e.newScene(t, gcVerb, nftables)
 }
 
 // newScene is newCrashScene's network, through e's plugin.
-func (e *testEnv) newScene(t *testing.T, gcVerb bool) *crashScene {
+func (e *testEnv) newScene(t *testing.T, gcVerb, nftables bool) *crashScene {
 	t.Helper()
 	conf := e.reclaimConf(t, "nomad.conflist")
 	// Every CHECK sweeps: a killed CHECK must be finished by the next one.
@@ -436,13 +475,76 @@ func (e *testEnv) newScene(t *testing.T, gcVerb bool) *crashScene {
 	if gcVerb {
 		conf["cniVersion"] = "1.1.0"
 	}
+	if nftables {
+		requireTool(t, "nft")
+		entryOfType(t, conf, pluginType)["ipMasqBackend"] = "nftables"
+		entryOfType(t, conf, "portmap")["backend"] = "nftables"
+	}
 	s := &crashScene{confPath: e.writeConflist(t, conf), a: e.addNetns(t, "a"), b: e.addNetns(t, "b"), portA: randomHostPort()}
+	if nftables {
+		// portmap's nftables rules are not the network's (they name no
+		// network): the environment's cleanup does not know them.
+		t.Cleanup(func() { deletePortmapNFTRules(t, s.a.cid, s.b.cid) })
+	}
 	s.portB = s.portA + 1
 	s.capA, s.capB = portMappings(s.portA), portMappings(s.portB)
 	pa, _ := parseResult(t, e.mustCNI(t, "add", s.a, s.capA)).addrIn(t, e.subnet4)
 	pb, _ := parseResult(t, e.mustCNI(t, "add", s.b, s.capB)).addrIn(t, e.subnet4)
 	s.addrA, s.addrB = pa.Addr(), pb.Addr()
 	return s
+}
+
+// assertOnlyBNFTables is assertOnlyB on nftables rules: the network
+// holds B and nothing else, B keeps its nftables rules, and A has none
+// (nor any iptables rule).
+func (e *testEnv) assertOnlyBNFTables(t *testing.T, s *crashScene) {
+	t.Helper()
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{s.addrB: leaseContent(s.b.cid)})
+	e.assertRecordsExactly(t, s.b.cid)
+	e.assertRecord(t, s.b, s.addrB)
+	e.assertNAT(t, s.a.cid, natWant{})
+	e.assertNAT(t, s.b.cid, natWant{})
+	assertNoFirewall(t, s.addrA)
+	e.assertNFTablesHold(t, s, 1)
+}
+
+// assertNFTablesHold checks the nftables rules of the scene: none of A,
+// and of B, bridge's one ipMasq rule and portmap's when b is 1, none when
+// it is 0.
+func (e *testEnv) assertNFTablesHold(t *testing.T, s *crashScene, b int) {
+	t.Helper()
+	if owners := e.nftMasqOwners(t, s.a.cid, s.b.cid); owners[s.a.cid] != 0 || owners["?"] != 0 || owners[s.b.cid] != b {
+		t.Errorf("bridge's nftables ipMasq rules by owner: %v, want %d of B only", owners, b)
+	}
+	pm := portmapNFTRules(t)
+	if countOf(pm, s.a.cid) != 0 || (countOf(pm, s.b.cid) > 0) != (b > 0) {
+		t.Errorf("portmap's nftables rules: %q, want B's only (%d)", pm, b)
+	}
+}
+
+// deletePortmapNFTRules deletes portmap's nftables rules commented with
+// one of cids (cleanup: what a failed test left).
+func deletePortmapNFTRules(t *testing.T, cids ...string) {
+	re := regexp.MustCompile(`comment "([^"]*)".*# handle (\d+)`)
+	for _, family := range []string{"ip", "ip6"} {
+		out, err := exec.Command("nft", "-a", "list", "table", family, "cni_hostport").CombinedOutput()
+		if err != nil {
+			continue // no table: no rule
+		}
+		var chain string
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "chain" {
+				chain = f[1]
+			}
+			m := re.FindStringSubmatch(line)
+			if m == nil || !slices.Contains(cids, m[1]) {
+				continue
+			}
+			if out, err := exec.Command("nft", "delete", "rule", family, "cni_hostport", chain, "handle", m[2]).CombinedOutput(); err != nil {
+				t.Errorf("cleanup: nft delete rule %s cni_hostport %s handle %s: %v: %s", family, chain, m[2], err, out)
+			}
+		}
+	}
 }
 
 // orphanOnBareBridge makes orphan NAT rules on the scene's network: a

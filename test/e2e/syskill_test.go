@@ -182,7 +182,7 @@ func TestSyskill(t *testing.T) {
 			trial := func(t *testing.T, k int) (syskillReport, []syskillCall) {
 				e := newEnv(t)
 				e.requirePlugin(t)
-				s := e.newScene(t, p.gcVerb)
+				s := e.newScene(t, p.gcVerb, false)
 				rep, calls := e.underSyskill(t, runner, k, p.cmd(t, e, s))
 				defer func() {
 					if t.Failed() {
