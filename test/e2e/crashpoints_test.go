@@ -287,6 +287,30 @@ func TestCrashPoints(t *testing.T) {
 			},
 		},
 		{
+			// A first ADD whose delegate dies without an answer after
+			// bridge did all of its work (lease, veth, rules): the plugin
+			// rolls it back with a DEL, then drops its pending record
+			// (Abort); next: the runtime's DEL of the failed ADD.
+			name: "add-fails",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				s.c = e.addNetns(t, "c")
+				restore := e.withDelegate(t, s, "crashy", crashAfterBridge)
+				if _, _, err := e.cnitoolEnv("add", s.c, append(env, "CAP_ARGS="+portMappings(s.portA+7))...); err == nil {
+					t.Fatal("ADD through a delegate that dies succeeded")
+				}
+				restore()
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.mustCNI(t, "del", s.c, portMappings(s.portA+7))
+				e.assertNoTrace(t, s.c.cid)
+				if linkExistsIn(s.c, ifName) {
+					t.Errorf("%s left in %s", ifName, s.c.name)
+				}
+				e.assertLiveB(t, s)
+				e.mustCNI(t, "del", s.a, s.capA)
+			},
+		},
+		{
 			// A first ADD; next: the runtime retries it into the same,
 			// live namespace, then DELs it. Killed after bridge finished
 			// and before its record was completed, the container works:
@@ -455,6 +479,42 @@ func TestCrashPointsAdoption(t *testing.T) {
 	}
 }
 
+// TestCrashPointsMigratedDel: a container L runs on bare bridge, the
+// conflist is switched to the plugin and the runtime's CHECK of L
+// migrates L's lease (the CHECK itself fails: host-local finds no lease
+// in the dataDir before the migration); then
+// L's runtime DELs it through the plugin (a runtime that reads the
+// conflist at DEL, as Nomad does), killed at each step: the plugin's DEL
+// removes L's legacy lease too, before its record. Next: the DEL again.
+// Nothing of L may be left, in the dataDir or the legacy directory.
+func TestCrashPointsMigratedDel(t *testing.T) {
+	killAtEveryStep(t, func(t *testing.T, k int) crashRun {
+		e := newEnv(t)
+		e.requirePlugin(t)
+		e.useCrashpointPlugin(t)
+		bare := e.reclaimConf(t, "nomad.conflist")
+		bareBridge(t, bare, e.persistDir)
+		e.writeConflist(t, bare)
+		l := e.addNetns(t, "l")
+		pl, _ := parseResult(t, e.mustCNI(t, "add", l, "")).addrIn(t, e.subnet4)
+		legacyDir := filepath.Join(e.persistDir, e.netName)
+		e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+		_, _, _ = e.cnitool("check", l, "")
+		assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(l.cid)})
+		e.assertRecordsExactly(t, l.cid)
+
+		env, done := armed(t, k)
+		_, _, _ = e.cnitoolEnv("del", l, env...)
+		run := done()
+
+		e.mustCNI(t, "del", l, "")
+		e.assertNoTrace(t, l.cid)
+		e.assertNetworkEmpty(t, e.leaseDir())
+		assertLeases(t, legacyDir, nil)
+		return run
+	})
+}
+
 // newCrashScene starts the test's network with A and B attached on
 // Nomad's chain, each with a port mapping, through the armed plugin;
 // with nftables, bridge's ipMasq and portmap use their nftables backends.
@@ -543,6 +603,31 @@ func deletePortmapNFTRules(t *testing.T, cids ...string) {
 			if out, err := exec.Command("nft", "delete", "rule", family, "cni_hostport", chain, "handle", m[2]).CombinedOutput(); err != nil {
 				t.Errorf("cleanup: nft delete rule %s cni_hostport %s handle %s: %v: %s", family, chain, m[2], err, out)
 			}
+		}
+	}
+}
+
+// withDelegate makes the scene's plugin delegate to the script body,
+// installed as name among the plugins, and returns what restores the
+// scene's configuration.
+func (e *testEnv) withDelegate(t *testing.T, s *crashScene, name, body string) func() {
+	t.Helper()
+	ours, err := os.ReadFile(s.confPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(ours, &conf); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.bin, name), []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	entryOfType(t, conf, pluginType)["delegate"] = name
+	e.writeConflist(t, conf)
+	return func() {
+		if err := os.WriteFile(s.confPath, ours, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
