@@ -168,6 +168,36 @@ func TestCrashPoints(t *testing.T) {
 			},
 		},
 		{
+			// gc removing what writers killed mid-write left: a record's
+			// temp file whose writer is gone, and an empty lease (its
+			// host-local died between creating and writing it); next:
+			// another gc.
+			name: "gc-debris",
+			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
+				dead := exec.Command("true")
+				if err := dead.Run(); err != nil {
+					t.Fatal(err)
+				}
+				temp := filepath.Join(e.recordDir(), fmt.Sprintf(".tmp-%d-1", dead.Process.Pid))
+				empty := filepath.Join(e.leaseDir(), e.hostAddr(250).String())
+				for _, f := range []string{temp, empty} {
+					if err := os.WriteFile(f, nil, 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+				cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: []string{"gc", "--data-dir", e.dataDir}, Env: env})
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.operatorSweep(t)
+				if names := e.recordNames(t); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, ".tmp-") }) {
+					t.Errorf("temp file left in %s: %q", e.recordDir(), names)
+				}
+				assertLeases(t, e.leaseDir(), map[netip.Addr]string{s.addrA: leaseContent(s.a.cid), s.addrB: leaseContent(s.b.cid)})
+				e.assertLiveB(t, s)
+				e.mustCNI(t, "del", s.a, s.capA)
+			},
+		},
+		{
 			// CHECK of B sweeps A's lost attachment; next: CHECK again.
 			name: "check-sweep",
 			run: func(t *testing.T, e *testEnv, s *crashScene, env []string) {
