@@ -86,6 +86,13 @@ func Open(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 }
 
+// OpenDir opens the directory at path to list it, as Open opens a file:
+// a symlink planted in its place is not followed, and a FIFO or anything
+// else that is not a directory is refused at once, never opened.
+func OpenDir(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+}
+
 // ReadSmall reads path, a regular file of at most limit bytes, and gives
 // its FileInfo. Anything else is refused before it is read: a FIFO with
 // a writer would block the read.

@@ -451,3 +451,45 @@ func TestFreeRoom(t *testing.T) {
 		t.Error("freeRoom of no directory: no error")
 	}
 }
+
+// A FIFO planted as a network's record directory, or as its directory in
+// the legacy lease dir, never hangs the doctor (regression: the state
+// check opened both blocking, and waited for ever).
+func TestDoctorOnPlantedStateDirs(t *testing.T) {
+	for _, where := range []string{"records", "legacy"} {
+		t.Run(where, func(t *testing.T) {
+			h := newHost(t)
+			legacy := filepath.Join(h.root, "legacy")
+			h.conflist("10-web.conflist", strings.Replace(conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"), `"ranges"`, `"dataDir": "`+legacy+`", "ranges"`, 1))
+			h.stale("gone", "172.26.80.2/20")
+			fifo := ipamdir.New(legacy, "web").Leases()
+			if where == "records" {
+				fifo = ipamdir.New(h.data, "web").Records()
+				if err := os.RemoveAll(fifo); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.MkdirAll(filepath.Dir(fifo), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if fd, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					syscall.Close(fd)
+				}
+			})
+			done := make(chan *Report, 1)
+			go func() { done <- h.run() }()
+			select {
+			case r := <-done:
+				if where == "records" && !slices.ContainsFunc(r.Findings, func(f Finding) bool { return f.Check == "state" && strings.Contains(f.Message, fifo) }) {
+					t.Errorf("no state finding says why %s was not read:\n%s", fifo, findings(r))
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("doctor hangs on a FIFO at %s", fifo)
+			}
+		})
+	}
+}

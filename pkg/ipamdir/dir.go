@@ -285,7 +285,7 @@ func networkNames(dataDir string) ([]string, error) {
 // file or a file named by an address, each a regular file. host-local creates the lock on its
 // first run and never removes it.
 func looksLikeHostLocal(dir string) bool {
-	f, err := os.Open(dir)
+	f, err := statefile.OpenDir(dir)
 	if err != nil {
 		return false
 	}

@@ -231,7 +231,7 @@ func checkPlantedIn(dir string, depth int) error {
 // firstPlanted lists dir (a missing one is fine) and gives the first
 // error check returns of its entries, or else the listing's own.
 func firstPlanted(dir string, check func(fs.DirEntry) error) error {
-	f, err := os.Open(dir)
+	f, err := statefile.OpenDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}

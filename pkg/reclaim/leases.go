@@ -48,7 +48,7 @@ type leaseDir struct {
 }
 
 func openLeaseDir(path string) (*leaseDir, error) {
-	f, err := os.Open(path)
+	f, err := statefile.OpenDir(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

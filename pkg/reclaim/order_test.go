@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/utils"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -357,5 +360,51 @@ func TestOrphanRulesKeptForContainersOfOtherDataDirs(t *testing.T) {
 	equal(t, "orphans", rep.OrphanRules, []string{"orphan"})
 	if !wrong.nat.Owns(net1, "recorded") || !wrong.nat.Owns(net1, "leased") || wrong.nat.Owns(net1, "orphan") {
 		t.Errorf("NAT after the sweep: %v", wrong.nat.Chains)
+	}
+}
+
+// A FIFO planted where the sweep looks for who else holds a container
+// (the legacy directory's network, another data dir's leases or records)
+// never hangs it, under host-local's lock: the orphans' rules are kept,
+// since nothing could be read there, and the sweep says why (regression:
+// each was opened blocking, and hung CHECK, gc and leases for ever).
+func TestPlantedFIFOsWhereHoldersAreReadNeverHang(t *testing.T) {
+	for _, where := range []string{"legacy", "other-leases", "other-records"} {
+		t.Run(where, func(t *testing.T) {
+			w := newWorld(t)
+			w.markOwned()
+			w.nat.AddContainer(net1, "orphan", "10.0.0.9", 0)
+			legacy, other := t.TempDir(), t.TempDir()
+			fifo := map[string]string{"legacy": ipamdir.New(legacy, net1).Leases(), "other-leases": ipamdir.New(other, net1).Leases(),
+				"other-records": ipamdir.New(other, net1).Records()}[where]
+			if err := os.MkdirAll(filepath.Dir(fifo), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			// A sweep blocked in open(2) is let go at the end.
+			t.Cleanup(func() {
+				if fd, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					syscall.Close(fd)
+				}
+			})
+			var problems []string
+			done := make(chan *swept, 1)
+			go func() {
+				done <- w.sweep(Request{LegacyDataDir: legacy, OtherDataDirs: []string{other}, Problem: func(err error) { problems = append(problems, err.Error()) }})
+			}()
+			select {
+			case rep := <-done:
+				if len(rep.OrphanRules) != 0 || !w.nat.Owns(net1, "orphan") {
+					t.Errorf("orphans %v released although %s could not be read", rep.OrphanRules, fifo)
+				}
+				if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, fifo) }) {
+					t.Errorf("problems %q do not name %s", problems, fifo)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the sweep hangs on a FIFO at %s", fifo)
+			}
+		})
 	}
 }

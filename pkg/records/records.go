@@ -203,7 +203,7 @@ func (s *Store) EachName(fn func(Key)) (*Listing, error) {
 // it lists by writer pid; a missing directory holds nothing.
 func (s *Store) eachEntry(fn func(fs.DirEntry)) (*Listing, error) {
 	l := &Listing{}
-	dir, err := os.Open(s.dir)
+	dir, err := statefile.OpenDir(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return l, nil
 	}
