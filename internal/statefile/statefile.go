@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -117,6 +119,21 @@ func ReadSmall(path string, limit int64) ([]byte, fs.FileInfo, error) {
 		return nil, nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
 	}
 	return b, fi, nil
+}
+
+// Printable is s as it may be printed to an operator's terminal: s itself
+// when it holds only graphic characters (letters, marks, numbers,
+// punctuation, symbols, spaces), else with every other character, and
+// every byte that is not UTF-8, written as a Go escape ("\x1b", "\n",
+// "\u202e"). What is read from a file anyone with the data dir can write
+// (its name, a container ID or path in it), or a process's name, may hold
+// a terminal's escape sequences, or a newline that forges a line.
+func Printable(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsGraphic(r) }) {
+		return s
+	}
+	q := strconv.QuoteToGraphic(s)
+	return q[1 : len(q)-1]
 }
 
 // InMemory is the one answer to "is this a tmpfs": a filesystem of type

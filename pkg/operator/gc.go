@@ -80,11 +80,11 @@ func (t *GCText) Release(r GCRelease) {
 	if len(r.Kept) > 0 {
 		kept = "; " + strings.Join(r.Kept, "; ")
 	}
-	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", verb, r.Network, r.ContainerID, cmp.Or(r.IfName, "-"), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)
+	t.printf("%s %s %s/%s %s: %s; %s %s%s\n", printable(verb, r.Network, r.ContainerID, cmp.Or(r.IfName, "-"), ips, r.Reason, removed, strings.Join(r.Removed, ", "), kept)...)
 }
 
 func (t *GCText) End(problems *Problems) error {
-	err := problems.Each(func(p string) { t.printf("skipped: %s\n", p) })
+	err := problems.Each(func(p string) { t.printf("skipped: %s\n", printable(p)...) })
 	if !t.released {
 		t.printf("nothing to release\n")
 	}

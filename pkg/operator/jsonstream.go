@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // output writes until a write fails and keeps that first error: the rest
@@ -17,6 +19,16 @@ func (o *output) printf(format string, args ...any) {
 	if o.err == nil {
 		_, o.err = fmt.Fprintf(o.w, format, args...)
 	}
+}
+
+// printable gives printf the fields of a line, each as
+// statefile.Printable makes it: they come from files and processes.
+func printable(fields ...string) []any {
+	out := make([]any, len(fields))
+	for i, f := range fields {
+		out[i] = statefile.Printable(f)
+	}
+	return out
 }
 
 // keep keeps err unless an earlier error is kept, and returns the first.

@@ -145,7 +145,7 @@ func (t *LeasesTable) Row(r Row) {
 	if r.Runtime == "not listed" {
 		state += "; not listed by the runtime"
 	}
-	t.printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Network, r.IP, r.ContainerID, cmp.Or(r.IfName, "-"), cmp.Or(r.Netns, "-"), ageText, state)
+	t.printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(r.Network, r.IP, r.ContainerID, cmp.Or(r.IfName, "-"), cmp.Or(r.Netns, "-"), ageText, state)...)
 	if t.n++; t.n%tableBlock == 0 && t.err == nil {
 		t.err = t.tw.Flush()
 	}
@@ -165,7 +165,7 @@ func (t *LeasesTable) End(problems *Problems) error {
 	for _, k := range t.kept {
 		t.printf("%s\n", k)
 	}
-	return t.keep(problems.Each(func(p string) { t.printf("skipped: %s\n", p) }))
+	return t.keep(problems.Each(func(p string) { t.printf("skipped: %s\n", printable(p)...) }))
 }
 
 // LeasesJSON writes the `leases --json` document one row at a time:

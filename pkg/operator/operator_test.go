@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
@@ -534,4 +536,78 @@ func all(p *Problems) ([]string, error) {
 	out := []string{}
 	err := p.Each(func(s string) { out = append(out, s) })
 	return out, err
+}
+
+// What `leases` and `gc` print of a planted file (its name, a container ID
+// or netns path in it) or of a process (its name) reaches the operator's
+// terminal: a terminal's escape sequences there, or a newline that forges
+// a line, are written as Go escapes, never raw (regression: they were
+// printed as read).
+func TestTextOutputEscapesWhatFilesAndProcessesSay(t *testing.T) {
+	dataDir := t.TempDir()
+	host := fakehost.New(boot)
+	host.Clock = boot.Add(time.Hour)
+	d := ipamdir.New(dataDir, "nomad")
+	for _, dir := range []string{d.Leases(), d.Records()} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(path, content string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(d.Leases(), "lock"), "")
+	// A lease whose container ID is an escape sequence, from before this
+	// boot: stale.
+	write(filepath.Join(d.Leases(), "172.26.64.7"), "\x1b]0;owned\x07\r\neth0")
+	if err := os.Chtimes(filepath.Join(d.Leases(), "172.26.64.7"), boot.Add(-time.Hour), boot.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	// A record named by an escape sequence, its netns path one too, gone.
+	store := records.NewStore(d)
+	if err := store.Write(&records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: "\x1b[2J", IfName: "eth0",
+		Netns: "/var/run/netns/\x1b[31m\u202e", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 7}, BootID: host.ID, Created: boot, State: records.Complete, IPs: []string{"172.26.64.8/20"}}); err != nil {
+		t.Fatal(err)
+	}
+	// A detached one, held by a process whose name is an escape sequence.
+	if err := store.Write(&records.Record{Version: records.FormatVersion, Network: "nomad", ContainerID: "held", IfName: "eth0",
+		Netns: "/var/run/netns/held", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 8}, BootID: host.ID, Created: boot, State: records.Complete, IPs: []string{"172.26.64.9/20"}}); err != nil {
+		t.Fatal(err)
+	}
+	host.Holders[sysinfo.NetnsID{Dev: 4, Ino: 8}] = []sysinfo.Holder{{PID: 4242, Command: "\x1b]2;x\x07"}}
+	// Damaged files whose names forge a line, or carry C1 controls.
+	write(filepath.Join(d.Records(), "x\nFORGED@eth0"), "{garbage")
+	write(filepath.Join(d.Leases(), "bad\u009b5m\xff"), "x\r\neth0")
+	s := &reclaim.Sweeper{Env: reclaim.Env{Host: host}}
+
+	var table bytes.Buffer
+	if err := Leases(s, scopeOf(dataDir, []string{"nomad"}), NewLeasesTable(&table)); err != nil {
+		t.Fatal(err)
+	}
+	_, gc, err := runGC(s, dataDir, []string{"nomad"}, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, out := range map[string]string{"leases": table.String(), "gc --dry-run": string(gc)} {
+		t.Logf("%s:\n%s", name, out)
+		if !utf8.ValidString(out) {
+			t.Errorf("%s prints bytes that are not UTF-8", name)
+		}
+		if i := strings.IndexFunc(out, func(r rune) bool { return r != '\n' && !unicode.IsGraphic(r) }); i >= 0 {
+			t.Errorf("%s prints %q raw", name, []rune(out[i:])[0])
+		}
+		for line := range strings.Lines(out) {
+			if strings.HasPrefix(line, "FORGED") {
+				t.Errorf("%s prints a line a file name forged: %q", name, line)
+			}
+		}
+		for _, want := range []string{`\x1b`, `FORGED`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s does not show %s", name, want)
+			}
+		}
+	}
 }

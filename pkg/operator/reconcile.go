@@ -198,7 +198,7 @@ func (d *Drift) End(problems *Problems) error {
 	note := output{w: d.Note}
 	for _, id := range slices.Sorted(maps.Keys(d.Listing.IDs)) {
 		if !d.seen[id] {
-			note.printf("listed by %s, holding nothing on these networks: %s\n", d.Runtime, id)
+			note.printf("listed by %s, holding nothing on these networks: %s\n", printable(d.Runtime, id)...)
 		}
 	}
 	return cmp.Or(err, note.err)
