@@ -142,7 +142,7 @@ func lockHolders(path string) string {
 	holders := make([]string, len(pids))
 	for i, pid := range pids {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		holders[i] = fmt.Sprintf("pid %d (%s)", pid, strings.TrimSpace(string(comm)))
+		holders[i] = fmt.Sprintf("pid %d (%s)", pid, statefile.Printable(strings.TrimSpace(string(comm))))
 	}
 	return "held by " + strings.Join(holders, ", ")
 }

@@ -257,3 +257,32 @@ func TestCheckBookkeepingInADataDirWithGlobCharacters(t *testing.T) {
 		t.Fatalf("CheckBookkeeping = %v, want the hard-linked last_reserved_ip.0 reported", err)
 	}
 }
+
+// The holder a timed-out wait names is named by its command, which a
+// process sets itself: a terminal's escape sequences in it are written as
+// Go escapes (regression: the error carried them raw to the terminal of
+// gc and leases, and to the runtime).
+func TestLockTimeoutEscapesTheHoldersCommand(t *testing.T) {
+	old := LockTimeout
+	LockTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { LockTimeout = old })
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The thread group leader's name, this test's process's.
+	if err := os.WriteFile("/proc/self/comm", []byte("\x1b]2;x\x07"), 0); err != nil {
+		t.Skipf("cannot rename this process: %v", err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile("/proc/self/comm", comm, 0) })
+	d := New(t.TempDir(), "net")
+	unlock, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	_, err = d.Lock()
+	if want := fmt.Sprintf(`pid %d (\x1b]2;x\a)`, os.Getpid()); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("second Lock: %q, want it to name %s", err, want)
+	}
+}

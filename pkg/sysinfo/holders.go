@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // A path is not a namespace. The kernel keeps a network namespace alive
@@ -175,7 +177,8 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 		if errors.Is(err, fs.ErrNotExist) {
 			return h, false, nil
 		}
-		h.Command = strings.TrimSpace(string(comm))
+		// The process names itself: it is shown to operators.
+		h.Command = statefile.Printable(strings.TrimSpace(string(comm)))
 	}
 	return h, true, nil
 }

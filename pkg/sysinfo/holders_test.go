@@ -174,3 +174,21 @@ func TestNetnsHoldersOnThisHost(t *testing.T) {
 		t.Errorf("ConfirmHolder(self) = %+v, %v, %v", h, ok, err)
 	}
 }
+
+// A holder's command is what the process named itself (prctl
+// PR_SET_NAME: any process in a container can): it reaches the ADD's
+// refusal, which runtimes show their operator, and `leases`, so a
+// terminal's escape sequences in it are written as Go escapes
+// (regression: they were passed on raw).
+func TestConfirmHolderEscapesTheCommand(t *testing.T) {
+	p := newFakeProc(t, "")
+	ns := p.namespace("tenant")
+	p.process(4242, "\x1b]2;x\x07\u009b", "tenant")
+	h, ok, err := (&Real{ProcRoot: p.root}).ConfirmHolder(Holder{PID: 4242}, ns, 0)
+	if !ok || err != nil {
+		t.Fatalf("ConfirmHolder = %+v, %v, %v", h, ok, err)
+	}
+	if want := `pid 4242 (\x1b]2;x\a\u009b)`; h.String() != want {
+		t.Errorf("holder %q, want %q", h.String(), want)
+	}
+}
