@@ -99,7 +99,21 @@ func OpenDir(path string) (*os.File, error) {
 // its FileInfo. Anything else is refused before it is read: a FIFO with
 // a writer would block the read.
 func ReadSmall(path string, limit int64) ([]byte, fs.FileInfo, error) {
-	f, err := Open(path)
+	return readRegular(path, Open, limit)
+}
+
+// ReadConfig reads a configuration file as its own program reads it,
+// through a symlink, and otherwise as ReadSmall reads: never blocking on
+// a FIFO, at most limit bytes of a regular file.
+func ReadConfig(path string, limit int64) ([]byte, error) {
+	b, _, err := readRegular(path, func(path string) (*os.File, error) {
+		return os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	}, limit)
+	return b, err
+}
+
+func readRegular(path string, open func(string) (*os.File, error), limit int64) ([]byte, fs.FileInfo, error) {
+	f, err := open(path)
 	if err != nil {
 		return nil, nil, err
 	}

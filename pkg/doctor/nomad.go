@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-version"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
@@ -179,8 +180,8 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 		if !e.Type().IsRegular() || !strings.HasSuffix(n, ".hcl") && !strings.HasSuffix(n, ".json") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, n))
-		if err != nil || len(b) > 1<<20 {
+		b, _, err := statefile.ReadSmall(filepath.Join(dir, n), 1<<20)
+		if err != nil {
 			continue
 		}
 		found := false

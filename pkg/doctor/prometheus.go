@@ -1,10 +1,14 @@
 package doctor
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // The packaged alerting rules, and where Debian's Prometheus reads its
@@ -13,6 +17,10 @@ const (
 	PrometheusRules  = "/usr/share/nomad-bridge-cni/prometheus/nomad-bridge-cni.rules.yml"
 	PrometheusConfig = "/etc/prometheus/prometheus.yml"
 )
+
+// maxPrometheusConfig bounds what is read of prometheus.yml, a few KiB
+// on most hosts: a larger one is not scanned, and the finding says why.
+const maxPrometheusConfig = 4 << 20
 
 // checkPrometheus says whether the rules file is installed and whether a
 // local Prometheus names it in rule_files: a warning at most, since the
@@ -26,9 +34,12 @@ func checkPrometheus(rules, config string) []Finding {
 	if _, err := os.Stat(rules); err != nil {
 		return []Finding{{Level: Warn, Check: "prometheus", Subject: rules, Message: "the alerting rules are not installed (a tarball or package older than them?)", Fix: "install the package, or copy packaging/prometheus/nomad-bridge-cni.rules.yml there"}}
 	}
-	b, err := os.ReadFile(config)
-	if err != nil {
+	b, err := statefile.ReadConfig(config, maxPrometheusConfig)
+	if errors.Is(err, fs.ErrNotExist) {
 		return []Finding{{Level: OK, Check: "prometheus", Subject: rules, Message: "alerting rules installed; no local Prometheus (" + config + "): add them to rule_files where Prometheus runs"}}
+	}
+	if err != nil {
+		return []Finding{{Level: OK, Check: "prometheus", Subject: config, Message: "could not tell whether rule_files names the alerting rules " + rules + " (" + err.Error() + "): see that it does"}}
 	}
 	names := func(entry string) bool {
 		entry = scalar(entry)

@@ -3,8 +3,11 @@ package doctor
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestPrometheusRulesFinding(t *testing.T) {
@@ -67,5 +70,74 @@ func TestPrometheusRulesFinding(t *testing.T) {
 	write(config, "rule_files: [\n  "+rules+"\n]\n")
 	if fs := checkPrometheus(rules, config); len(fs) != 1 || fs[0].Level != OK || !strings.Contains(fs[0].Message, "could not tell") {
 		t.Errorf("a flow list over lines: %+v, want one OK finding that could not tell", fs)
+	}
+}
+
+// The doctor reads Nomad's configuration files and prometheus.yml within
+// bounds: a huge file is not read whole, and a FIFO in prometheus.yml's
+// place never hangs it (regression: os.ReadFile read either whole, and
+// blocked on the FIFO for ever).
+func TestDoctorReadsConfigFilesWithinBounds(t *testing.T) {
+	huge := func(path string) {
+		t.Helper()
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(512 << 20); err != nil { // sparse: nothing on disk
+			t.Fatal(err)
+		}
+	}
+	allocated := func(fn func()) uint64 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		fn()
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc
+	}
+
+	nomad := t.TempDir()
+	if err := os.WriteFile(filepath.Join(nomad, "10-client.hcl"), []byte("client {\n  cni_path = \"/opt/nbc/bin\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	huge(filepath.Join(nomad, "20-huge.hcl"))
+	var nc NomadClient
+	if n := allocated(func() { nc, _ = readNomadConfigDir(nomad) }); n > 32<<20 {
+		t.Errorf("reading Nomad's configuration allocated %d MiB", n>>20)
+	}
+	if strings.Join(nc.CNIPath, ":") != "/opt/nbc/bin" {
+		t.Errorf("cni_path %v, want the one of 10-client.hcl", nc.CNIPath)
+	}
+
+	dir := t.TempDir()
+	rules, config := filepath.Join(dir, "rules.yml"), filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(rules, []byte("groups: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	huge(config)
+	if n := allocated(func() { checkPrometheus(rules, config) }); n > 32<<20 {
+		t.Errorf("reading a huge prometheus.yml allocated %d MiB", n>>20)
+	}
+	if err := os.Remove(config); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(config, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if fd, err := syscall.Open(config, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			syscall.Close(fd)
+		}
+	})
+	done := make(chan []Finding, 1)
+	go func() { done <- checkPrometheus(rules, config) }()
+	select {
+	case fs := <-done:
+		if len(fs) != 1 || !strings.Contains(fs[0].Message, "not a regular file") {
+			t.Errorf("a FIFO as prometheus.yml: %+v, want one finding that says what it is", fs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the doctor hangs on a FIFO as prometheus.yml")
 	}
 }
