@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/mattn/go-shellwords"
@@ -93,6 +94,14 @@ func hostTables() []Table {
 	return tables
 }
 
+// iptablesWait bounds iptables' wait for the xtables lock (iptables-legacy
+// takes it; iptables-nft has none): a stuck holder must not hang a DEL,
+// nor a sweep that holds host-local's lock. Tests make it shorter.
+var iptablesWait = 30 * time.Second
+
+// waitSeconds is iptablesWait as `-w` takes it.
+func waitSeconds() string { return strconv.Itoa(int(iptablesWait / time.Second)) }
+
 // natTable lists with one `iptables -w -t nat -S` and deletes through
 // go-iptables, whose handle (it runs `iptables --version` and probes
 // features) is only made when there is something to delete.
@@ -107,7 +116,7 @@ type natTable struct {
 // that does not exist fails (iptables-nft 1.8.9 even calls it
 // "incompatible").
 func (t *natTable) List(table string) ([]string, error) {
-	out, err := exec.Command(t.path, "-w", "-t", table, "-S").Output()
+	out, err := exec.Command(t.path, "-w", waitSeconds(), "-t", table, "-S").Output()
 	if err != nil {
 		var exitErr *exec.ExitError
 		if errors.As(err, &exitErr) {
@@ -122,7 +131,7 @@ func (t *natTable) List(table string) ([]string, error) {
 func (t *natTable) withHandle(step string, fn func(*iptables.IPTables) error) error {
 	crashpoint.Step(step)
 	if t.ipt == nil {
-		ipt, err := iptables.NewWithProtocol(t.proto)
+		ipt, err := iptables.New(iptables.IPFamily(t.proto), iptables.Timeout(int(iptablesWait/time.Second)))
 		if err != nil {
 			return err
 		}
@@ -153,7 +162,7 @@ func (t *natTable) ClearAndDeleteChain(table, chain string) error {
 // ClearChain creates a chain that is not there, which must stay gone.
 func (t *natTable) FlushChain(table, chain string) error {
 	crashpoint.Step("iptables flush chain " + chain)
-	out, err := exec.Command(t.path, "-w", "-t", table, "-F", chain).CombinedOutput()
+	out, err := exec.Command(t.path, "-w", waitSeconds(), "-t", table, "-F", chain).CombinedOutput()
 	if err != nil {
 		msg := string(bytes.TrimSpace(out))
 		if strings.Contains(msg, "No chain/target/match by that name") || strings.Contains(msg, "No such file or directory") || strings.Contains(msg, "does not exist") {
