@@ -493,3 +493,21 @@ func TestDoctorOnPlantedStateDirs(t *testing.T) {
 		})
 	}
 }
+
+// A plugin run for its version that leaves a child holding its output
+// open (a wrapper script's daemon) does not keep the doctor waiting past
+// its bound (regression: it waited for the child to exit).
+func TestPluginVersionDoesNotWaitForItsChildren(t *testing.T) {
+	plugin := filepath.Join(t.TempDir(), "bridge")
+	if err := os.WriteFile(plugin, []byte("#!/bin/sh\necho 'CNI bridge plugin v1.10.0'\nsleep 60 &\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	out, _ := pluginVersion(plugin)
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("pluginVersion took %v", took)
+	}
+	if !strings.Contains(out, "v1.10.0") {
+		t.Errorf("pluginVersion = %q, want what the plugin printed", out)
+	}
+}

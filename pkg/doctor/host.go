@@ -69,7 +69,9 @@ func nomadCLIVersion(path string) (version, source string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, path, "version").Output()
+	cmd := exec.CommandContext(ctx, path, "version")
+	cmd.WaitDelay = time.Second // a child left holding stdout
+	out, err := cmd.Output()
 	if err == nil {
 		version, err = parseNomadVersion(string(out))
 	}
@@ -95,6 +97,7 @@ func pluginVersion(path string) (string, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, path)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.WaitDelay = time.Second // a child left holding its output
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"time"
 )
 
 // Listing is what a runtime said it has.
@@ -114,6 +115,7 @@ func output(ctx context.Context, command string, args ...string) ([]byte, error)
 	cmd := exec.CommandContext(ctx, command, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	cmd.WaitDelay = time.Second // a child left holding its output
 	out, err := cmd.Output()
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w: %s", command, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))

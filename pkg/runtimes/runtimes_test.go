@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The Nomad lister asks the local agent through the nomad CLI (which
@@ -112,5 +113,22 @@ func TestNewRefusesWhatItCannotAsk(t *testing.T) {
 		if _, err := New(name); err == nil {
 			t.Errorf("New(%q) succeeded", name)
 		}
+	}
+}
+
+// A runtime's CLI that leaves a child holding its output open does not
+// keep gc --runtime waiting past its context (regression: it waited for
+// the child to exit).
+func TestOutputDoesNotWaitForTheCLIsChildren(t *testing.T) {
+	cli := filepath.Join(t.TempDir(), "podman")
+	if err := os.WriteFile(cli, []byte("#!/bin/sh\necho abc\nsleep 60 &\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	_, _ = output(ctx, cli)
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("output took %v", took)
 	}
 }

@@ -61,6 +61,7 @@ func printDelegateAbout(path string, depth int, stdout, stderr io.Writer) int {
 	cmd := exec.CommandContext(ctx, path)
 	cmd.Env = append(os.Environ(), plugin.EnvDelegating+"="+strconv.Itoa(depth))
 	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.WaitDelay = time.Second // a child left holding its output
 	err := cmd.Run()
 	_, _ = out.WriteTo(stdout)
 	_, _ = errOut.WriteTo(stderr)

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // firstSemver is what Nomad's fingerprint records: the first token of the
@@ -84,5 +85,24 @@ func TestAboutUnderTheDelegatesNameWithoutCNIPathNamesNoDelegate(t *testing.T) {
 	}
 	if strings.Contains(out, "in front of") {
 		t.Errorf("names a delegate it cannot know:\n%s", out)
+	}
+}
+
+// A delegate that leaves a child holding its output open does not keep
+// the about line (Nomad's fingerprint waits for it) past its bound
+// (regression: it waited for the child to exit).
+func TestAboutDoesNotWaitForTheDelegatesChildren(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bridge"), []byte("#!/bin/sh\necho 'CNI bridge plugin v1.10.0'\nsleep 60 &\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	start := time.Now()
+	runTool("bridge", nil, func(k string) string { return map[string]string{"CNI_PATH": dir}[k] }, &out, &out)
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("the about line took %v", took)
+	}
+	if !strings.Contains(out.String(), "v1.10.0") {
+		t.Errorf("about line %q lacks what the delegate printed", out.String())
 	}
 }
