@@ -291,3 +291,25 @@ func networkWithOldLease(t *testing.T, confDir, dataDir, network, ip string) str
 	}
 	return lease
 }
+
+// The textfile collector's directory is node_exporter's user's: while
+// metrics --textfile writes its temp file there, that user can put a
+// symlink in its place. Making the temp file readable never follows it
+// (regression: os.Chmod did, and made any file root's timer named, say
+// /etc/shadow, readable by everyone).
+func TestMetricsTextfileTempIsMadeReadableWithoutFollowingALink(t *testing.T) {
+	victim := filepath.Join(t.TempDir(), "shadow")
+	if err := os.WriteFile(victim, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(t.TempDir(), ".tmp-4242-1")
+	if err := os.Symlink(victim, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := worldReadable(tmp); err == nil {
+		t.Error("a symlink in the temp file's place was made readable")
+	}
+	if fi, err := os.Stat(victim); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the link's target: %v, %v; want it left 0600", fi.Mode(), err)
+	}
+}

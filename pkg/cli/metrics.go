@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"fmt"
-	"os"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
@@ -56,10 +55,21 @@ func (c *cli) metrics(args []string) (code int) {
 	if err := metrics.Write(&b, nets); err != nil {
 		return c.fail(1, err, "")
 	}
-	// node_exporter runs as its own user: the file is for everyone to read.
-	readable := func(tmp string) error { return os.Chmod(tmp, 0o644) }
-	if err := statefile.WriteAtomic(*textfile, b.Bytes(), readable); err != nil {
+	if err := statefile.WriteAtomic(*textfile, b.Bytes(), worldReadable); err != nil {
 		return c.fail(1, fmt.Errorf("write %s: %w", *textfile, err), "")
 	}
 	return 0
+}
+
+// worldReadable makes WriteAtomic's temp file readable by node_exporter,
+// which runs as its own user and owns the directory: what it put in the
+// temp file's place meanwhile is not followed (statefile.Open), and its
+// own file becoming readable is no harm.
+func worldReadable(tmp string) error {
+	f, err := statefile.Open(tmp)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Chmod(0o644)
 }
