@@ -144,12 +144,6 @@ const (
 // Marker is the path of one of the network's markers.
 func (d Dir) Marker(m Marker) string { return filepath.Join(d.Records(), string(m)) }
 
-// ScratchIPAM is an empty data dir the plugin gives host-local when it must
-// not read the network's own directory (a DEL beside planted files):
-// host-local creates only <ScratchIPAM>/<network>/lock there. Its name
-// starts with a dot, so it is never taken for a network.
-func (d Dir) ScratchIPAM() string { return filepath.Join(d.DataDir, RecordDirName, ".scratch-ipam") }
-
 // Records is the plugin's record directory of the network.
 func (d Dir) Records() string { return filepath.Join(d.DataDir, RecordDirName, d.Network) }
 

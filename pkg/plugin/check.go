@@ -1,10 +1,7 @@
 package plugin
 
 import (
-	"os"
-
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -27,14 +24,11 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 		// No lease can be there, so the CHECK fails as host-local fails
 		// it; but host-local would create the network's directory and
 		// lock to find that out: it is shown an empty one of its own.
-		scratch, err := os.MkdirTemp("", "nomad-bridge-cni-check-")
-		if err != nil {
-			return types.NewError(types.ErrIOFailure, "failed to make a directory for host-local's CHECK", err.Error())
+		var cleanup func()
+		if delegateConf, cleanup, err = scratchConfig(conf, "check"); err != nil {
+			return err
 		}
-		defer os.RemoveAll(scratch)
-		if delegateConf, err = conf.DelegateConfigWithDataDir(scratch); err != nil {
-			return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
-		}
+		defer cleanup()
 	}
 	checkErr := p.delegate(conf, "check", conf.Delegate, delegateConf, p.Exec)
 

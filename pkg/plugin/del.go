@@ -35,9 +35,11 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		// leases: bridge tears down with a host-local that looks at an
 		// empty directory, and the attachment's leases are released here,
 		// as host-local would, reading regular files only.
-		if delegateConf, err = conf.DelegateConfigWithDataDir(conf.Dir().ScratchIPAM()); err != nil {
-			return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+		var cleanup func()
+		if delegateConf, cleanup, err = scratchConfig(conf, "del"); err != nil {
+			return err
 		}
+		defer cleanup()
 		p.warnf("DEL %s: host-local not run on %s (%v); its leases are released by the plugin", key, conf.Dir().Leases(), planted)
 	} else if err != nil {
 		return plantedError(err)

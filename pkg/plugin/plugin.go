@@ -169,6 +169,23 @@ func (p *Plugin) loadForHostLocal(conf *netconf.Config) ([]byte, error) {
 	return delegateConf, nil
 }
 
+// scratchConfig is the delegate's entry with host-local's dataDir an
+// empty directory of this verb's own (0700, out of the data dir, where
+// nothing can be planted in it beforehand), which cleanup removes: for a
+// verb that must not run host-local on the network's directory.
+func scratchConfig(conf *netconf.Config, verb string) (delegateConf []byte, cleanup func(), err error) {
+	scratch, err := os.MkdirTemp("", "nomad-bridge-cni-"+verb+"-")
+	if err != nil {
+		return nil, nil, types.NewError(types.ErrIOFailure, "failed to make a directory for host-local's "+strings.ToUpper(verb), err.Error())
+	}
+	cleanup = func() { os.RemoveAll(scratch) }
+	if delegateConf, err = conf.DelegateConfigWithDataDir(scratch); err != nil {
+		cleanup()
+		return nil, nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+	}
+	return delegateConf, cleanup, nil
+}
+
 func plantedError(err error) error {
 	return types.NewError(types.ErrIOFailure, "refusing to run host-local: "+err.Error(), "")
 }

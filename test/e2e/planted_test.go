@@ -198,3 +198,60 @@ func TestFIFOAsCNINetns(t *testing.T) {
 	}
 	e.assertNoTrace(t, ns.cid)
 }
+
+// TestDelBesideAPlantedLeaseRunsHostLocalOnNothingPlanted: regression
+// test. A DEL beside a planted lease runs host-local on a scratch
+// directory instead of the network's; that directory was
+// .nomad-bridge-cni/.scratch-ipam in the data dir, checked by nothing: a
+// symlink planted there made host-local create its directory and lock
+// through it, out of the data dir, and a FIFO planted as its lock hung
+// the DEL until delegateTimeout. Now each DEL gets an empty directory of
+// its own, and succeeds at once.
+func TestDelBesideAPlantedLeaseRunsHostLocalOnNothingPlanted(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, e *testEnv, outside string)
+	}{
+		{"symlinked-scratch", func(t *testing.T, e *testEnv, outside string) {
+			if err := os.Symlink(outside, filepath.Join(e.stateDir, recordDirName, ".scratch-ipam")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"fifo-as-scratch-lock", func(t *testing.T, e *testEnv, _ string) {
+			dir := filepath.Join(e.stateDir, recordDirName, ".scratch-ipam", e.netName)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			mkfifo(t, filepath.Join(dir, "lock"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			e.writeConflist(t, e.reclaimConf(t, "minimal.conflist"))
+			live := e.addNetns(t, "live")
+			e.mustCNI(t, "add", live, "")
+			lease := mkfifo(t, filepath.Join(e.leaseDir(), e.hostAddr(200).String()))
+			outside := t.TempDir()
+			tc.plant(t, e, outside)
+
+			entry := mustJSON(t, hostileEntry(t, e, ""))
+			r := cniexec.Run(t, e.binary(pluginType), e.cniArgs("DEL", live), cniexec.Opts{Stdin: entry, Timeout: plantedBound})
+			if r.Err != nil || r.Elapsed > plantedBound/2 {
+				t.Errorf("DEL beside a planted lease: %v", r)
+			}
+			if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+				t.Errorf("host-local created through the planted link: %v", entries)
+			}
+			e.assertNoRecord(t, live.cid)
+			assertNoRegularLeaseOf(t, e.leaseDir(), live.cid)
+			if err := os.Remove(lease); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.RemoveAll(filepath.Join(e.stateDir, recordDirName, ".scratch-ipam")); err != nil {
+				t.Fatal(err)
+			}
+			e.assertNetworkEmpty(t, e.leaseDir())
+		})
+	}
+}
