@@ -210,9 +210,15 @@ func (r *Real) KillLockHolders(path string) ([]int, error) {
 // inherited from the locker share its lock, which /proc/locks names by
 // the locker's pid alone, however long ago it exited.
 func (r *Real) FlockHolders(path string) ([]int, error) {
+	// Not through a link: what a symlink, or a second hard link, in the
+	// file's place names is another file, whose holders are nobody's to
+	// kill.
 	var target unix.Stat_t
-	if err := unix.Stat(path, &target); err != nil {
-		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
+	if err := unix.Lstat(path, &target); err != nil {
+		return nil, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if target.Nlink > 1 {
+		return nil, fmt.Errorf("%s has %d hard links: it may be another file", path, target.Nlink)
 	}
 	var holders []int
 	err := r.eachProcess(func(_ int, name string, pid int) {

@@ -176,3 +176,45 @@ func TestKillLockHolders(t *testing.T) {
 		}
 	}
 }
+
+// A symlink or a hard link put in a pending record's place (after the
+// sweep found the record locked) names another file: the processes that
+// hold its flock, outside the data dir (a daemon's database, dpkg's lock),
+// are not the ADD's and are never killed (regression: the record's path
+// was stat'ed through the link, and any file's inode was taken).
+func TestKillLockHoldersNeverFollowsALink(t *testing.T) {
+	victim := filepath.Join(t.TempDir(), "daemon.lock")
+	if err := os.WriteFile(victim, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	daemon := exec.Command("sleep", "60")
+	daemon.ExtraFiles = []*os.File{f}
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = daemon.Process.Kill(); _ = daemon.Wait() })
+	records := t.TempDir()
+	symlink, hardlink := filepath.Join(records, "x@eth0"), filepath.Join(records, "y@eth0")
+	if err := os.Symlink(victim, symlink); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(victim, hardlink); err != nil {
+		t.Fatal(err)
+	}
+	for _, record := range []string{symlink, hardlink} {
+		if killed, _ := (&Real{}).KillLockHolders(record); len(killed) != 0 {
+			t.Errorf("killed %v through %s, a link to %s", killed, record, victim)
+		}
+	}
+	if err := daemon.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Errorf("the daemon holding %s was killed: %v", victim, err)
+	}
+}
