@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/eventlog"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
@@ -236,9 +237,10 @@ func answer(err error) *types.Error {
 	return nil
 }
 
+// warnf writes one line to stderr, as Env's log does (statefile.Printable).
 func (p *Plugin) warnf(format string, args ...any) {
 	if p.Stderr != nil {
-		fmt.Fprintf(p.Stderr, "nomad-bridge-cni: "+format+"\n", args...)
+		fmt.Fprintf(p.Stderr, "nomad-bridge-cni: %s\n", statefile.Printable(fmt.Sprintf(format, args...)))
 	}
 }
 

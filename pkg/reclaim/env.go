@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -29,9 +30,12 @@ func NewEnv(log io.Writer) Env {
 	return Env{Host: host, Netfilter: nat, Log: log}
 }
 
+// logf writes one line: what it says of files and processes is
+// statefile.Printable, so that a planted name cannot forge a line of the
+// runtime's log, nor reach a terminal raw.
 func (e *Env) logf(format string, args ...any) {
 	if e.Log != nil {
-		fmt.Fprintf(e.Log, "nomad-bridge-cni: "+format+"\n", args...)
+		fmt.Fprintf(e.Log, "nomad-bridge-cni: %s\n", statefile.Printable(fmt.Sprintf(format, args...)))
 	}
 }
 

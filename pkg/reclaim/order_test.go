@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/containernetworking/plugins/pkg/utils"
 
@@ -406,5 +407,32 @@ func TestPlantedFIFOsWhereHoldersAreReadNeverHang(t *testing.T) {
 				t.Fatalf("the sweep hangs on a FIFO at %s", fifo)
 			}
 		})
+	}
+}
+
+// What the plugin logs of a planted file's name (the runtime's log, and
+// the entry's log file, take each line as one event) is one line of
+// graphic characters: a newline in the name cannot forge a release in
+// the log, nor an escape sequence reach a terminal (regression: the name
+// was logged raw).
+func TestLogLinesCannotBeForged(t *testing.T) {
+	w := newWorld(t)
+	w.container("live", "10.0.0.2")
+	forged := "x\nnomad-bridge-cni: nomad: released y-eth0 10.0.0.3: \x1b[2J@eth0"
+	if err := os.WriteFile(filepath.Join(w.dir().Records(), forged), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.sweep(Request{})
+	log := w.log.String()
+	if !strings.Contains(log, "skipped") {
+		t.Fatalf("the damaged record was not logged:\n%s", log)
+	}
+	for line := range strings.Lines(log) {
+		if !strings.HasPrefix(line, "nomad-bridge-cni: nomad: ") || strings.HasPrefix(line, "nomad-bridge-cni: nomad: released") {
+			t.Errorf("a line the planted name forged: %q", line)
+		}
+		if i := strings.IndexFunc(strings.TrimSuffix(line, "\n"), func(r rune) bool { return !unicode.IsGraphic(r) }); i >= 0 {
+			t.Errorf("logged raw: %q", line)
+		}
 	}
 }
