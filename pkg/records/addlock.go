@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -46,10 +45,20 @@ func (s *Store) WriteLocked(r *Record) (*os.File, error) {
 }
 
 // openLocked opens path read-only and takes its exclusive flock, which
-// cannot be contended: the file is new and nobody else knows its name.
+// cannot be contended: the file is new. Its name is in the record
+// directory for all to see, so it is opened as statefile.Open opens, and
+// must still be a regular file: what was put in its place is refused.
 func openLocked(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := statefile.Open(path)
 	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is %s, not the temp file written", path, fi.Mode().Type())
+	}
+	if err != nil {
+		f.Close()
 		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {

@@ -3,8 +3,11 @@ package records
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
@@ -105,5 +108,37 @@ func TestWriteLockedFailureLeavesNothing(t *testing.T) {
 	entries, _ := os.ReadDir(s.Dir())
 	if len(entries) != 1 {
 		t.Errorf("left behind: %v", entries)
+	}
+}
+
+// WriteLocked opens its temp file again to hold its lock: a FIFO put in
+// its place meanwhile (the temp file's name is in the record directory
+// for all to see) is refused at once, never blocked on (regression: the
+// ADD hung in open(2)).
+func TestOpenLockedNeverBlocksOnAFIFO(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), ".tmp-4242-1")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if fd, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			syscall.Close(fd)
+		}
+	})
+	done := make(chan error, 1)
+	go func() {
+		f, err := openLocked(fifo)
+		if err == nil {
+			f.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a FIFO in the temp file's place was taken for the record")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("openLocked blocks on a FIFO")
 	}
 }
