@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"gopkg.in/natefinch/lumberjack.v2"
@@ -74,7 +76,46 @@ func Open(path string, level Level, a Attachment) (*Log, error) {
 	} else if err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("log file: %w", err)
 	}
+	if err := checkDirs(path); err != nil {
+		return nil, err
+	}
 	return newLog(&lumberjack.Logger{Filename: path, MaxSize: maxSizeMB, MaxBackups: maxBackups}, level, a), nil
+}
+
+// checkDirs refuses a log file in, or under, a directory that others than
+// root and the plugin's own user may write: lumberjack opens the file by
+// its name again at the first line and at each rotation, through a
+// symlink, which such a user could put in its place (Ubuntu's /var/log is
+// the syslog group's). As sshd's StrictModes, a sticky directory (/tmp)
+// passes: nobody may replace another's file there. A directory not made
+// yet is lumberjack's to make, under one that is checked.
+func checkDirs(path string) error {
+	dir := filepath.Dir(path)
+	for !exists(dir) && dir != filepath.Dir(dir) {
+		dir = filepath.Dir(dir)
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return fmt.Errorf("log file: %w", err)
+	}
+	for d := real; ; d = filepath.Dir(d) {
+		fi, err := os.Lstat(d)
+		if err != nil {
+			return fmt.Errorf("log file: %w", err)
+		}
+		owner := fi.Sys().(*syscall.Stat_t).Uid
+		if owner != 0 && int(owner) != os.Geteuid() || fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
+			return fmt.Errorf("log file %s: others may write %s (owner %d, %s): a link put in the file's place would be followed; use a directory only root writes", path, d, owner, fi.Mode())
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 func newLog(out io.WriteCloser, level Level, a Attachment) *Log {

@@ -155,3 +155,57 @@ func TestRotatesBySize(t *testing.T) {
 		t.Errorf("%d files holding %d lines, want the file and one backup holding %d", len(entries), total, n)
 	}
 }
+
+// lumberjack opens the log file by its name again at the first line and
+// at each rotation, through a symlink: in a directory others may write
+// (Ubuntu's /var/log is the syslog group's), or under one, such a user
+// could put a link in its place and have the plugin, as root, append to or
+// truncate what it names. Such a log file is refused; a sticky directory
+// (/tmp) lets nobody replace another's file, and is fine.
+func TestOpenRefusesADirectoryOthersMayWrite(t *testing.T) {
+	mkdir := func(path string, mode os.FileMode) string {
+		t.Helper()
+		if err := os.Mkdir(path, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	for _, tc := range []struct {
+		name    string
+		dir     func(base string) string
+		refused bool
+	}{
+		{"group-writable", func(b string) string { return mkdir(filepath.Join(b, "logs"), 0o775) }, true},
+		{"world-writable", func(b string) string { return mkdir(filepath.Join(b, "logs"), 0o757) }, true},
+		{"under a writable one", func(b string) string {
+			return mkdir(filepath.Join(mkdir(filepath.Join(b, "var"), 0o777), "logs"), 0o755)
+		}, true},
+		{"through a link to a writable one", func(b string) string {
+			real := mkdir(filepath.Join(b, "real"), 0o777)
+			if err := os.Symlink(real, filepath.Join(b, "logs")); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(b, "logs")
+		}, true},
+		{"sticky", func(b string) string { return mkdir(filepath.Join(b, "logs"), 0o777|os.ModeSticky) }, false},
+		{"the plugin's own", func(b string) string { return mkdir(filepath.Join(b, "logs"), 0o755) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(tc.dir(t.TempDir()), "nbc.log")
+			l, err := Open(path, Info, Attachment{})
+			if tc.refused {
+				if err == nil || !strings.Contains(err.Error(), "others") {
+					t.Errorf("Open = %v, want it refused: others may write there", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			l.Close()
+		})
+	}
+}
