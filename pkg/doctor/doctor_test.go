@@ -499,9 +499,7 @@ func TestDoctorOnPlantedStateDirs(t *testing.T) {
 // its bound (regression: it waited for the child to exit).
 func TestPluginVersionDoesNotWaitForItsChildren(t *testing.T) {
 	plugin := filepath.Join(t.TempDir(), "bridge")
-	if err := os.WriteFile(plugin, []byte("#!/bin/sh\necho 'CNI bridge plugin v1.10.0'\nsleep 60 &\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testhost.ScriptLeavingAChild(t, plugin, "CNI bridge plugin v1.10.0")
 	start := time.Now()
 	out, _ := pluginVersion(plugin)
 	if took := time.Since(start); took > 15*time.Second {

@@ -2,6 +2,7 @@ package netfilter
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/coreos/go-iptables/iptables"
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // iptables-legacy waits for the xtables lock: a process that holds it and
@@ -19,13 +22,10 @@ import (
 // `-w` and go-iptables' `--wait` waited for ever). Each command runs in a
 // network namespace of its own, on a lock file of the test's.
 func TestIPTablesGivesUpOnAStuckXtablesLock(t *testing.T) {
-	legacy, err := exec.LookPath("iptables-legacy")
-	if err != nil || os.Geteuid() != 0 {
-		t.Skip("needs root and iptables-legacy")
+	if missing := testhost.MissingTools("iptables-legacy", "unshare"); len(missing) > 0 {
+		testhost.SkipOrFail(t, fmt.Sprintf("needs %v", missing))
 	}
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("needs unshare")
-	}
+	legacy, _ := exec.LookPath("iptables-legacy")
 	bin := t.TempDir()
 	wrapper := filepath.Join(bin, "iptables")
 	if err := os.WriteFile(wrapper, []byte("#!/bin/sh\nexec unshare -n "+legacy+" \"$@\"\n"), 0o755); err != nil {

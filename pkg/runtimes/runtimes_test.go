@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // The Nomad lister asks the local agent through the nomad CLI (which
@@ -121,9 +123,7 @@ func TestNewRefusesWhatItCannotAsk(t *testing.T) {
 // the child to exit).
 func TestOutputDoesNotWaitForTheCLIsChildren(t *testing.T) {
 	cli := filepath.Join(t.TempDir(), "podman")
-	if err := os.WriteFile(cli, []byte("#!/bin/sh\necho abc\nsleep 60 &\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testhost.ScriptLeavingAChild(t, cli, "abc")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()

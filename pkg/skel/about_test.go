@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // firstSemver is what Nomad's fingerprint records: the first token of the
@@ -93,9 +95,7 @@ func TestAboutUnderTheDelegatesNameWithoutCNIPathNamesNoDelegate(t *testing.T) {
 // (regression: it waited for the child to exit).
 func TestAboutDoesNotWaitForTheDelegatesChildren(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "bridge"), []byte("#!/bin/sh\necho 'CNI bridge plugin v1.10.0'\nsleep 60 &\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testhost.ScriptLeavingAChild(t, filepath.Join(dir, "bridge"), "CNI bridge plugin v1.10.0")
 	var out bytes.Buffer
 	start := time.Now()
 	runTool("bridge", nil, func(k string) string { return map[string]string{"CNI_PATH": dir}[k] }, &out, &out)

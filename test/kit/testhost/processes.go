@@ -1,9 +1,13 @@
 package testhost
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
+	"testing"
 )
 
 // Processes lists the pids of this host's processes (not this one) for
@@ -30,4 +34,24 @@ func Processes(match func(pid int, read func(name string) []byte) bool) []int {
 		}
 	}
 	return pids
+}
+
+// ScriptLeavingAChild writes an executable script at path that prints out
+// and leaves a child holding its output open, as a wrapper script's daemon
+// does. The child is killed when the test ends: left to run, it would hold
+// its working directory (a mount a CI step must unmount) for a minute.
+func ScriptLeavingAChild(t testing.TB, path, out string) {
+	t.Helper()
+	pidFile := path + ".child"
+	script := fmt.Sprintf("#!/bin/sh\necho '%s'\nsleep 60 &\necho $! > '%s'\n", out, pidFile)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
 }
