@@ -6,8 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 func TestTempWriter(t *testing.T) {
@@ -60,10 +61,7 @@ func TestReadSmallRefusesWhatWasPlanted(t *testing.T) {
 	if err := os.Symlink(target, filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
-	fifo := filepath.Join(dir, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	fifo := dirstate.PlantFIFO(t, filepath.Join(dir, "fifo"))
 	writer, err := os.OpenFile(fifo, os.O_RDWR, 0) // a writer that never writes
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
@@ -324,9 +324,7 @@ func TestStateSaysWhatTheSweepSkipped(t *testing.T) {
 func TestDoctorOnPlantedAndHugeConflists(t *testing.T) {
 	h := newHost(t)
 	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
-	if err := syscall.Mkfifo(filepath.Join(h.conf, "20-fifo.conflist"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dirstate.PlantFIFO(t, filepath.Join(h.conf, "20-fifo.conflist"))
 	huge := strings.Replace(conf("huge", pluginName, "nbc1", "172.26.96.0/20", "host-local"), `"name"`, `"padding": "`+strings.Repeat("x", 2<<20)+`", "name"`, 1)
 	h.conflist("30-huge.conflist", huge)
 	done := make(chan *Report, 1)
@@ -469,17 +467,7 @@ func TestDoctorOnPlantedStateDirs(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := os.MkdirAll(filepath.Dir(fifo), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if fd, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-					syscall.Close(fd)
-				}
-			})
+			dirstate.PlantFIFO(t, fifo)
 			done := make(chan *Report, 1)
 			go func() { done <- h.run() }()
 			select {

@@ -5,9 +5,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 func TestPrometheusRulesFinding(t *testing.T) {
@@ -122,14 +123,7 @@ func TestDoctorReadsConfigFilesWithinBounds(t *testing.T) {
 	if err := os.Remove(config); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mkfifo(config, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if fd, err := syscall.Open(config, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			syscall.Close(fd)
-		}
-	})
+	dirstate.PlantFIFO(t, config)
 	done := make(chan []Finding, 1)
 	go func() { done <- checkPrometheus(rules, config) }()
 	select {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 // The lock is host-local's: while it is held, host-local's own flock on the
@@ -46,12 +48,11 @@ func TestLockRefusesPlantedLocks(t *testing.T) {
 		plant func(t *testing.T, lock string)
 		want  string
 	}{
-		{"fifo", func(t *testing.T, lock string) { mustOK(t, syscall.Mkfifo(lock, 0o600)) }, "a FIFO"},
+		{"fifo", func(t *testing.T, lock string) { dirstate.PlantFIFO(t, lock) }, "a FIFO"},
 		{"directory", func(t *testing.T, lock string) { mustOK(t, os.Mkdir(lock, 0o700)) }, "a directory"},
 		{"symlink", func(t *testing.T, lock string) { mustOK(t, os.Symlink(outside, lock)) }, "symlink"},
 		{"symlink-to-fifo", func(t *testing.T, lock string) {
-			fifo := filepath.Join(t.TempDir(), "fifo")
-			mustOK(t, syscall.Mkfifo(fifo, 0o600))
+			fifo := dirstate.PlantFIFO(t, filepath.Join(t.TempDir(), "fifo"))
 			mustOK(t, os.Symlink(fifo, lock))
 		}, "symlink"},
 	} {
@@ -160,10 +161,7 @@ func TestCheckPlanted(t *testing.T) {
 		mustOK(t, os.WriteFile(filepath.Join(dir, "foreign"), nil, 0o600))
 		mustOK(t, os.MkdirAll(filepath.Join(dir, "10.0.0.6", "x"), 0o700))
 	}
-	fifo := func(t *testing.T, path string) {
-		mustOK(t, os.MkdirAll(filepath.Dir(path), 0o700))
-		mustOK(t, syscall.Mkfifo(path, 0o600))
-	}
+	fifo := func(t *testing.T, path string) { dirstate.PlantFIFO(t, path) }
 	for _, tc := range []struct {
 		name  string
 		plant func(t *testing.T, dir string)

@@ -4,15 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 func (w *world) legacyLease(legacy, ip, content string, mtime time.Time) string {
@@ -241,10 +239,7 @@ func TestCopyLeaseDoesNotFollowOrBlockOnAnExistingTarget(t *testing.T) {
 	if moved, err := copyLease(l, link); moved || err == nil {
 		t.Errorf("symlinked target: moved %v, err %v; want an error and no move", moved, err)
 	}
-	fifo := filepath.Join(dir, "10.0.0.3")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	fifo := dirstate.PlantFIFO(t, filepath.Join(dir, "10.0.0.3")) // its cleanup lets a blocked copyLease go
 	done := make(chan bool, 1)
 	go func() { moved, _ := copyLease(l, fifo); done <- moved }()
 	select {
@@ -253,9 +248,6 @@ func TestCopyLeaseDoesNotFollowOrBlockOnAnExistingTarget(t *testing.T) {
 			t.Error("a FIFO target counted as the migrated lease")
 		}
 	case <-time.After(10 * time.Second):
-		if w, err := os.OpenFile(fifo, os.O_WRONLY, 0); err == nil {
-			w.Close()
-		}
 		t.Fatal("copyLease blocked on a FIFO")
 	}
 }
@@ -296,9 +288,7 @@ func TestMigrateRewritesACopyKilledBeforeItsWrite(t *testing.T) {
 	w.legacyLease(legacy, "10.0.0.2", "running\r\neth0", running)
 	w.legacyLease(legacy, "10.0.0.3", "other\r\neth0", running)
 	w.lease("10.0.0.2", "", running)
-	if err := syscall.Mkfifo(filepath.Join(w.dataDir, net1, "10.0.0.3"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	dirstate.PlantFIFO(t, filepath.Join(w.dataDir, net1, "10.0.0.3"))
 	m, err := w.migrate.Migrate(w.dir(), legacy)
 	if err != nil {
 		t.Fatalf("Migrate: %v", err)

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 	"unicode"
@@ -18,6 +17,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 )
 
@@ -378,18 +378,7 @@ func TestPlantedFIFOsWhereHoldersAreReadNeverHang(t *testing.T) {
 			legacy, other := t.TempDir(), t.TempDir()
 			fifo := map[string]string{"legacy": ipamdir.New(legacy, net1).Leases(), "other-leases": ipamdir.New(other, net1).Leases(),
 				"other-records": ipamdir.New(other, net1).Records()}[where]
-			if err := os.MkdirAll(filepath.Dir(fifo), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			// A sweep blocked in open(2) is let go at the end.
-			t.Cleanup(func() {
-				if fd, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-					syscall.Close(fd)
-				}
-			})
+			dirstate.PlantFIFO(t, fifo) // a sweep blocked in open(2) is let go at the end
 			var problems []string
 			done := make(chan *swept, 1)
 			go func() {

@@ -5,11 +5,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 func pendingSample() *Record {
@@ -116,15 +116,7 @@ func TestWriteLockedFailureLeavesNothing(t *testing.T) {
 // for all to see) is refused at once, never blocked on (regression: the
 // ADD hung in open(2)).
 func TestOpenLockedNeverBlocksOnAFIFO(t *testing.T) {
-	fifo := filepath.Join(t.TempDir(), ".tmp-4242-1")
-	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if fd, err := syscall.Open(fifo, syscall.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
-			syscall.Close(fd)
-		}
-	})
+	fifo := dirstate.PlantFIFO(t, filepath.Join(t.TempDir(), ".tmp-4242-1"))
 	done := make(chan error, 1)
 	go func() {
 		f, err := openLocked(fifo)

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 // asMain makes the test binary run Main, as the plugin's process.
@@ -34,10 +34,7 @@ func TestMainSwitchesSkelsNetnsCheckOffForItselfOnly(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bin, "bridge"), []byte(delegate), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fifo := filepath.Join(dir, "netns")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	fifo := dirstate.PlantFIFO(t, filepath.Join(dir, "netns"))
 	// An entry the plugin installed as bridge passes through: nothing but
 	// the delegate runs.
 	stdin := `{"cniVersion":"1.0.0","name":"podman","type":"bridge","bridge":"cni-podman1","ipam":{"type":"static","addresses":[{"address":"172.26.64.2/20"}]}}`

@@ -11,9 +11,9 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/invoke"
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 // startCat starts a process that waits on its stdin (closed at the test's
@@ -128,19 +128,8 @@ func TestCNIProcessesPassesOverAProcessThatCannotBeRead(t *testing.T) {
 	write := func(pid, environ string) { writeEnviron(t, root, pid, environ) }
 	stuck := func(pid string) {
 		t.Helper()
-		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		fifo := filepath.Join(root, pid, "environ")
-		if err := unix.Mkfifo(fifo, 0o600); err != nil {
-			t.Fatal(err)
-		}
 		// Whatever the test's outcome, the stuck reads end with it.
-		t.Cleanup(func() {
-			if f, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
-				f.Close()
-			}
-		})
+		dirstate.PlantFIFO(t, filepath.Join(root, pid, "environ"))
 	}
 	stuck("100")
 	write("200", "CNI_CONTAINERID=after-the-stuck-one\x00")

@@ -7,8 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 	kitns "github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/netns"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
@@ -48,10 +47,7 @@ func TestNetnsCookieOfTwoNamespaces(t *testing.T) {
 // A FIFO planted where a namespace is expected is no namespace, and
 // reading its cookie, either way, does not block on it.
 func TestNetnsCookieOfAPlantedFIFO(t *testing.T) {
-	fifo := filepath.Join(t.TempDir(), "netns")
-	if err := unix.Mkfifo(fifo, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	fifo := dirstate.PlantFIFO(t, filepath.Join(t.TempDir(), "netns"))
 	r := &Real{}
 	for name, read := range map[string]func(string) (uint64, error){"NetnsCookie": r.NetnsCookie} {
 		done := make(chan error, 1)
@@ -65,7 +61,7 @@ func TestNetnsCookieOfAPlantedFIFO(t *testing.T) {
 				t.Errorf("%s of a FIFO: %v, want ErrNotNetns", name, err)
 			}
 		case <-time.After(10 * time.Second):
-			t.Fatalf("%s blocked on a FIFO", name) // the open is left hanging
+			t.Fatalf("%s blocked on a FIFO", name)
 		}
 	}
 }

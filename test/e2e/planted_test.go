@@ -4,13 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 )
 
 // plantedBound is how long a verb or a command may take on a planted
@@ -41,10 +41,10 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 			if err := os.Remove(p); err != nil {
 				t.Fatal(err)
 			}
-			return mkfifo(t, p)
+			return dirstate.PlantFIFO(t, p)
 		}, "FIFO", false},
 		{"fifo-lease", func(t *testing.T, e *testEnv, _ string) string {
-			return mkfifo(t, filepath.Join(e.leaseDir(), e.hostAddr(200).String()))
+			return dirstate.PlantFIFO(t, filepath.Join(e.leaseDir(), e.hostAddr(200).String()))
 		}, "FIFO", true},
 		{"symlinked-lock", func(t *testing.T, e *testEnv, outside string) string {
 			p := filepath.Join(e.leaseDir(), "lock")
@@ -136,14 +136,6 @@ func TestPlantedFilesNeverHang(t *testing.T) {
 	}
 }
 
-func mkfifo(t *testing.T, path string) string {
-	t.Helper()
-	if err := syscall.Mkfifo(path, 0o600); err != nil {
-		t.Fatalf("mkfifo %s: %v", path, err)
-	}
-	return path
-}
-
 // assertNoRegularLeaseOf fails if a regular file in dir names cid; it
 // opens nothing else (a planted FIFO would block the read).
 func assertNoRegularLeaseOf(t *testing.T, dir, cid string) {
@@ -173,7 +165,7 @@ func TestFIFOAsCNINetns(t *testing.T) {
 	e.requirePlugin(t)
 	e.writeConflist(t, e.reclaimConf(t, "minimal.conflist"))
 	ns := e.addNetns(t, "fifo")
-	fifo := mkfifo(t, filepath.Join(t.TempDir(), "netns"))
+	fifo := dirstate.PlantFIFO(t, filepath.Join(t.TempDir(), "netns"))
 	entry := mustJSON(t, hostileEntry(t, e, ""))
 	for _, command := range []string{"ADD", "CHECK", "DEL"} {
 		args := e.cniArgs(command, ns)
@@ -218,11 +210,7 @@ func TestDelBesideAPlantedLeaseRunsHostLocalOnNothingPlanted(t *testing.T) {
 			}
 		}},
 		{"fifo-as-scratch-lock", func(t *testing.T, e *testEnv, _ string) {
-			dir := filepath.Join(e.stateDir, recordDirName, ".scratch-ipam", e.netName)
-			if err := os.MkdirAll(dir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			mkfifo(t, filepath.Join(dir, "lock"))
+			dirstate.PlantFIFO(t, filepath.Join(e.stateDir, recordDirName, ".scratch-ipam", e.netName, "lock"))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -231,7 +219,7 @@ func TestDelBesideAPlantedLeaseRunsHostLocalOnNothingPlanted(t *testing.T) {
 			e.writeConflist(t, e.reclaimConf(t, "minimal.conflist"))
 			live := e.addNetns(t, "live")
 			e.mustCNI(t, "add", live, "")
-			lease := mkfifo(t, filepath.Join(e.leaseDir(), e.hostAddr(200).String()))
+			lease := dirstate.PlantFIFO(t, filepath.Join(e.leaseDir(), e.hostAddr(200).String()))
 			outside := t.TempDir()
 			tc.plant(t, e, outside)
 
