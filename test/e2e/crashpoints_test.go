@@ -160,11 +160,7 @@ func TestCrashPoints(t *testing.T) {
 				cniexec.Run(t, e.binary(pluginType), invoke.Args{}, cniexec.Opts{Argv: []string{"gc", "--data-dir", e.dataDir}, Env: env})
 			},
 			next: func(t *testing.T, e *testEnv, s *crashScene) {
-				e.operatorSweep(t)
-				e.assertNoTrace(t, s.c.cid)
-				e.assertLiveB(t, s)
-				e.assertNAT(t, s.a.cid, natWant{Masq: []netip.Addr{s.addrA}, DNAT: []portMap{{s.portA, s.addrA}}})
-				e.mustCNI(t, "del", s.a, s.capA)
+				e.sweepsCAwayThenDELsA(t, s)
 			},
 		},
 		{
@@ -309,11 +305,7 @@ func TestCrashPoints(t *testing.T) {
 			},
 			next: func(t *testing.T, e *testEnv, s *crashScene) {
 				e.mustKillNetns(t, s.c)
-				e.operatorSweep(t)
-				e.assertNoTrace(t, s.c.cid)
-				e.assertLiveB(t, s)
-				e.assertNAT(t, s.a.cid, natWant{Masq: []netip.Addr{s.addrA}, DNAT: []portMap{{s.portA, s.addrA}}})
-				e.mustCNI(t, "del", s.a, s.capA)
+				e.sweepsCAwayThenDELsA(t, s)
 			},
 		},
 		{
@@ -700,6 +692,17 @@ func (e *testEnv) assertLiveB(t *testing.T, s *crashScene) {
 	assertLease(t, e.leaseDir(), s.addrB, s.b.cid)
 	e.assertRecord(t, s.b, s.addrB)
 	e.assertNAT(t, s.b.cid, natWant{Masq: []netip.Addr{s.addrB}, DNAT: []portMap{{s.portB, s.addrB}}})
+}
+
+// sweepsCAwayThenDELsA is a next step of a path whose container C is
+// dead: a gc leaves nothing of C, B and A as they were, then A's DEL.
+func (e *testEnv) sweepsCAwayThenDELsA(t *testing.T, s *crashScene) {
+	t.Helper()
+	e.operatorSweep(t)
+	e.assertNoTrace(t, s.c.cid)
+	e.assertLiveB(t, s)
+	e.assertNAT(t, s.a.cid, natWant{Masq: []netip.Addr{s.addrA}, DNAT: []portMap{{s.portA, s.addrA}}})
+	e.mustCNI(t, "del", s.a, s.capA)
 }
 
 // assertOnlyB checks that the network holds B and nothing else: no lease,
