@@ -99,7 +99,9 @@ func (r *Reconcile) unmount(mount string, dryRun bool) error {
 	case dryRun:
 		return nil
 	}
-	if err := unix.Unmount(mount, unix.MNT_DETACH); err != nil {
+	// Not followed: a symlink planted at the path since the holder scan
+	// would have the mount it points to taken.
+	if err := unix.Unmount(mount, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
 		return err
 	}
 	// ip netns leaves an empty file as the mount point.

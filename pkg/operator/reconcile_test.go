@@ -15,6 +15,8 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
+	"golang.org/x/sys/unix"
 )
 
 // gc --runtime: the fixture's live attachments "web" (its namespace there)
@@ -215,3 +217,35 @@ type rowCollector struct{ rows *[]Row }
 
 func (c *rowCollector) Row(r Row)             { *c.rows = append(*c.rows, r) }
 func (c *rowCollector) End(p *Problems) error { return nil }
+
+// --remove-mounts unmounts the mount point the holder scan named, never
+// what a symlink planted at that path since points to: the scan and the
+// unmount are apart in time, and the path's directory may be writable by
+// others (a runtime's netns directory).
+func TestRemoveMountsNeverFollowsASymlinkAtTheMountPoint(t *testing.T) {
+	if missing := testhost.MissingTools(); len(missing) > 0 {
+		testhost.SkipOrFail(t, "needs "+strings.Join(missing, ", ")+" to mount a tmpfs")
+	}
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	if err := os.Mkdir(victim, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", victim, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(victim, unix.MNT_DETACH) })
+	planted := filepath.Join(dir, "netns-m1")
+	if err := os.Symlink(victim, planted); err != nil {
+		t.Fatal(err)
+	}
+
+	err := (&Reconcile{RemoveMounts: true}).unmount(planted, false)
+	var st unix.Statfs_t
+	if serr := unix.Statfs(victim, &st); serr != nil || st.Type != unix.TMPFS_MAGIC {
+		t.Fatalf("unmount through a symlink at the mount point took the mount it points to (err %v)", err)
+	}
+	if err == nil {
+		t.Fatal("unmount of a symlink reported success")
+	}
+}
