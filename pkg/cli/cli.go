@@ -14,8 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/spf13/pflag"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
@@ -325,7 +327,8 @@ func (cmd *command) usage(w io.Writer) {
 }
 
 // parse handles -h (usage on stdout, exit 0), and bad flags, arguments
-// given to a subcommand and a --conf-dir that is not a directory (exit 2).
+// given to a subcommand, a --conf-dir that is not a directory and a
+// --network no CNI network can have (exit 2), before any is acted on.
 func (c *cli) parse(flags *command, args []string) (int, bool) {
 	name := strings.TrimSpace(strings.TrimPrefix(flags.Name(), conflists.PluginName))
 	err := flags.Parse(args)
@@ -338,6 +341,11 @@ func (c *cli) parse(flags *command, args []string) (int, bool) {
 	case err == nil && flags.confDirs != nil:
 		err = checkConfDirs(*flags.confDirs)
 	}
+	if network := flags.Lookup("network"); err == nil && network != nil && network.Changed {
+		if e := utils.ValidateNetworkName(network.Value.String()); e != nil {
+			err = fmt.Errorf("--network %q: %s", network.Value, e.Msg)
+		}
+	}
 	if err != nil {
 		return c.fail(2, err, name), true
 	}
@@ -346,7 +354,7 @@ func (c *cli) parse(flags *command, args []string) (int, bool) {
 
 // fail prints err, and for a usage error (code 2) where cmd's help is.
 func (c *cli) fail(code int, err error, cmd string) int {
-	fmt.Fprintf(c.stderr, "nomad-bridge-cni: %v\n", err)
+	fmt.Fprintf(c.stderr, "nomad-bridge-cni: %s\n", statefile.Printable(err.Error()))
 	if code == 2 {
 		fmt.Fprintf(c.stderr, "Run '%s --help' for usage.\n", strings.TrimSpace(conflists.PluginName+" "+cmd))
 	}

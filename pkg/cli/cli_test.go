@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -166,7 +167,7 @@ func TestGCAllDataDirsWithNetworkIsAboutThatNetworkOnly(t *testing.T) {
 	}
 
 	c, _, stderr = fakeNATCLI()
-	if code := c.run([]string{"gc", "--all-data-dirs", "--network", "../x", "--data-dir", dataDir, "--conf-dir", confDir}); code != 1 || !strings.Contains(stderr.String(), "invalid characters") {
+	if code := c.run([]string{"gc", "--all-data-dirs", "--network", "../x", "--data-dir", dataDir, "--conf-dir", confDir}); code != 2 || !strings.Contains(stderr.String(), "invalid characters") {
 		t.Errorf("--all-data-dirs --network ../x: exit %d, %s", code, stderr)
 	}
 }
@@ -311,5 +312,28 @@ func TestMetricsTextfileTempIsMadeReadableWithoutFollowingALink(t *testing.T) {
 	}
 	if fi, err := os.Stat(victim); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("the link's target: %v, %v; want it left 0600", fi.Mode(), err)
+	}
+}
+
+// A network name no CNI network can have is a usage error, said before the
+// runtime is asked: not after a 30 s wait, nor as the runtime's failure.
+func TestBadNetworkNameIsRefusedBeforeAskingTheRuntime(t *testing.T) {
+	t.Setenv("PATH", t.TempDir()) // no podman here
+	for _, cmd := range []string{"leases", "gc"} {
+		c, _, stderr := fakeNATCLI()
+		code := c.run([]string{cmd, "--data-dir", t.TempDir(), "--network", "no/such", "--runtime", "podman"})
+		if code != 2 || !strings.Contains(stderr.String(), "--network") || strings.Contains(stderr.String(), "cannot ask podman") {
+			t.Errorf("%s --network no/such --runtime podman: exit %d, %s", cmd, code, stderr)
+		}
+	}
+}
+
+// What an error says goes out escaped: a planted file's or a record's name
+// in it must not reach the terminal raw.
+func TestFailEscapesWhatItPrints(t *testing.T) {
+	c, _, stderr := fakeNATCLI()
+	c.fail(1, errors.New("record \x1b]0;owned\x07 damaged\nnomad-bridge-cni: forged"), "")
+	if s := stderr.String(); strings.ContainsAny(s, "\x1b\x07") || strings.Count(s, "\n") != 1 {
+		t.Errorf("fail printed %q", s)
 	}
 }

@@ -146,7 +146,7 @@ func TestOperatorErrors(t *testing.T) {
 		{[]string{"leases", "--bogus"}, 2, "unknown flag: --bogus"},
 		{[]string{"gc", "--network"}, 2, "flag needs an argument"},
 		{[]string{"leases", "--data-dir", filepath.Join(e.dataDir, "missing")}, 1, "no such file or directory"},
-		{[]string{"gc", "--data-dir", e.dataDir, "--network", "../x"}, 1, "invalid characters"},
+		{[]string{"gc", "--data-dir", e.dataDir, "--network", "../x"}, 2, "invalid characters"},
 		{[]string{"frob"}, 2, `unknown command "frob"`},
 	} {
 		_, stderr, err := e.operator(t, tc.args...)
