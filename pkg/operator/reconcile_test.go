@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -247,5 +249,19 @@ func TestRemoveMountsNeverFollowsASymlinkAtTheMountPoint(t *testing.T) {
 	}
 	if err == nil {
 		t.Fatal("unmount of a symlink reported success")
+	}
+}
+
+// A network defined in two files is the first one's, as libcni, go-cni and
+// Nomad load it (the files in lexical order, the first of that name): gc
+// migrates from that one's legacy dir, as its CHECK does.
+func TestScopeTakesTheFirstFileOfANetwork(t *testing.T) {
+	dataDir := t.TempDir()
+	var nets []*conflists.Network
+	for _, legacy := range []string{"/srv/first", "/srv/second"} {
+		nets = append(nets, &conflists.Network{Name: "nomad", Ours: true, Conf: &netconf.Config{DataDir: dataDir, LegacyDataDir: legacy}})
+	}
+	if got := NewScope(dataDir, nil, nets).LegacyDataDirs["nomad"]; got != "/srv/first" {
+		t.Errorf("legacy dir of a network in two files: %q, want the first file's", got)
 	}
 }

@@ -34,7 +34,10 @@ type Scope struct {
 func NewScope(dataDir string, dirs []ipamdir.Dir, nets []*conflists.Network) Scope {
 	sc := Scope{DataDir: dataDir, Dirs: dirs, OtherDataDirs: conflists.DataDirsOf(nets), LegacyDataDirs: map[string]string{}}
 	for _, n := range nets {
-		if n.Ours && filepath.Clean(n.Conf.DataDir) == filepath.Clean(dataDir) {
+		_, seen := sc.LegacyDataDirs[n.Name]
+		// A name in two files is the first one's, as Nomad and libcni
+		// load it (the files in lexical order).
+		if n.Ours && !seen && filepath.Clean(n.Conf.DataDir) == filepath.Clean(dataDir) {
 			sc.LegacyDataDirs[n.Name] = n.Conf.LegacyDataDir
 		}
 	}
