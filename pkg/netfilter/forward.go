@@ -17,8 +17,8 @@ import (
 
 const (
 	filterTableName = "filter"
-	// ForwardChain is the firewall plugin's chain.
-	ForwardChain = "CNI-FORWARD"
+	// forwardChain is the firewall plugin's chain.
+	forwardChain = "CNI-FORWARD"
 )
 
 // forwardSpecs are the rulespecs the firewall plugin appends for addr.
@@ -48,14 +48,14 @@ func specKey(spec []string) string { return strings.Join(spec, "\x00") }
 func (c *Cleaner) ListForward() (*ForwardRules, error) {
 	f := &ForwardRules{specs: map[string]Table{}}
 	var errs []error
-	for _, t := range c.Families() {
+	for _, t := range c.families() {
 		lines, err := t.List(filterTableName)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("list %s: %w", ForwardChain, err))
+			errs = append(errs, fmt.Errorf("list %s: %w", forwardChain, err))
 			continue
 		}
 		for _, line := range lines {
-			if spec, ok := ruleSpec(line, ForwardChain); ok {
+			if chain, spec, ok := parseRule(line); ok && chain == forwardChain {
 				f.specs[specKey(spec)] = t
 			}
 		}
@@ -86,8 +86,8 @@ func (f *ForwardRules) Release(addrs []netip.Addr, dryRun bool) ([]string, error
 				continue
 			}
 			if !dryRun {
-				if err := t.Delete(filterTableName, ForwardChain, spec...); err != nil && !isNotExist(err) {
-					errs = append(errs, fmt.Errorf("delete firewall rule of %s from %s: %w", a, ForwardChain, err))
+				if err := t.Delete(filterTableName, forwardChain, spec...); err != nil && !isNotExist(err) {
+					errs = append(errs, fmt.Errorf("delete firewall rule of %s from %s: %w", a, forwardChain, err))
 					continue
 				}
 				delete(f.specs, specKey(spec))
@@ -95,7 +95,7 @@ func (f *ForwardRules) Release(addrs []netip.Addr, dryRun bool) ([]string, error
 			n++
 		}
 		if n > 0 {
-			removed = append(removed, fmt.Sprintf("firewall rules of %s in %s (%d)", a, ForwardChain, n))
+			removed = append(removed, fmt.Sprintf("firewall rules of %s in %s (%d)", a, forwardChain, n))
 		}
 	}
 	return removed, errors.Join(errs...)

@@ -33,7 +33,7 @@ func (c *Cleaner) State() RulesetState {
 	if c.StateFunc != nil {
 		return c.StateFunc()
 	}
-	tables := c.Families()
+	tables := c.families()
 	if len(tables) == 0 {
 		return RulesetState{}
 	}

@@ -55,7 +55,7 @@ type Table interface {
 // Cleaner releases the NAT rules of stale containers.
 type Cleaner struct {
 	// Tables are the iptables families present on the host (IPv4, IPv6).
-	// Use Families, which finds them on first use.
+	// Use families, which finds them on first use.
 	Tables []Table
 	// StateFunc, if set, stands for State (tests' fake tables).
 	StateFunc func() RulesetState
@@ -173,8 +173,8 @@ func (t *natTable) FlushChain(table, chain string) error {
 	return nil
 }
 
-// Families returns the iptables families, finding them on first use.
-func (c *Cleaner) Families() []Table {
+// families returns the iptables families, finding them on first use.
+func (c *Cleaner) families() []Table {
 	if c.findTables != nil {
 		c.Tables, c.findTables = c.findTables(), nil
 	}
@@ -220,7 +220,7 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 	// One family after the other: listing them at once saved the shorter
 	// listing's time (ip6tables -S of a small table, 1.9 ms), which no
 	// bound needs.
-	for _, t := range c.Families() {
+	for _, t := range c.families() {
 		lines, err := t.List(natTableName)
 		if err != nil {
 			return nil, fmt.Errorf("list nat rules: %w", err)
@@ -231,8 +231,9 @@ func (c *Cleaner) listNAT(network string) (*iptablesRules, error) {
 				fr.chains[strings.TrimSpace(chain)] = true
 				continue
 			}
-			chain, spec, comment, ok := parseRule(line)
-			if !ok {
+			chain, spec, ok := parseRule(line)
+			comment, commented := ruleComment(spec)
+			if !ok || !commented {
 				continue
 			}
 			net, cid, named := ParseComment(comment)
@@ -293,27 +294,23 @@ func (r *iptablesRules) portmapChain(containerID string) string {
 	return chainNameWithPrefix(r.network, containerID, portmapDNPrefix)
 }
 
-// ruleSpec is the rulespec Delete takes of an `iptables -S` line of chain.
-func ruleSpec(line, chain string) ([]string, bool) {
-	words, err := shellwords.Parse(line)
-	if err != nil || len(words) < 3 || words[0] != "-A" || words[1] != chain {
-		return nil, false
-	}
-	return words[2:], true
-}
-
-// parseRule is the chain of an `iptables -S` line of a commented rule,
-// the rulespec Delete takes, and the value of its --comment.
-func parseRule(line string) (chain string, spec []string, comment string, ok bool) {
+// parseRule is the chain of an `iptables -S` line of a rule ("-A chain
+// spec") and the rulespec Delete takes.
+func parseRule(line string) (chain string, spec []string, ok bool) {
 	words, err := shellwords.Parse(line)
 	if err != nil || len(words) < 3 || words[0] != "-A" {
-		return "", nil, "", false
+		return "", nil, false
 	}
-	spec = words[2:]
-	if i := slices.Index(spec, "--comment"); i >= 0 && i+1 < len(spec) {
-		return words[1], spec, spec[i+1], true
+	return words[1], words[2:], true
+}
+
+// ruleComment is the value of a rulespec's --comment.
+func ruleComment(spec []string) (string, bool) {
+	i := slices.Index(spec, "--comment")
+	if i < 0 || i+1 >= len(spec) {
+		return "", false
 	}
-	return "", nil, "", false
+	return spec[i+1], true
 }
 
 // ParseComment extracts the network and container ID from a bridge or
