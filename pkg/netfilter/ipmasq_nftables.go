@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
@@ -161,9 +160,6 @@ func eachIPMasqRule(doomed func(comment string) bool) error {
 	}
 	defer c.CloseLasting()
 	rules, err := listRules(c, nftables.TableFamilyINet, ipMasqTable, ipMasqChain)
-	if isErrno(err, unix.EPERM) {
-		return nil
-	}
 	if err != nil {
 		return fmt.Errorf("list rules of inet %s %s: %w", ipMasqTable, ipMasqChain, err)
 	}

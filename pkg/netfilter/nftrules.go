@@ -23,11 +23,12 @@ func dialNFT() (*nftables.Conn, error) {
 }
 
 // listRules lists the rules of chain in table, nftables family family. A
-// table or chain that does not exist has no rules.
+// table or chain that does not exist has no rules; nor has one this
+// process may not list (EPERM: not root), none of whose rules it made.
 func listRules(c *nftables.Conn, family nftables.TableFamily, table, chain string) ([]*nftables.Rule, error) {
 	t := &nftables.Table{Family: family, Name: table}
 	rules, err := c.GetRules(t, &nftables.Chain{Table: t, Name: chain})
-	if isErrno(err, unix.ENOENT) {
+	if isErrno(err, unix.ENOENT) || isErrno(err, unix.EPERM) {
 		return nil, nil
 	}
 	if err != nil {
