@@ -273,6 +273,7 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 		}
 		table := conn.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: portmapNFTTable})
 		hostports := conn.AddChain(&nftables.Chain{Table: table, Name: "hostports"})
+		hostIP := conn.AddChain(&nftables.Chain{Table: table, Name: "hostip_hostports"}) // older portmaps'
 		masq := conn.AddChain(&nftables.Chain{Table: table, Name: "masquerading"})
 		dnat := func(chain *nftables.Chain, cid string, ip net.IP) {
 			conn.AddRule(&nftables.Rule{Table: table, Chain: chain,
@@ -290,6 +291,7 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 		}
 		dnat(hostports, "c1", net.IPv4(10, 0, 0, 5))
 		saddr("c1", net.IPv4(10, 0, 0, 5))
+		dnat(hostIP, "c1", net.IPv4(10, 0, 0, 5))
 		dnat(hostports, "c1", net.IPv4(10, 1, 0, 9)) // c1 on another network
 		dnat(hostports, "c2", net.IPv4(10, 0, 0, 6))
 		if err := conn.Flush(); err != nil {
@@ -301,7 +303,7 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 			t.Fatal(err)
 		}
 		addr := []netip.Addr{netip.MustParseAddr("10.0.0.5")}
-		if what, err := rules.Release("c1", addr, true); err != nil || len(what) != 1 || what[0] != "portmap nftables rules of c1 (2)" {
+		if what, err := rules.Release("c1", addr, true); err != nil || len(what) != 1 || what[0] != "portmap nftables rules of c1 (3)" {
 			t.Fatalf("dry run: %q %v", what, err)
 		}
 		if what, err := rules.Release("c1", addr, false); err != nil || len(what) != 1 {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 )
@@ -23,6 +22,10 @@ import (
 // GC); a release without a DEL did not.
 
 const portmapNFTTable = "cni_hostport"
+
+// portmapNFTChains are the chains that hold a container's rules, the ones
+// portmap's own teardown lists.
+var portmapNFTChains = []string{"hostports", "hostip_hostports", "masquerading"}
 
 // PortmapNFTRules are portmap's nftables rules, listed once (a sweep's
 // releases share one listing).
@@ -41,8 +44,8 @@ type portmapNFTRule struct {
 	addrs []netip.Addr
 }
 
-// ListPortmapNFT lists the rules of both cni_hostport tables. A host
-// without them (portmap on iptables, or none) has none; so does one
+// ListPortmapNFT lists portmap's chains in both cni_hostport tables. A
+// host without them (portmap on iptables, or none) has none; so does one
 // without netlink access to nftables.
 func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 	if !c.PortmapNFT {
@@ -55,56 +58,37 @@ func (c *Cleaner) ListPortmapNFT() (*PortmapNFTRules, error) {
 	defer conn.CloseLasting()
 	p := &PortmapNFTRules{byComment: map[string][]portmapNFTRule{}}
 	for _, family := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
-		rules, err := portmapRules(conn, family)
-		if err != nil {
-			return nil, fmt.Errorf("list rules of %s: %w", portmapNFTTable, err)
-		}
-		for _, r := range rules {
-			c, ok := udataComment(r.UserData)
-			if !ok {
-				continue
+		for _, chain := range portmapNFTChains {
+			rules, err := listRules(conn, family, portmapNFTTable, chain)
+			if err != nil {
+				return nil, fmt.Errorf("list rules of %s %s: %w", portmapNFTTable, chain, err)
 			}
-			rule := portmapNFTRule{ref: &nftables.Rule{Table: r.Table, Chain: r.Chain, Handle: r.Handle}}
-			for _, e := range r.Exprs {
-				var data []byte
-				switch e := e.(type) {
-				case *expr.Cmp:
-					data = e.Data
-				case *expr.Immediate:
-					data = e.Data
-				}
-				if a, ok := netip.AddrFromSlice(data); ok {
-					rule.addrs = append(rule.addrs, a)
+			for _, r := range rules {
+				if c, ok := udataComment(r.UserData); ok {
+					p.byComment[string(c)] = append(p.byComment[string(c)], portmapNFTRuleOf(r))
 				}
 			}
-			p.byComment[string(c)] = append(p.byComment[string(c)], rule)
 		}
 	}
 	return p, nil
 }
 
-// portmapRules lists the rules of every chain of family's cni_hostport
-// table (a rule dump names one chain); listRules says which have none.
-func portmapRules(conn *nftables.Conn, family nftables.TableFamily) ([]*nftables.Rule, error) {
-	chains, err := conn.ListChainsOfTableFamily(family)
-	if isErrno(err, unix.EPERM) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []*nftables.Rule
-	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != portmapNFTTable {
-			continue
+// portmapNFTRuleOf is what a listing keeps of r.
+func portmapNFTRuleOf(r *nftables.Rule) portmapNFTRule {
+	rule := portmapNFTRule{ref: &nftables.Rule{Table: r.Table, Chain: r.Chain, Handle: r.Handle}}
+	for _, e := range r.Exprs {
+		var data []byte
+		switch e := e.(type) {
+		case *expr.Cmp:
+			data = e.Data
+		case *expr.Immediate:
+			data = e.Data
 		}
-		rules, err := listRules(conn, family, portmapNFTTable, ch.Name)
-		if err != nil {
-			return nil, err
+		if a, ok := netip.AddrFromSlice(data); ok {
+			rule.addrs = append(rule.addrs, a)
 		}
-		out = append(out, rules...)
 	}
-	return out, nil
+	return rule
 }
 
 // matching are the rules commented containerID that name one of addrs.
