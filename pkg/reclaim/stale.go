@@ -62,13 +62,6 @@ const (
 	CauseEmptyLease = "empty-lease"
 )
 
-func (v Verdict) String() string {
-	if v.Reason == "" {
-		return string(v.State)
-	}
-	return fmt.Sprintf("%s (%s)", v.State, v.Reason)
-}
-
 // Attachment is everything the network holds for one container ID + ifname.
 type Attachment struct {
 	Key     records.Key
