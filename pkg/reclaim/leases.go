@@ -133,7 +133,8 @@ func (d *leaseDir) each(skip func([16]byte) bool, fn func(Lease), bad func(error
 
 // remove removes lease files of the directory, each only if it still is
 // the file that was read: a regular file (not followed if a symlink) with
-// the same content. The caller holds host-local's lock.
+// the same content, "" for an empty one (EmptyLeaseError). The caller
+// holds host-local's lock.
 func (d *leaseDir) remove(leases []Lease) error {
 	if d == nil {
 		return nil
@@ -145,6 +146,10 @@ func (d *leaseDir) remove(leases []Lease) error {
 		again, err := readLease(filepath.Join(d.path, name))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
+		}
+		var empty *EmptyLeaseError
+		if errors.As(err, &empty) {
+			again, err = Lease{}, nil // its content is ""
 		}
 		if err != nil || again.content != l.content {
 			errs = append(errs, fmt.Errorf("lease %s changed since it was read; left in place", l.Path))
@@ -181,24 +186,6 @@ func (d *leaseDir) naming(key records.Key) ([]Lease, error) {
 type EmptyLeaseError struct{ Path string }
 
 func (e *EmptyLeaseError) Error() string { return "lease " + e.Path + ": empty" }
-
-// removeEmpty removes the lease file name if it still is an empty regular
-// file (not followed if a symlink). The caller holds host-local's lock.
-func (d *leaseDir) removeEmpty(name string) error {
-	dirfd := int(d.f.Fd())
-	var st unix.Stat_t
-	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("inspect %s/%s: %w", d.path, name, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != 0 {
-		return fmt.Errorf("lease %s/%s changed since it was read; left in place", d.path, name)
-	}
-	crashpoint.Step("unlink empty lease " + d.path + "/" + name)
-	if err := unix.Unlinkat(dirfd, name, 0); err != nil && err != unix.ENOENT {
-		return fmt.Errorf("release empty lease %s/%s: %w", d.path, name, err)
-	}
-	return nil
-}
 
 // readLease reads one reservation.
 func readLease(path string) (Lease, error) {

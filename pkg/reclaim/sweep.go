@@ -359,11 +359,9 @@ func (w *sweep) lease(l Lease) {
 // host-local's doing.
 func (w *sweep) leaseProblem(err error) {
 	var empty *EmptyLeaseError
-	var name string
 	var ip net.IP
 	if errors.As(err, &empty) {
-		name = filepath.Base(empty.Path)
-		ip = net.ParseIP(name)
+		ip = net.ParseIP(filepath.Base(empty.Path))
 	}
 	if ip == nil {
 		w.problem(err)
@@ -374,7 +372,7 @@ func (w *sweep) leaseProblem(err error) {
 		return
 	}
 	if !w.req.DryRun {
-		if rerr := w.leases.removeEmpty(name); rerr != nil {
+		if rerr := w.leases.remove([]Lease{{Path: empty.Path}}); rerr != nil {
 			w.problem(errors.Join(err, rerr))
 			return
 		}
