@@ -176,18 +176,13 @@ func leasedElsewhere(roots []string, own ipamdir.Dir, a *Attachment, addr netip.
 			} else if err != nil {
 				return "", err
 			}
-			if path == ownLease && leaseNames(path, a) {
-				continue
+			if path == ownLease {
+				if l, err := readLease(path); err == nil && l.names(a.Key) {
+					continue
+				}
 			}
 			return fmt.Sprintf("%s is leased in network %s (%s)", addr, n.Name(), path), nil
 		}
 	}
 	return "", nil
-}
-
-// leaseNames reports whether the lease file at path names a (host-local's
-// "<containerID>\r\n<ifname>", or the container ID alone).
-func leaseNames(path string, a *Attachment) bool {
-	l, err := readLease(path)
-	return err == nil && l.Key.ContainerID == a.Key.ContainerID && (l.Key.IfName == "" || l.Key.IfName == a.Key.IfName)
 }

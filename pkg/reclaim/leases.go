@@ -163,15 +163,19 @@ func (d *leaseDir) remove(leases []Lease) error {
 	return errors.Join(errs...)
 }
 
-// naming are the directory's leases that name key or its container alone
-// (a lease written before host-local recorded ifnames, which host-local
-// matches by the container ID). Damaged files are passed over: a sweep
-// reports them.
+// names reports whether l names key, or its container alone (a lease
+// written before host-local recorded ifnames, which host-local matches by
+// the container ID).
+func (l Lease) names(key records.Key) bool {
+	return l.Key == key || l.Key == records.Key{ContainerID: key.ContainerID}
+}
+
+// naming are the directory's leases that name key. Damaged files are
+// passed over: a sweep reports them.
 func (d *leaseDir) naming(key records.Key) ([]Lease, error) {
-	legacy := records.Key{ContainerID: key.ContainerID}
 	var mine []Lease
 	err := d.each(nil, func(l Lease) {
-		if l.Key == key || l.Key == legacy {
+		if l.names(key) {
 			mine = append(mine, l)
 		}
 	}, func(error) {})

@@ -17,9 +17,7 @@ import (
 
 // startNAT finds the backends, and whether an owned network's rules are to
 // be listed for orphans (listedForOrphans): always, but on a CHECK whose
-// ruleset is the one in which an earlier listing found none. A backend
-// whose owners are attachments (nftables: a hash each) is tracked only
-// then: only its orphans need them.
+// ruleset is the one in which an earlier listing found none.
 func (w *sweep) startNAT() {
 	if w.Netfilter != nil {
 		w.backends = w.Netfilter.Backends()
@@ -119,7 +117,7 @@ func (w *sweep) each(k records.Key, sharedOnly bool, fn func(i int, owner string
 // saw remembers an attachment the network holds something of: its rules
 // are no orphans. A backend whose owners are attachments learns those
 // with a record from readHeld, which runs only when its rules are
-// examined for orphans (a hash each, saved on every other sweep).
+// examined for orphans.
 func (w *sweep) saw(k records.Key, recorded bool) {
 	w.each(k, recorded, func(i int, owner string) { w.owners[i].seen.add(owner) })
 }
