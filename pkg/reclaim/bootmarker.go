@@ -35,7 +35,6 @@ func writeMarker(d ipamdir.Dir, m ipamdir.Marker, b []byte) error {
 	return nil
 }
 
-// writeJSONMarker writes v as marker m of d.
 func writeJSONMarker(d ipamdir.Dir, m ipamdir.Marker, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -39,7 +39,6 @@ func (e *Env) logf(format string, args ...any) {
 	}
 }
 
-// running reports whether process pid runs.
 func (e *Env) running(pid int) bool {
 	_, ok := e.Host.ProcessStart(pid)
 	return ok

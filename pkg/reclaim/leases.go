@@ -191,7 +191,6 @@ type EmptyLeaseError struct{ Path string }
 
 func (e *EmptyLeaseError) Error() string { return "lease " + e.Path + ": empty" }
 
-// readLease reads one reservation.
 func readLease(path string) (Lease, error) {
 	b, fi, err := statefile.ReadSmall(path, maxLeaseSize)
 	if err != nil {

@@ -10,11 +10,6 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
-// A sweep's NAT rules, in every backend alike (netfilter.Backend): a stale
-// attachment's rules go before its files; an owner's rules that no
-// attachment, record or other data dir holds are orphans, released on a
-// network proved the plugin's.
-
 // startNAT finds the backends, and whether an owned network's rules are to
 // be listed for orphans (listedForOrphans): always, but on a CHECK whose
 // ruleset is the one in which an earlier listing found none.
