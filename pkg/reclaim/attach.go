@@ -513,11 +513,9 @@ func (s *Attacher) IsOwnNamespace(netnsPath string) (bool, error) {
 	return id == own, nil
 }
 
-// NamespaceUsable reports whether bridge could enter the namespace.
+// NamespaceUsable reports whether bridge could enter the namespace ("" is
+// none: no such file).
 func (s *Attacher) NamespaceUsable(netnsPath string) bool {
-	if netnsPath == "" {
-		return false
-	}
 	_, err := s.Host.Netns(netnsPath)
 	return err == nil || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, sysinfo.ErrNotNetns))
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"maps"
-	"slices"
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -89,7 +88,7 @@ func dropOldest(all map[string]remembered) {
 // Remembered are the addresses a sweep released of key, if it remembers
 // them (see remember).
 func Remembered(d ipamdir.Dir, key records.Key) []string {
-	return slices.Clone(readRemembered(d)[rememberedKey(key)].IPs)
+	return readRemembered(d)[rememberedKey(key)].IPs
 }
 
 // forget drops key's entry, if there is one, under host-local's lock as
