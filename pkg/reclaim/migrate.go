@@ -89,14 +89,13 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 	}
 	m := &Migration{}
 	recStore := records.NewStore(d)
-	drop := map[records.Key]bool{}
+	unrecorded := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
 	// This boot's leases, by attachment.
 	var keys []records.Key
 	ofKey := map[records.Key][]Lease{}
 	for _, l := range leases {
 		if l.ModTime.Before(bootTime) {
-			drop[l.Key] = true
 			m.Dropped++
 			continue
 		}
@@ -132,12 +131,15 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 		// copies made.
 		if recErr != nil && !kept[k] {
 			s.logf("%s: %s: %v; its legacy lease is removed instead", d.Network, k, recErr)
-			drop[k] = true
+			unrecorded[k] = true
 		}
 	}
+	// What goes: each lease from before this boot, by itself (its
+	// attachment's lease from this boot, in another range, stays), and
+	// those of an attachment not recorded; nothing of one kept there.
 	var doomed []Lease
 	for _, l := range leases {
-		if drop[l.Key] && !kept[l.Key] {
+		if (l.ModTime.Before(bootTime) || unrecorded[l.Key]) && !kept[l.Key] {
 			doomed = append(doomed, l)
 		}
 	}

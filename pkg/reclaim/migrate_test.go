@@ -352,3 +352,28 @@ func TestLegacyLeasesOutsideTheLegacyDirAreNeverTouched(t *testing.T) {
 		t.Error("DEL kept the record")
 	}
 }
+
+// An attachment with a legacy lease from before this boot and another from
+// this boot (an IPv4 and an IPv6 range, the older kept over the reboot):
+// the older goes, the one from this boot stays where it is, the sign that
+// the migrated attachment is alive, and the next sweep keeps its copy.
+func TestMigrateKeepsThisBootsLegacyLeaseOfAnAttachmentWithAnOlderOne(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	w.legacyLease(legacy, "10.0.0.2", "c1\r\neth0", bootTime.Add(-time.Hour))
+	src := w.legacyLease(legacy, "fd00::2", "c1\r\neth0", bootTime.Add(time.Minute))
+	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(src); err != nil {
+		t.Fatalf("this boot's legacy lease removed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(legacy, net1, "10.0.0.2")); !os.IsNotExist(err) {
+		t.Errorf("the lease from before this boot stayed: %v", err)
+	}
+	rep := w.sweep(Request{LegacyDataDir: legacy})
+	if got := verdicts(rep)["c1"]; got != Live {
+		t.Errorf("verdict after the migration = %s, want live", got)
+	}
+	equal(t, "leases", w.leases(), []string{"fd00::2"})
+}
