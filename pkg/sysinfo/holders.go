@@ -3,7 +3,6 @@ package sysinfo
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -79,27 +78,22 @@ func (r *Real) NetnsHolders() (Holders, error) {
 
 // eachProcess calls fn for every process under procRoot, with its pid, its
 // directory's name and a descriptor of procRoot to look under (fstatat:
-// no walk of the path from / for each), listing 1024 at a time.
+// no walk of the path from / for each), listing as statefile.EachDirEntry
+// does.
 func (r *Real) eachProcess(fn func(procfd int, name string, pid int)) error {
 	dir, err := os.Open(r.procRoot())
+	if err == nil {
+		defer dir.Close()
+		err = statefile.EachDirEntry(dir, func(e fs.DirEntry) {
+			if pid, perr := strconv.Atoi(e.Name()); perr == nil && pid > 0 {
+				fn(int(dir.Fd()), e.Name(), pid)
+			}
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("list processes: %w", err)
 	}
-	defer dir.Close()
-	for {
-		names, err := dir.Readdirnames(1024)
-		for _, name := range names {
-			if pid, perr := strconv.Atoi(name); perr == nil && pid > 0 {
-				fn(int(dir.Fd()), name, pid)
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("list processes: %w", err)
-		}
-	}
+	return nil
 }
 
 // scanMounts adds the nsfs mounts of network namespaces. A mountinfo line is

@@ -12,10 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// nsGetNSType is NS_GET_NSTYPE (Linux 4.11): the CLONE_NEW* type of the
-// namespace a file names.
-const nsGetNSType = 0xb703 // _IO(0xb7, 0x3)
-
 // NetnsCookie reads the namespace's cookie from a socket made inside it,
 // entering it on a thread of its own (ns.WithNetNSPath) through the
 // descriptor openNetns checked: the one way every supported kernel has.
@@ -57,25 +53,24 @@ func inNetns(path string, fn func() error) error {
 
 // openNetns opens the network namespace at path, read-only and without
 // blocking: a FIFO planted there cannot hang the caller, and what is not
-// nsfs, or (where NS_GET_NSTYPE says) a namespace of another type, is
-// ErrNotNetns.
+// nsfs, or (where NS_GET_NSTYPE, Linux 4.11, says) a namespace of another
+// type, is ErrNotNetns.
 func openNetns(path string) (int, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		return -1, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	var fs unix.Statfs_t
-	if err := unix.Fstatfs(fd, &fs); err != nil {
-		unix.Close(fd)
-		return -1, &os.PathError{Op: "fstatfs", Path: path, Err: err}
+	if err = unix.Fstatfs(fd, &fs); err != nil {
+		err = &os.PathError{Op: "fstatfs", Path: path, Err: err}
+	} else if fs.Type != unix.NSFS_MAGIC {
+		err = fmt.Errorf("%s: %w", path, ErrNotNetns)
+	} else if typ, terr := unix.IoctlRetInt(fd, unix.NS_GET_NSTYPE); terr == nil && typ != unix.CLONE_NEWNET {
+		err = fmt.Errorf("%s: a namespace of another type: %w", path, ErrNotNetns)
 	}
-	if fs.Type != unix.NSFS_MAGIC {
+	if err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("%s: %w", path, ErrNotNetns)
-	}
-	if typ, err := unix.IoctlRetInt(fd, nsGetNSType); err == nil && typ != unix.CLONE_NEWNET {
-		unix.Close(fd)
-		return -1, fmt.Errorf("%s: a namespace of another type: %w", path, ErrNotNetns)
+		return -1, err
 	}
 	return fd, nil
 }
