@@ -88,6 +88,12 @@ func Open(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 }
 
+// OpenRegular is Open that refuses, once it is open, what is not a regular
+// file: a FIFO with a writer would block its read.
+func OpenRegular(path string) (*os.File, fs.FileInfo, error) {
+	return openRegular(path, unix.O_NOFOLLOW)
+}
+
 // OpenDir opens the directory at path to list it, as Open opens a file:
 // a symlink planted in its place is not followed, and a FIFO or anything
 // else that is not a directory is refused at once, never opened.
@@ -95,36 +101,68 @@ func OpenDir(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 }
 
-// ReadSmall reads path, a regular file of at most limit bytes, and gives
-// its FileInfo. Anything else is refused before it is read: a FIFO with
-// a writer would block the read.
+// ReadSmall reads path, a regular file of at most limit bytes opened as
+// OpenRegular opens it, and gives its FileInfo.
 func ReadSmall(path string, limit int64) ([]byte, fs.FileInfo, error) {
-	return readRegular(path, Open, limit)
+	return readRegular(path, unix.O_NOFOLLOW, limit)
 }
 
 // ReadConfig reads a configuration file as its own program reads it,
 // through a symlink, and otherwise as ReadSmall reads: never blocking on
 // a FIFO, at most limit bytes of a regular file.
 func ReadConfig(path string, limit int64) ([]byte, error) {
-	b, _, err := readRegular(path, func(path string) (*os.File, error) {
-		return os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-	}, limit)
+	b, _, err := readRegular(path, 0, limit)
 	return b, err
 }
 
-func readRegular(path string, open func(string) (*os.File, error), limit int64) ([]byte, fs.FileInfo, error) {
-	f, err := open(path)
+// openRegular opens path as Open does, following a last-component symlink
+// unless nofollow is O_NOFOLLOW, and refuses what is not a regular file.
+func openRegular(path string, nofollow int) (*os.File, fs.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|nofollow|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := Regular(f)
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, fi, nil
+}
+
+// Regular is the FileInfo of f, an open file, or an error that says what
+// f is when it is not a regular file.
+func Regular(f *os.File) (fs.FileInfo, error) {
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is %s, not a regular file", f.Name(), Kind(fi.Mode()))
+	}
+	return fi, err
+}
+
+// Kind says what a file that is not a regular one is, for an error.
+func Kind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "a symlink"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m.IsDir():
+		return "a directory"
+	}
+	return "an irregular file"
+}
+
+func readRegular(path string, nofollow int, limit int64) ([]byte, fs.FileInfo, error) {
+	f, fi, err := openRegular(path, nofollow)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
-	}
 	b, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("read %s: %w", path, err)

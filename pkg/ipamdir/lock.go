@@ -72,12 +72,9 @@ func (d Dir) lock(create bool) (func(), error) {
 		return nil, lockOpenError(path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+	if _, err := statefile.Regular(f); err != nil {
 		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("inspect %s: %w", path, err)
-		}
-		return nil, fmt.Errorf("refusing %s: host-local's lock must be a regular file, and this is %s (planted?)", path, modeKind(fi.Mode()))
+		return nil, fmt.Errorf("refusing host-local's lock: %w (planted?)", err)
 	}
 	if err := flockWithin(f, LockTimeout); err != nil {
 		if errors.Is(err, ErrLockTimeout) {
@@ -164,7 +161,7 @@ func (d Dir) CheckPlanted() error {
 	dir := d.Leases()
 	lock := filepath.Join(dir, LockFileName)
 	if fi, err := os.Lstat(lock); err == nil && !fi.Mode().IsRegular() {
-		return &PlantedError{Lock: true, err: fmt.Errorf("%s is %s, not host-local's lock file: host-local would %s (planted? remove it)", lock, modeKind(fi.Mode()), map[bool]string{true: "follow it out of the data dir", false: "block on it for ever"}[fi.Mode()&os.ModeSymlink != 0])}
+		return &PlantedError{Lock: true, err: fmt.Errorf("%s is %s, not host-local's lock file: host-local would %s (planted? remove it)", lock, statefile.Kind(fi.Mode()), map[bool]string{true: "follow it out of the data dir", false: "block on it for ever"}[fi.Mode()&os.ModeSymlink != 0])}
 	}
 	if err := checkPlantedIn(dir, plantedDepth); err != nil {
 		return &PlantedError{err: err}
@@ -223,7 +220,7 @@ func checkPlantedIn(dir string, depth int) error {
 		case mode&os.ModeSymlink != 0:
 			return fmt.Errorf("%s is a symlink: host-local would read or write through it, out of the data dir (planted? remove it)", path)
 		default:
-			return fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, modeKind(mode))
+			return fmt.Errorf("%s is %s: host-local would block on it for ever (planted? remove it)", path, statefile.Kind(mode))
 		}
 	})
 }
@@ -249,20 +246,4 @@ func firstPlanted(dir string, check func(fs.DirEntry) error) error {
 		planted = fmt.Errorf("list %s: %w", dir, err)
 	}
 	return planted
-}
-
-func modeKind(m os.FileMode) string {
-	switch {
-	case m&os.ModeSymlink != 0:
-		return "a symlink"
-	case m&os.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&os.ModeSocket != 0:
-		return "a socket"
-	case m&os.ModeDevice != 0:
-		return "a device"
-	case m.IsDir():
-		return "a directory"
-	}
-	return "not a regular file"
 }

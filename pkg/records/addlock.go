@@ -46,19 +46,11 @@ func (s *Store) WriteLocked(r *Record) (*os.File, error) {
 
 // openLocked opens path read-only and takes its exclusive flock, which
 // cannot be contended: the file is new. Its name is in the record
-// directory for all to see, so it is opened as statefile.Open opens, and
-// must still be a regular file: what was put in its place is refused.
+// directory for all to see, so what was put in its place is refused
+// (statefile.OpenRegular).
 func openLocked(path string) (*os.File, error) {
-	f, err := statefile.Open(path)
+	f, _, err := statefile.OpenRegular(path)
 	if err != nil {
-		return nil, err
-	}
-	fi, err := f.Stat()
-	if err == nil && !fi.Mode().IsRegular() {
-		err = fmt.Errorf("%s is %s, not the temp file written", path, fi.Mode().Type())
-	}
-	if err != nil {
-		f.Close()
 		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
