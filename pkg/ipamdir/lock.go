@@ -54,10 +54,7 @@ func (d Dir) lock(create bool) (func(), error) {
 	}
 	dirFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		if !create && errors.Is(err, unix.ENOENT) {
-			return func() {}, nil
-		}
-		return nil, lockOpenError(dir, err)
+		return lockOpenFailed(dir, err, create)
 	}
 	defer unix.Close(dirFD)
 	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
@@ -66,10 +63,7 @@ func (d Dir) lock(create bool) (func(), error) {
 	}
 	fd, err := unix.Openat(dirFD, LockFileName, flags, 0o600)
 	if err != nil {
-		if !create && errors.Is(err, unix.ENOENT) {
-			return func() {}, nil
-		}
-		return nil, lockOpenError(path, err)
+		return lockOpenFailed(path, err, create)
 	}
 	f := os.NewFile(uintptr(fd), path)
 	if _, err := statefile.Regular(f); err != nil {
@@ -88,16 +82,20 @@ func (d Dir) lock(create bool) (func(), error) {
 	return func() { f.Close() }, nil
 }
 
-func lockOpenError(path string, err error) error {
+// lockOpenFailed is lock's answer when it cannot open path, the network's
+// directory or its lock file (a missing one LockExisting does not wait for).
+func lockOpenFailed(path string, err error, create bool) (func(), error) {
 	// O_NOFOLLOW says ELOOP for a link, and O_DIRECTORY ENOTDIR.
 	fi, lerr := os.Lstat(path)
 	switch {
+	case !create && errors.Is(err, unix.ENOENT):
+		return func() {}, nil
 	case errors.Is(err, unix.ELOOP) || lerr == nil && fi.Mode()&os.ModeSymlink != 0:
-		return fmt.Errorf("refusing %s: it is a symlink (host-local's lock and its directory must not point elsewhere)", path)
+		return nil, fmt.Errorf("refusing %s: it is a symlink (host-local's lock and its directory must not point elsewhere)", path)
 	case errors.Is(err, unix.ENOTDIR):
-		return fmt.Errorf("refusing %s: not a directory", path)
+		return nil, fmt.Errorf("refusing %s: not a directory", path)
 	}
-	return fmt.Errorf("open %s: %w", path, err)
+	return nil, fmt.Errorf("open %s: %w", path, err)
 }
 
 // flockWithin takes an exclusive flock on f, waiting at most timeout. A

@@ -105,8 +105,7 @@ func (s *Store) Network() string { return s.network }
 
 func fileName(k Key) string { return ipamdir.RecordName(k.ContainerID, k.IfName) }
 
-// Write stores r atomically (temp file + rename, 0600), so a reader sees the
-// old record or the new one, never half of one.
+// Write stores r atomically (statefile.WriteAtomic).
 func (s *Store) Write(r *Record) error { return s.write(r, nil) }
 
 // write is Write, calling beforeRename (when set) with the temp file's
@@ -159,23 +158,16 @@ func (s *Store) Read(k Key) (*Record, error) {
 // Remove deletes the record of k; a missing record is not an error.
 func (s *Store) Remove(k Key) error {
 	crashpoint.Step("remove record " + k.String())
-	path := s.PathOf(k)
-	err := os.Remove(path)
-	if err == nil || errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
 	// A read-only filesystem says EROFS even for a file that is not
 	// there: nothing to remove is not an error.
-	if _, lerr := os.Lstat(path); errors.Is(lerr, fs.ErrNotExist) {
-		return nil
+	if err := os.Remove(s.PathOf(k)); err != nil && statefile.Exists(s.PathOf(k)) {
+		return fmt.Errorf("remove record %s: %w", k, err)
 	}
-	return fmt.Errorf("remove record %s: %w", k, err)
+	return nil
 }
 
-// Names reads the record directory's names once, reading no record: the
-// records of k's container ID other than k itself (a container attached
-// twice to one network, e.g. eth0 and eth1), and the temp files of
-// statefile.WriteAtomic, by writer pid (see RemoveAbandonedTemps).
+// Names is EachName keeping the records of k's container ID other than k
+// itself (a container attached twice to one network, e.g. eth0 and eth1).
 func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
 	temps, err = s.EachName(func(o Key) {
 		if o.ContainerID == k.ContainerID && o.IfName != k.IfName {
@@ -185,11 +177,8 @@ func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
 	return others, temps, err
 }
 
-// EachName reads the record directory's names once, reading no record,
-// and calls fn with the attachment each record file is named for; it
-// returns the temp files of statefile.WriteAtomic, by writer pid (a record
-// being written, whose attachment its name does not give). A missing
-// directory holds nothing.
+// EachName calls fn with the attachment each record file is named for,
+// reading the directory's names once and no record (eachEntry).
 func (s *Store) EachName(fn func(Key)) (*Listing, error) {
 	return s.eachEntry(func(e fs.DirEntry) {
 		if cid, ifname, ok := ipamdir.ParseRecordName(e.Name()); ok {
@@ -200,7 +189,8 @@ func (s *Store) EachName(fn func(Key)) (*Listing, error) {
 
 // eachEntry calls fn with each entry of the record directory
 // (statefile.EachDirEntry) but statefile.WriteAtomic's temp files, which
-// it lists by writer pid; a missing directory holds nothing.
+// it lists by writer pid (a record being written, whose attachment its
+// name does not give); a missing directory holds nothing.
 func (s *Store) eachEntry(fn func(fs.DirEntry)) (*Listing, error) {
 	l := &Listing{}
 	dir, err := statefile.OpenDir(s.dir)
