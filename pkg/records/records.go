@@ -25,14 +25,13 @@ import (
 // is reported and left alone.
 const FormatVersion = 1
 
-// Phase is where a record is in its attachment's life: written before
-// the ADD was delegated, completed after, or migrated from the legacy
-// lease directory.
+// Phase is where a record is in its attachment's life.
 type Phase string
 
 const (
 	// Started: written before the ADD was delegated ("pending" on disk).
-	Started  Phase = "pending"
+	Started Phase = "pending"
+	// Complete: written after the delegated ADD returned.
 	Complete Phase = "complete"
 	// Migrated: a lease copied from the legacy lease directory at
 	// adoption. Its runtime may DEL it through the configuration it cached

@@ -23,11 +23,10 @@ const (
 	cniPidBound  = 200 * time.Millisecond
 )
 
-// CNIProcesses reads the environment of every process of this effective
-// user but this one, once. A process that exits during the scan, whose
+// CNIProcesses skips a process that exits during the scan, whose
 // environment cannot be read (none: a kernel thread), or whose read takes
-// longer than cniPidBound, is skipped: counting it as a command would keep
-// its containers from every sweep for as long as it lives.
+// longer than cniPidBound: counting it as a command would keep its
+// containers from every sweep for as long as it lives.
 func (r *Real) CNIProcesses(containerIDs []string) (map[string]int, error) {
 	found := map[string]int{}
 	if len(containerIDs) == 0 {
