@@ -107,3 +107,32 @@ func TestReadSmallReadsEverySizeWhole(t *testing.T) {
 		t.Error("a file one byte over the limit was read")
 	}
 }
+
+// A configuration file is read through a symlink, as its own program
+// reads it, and otherwise as ReadSmall reads: a FIFO, even one a writer
+// holds open, is refused, never blocked on, and so is an oversized file.
+func TestReadConfigFollowsASymlinkOnly(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("conf"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := ReadConfig(filepath.Join(dir, "link"), 4); err != nil || string(b) != "conf" {
+		t.Errorf("through a symlink: %q, %v", b, err)
+	}
+	if _, err := ReadConfig(target, 3); err == nil {
+		t.Error("an oversized file was read")
+	}
+	fifo := dirstate.PlantFIFO(t, filepath.Join(dir, "fifo"))
+	writer, err := os.OpenFile(fifo, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	if _, err := ReadConfig(fifo, 4); err == nil || !strings.Contains(err.Error(), "a FIFO, not a regular file") {
+		t.Errorf("FIFO: %v", err)
+	}
+}
