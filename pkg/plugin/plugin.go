@@ -31,9 +31,8 @@ type Plugin struct {
 	Exec invoke.Exec
 	// Stdout receives the CNI result and nothing else.
 	Stdout io.Writer
-	// Stderr receives diagnostics for the operator.
-	Stderr io.Writer
-	// Reclaim is what the records and sweeps work through.
+	// Reclaim is what the records and sweeps work through; its Log, the
+	// operator's diagnostics, gets the verbs' warnings too.
 	Reclaim reclaim.Env
 	// onTmpfs tells whether a dataDir lives in memory; nil means statfs
 	// (ipamdir.Dir.OnTmpfs). Tests replace it.
@@ -49,7 +48,6 @@ func New() *Plugin {
 	return &Plugin{
 		Exec:    &delegateExec{stderr: os.Stderr, depth: DelegationDepth(), netnsOverride: override, netnsOverrideSet: set},
 		Stdout:  os.Stdout,
-		Stderr:  os.Stderr,
 		Reclaim: reclaim.NewEnv(os.Stderr),
 	}
 }
@@ -110,9 +108,11 @@ func (p *Plugin) logTo(name string, args *skel.CmdArgs, conf *netconf.Config) (e
 		p.warnf("warning: %v; nothing is logged there", err)
 		return func(err error) error { return err }
 	}
-	stderr, reclaimLog := p.Stderr, p.Reclaim.Log
-	p.Stderr = teeTo(stderr, log)
-	p.Reclaim.Log = teeTo(reclaimLog, log)
+	stderr := p.Reclaim.Log
+	p.Reclaim.Log = log
+	if stderr != nil {
+		p.Reclaim.Log = io.MultiWriter(stderr, log)
+	}
 	log.Event(eventlog.Debug, "start", name, nil)
 	return func(verr error) error {
 		var cniErr *types.Error
@@ -124,18 +124,10 @@ func (p *Plugin) logTo(name string, args *skel.CmdArgs, conf *netconf.Config) (e
 		default:
 			log.Event(eventlog.Debug, "done", name, nil)
 		}
-		p.Stderr, p.Reclaim.Log = stderr, reclaimLog
+		p.Reclaim.Log = stderr
 		log.Close()
 		return verr
 	}
-}
-
-// teeTo writes to w (when set) and to log.
-func teeTo(w, log io.Writer) io.Writer {
-	if w == nil {
-		return log
-	}
-	return io.MultiWriter(w, log)
 }
 
 // load makes sure the entry's delegate can be found and its directories
@@ -237,10 +229,10 @@ func answer(err error) *types.Error {
 	return nil
 }
 
-// warnf writes one line to stderr, as Env's log does (statefile.Printable).
+// warnf writes one line to the log, as Env's logf does (statefile.Printable).
 func (p *Plugin) warnf(format string, args ...any) {
-	if p.Stderr != nil {
-		fmt.Fprintf(p.Stderr, "nomad-bridge-cni: %s\n", statefile.Printable(fmt.Sprintf(format, args...)))
+	if p.Reclaim.Log != nil {
+		fmt.Fprintf(p.Reclaim.Log, "nomad-bridge-cni: %s\n", statefile.Printable(fmt.Sprintf(format, args...)))
 	}
 }
 

@@ -53,7 +53,7 @@ func newHarness(t testing.TB, installed ...string) *harness {
 	h.dataDir = filepath.Join(t.TempDir(), "run-cni")
 	h.host = fakehost.New(time.Unix(1764660000, 0))
 	h.host.Namespaces["/var/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 1000}
-	h.plugin = &Plugin{Exec: h.exec, Stdout: h.stdout, Stderr: h.stderr,
+	h.plugin = &Plugin{Exec: h.exec, Stdout: h.stdout,
 		Reclaim: reclaim.Env{Host: h.host, Netfilter: &netfilter.Cleaner{}, Log: h.stderr}}
 	return h
 }
