@@ -92,9 +92,8 @@ type Config struct {
 	// Only Name, CNIVersion, Type, Delegate and DelegateTimeout are set.
 	Passthrough bool
 
-	raw   map[string]json.RawMessage
-	ipam  map[string]json.RawMessage
-	stdin []byte
+	raw  map[string]json.RawMessage
+	ipam map[string]json.RawMessage
 }
 
 // Dir is the entry's network under its data directory.
@@ -147,7 +146,7 @@ func Parse(stdin []byte) (*Config, error) {
 		// entry of that type, also those with another IPAM (dhcp, static):
 		// they are none of its business and reach the delegate as they
 		// came, leaving no state.
-		c.Passthrough, c.stdin = true, stdin
+		c.Passthrough = true
 		return c, nil
 	}
 	if c.DataDir, err = stringKey(raw, keyDataDir, ipamdir.DefaultDataDir); err != nil {

@@ -448,9 +448,10 @@ func TestInstalledUnderTheDelegatesName(t *testing.T) {
 			t.Errorf("Parse(%s): %v", stdin, err)
 			continue
 		}
-		got, err := c.DelegateConfig()
-		if !c.Passthrough || err != nil || string(got) != stdin {
-			t.Errorf("Parse(%s): passthrough %v, delegate gets %s (%v); want it unchanged", stdin, c.Passthrough, got, err)
+		// Each verb passes such an entry on as it came (the plugin's
+		// TestEntriesItDoesNotManagePassThrough).
+		if !c.Passthrough {
+			t.Errorf("Parse(%s): not passed through", stdin)
 		}
 	}
 

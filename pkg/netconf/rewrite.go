@@ -13,17 +13,13 @@ import (
 // wrapper's own keys, with type set to the delegate and ipam.dataDir set to
 // our DataDir. Keys we do not model (prevResult, runtimeConfig, args,
 // capabilities, hairpinMode, vlan, dns, ...) are copied byte for byte.
-// A passthrough entry is returned as it came.
 func (c *Config) DelegateConfig() ([]byte, error) {
-	if c.Passthrough {
-		return c.stdin, nil
-	}
 	return c.DelegateConfigWithDataDir(c.DataDir)
 }
 
 // DelegateConfigWithDataDir is DelegateConfig with host-local's dataDir set
-// to dir: a DEL that must not have host-local read the network's own
-// directory (see Plugin.Del) gives it an empty one.
+// to dir: a verb that must not have host-local read the network's own
+// directory gives it an empty one.
 func (c *Config) DelegateConfigWithDataDir(dir string) ([]byte, error) {
 	out, err := c.entry(c.Delegate, "", dir)
 	if err != nil {
@@ -125,7 +121,7 @@ func setJSON(m map[string]json.RawMessage, key string, v any) error {
 // addresses itself or its args are not an object: the runtime's or the
 // user's request wins.
 func (c *Config) DelegateConfigRequesting(ips []string) (conf []byte, ok bool, err error) {
-	if c.Passthrough || len(ips) == 0 || c.requestsIPs() {
+	if len(ips) == 0 || c.requestsIPs() {
 		return nil, false, nil
 	}
 	out, err := c.entry(c.Delegate, "", c.DataDir)
