@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
 )
 
@@ -33,10 +34,10 @@ const aboutTimeout = 2 * time.Second
 // is a version, so that Nomad keeps the version of the reference bridge
 // in cni_path.
 func printAbout(invokedAs string, getenv func(string) string, stdout, stderr io.Writer) int {
-	if invokedAs != PluginName && invokedAs != "" {
+	if invokedAs != conflists.PluginName && invokedAs != "" {
 		p := getenv("CNI_PATH")
 		if p == "" {
-			fmt.Fprintf(stdout, "CNI %s plugin (%s@%s) installed as %s: it calls the next %s in the runtime's CNI_PATH, and none is set here\n", PluginName, PluginName, Version, invokedAs, invokedAs)
+			fmt.Fprintf(stdout, "CNI %s plugin (%s@%s) installed as %s: it calls the next %s in the runtime's CNI_PATH, and none is set here\n", conflists.PluginName, conflists.PluginName, Version, invokedAs, invokedAs)
 			fmt.Fprintf(stderr, "CNI protocol versions supported: %s.\n", strings.Join(SupportedVersions.SupportedVersions(), ", "))
 			return 0
 		}

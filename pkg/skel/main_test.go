@@ -8,12 +8,14 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 )
 
 func run4(t *testing.T, env map[string]string, args ...string) (int, string, string) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := runTool(PluginName, args, func(k string) string { return env[k] }, &stdout, &stderr)
+	code := runTool(conflists.PluginName, args, func(k string) string { return env[k] }, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
 

@@ -4,15 +4,14 @@ import (
 	"fmt"
 
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 )
 
 // Version is stamped at build time:
 //
 //	go build -ldflags "-X github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/skel.Version=v1.2.3"
 var Version = "v0.1.0"
-
-// PluginName is the binary's name, and the "type" conflists use.
-const PluginName = "nomad-bridge-cni"
 
 // SupportedVersions are the CNI spec versions the wrapper speaks. It passes
 // the entry through to bridge, which speaks them all; 0.3.0 is the oldest
@@ -22,5 +21,5 @@ var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0
 // About is the line Nomad's fingerprinter parses: it records the first
 // semver token as attr.plugins.cni.version.<binary>.
 func About() string {
-	return fmt.Sprintf("CNI %s plugin %s", PluginName, Version)
+	return fmt.Sprintf("CNI %s plugin %s", conflists.PluginName, Version)
 }
