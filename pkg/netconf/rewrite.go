@@ -21,11 +21,7 @@ func (c *Config) DelegateConfig() ([]byte, error) {
 // to dir: a verb that must not have host-local read the network's own
 // directory gives it an empty one.
 func (c *Config) DelegateConfigWithDataDir(dir string) ([]byte, error) {
-	out, err := c.entry(c.Delegate, "", dir)
-	if err != nil {
-		return nil, err
-	}
-	return encode(out, c.Delegate)
+	return c.render(c.Delegate, dir, nil)
 }
 
 // GCConfigs are the entries a GC forwards to the delegate and to
@@ -44,32 +40,31 @@ func (c *Config) GCConfigs(valid []types.GCAttachment) (delegate, hostLocal []by
 }
 
 func (c *Config) renderGC(pluginType, cniVersion string, valid []types.GCAttachment) ([]byte, error) {
-	out, err := c.entry(pluginType, cniVersion, c.DataDir)
-	if err != nil {
-		return nil, err
-	}
-	for k := range out {
-		if strings.EqualFold(k, keyValidAttachments) || strings.EqualFold(k, keyAttachments) {
-			delete(out, k)
-		}
-	}
 	if valid == nil {
 		valid = []types.GCAttachment{}
 	}
-	if err := setJSON(out, keyValidAttachments, valid); err != nil {
-		return nil, err
-	}
-	return encode(out, pluginType)
+	return c.render(pluginType, c.DataDir, func(out map[string]json.RawMessage) error {
+		for k := range out {
+			if strings.EqualFold(k, keyValidAttachments) || strings.EqualFold(k, keyAttachments) {
+				delete(out, k)
+			}
+		}
+		if cniVersion != "" {
+			if err := setJSON(out, "cniVersion", cniVersion); err != nil {
+				return err
+			}
+		}
+		return setJSON(out, keyValidAttachments, valid)
+	})
 }
 
-// entry is the entry pluginType receives, as DelegateConfig describes it,
-// with host-local's dataDir set to dataDir, and cniVersion when set.
-func (c *Config) entry(pluginType, cniVersion, dataDir string) (map[string]json.RawMessage, error) {
+// render is the entry pluginType receives, as DelegateConfig describes it,
+// with host-local's dataDir set to dataDir, and then edit's changes.
+func (c *Config) render(pluginType, dataDir string, edit func(map[string]json.RawMessage) error) ([]byte, error) {
 	out := maps.Clone(c.raw)
 	for _, own := range []string{keyDelegate, keyDataDir, keyDelegateTimeout, keyCheckSweepInterval, keyLogFile, keyLogLevel} {
 		delete(out, own)
 	}
-
 	ipam := maps.Clone(c.ipam)
 	// Parse allowed one spelling; host-local must read ours only.
 	for k := range ipam {
@@ -80,25 +75,18 @@ func (c *Config) entry(pluginType, cniVersion, dataDir string) (map[string]json.
 	if err := setJSON(ipam, keyDataDir, dataDir); err != nil {
 		return nil, err
 	}
-	ipamBytes, err := json.Marshal(ipam)
-	if err != nil {
-		return nil, fmt.Errorf("encode ipam for %s: %w", pluginType, err)
+	if err := setJSON(out, keyIPAM, ipam); err != nil {
+		return nil, err
 	}
-	out[keyIPAM] = ipamBytes
-
 	if err := setJSON(out, keyType, pluginType); err != nil {
 		return nil, err
 	}
-	if cniVersion != "" {
-		if err := setJSON(out, "cniVersion", cniVersion); err != nil {
+	if edit != nil {
+		if err := edit(out); err != nil {
 			return nil, err
 		}
 	}
-	return out, nil
-}
-
-func encode(entry map[string]json.RawMessage, pluginType string) ([]byte, error) {
-	b, err := json.Marshal(entry)
+	b, err := json.Marshal(out)
 	if err != nil {
 		return nil, fmt.Errorf("encode configuration for %s: %w", pluginType, err)
 	}
@@ -124,12 +112,8 @@ func (c *Config) DelegateConfigRequesting(ips []string) (conf []byte, ok bool, e
 	if len(ips) == 0 || c.requestsIPs() {
 		return nil, false, nil
 	}
-	out, err := c.entry(c.Delegate, "", c.DataDir)
-	if err != nil {
-		return nil, false, err
-	}
 	args := map[string]json.RawMessage{}
-	if raw, found := out["args"]; found && !isNull(raw) {
+	if raw, found := c.raw["args"]; found && !isNull(raw) {
 		if err := json.Unmarshal(raw, &args); err != nil || args == nil {
 			return nil, false, nil
 		}
@@ -146,14 +130,10 @@ func (c *Config) DelegateConfigRequesting(ips []string) (conf []byte, ok bool, e
 	if err := setJSON(args, "cni", cni); err != nil {
 		return nil, false, err
 	}
-	if err := setJSON(out, "args", args); err != nil {
-		return nil, false, err
-	}
-	b, err := encode(out, c.Delegate)
-	if err != nil {
-		return nil, false, err
-	}
-	return b, true, nil
+	conf, err = c.render(c.Delegate, c.DataDir, func(out map[string]json.RawMessage) error {
+		return setJSON(out, "args", args)
+	})
+	return conf, err == nil, err
 }
 
 // requestsIPs reports whether the entry asks for addresses itself:

@@ -47,9 +47,8 @@ type delegateExec struct {
 	// depth is this process's delegation depth; its delegates get one
 	// more (see EnvDelegating).
 	depth int
-	// netnsOverride is the CNI_NETNS_OVERRIDE the runtime set, if
-	// netnsOverrideSet: the delegates get that, or none, whatever the
-	// process's own environment says (see EnvNetnsOverride).
+	// netnsOverride is the runtime's CNI_NETNS_OVERRIDE, if it set one
+	// (netnsOverrideSet): the delegates get that (see EnvNetnsOverride).
 	netnsOverride    string
 	netnsOverrideSet bool
 }

@@ -39,10 +39,8 @@ type Plugin struct {
 	onTmpfs func(ipamdir.Dir) (bool, int64, error)
 }
 
-// New returns a Plugin wired to the real process. It reads the runtime's
-// environment as it is now: its delegates get the CNI_NETNS_OVERRIDE the
-// runtime set, whatever the process's own says later (see
-// EnvNetnsOverride).
+// New returns a Plugin wired to the real process, before pkg/skel sets
+// the process's CNI_NETNS_OVERRIDE (see EnvNetnsOverride).
 func New() *Plugin {
 	override, set := os.LookupEnv(EnvNetnsOverride)
 	return &Plugin{
