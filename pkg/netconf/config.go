@@ -86,9 +86,10 @@ type Config struct {
 	// JSON line each, at LogLevel (pkg/eventlog).
 	LogFile  string
 	LogLevel eventlog.Level
-	// Passthrough marks an entry the plugin does not manage (installed
-	// under its delegate's name, an IPAM other than host-local): every
-	// verb hands it to the delegate unchanged, and nothing else is done.
+	// Passthrough marks an entry the plugin does not manage: installed
+	// under its delegate's name, it receives every entry of that type,
+	// also those with another IPAM (dhcp, static). Every verb hands it to
+	// the delegate unchanged, and nothing else is done.
 	// Only Name, CNIVersion, Type, Delegate and DelegateTimeout are set.
 	Passthrough bool
 
@@ -142,10 +143,6 @@ func Parse(stdin []byte) (*Config, error) {
 		return nil, err
 	}
 	if c.Type == c.Delegate && !managesIPAM(raw) {
-		// Installed under its delegate's name, the plugin receives every
-		// entry of that type, also those with another IPAM (dhcp, static):
-		// they are none of its business and reach the delegate as they
-		// came, leaving no state.
 		c.Passthrough = true
 		return c, nil
 	}

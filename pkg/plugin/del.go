@@ -85,7 +85,7 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		switch {
 		case rerr == nil && len(removed) > 0 && p.delegate(conf, "del", conf.Delegate, delegateConf, exec) == nil:
 			p.warnf("DEL %s: %s failed on NAT rules an earlier attachment left (%s); removed them, then it succeeded", key, conf.Delegate, strings.Join(removed, ", "))
-		case errors.Is(err, syscall.EROFS) || strings.Contains(err.Error(), syscall.EROFS.Error()):
+		case strings.Contains(err.Error(), syscall.EROFS.Error()):
 			// A read-only data dir: host-local's DEL fails creating its
 			// directory even when there is nothing to delete.
 			if !attacher.HoldsNothing(conf.Dir(), key) {

@@ -56,13 +56,11 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 }
 
 // verb is the CNI verb v as skel calls it: it parses the entry, once,
-// refuses the plugin's own namespace, whatever the verb (bridge's DEL
-// would delete a host link before skel noticed), and runs v on the entries
-// the plugin manages, with the entry's log file when it names one; every
-// other entry goes to the delegate as it came (see netconf.Config's
-// Passthrough): installed as `bridge`, the plugin receives the runtime's
-// dhcp or static bridge networks too, and must be invisible there. It
-// calls v itself, so that one frame of ours lies between skel and the verb.
+// refuses the plugin's own namespace, whatever the verb, and runs v on the
+// entries the plugin manages, with the entry's log file when it names one;
+// every other entry goes to the delegate as it came (see netconf.Config's
+// Passthrough). It calls v itself, so that one frame of ours lies between
+// skel and the verb.
 func (p *Plugin) verb(name string, v func(*skel.CmdArgs, *netconf.Config) error) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
 		conf, err := netconf.Parse(args.StdinData)
