@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // The plugin can be installed under its delegate's name: as `bridge`, in a
@@ -43,19 +41,19 @@ func FindDelegate(name string, dirs []string) (string, error) {
 	if len(dirs) == 0 {
 		return "", errors.New("no plugin directories given (CNI_PATH is empty)")
 	}
-	var self unix.Stat_t
-	if err := unix.Stat("/proc/self/exe", &self); err != nil {
+	self, err := os.Stat("/proc/self/exe")
+	if err != nil {
 		// Without it the plugin could pick itself and recurse.
 		return "", fmt.Errorf("identify own executable: %w", err)
 	}
 	var copies []string
 	for _, dir := range dirs {
 		path := filepath.Join(dir, name)
-		var st unix.Stat_t
-		if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		st, err := os.Stat(path)
+		if err != nil || !st.Mode().IsRegular() {
 			continue
 		}
-		if (st.Dev == self.Dev && st.Ino == self.Ino) || isPluginCopy(path) {
+		if os.SameFile(st, self) || isPluginCopy(path) {
 			copies = append(copies, path)
 			continue
 		}
