@@ -132,7 +132,7 @@ func (p *Plugin) warnIfPersistent(conf *netconf.Config) {
 // outside the ranges now), what it made is undone and the ADD is made
 // asking for nothing. One context bounds all of it, as one delegate call.
 func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netconf.Config, delegateConf []byte, attach *reclaim.PendingAdd) (types.Result, error) {
-	exec := p.execHolding(attach.LockFile())
+	exec := p.Exec.Inheriting(attach.LockFile())
 	free := freeAddresses(conf.Dir(), attach.Previous)
 	requesting, ok, err := conf.DelegateConfigRequesting(free)
 	if err != nil || !ok || asksForIP(args.Args) {
@@ -240,16 +240,6 @@ func (p *Plugin) refuseOwnNamespace(netns string) error {
 // addSlack is what an ADD may take besides its delegate's calls (records,
 // migration, NAT clean-up) before a sweep may end what still runs of it.
 const addSlack = 30 * time.Second
-
-// execHolding is p.Exec with f inherited by the delegate, and by all the
-// delegate runs, if p.Exec can pass an open file on (delegateExec can;
-// fakes need not).
-func (p *Plugin) execHolding(f *os.File) invoke.Exec {
-	if e, ok := p.Exec.(interface{ Inheriting(*os.File) invoke.Exec }); ok && f != nil {
-		return e.Inheriting(f)
-	}
-	return p.Exec
-}
 
 func resultIPs(result types.Result) []string {
 	r, err := current.NewResultFromResult(result)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -57,7 +58,7 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		return endDel(attacher, conf.Dir(), key, true)
 	}
 	usable := args.Netns != "" && attacher.NamespaceUsable(args.Netns)
-	exec := p.Exec
+	var exec invoke.Exec = p.Exec
 	if args.Netns != "" && !usable {
 		// bridge handles a missing path, but fails on a path that is no
 		// longer a namespace (an unmounted netns file); with no netns it

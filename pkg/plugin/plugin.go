@@ -27,8 +27,12 @@ import (
 // Plugin carries the edges the verbs talk through, so tests can replace the
 // delegate's process with a fake and capture what we print.
 type Plugin struct {
-	// Exec finds and runs delegates (delegateExec, or a test's fake).
-	Exec invoke.Exec
+	// Exec finds and runs delegates (delegateExec, or a test's fake), or
+	// has them inherit a file (see delegateExec.Inheriting).
+	Exec interface {
+		invoke.Exec
+		Inheriting(*os.File) invoke.Exec
+	}
 	// Stdout receives the CNI result and nothing else.
 	Stdout io.Writer
 	// Reclaim is what the records and sweeps work through; its Log, the
