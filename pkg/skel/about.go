@@ -34,7 +34,7 @@ const aboutTimeout = 2 * time.Second
 // is a version, so that Nomad keeps the version of the reference bridge
 // in cni_path.
 func printAbout(invokedAs string, getenv func(string) string, stdout, stderr io.Writer) int {
-	if invokedAs != conflists.PluginName && invokedAs != "" {
+	if invokedAs != conflists.PluginName {
 		p := getenv("CNI_PATH")
 		if p == "" {
 			fmt.Fprintf(stdout, "CNI %s plugin (%s@%s) installed as %s: it calls the next %s in the runtime's CNI_PATH, and none is set here\n", conflists.PluginName, conflists.PluginName, Version, invokedAs, invokedAs)

@@ -37,9 +37,8 @@ func Main(args []string) int {
 		}
 		os.Stdin = stdin
 	}
-	// The plugin reads the runtime's CNI_NETNS_OVERRIDE first, for its
-	// delegates; then skel's own-namespace check is switched off (see
-	// plugin.EnvNetnsOverride): skel reads that from the environment only.
+	// plugin.New reads the runtime's CNI_NETNS_OVERRIDE, for its delegates,
+	// before skel's own check is switched off (see plugin.EnvNetnsOverride).
 	p := plugin.New()
 	_ = os.Setenv(plugin.EnvNetnsOverride, "1")
 	if err := cniskel.PluginMainFuncsWithError(p.Funcs(), SupportedVersions, About()); err != nil {
