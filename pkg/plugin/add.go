@@ -43,7 +43,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 	defer func() {
 		if err != nil && !keep {
 			if rerr := conf.Dir().RemoveUnused(was); rerr != nil {
-				p.warnf("warning: removing what the failed ADD created: %v", rerr)
+				p.Reclaim.Logf("warning: removing what the failed ADD created: %v", rerr)
 			}
 		}
 	}()
@@ -61,7 +61,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 	p.warnIfPersistent(conf)
 	if err := p.migrate(conf); err != nil {
 		if aerr := attach.Abort(); aerr != nil {
-			p.warnf("warning: %v", aerr)
+			p.Reclaim.Logf("warning: %v", aerr)
 		}
 		keep = true // what the migration moved
 		return err
@@ -79,13 +79,13 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 			// done (lease, veth, rules) before dropping the record. If
 			// that fails too, the pending record stays for a sweep.
 			if derr := p.delegate(conf, "del", conf.Delegate, delegateConf, p.Exec); derr != nil {
-				p.warnf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
+				p.Reclaim.Logf("warning: rollback of the failed ADD of %s: %v", attach.Record.Key(), derr)
 				keep = true
 				return addErr
 			}
 		}
 		if aerr := attach.Abort(); aerr != nil {
-			p.warnf("warning: %v", aerr)
+			p.Reclaim.Logf("warning: %v", aerr)
 			keep = true
 		}
 		return addErr
@@ -93,7 +93,7 @@ func (p *Plugin) add(args *skel.CmdArgs, conf *netconf.Config) (err error) {
 	if err := attach.Complete(resultIPs(result)); err != nil {
 		// The attachment works; a pending record of a finished ADD is
 		// judged by its namespace like a complete one.
-		p.warnf("warning: %v", err)
+		p.Reclaim.Logf("warning: %v", err)
 	}
 	return p.printResult(result, conf.CNIVersion)
 }
@@ -112,14 +112,14 @@ func (p *Plugin) warnIfPersistent(conf *netconf.Config) {
 	inMemory, fsType, err := onTmpfs(conf.Dir())
 	switch {
 	case err != nil:
-		p.warnf("warning: cannot tell whether dataDir %s is on tmpfs: %v", conf.DataDir, err)
+		p.Reclaim.Logf("warning: cannot tell whether dataDir %s is on tmpfs: %v", conf.DataDir, err)
 	case !inMemory:
 		due, merr := (&reclaim.Attacher{Env: p.Reclaim}).ClaimNotTmpfsWarning(conf.Dir())
 		if merr != nil {
-			p.warnf("warning: %v", merr)
+			p.Reclaim.Logf("warning: %v", merr)
 		}
 		if due {
-			p.warnf("warning: dataDir %s is not on tmpfs (filesystem magic 0x%x): its leases survive a reboot; mount a tmpfs there or point \"dataDir\" at one (e.g. /run/cni) (said once per boot for network %s)", conf.DataDir, fsType, conf.Name)
+			p.Reclaim.Logf("warning: dataDir %s is not on tmpfs (filesystem magic 0x%x): its leases survive a reboot; mount a tmpfs there or point \"dataDir\" at one (e.g. /run/cni) (said once per boot for network %s)", conf.DataDir, fsType, conf.Name)
 		}
 	}
 }
@@ -142,9 +142,9 @@ func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netc
 	if err == nil || ctx.Err() != nil {
 		return result, err
 	}
-	p.warnf("%s: %s: the earlier address %s could not be had again (%v): taking any free one", conf.Name, attach.Record.Key(), strings.Join(free, ", "), err)
+	p.Reclaim.Logf("%s: %s: the earlier address %s could not be had again (%v): taking any free one", conf.Name, attach.Record.Key(), strings.Join(free, ", "), err)
 	if derr := invoke.DelegateDel(ctx, conf.Delegate, delegateConf, exec); derr != nil {
-		p.warnf("warning: undoing the ADD that asked for %s: %v", strings.Join(free, ", "), derr)
+		p.Reclaim.Logf("warning: undoing the ADD that asked for %s: %v", strings.Join(free, ", "), derr)
 		return nil, err
 	}
 	return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)

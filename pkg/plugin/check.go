@@ -34,7 +34,7 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 
 	req := reclaim.Request{Dir: conf.Dir(), LegacyDataDir: conf.LegacyDataDir, SkipUnchangedNAT: true}
 	if _, err := (&reclaim.Sweeper{Env: p.Reclaim}).CheckSweep(req, conf.CheckSweepInterval); err != nil {
-		p.warnf("warning: sweep of %s: %v", conf.Name, err)
+		p.Reclaim.Logf("warning: sweep of %s: %v", conf.Name, err)
 	}
 	return checkErr
 }

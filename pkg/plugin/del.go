@@ -41,20 +41,20 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 			return err
 		}
 		defer cleanup()
-		p.warnf("DEL %s: host-local not run on %s (%v); its leases are released by the plugin", key, conf.Dir().Leases(), planted)
+		p.Reclaim.Logf("DEL %s: host-local not run on %s (%v); its leases are released by the plugin", key, conf.Dir().Leases(), planted)
 	} else if err != nil {
 		return plantedError(err)
 	}
 	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir, NoPrevResult: conf.LostPrevResult()}
 	if other, err := attacher.AttachedThere(conf.Dir(), key, args.Netns); err != nil {
-		p.warnf("warning: DEL %s: cannot tell who else is attached in %s: %v", key, args.Netns, err)
+		p.Reclaim.Logf("warning: DEL %s: cannot tell who else is attached in %s: %v", key, args.Netns, err)
 	} else if other != nil {
 		// An attachment the plugin has no record of, sent with the
 		// namespace and ifname of one it has (a runtime's stale cache, a
 		// careless script): bridge would delete that one's interface.
 		// What names key (a lease, NAT rules) is released here, as
 		// host-local and bridge would release it, and bridge is not run.
-		p.warnf("DEL %s: %s in %s is %s's (attached through this plugin): %s is not run, so that it keeps its interface; only what names %s is released", key, args.IfName, args.Netns, other.Key(), conf.Delegate, key)
+		p.Reclaim.Logf("DEL %s: %s in %s is %s's (attached through this plugin): %s is not run, so that it keeps its interface; only what names %s is released", key, args.IfName, args.Netns, other.Key(), conf.Delegate, key)
 		return endDel(attacher, conf.Dir(), key, true)
 	}
 	usable := args.Netns != "" && attacher.NamespaceUsable(args.Netns)
@@ -85,14 +85,14 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		removed, rerr := attacher.ReleaseNAT(conf.Dir(), key)
 		switch {
 		case rerr == nil && len(removed) > 0 && p.delegate(conf, "del", conf.Delegate, delegateConf, exec) == nil:
-			p.warnf("DEL %s: %s failed on NAT rules an earlier attachment left (%s); removed them, then it succeeded", key, conf.Delegate, strings.Join(removed, ", "))
+			p.Reclaim.Logf("DEL %s: %s failed on NAT rules an earlier attachment left (%s); removed them, then it succeeded", key, conf.Delegate, strings.Join(removed, ", "))
 		case strings.Contains(err.Error(), syscall.EROFS.Error()):
 			// A read-only data dir: host-local's DEL fails creating its
 			// directory even when there is nothing to delete.
 			if !attacher.HoldsNothing(conf.Dir(), key) {
 				return err
 			}
-			p.warnf("DEL %s: %s failed on a read-only data dir (%v), which holds nothing of it: nothing to delete", key, conf.Delegate, err)
+			p.Reclaim.Logf("DEL %s: %s failed on a read-only data dir (%v), which holds nothing of it: nothing to delete", key, conf.Delegate, err)
 		default:
 			return err
 		}

@@ -16,7 +16,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/eventlog"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
@@ -105,7 +104,7 @@ func (p *Plugin) logTo(name string, args *skel.CmdArgs, conf *netconf.Config) (e
 	log, err := eventlog.Open(conf.LogFile, conf.LogLevel, eventlog.Attachment{
 		Command: strings.ToUpper(name), Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns})
 	if err != nil {
-		p.warnf("warning: %v; nothing is logged there", err)
+		p.Reclaim.Logf("warning: %v; nothing is logged there", err)
 		return func(err error) error { return err }
 	}
 	stderr := p.Reclaim.Log
@@ -227,13 +226,6 @@ func answer(err error) *types.Error {
 		return cniErr
 	}
 	return nil
-}
-
-// warnf writes one line to the log, as Env's logf does (statefile.Printable).
-func (p *Plugin) warnf(format string, args ...any) {
-	if p.Reclaim.Log != nil {
-		fmt.Fprintf(p.Reclaim.Log, "nomad-bridge-cni: %s\n", statefile.Printable(fmt.Sprintf(format, args...)))
-	}
 }
 
 // migrate moves legacy leases into the dataDir once per boot. Its failure

@@ -23,7 +23,7 @@ func (p *Plugin) status(_ *skel.CmdArgs, conf *netconf.Config) error {
 		return types.NewError(types.ErrPluginNotAvailable, "dataDir is not usable", err.Error())
 	}
 	if problem != "" {
-		p.warnf("warning: STATUS of %s: dataDir %s: %s: an ADD will fail until that is fixed; a DEL still works, so STATUS passes", conf.Name, conf.DataDir, problem)
+		p.Reclaim.Logf("warning: STATUS of %s: dataDir %s: %s: an ADD will fail until that is fixed; a DEL still works, so STATUS passes", conf.Name, conf.DataDir, problem)
 	}
 	delegateConf, err := conf.DelegateConfig()
 	if err != nil {

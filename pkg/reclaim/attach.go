@@ -79,7 +79,7 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 	old, err := recStore.Read(key)
 	if err != nil {
 		// A damaged record proves nothing; it is replaced below.
-		s.logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
+		s.Logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
 		old = nil
 	}
 	var previous []string
@@ -180,7 +180,7 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 func (s *Attacher) countRefusal(d ipamdir.Dir) {
 	unlock, err := d.Lock()
 	if err != nil {
-		s.logf("%s: count refusal: %v", d.Network, err)
+		s.Logf("%s: count refusal: %v", d.Network, err)
 		return
 	}
 	defer unlock()
@@ -234,7 +234,7 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 	}
 	errs = append(errs, releaseFiles(leases, records.NewStore(d), &p, false))
 	s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: addr.kept})
-	s.logf("%s: released %s", d.Network, p.rel)
+	s.Logf("%s: released %s", d.Network, p.rel)
 	return errors.Join(errs...)
 }
 
@@ -353,7 +353,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	store := records.NewStore(d)
 	rec, err := store.Read(key)
 	if err != nil {
-		s.logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
+		s.Logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
 		rec = nil
 	}
 	others, temps, err := store.Names(key)
@@ -370,7 +370,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 		removed, err = s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
 	}
 	if len(removed) > 0 {
-		s.logf("%s: DEL %s: removed what bridge left: %s", d.Network, key, strings.Join(removed, ", "))
+		s.Logf("%s: DEL %s: removed what bridge left: %s", d.Network, key, strings.Join(removed, ", "))
 	}
 	if err != nil {
 		return err
@@ -383,7 +383,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	// A record write killed before its rename (an ADD of this attachment
 	// killed mid-write, say) left its temp file.
 	if _, err := store.RemoveAbandonedTemps(temps, s.running); err != nil {
-		s.logf("%s: %v", d.Network, err)
+		s.Logf("%s: %v", d.Network, err)
 	}
 	if rec != nil && rec.State == records.Migrated {
 		if err := s.releaseLegacy(d, rec); err != nil {
@@ -405,7 +405,7 @@ func (s *Attacher) releaseAddrRules(d ipamdir.Dir, rec *records.Record) error {
 	addr := addrRules{nf: s.Netfilter, own: d, roots: leaseRoots(d, s.LegacyDataDir, nil)}
 	_, err := addr.release(&p)
 	if what := slices.Concat(p.rel.What, p.rel.Kept); len(what) > 0 {
-		s.logf("%s: DEL %s without prevResult: %s", d.Network, rec.Key(), strings.Join(what, "; "))
+		s.Logf("%s: DEL %s without prevResult: %s", d.Network, rec.Key(), strings.Join(what, "; "))
 	}
 	return err
 }
@@ -467,7 +467,7 @@ func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
 	legacy := ipamdir.New(s.LegacyDataDir, d.Network)
 	paths := legacyLeasePaths(rec, s.LegacyDataDir)
 	if len(paths) < len(rec.LegacyLeases) {
-		s.logf("%s: %s: its record names legacy leases outside %s, left alone: %s", d.Network, rec.Key(), legacy.Leases(), strings.Join(rec.LegacyLeases, ", "))
+		s.Logf("%s: %s: its record names legacy leases outside %s, left alone: %s", d.Network, rec.Key(), legacy.Leases(), strings.Join(rec.LegacyLeases, ", "))
 	}
 	var leases []Lease
 	for _, path := range paths {
@@ -489,7 +489,7 @@ func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
 		dir.close()
 	}
 	if err != nil {
-		s.logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
+		s.Logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
 	}
 	return nil
 }

@@ -126,7 +126,7 @@ func (s *Sweeper) sweepEnded(d ipamdir.Dir) {
 		err = writeMarker(d, ipamdir.LastSweepMarker, []byte(bootID+" "+strconv.FormatInt(s.Host.Now().UnixNano(), 10)))
 	}
 	if err != nil {
-		s.logf("%s: %v", d.Network, err)
+		s.Logf("%s: %v", d.Network, err)
 	}
 }
 
@@ -156,6 +156,6 @@ func (s *Env) countReleases(d ipamdir.Dir, add map[string]int) {
 		}
 	}
 	if err := writeJSONMarker(d, ipamdir.ReleasesMarker, counts); err != nil {
-		s.logf("%s: count releases: %v", d.Network, err)
+		s.Logf("%s: count releases: %v", d.Network, err)
 	}
 }

@@ -30,10 +30,10 @@ func NewEnv(log io.Writer) Env {
 	return Env{Host: host, Netfilter: nat, Log: log}
 }
 
-// logf writes one line: what it says of files and processes is
+// Logf writes one line: what it says of files and processes is
 // statefile.Printable, so that a planted name cannot forge a line of the
 // runtime's log, nor reach a terminal raw.
-func (e *Env) logf(format string, args ...any) {
+func (e *Env) Logf(format string, args ...any) {
 	if e.Log != nil {
 		fmt.Fprintf(e.Log, "nomad-bridge-cni: %s\n", statefile.Printable(fmt.Sprintf(format, args...)))
 	}

@@ -83,7 +83,7 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 	defer dir.close()
 	var leases []Lease
 	if err := dir.each(nil, func(l Lease) { leases = append(leases, l) }, func(err error) {
-		s.logf("%s: legacy lease skipped: %v", d.Network, err)
+		s.Logf("%s: legacy lease skipped: %v", d.Network, err)
 	}); err != nil {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 			case !moved:
 				m.Conflicts = append(m.Conflicts, l.IP.String())
 				kept[k] = true
-				s.logf("%s: legacy lease %s for %s not migrated: %s already holds it", d.Network, l.IP, l.Key, target)
+				s.Logf("%s: legacy lease %s for %s not migrated: %s already holds it", d.Network, l.IP, l.Key, target)
 			default:
 				m.Moved++
 			}
@@ -130,7 +130,7 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 		// keeps the others there too, and the record, which finds the
 		// copies made.
 		if recErr != nil && !kept[k] {
-			s.logf("%s: %s: %v; its legacy lease is removed instead", d.Network, k, recErr)
+			s.Logf("%s: %s: %v; its legacy lease is removed instead", d.Network, k, recErr)
 			unrecorded[k] = true
 		}
 	}
@@ -147,7 +147,7 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 		errs = append(errs, err)
 	}
 	if m.Moved+m.Dropped > 0 {
-		s.logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", d.Network, m.Moved, legacyDir, d.DataDir, m.Dropped)
+		s.Logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", d.Network, m.Moved, legacyDir, d.DataDir, m.Dropped)
 	}
 	return m, errors.Join(errs...)
 }

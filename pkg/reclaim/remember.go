@@ -100,14 +100,14 @@ func (s *Env) forget(d ipamdir.Dir, key records.Key) {
 	}
 	unlock, err := d.LockExisting()
 	if err != nil {
-		s.logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
+		s.Logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
 		return
 	}
 	defer unlock()
 	all := readRemembered(d)
 	delete(all, rememberedKey(key))
 	if err := writeJSONMarker(d, ipamdir.RememberedMarker, all); err != nil {
-		s.logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
+		s.Logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
 	}
 }
 

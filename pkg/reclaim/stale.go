@@ -338,7 +338,7 @@ func (j *judge) overdue(r *records.Record) (Verdict, string) {
 	}
 	killed, err := j.Host.KillLockHolders(j.records.PathOf(r.Key()))
 	ended := fmt.Sprintf("its ADD's delegate ran past the deadline %s with the plugin (pid %d) gone: killed pids %v", deadline, r.PID, killed)
-	j.logf("%s: %s: %s", r.Network, r.Key(), ended)
+	j.Logf("%s: %s: %s", r.Network, r.Key(), ended)
 	if err != nil {
 		return Verdict{State: Unknown, Reason: fmt.Sprintf("its ADD's delegate is overdue since %s and could not all be killed: %v", deadline, err)}, ""
 	}

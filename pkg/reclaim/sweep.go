@@ -159,14 +159,14 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	err = w.run()
 	// How many skipped files problem did not log (maxProblemLines).
 	if n := w.problems - maxProblemLines; n > 0 {
-		w.logf("%s: skipped %d more damaged or foreign files (nomad-bridge-cni leases lists them all)", req.Dir.Network, n)
+		w.Logf("%s: skipped %d more damaged or foreign files (nomad-bridge-cni leases lists them all)", req.Dir.Network, n)
 	}
 	if err == nil && !req.DryRun {
 		w.noteNATChecked()
 	}
 	if len(w.remembered) > 0 {
 		if rerr := s.remember(req.Dir, w.remembered); rerr != nil {
-			s.logf("%s: remembering released addresses for their restores: %v", req.Dir.Network, rerr)
+			s.Logf("%s: remembering released addresses for their restores: %v", req.Dir.Network, rerr)
 		}
 	}
 	if err != nil {
@@ -273,10 +273,10 @@ func (w *sweep) run() error {
 		// The records' temp files whose writer died.
 		temps, err := w.records.RemoveAbandonedTemps(listing, w.running)
 		for _, path := range temps {
-			w.logf("%s: removed %s, abandoned by a writer that died", w.req.Dir.Network, path)
+			w.Logf("%s: removed %s, abandoned by a writer that died", w.req.Dir.Network, path)
 		}
 		if err != nil {
-			w.logf("%s: %v", w.req.Dir.Network, err)
+			w.Logf("%s: %v", w.req.Dir.Network, err)
 		}
 	}
 	skip := func(a [16]byte) bool { _, ok := w.claimed[a]; return ok }
@@ -392,7 +392,7 @@ func (w *sweep) problem(err error) {
 	w.problems++
 	w.tell(err)
 	if w.problems <= maxProblemLines {
-		w.logf("%s: skipped: %v", w.req.Dir.Network, err)
+		w.Logf("%s: skipped: %v", w.req.Dir.Network, err)
 	}
 }
 
@@ -473,7 +473,7 @@ func (w *sweep) cniCommand(cid string) *netfilter.BusyError {
 func (w *sweep) released(rel Release) {
 	w.report.Released++
 	if !w.req.DryRun {
-		w.logf("%s: released %s", w.req.Dir.Network, rel)
+		w.Logf("%s: released %s", w.req.Dir.Network, rel)
 	}
 	if w.req.Released != nil {
 		w.req.Released(rel)

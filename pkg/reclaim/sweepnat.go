@@ -63,7 +63,7 @@ func (w *sweep) noteNATChecked() {
 		return
 	}
 	if err := writeJSONMarker(w.req.Dir, ipamdir.NATCheckedMarker, natCheckedState{Boot: w.judge.bootID, RulesetState: w.natState}); err != nil {
-		w.logf("%s: noting the NAT rules checked for orphans: %v", w.req.Dir.Network, err)
+		w.Logf("%s: noting the NAT rules checked for orphans: %v", w.req.Dir.Network, err)
 	}
 }
 
@@ -167,7 +167,7 @@ func (w *sweep) keptBusy(line string, gone []string) {
 		line += "; removed " + strings.Join(gone, ", ")
 	}
 	w.tell(errors.New(line))
-	w.logf("%s: %s", w.req.Dir.Network, line)
+	w.Logf("%s: %s", w.req.Dir.Network, line)
 }
 
 // releaseRulesOf releases, in each backend that is shared or not (as
