@@ -9,18 +9,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math/big"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/containernetworking/cni/libcni"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
@@ -128,35 +126,12 @@ func Networks(files []File) []*Network {
 	return out
 }
 
-// readConfFile reads a configuration file as a runtime would (through a
-// symlink), but never blocks on a FIFO planted there and reads at most
-// what the plugin accepts on stdin: every ADD of a bigger one is refused.
-func readConfFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s): runtimes would block on it or skip it", fi.Mode().Type())
-	}
-	raw, err := io.ReadAll(io.LimitReader(f, netconf.MaxConfigSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(raw) > netconf.MaxConfigSize {
-		return nil, fmt.Errorf("larger than %d bytes, the most the plugin reads of an entry: every ADD of it would be refused (error 6)", netconf.MaxConfigSize)
-	}
-	return raw, nil
-}
-
 func readFile(path string, bridgeIsPlugin bool) File {
 	file := File{Path: path}
-	raw, err := readConfFile(path)
+	// As a runtime reads it (through a symlink), but never blocking on a
+	// FIFO planted there, and at most what the plugin accepts on stdin:
+	// every ADD of a bigger one is refused.
+	raw, err := statefile.ReadConfig(path, netconf.MaxConfigSize)
 	if err != nil {
 		file.Err = err
 		return file
