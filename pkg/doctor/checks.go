@@ -14,6 +14,7 @@ import (
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/metrics"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/plugin"
@@ -336,64 +337,58 @@ func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, s
 	if o.Sweeper == nil || o.EUID != 0 {
 		return nil
 	}
-	count, err := stateCounts(o.Sweeper, operator.NewScope(n.Dir.DataDir, []ipamdir.Dir{n.Dir}, nets))
+	st, err := networkState(o.Sweeper, operator.NewScope(n.Dir.DataDir, []ipamdir.Dir{n.Dir}, nets))
 	if err != nil {
 		return []Finding{{Level: Warn, Check: "state", Subject: subject, Message: fmt.Sprintf("cannot read: %v", err)}}
 	}
-	msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count["live"], count["pending"], count["stale"], count["detached"], count["unknown"], count["orphan-rules"])
+	count := st.Attachments
+	msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count[reclaim.Live], count[reclaim.Pending], count[reclaim.Stale], count[reclaim.Detached], count[reclaim.Unknown], st.OrphanRules)
 	f := Finding{Level: Warn, Check: "state", Subject: subject, Message: msg}
 	switch {
-	case count["stale"] > 0 || count["orphan-rules"] > 0:
+	case count[reclaim.Stale] > 0 || st.OrphanRules > 0:
 		f.Fix = fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))
-	case count["detached"] > 0:
+	case count[reclaim.Detached] > 0:
 		f.Fix = "see nomad-bridge-cni leases: a detached attachment's container still runs in its old namespace"
-	case count["unknown"] > 0:
+	case count[reclaim.Unknown] > 0:
 		f.Fix = "see nomad-bridge-cni leases: an unknown attachment's lease has no record of the plugin (another writer, or a judgement it could not make) and is never released by a sweep: DEL it through its runtime, or remove the lease once nothing uses its address"
 	default:
 		f.Level = OK
 	}
 	fs := []Finding{f}
-	if k := count["skipped"]; k > 0 {
-		fs = append(fs, Finding{Level: Warn, Check: "state", Subject: subject, Message: fmt.Sprintf("%d damaged or foreign file(s) skipped: neither judged nor counted", k), Fix: fmt.Sprintf("see nomad-bridge-cni leases --data-dir %s --network %s: it lists them, each with why", shellQuote(n.Dir.DataDir), shellQuote(n.Name))})
+	if st.Skipped > 0 {
+		fs = append(fs, Finding{Level: Warn, Check: "state", Subject: subject, Message: fmt.Sprintf("%d damaged or foreign file(s) skipped: neither judged nor counted", st.Skipped), Fix: fmt.Sprintf("see nomad-bridge-cni leases --data-dir %s --network %s: it lists them, each with why", shellQuote(n.Dir.DataDir), shellQuote(n.Name))})
 	}
 	return fs
 }
 
-// stateCounts counts the attachments of the one network of scope by the
-// state `leases` gives them. A network none of whose directories exists
-// holds no attachment, and is not swept: a sweep takes host-local's lock,
-// whose store creates the network's directory, and the doctor only reads.
-// Every NAT rule set of such a network is an orphan.
-//
-// It makes the sweep `leases` makes but counts what Visit sees, each
-// attachment once: `leases` has a row per lease (two for a dual-stack
-// attachment). The files the sweep skips are counted, not held.
-func stateCounts(s *reclaim.Sweeper, scope operator.Scope) (map[string]int, error) {
+// networkState is what `metrics` reads of the one network of scope: its
+// attachments by state (each once, however many leases it holds), its
+// orphan NAT rule sets and the files its sweep skipped. A network none of
+// whose directories exists holds no attachment, and is not swept: a sweep
+// takes host-local's lock, whose store creates the network's directory,
+// and the doctor only reads. Every NAT rule set of such a network is an
+// orphan.
+func networkState(s *reclaim.Sweeper, scope operator.Scope) (metrics.Network, error) {
 	d := scope.Dirs[0]
-	count := map[string]int{}
 	if d.Served() {
-		req := scope.Request(d)
-		req.DryRun, req.Orphans = true, true
-		req.Visit = func(a *reclaim.Attachment) { count[string(a.Verdict.State)]++ }
-		req.Problem = func(error) { count["skipped"]++ }
-		rep, err := s.Sweep(req)
+		nets, err := metrics.Collect(s, scope, nil)
 		if err != nil {
-			return nil, err
+			return metrics.Network{}, err
 		}
-		count["orphan-rules"] = len(rep.OrphanRules)
-		return count, nil
+		return nets[0], nil
 	}
+	var st metrics.Network
 	if s.Netfilter == nil {
-		return count, nil
+		return st, nil
 	}
 	for _, b := range s.Netfilter.Backends() {
 		rules, err := b.List(d.Network)
 		if err != nil {
-			return nil, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), d.Network, err)
+			return st, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), d.Network, err)
 		}
-		count["orphan-rules"] += len(rules.Owners())
+		st.OrphanRules += len(rules.Owners())
 	}
-	return count, nil
+	return st, nil
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it, so that a fix can
