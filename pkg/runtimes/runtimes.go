@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 )
@@ -51,23 +52,16 @@ func New(name string) (Lister, error) {
 type Podman struct{ Command string }
 
 func (p *Podman) List(ctx context.Context) (*Listing, error) {
-	lines, err := outputLines(ctx, p.Command, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.State}}")
-	if err != nil {
-		return nil, err
-	}
-	l := &Listing{IDs: map[string]bool{}}
-	for _, line := range lines {
+	return listLines(ctx, func(line string) (string, error) {
 		id, state, ok := strings.Cut(line, " ")
-		if !ok || id == "" {
-			return nil, fmt.Errorf("podman ps printed %q, not \"<id> <state>\"", line)
+		switch {
+		case !ok || id == "":
+			return "", fmt.Errorf("podman ps printed %q, not \"<id> <state>\"", line)
+		case slices.Contains([]string{"exited", "stopped", "dead", "removing"}, strings.ToLower(state)):
+			return "", nil
 		}
-		switch strings.ToLower(state) {
-		case "exited", "stopped", "dead", "removing":
-		default: // created, initialized, running, paused, stopping, unknown
-			l.IDs[id] = true
-		}
-	}
-	return l, nil
+		return id, nil // created, initialized, running, paused, stopping, unknown
+	}, p.Command, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.State}}")
 }
 
 // CRI lists the pod sandboxes of a CRI runtime (containerd, CRI-O) through
@@ -79,34 +73,35 @@ func (p *Podman) List(ctx context.Context) (*Listing, error) {
 type CRI struct{ Command string }
 
 func (c *CRI) List(ctx context.Context) (*Listing, error) {
-	lines, err := outputLines(ctx, c.Command, "pods", "--state", "ready", "--quiet", "--no-trunc")
-	if err != nil {
-		return nil, err
-	}
-	l := &Listing{IDs: map[string]bool{}}
-	for _, id := range lines {
+	return listLines(ctx, func(id string) (string, error) {
 		if strings.ContainsAny(id, " \t") {
-			return nil, fmt.Errorf("crictl pods printed %q, not a sandbox ID", id)
+			return "", fmt.Errorf("crictl pods printed %q, not a sandbox ID", id)
 		}
-		l.IDs[id] = true
-	}
-	return l, nil
+		return id, nil
+	}, c.Command, "pods", "--state", "ready", "--quiet", "--no-trunc")
 }
 
-// outputLines runs a runtime's CLI and returns the lines it printed, blank
-// ones left out.
-func outputLines(ctx context.Context, command string, args ...string) ([]string, error) {
+// listLines runs a runtime's CLI and lists the container that id reads
+// in each line it printed (blank ones left out; "": one not listed).
+func listLines(ctx context.Context, id func(line string) (string, error), command string, args ...string) (*Listing, error) {
 	out, err := output(ctx, command, args...)
 	if err != nil {
 		return nil, err
 	}
-	var lines []string
+	l := &Listing{IDs: map[string]bool{}}
 	for line := range strings.Lines(string(out)) {
-		if line = strings.TrimSpace(line); line != "" {
-			lines = append(lines, line)
+		if line = strings.TrimSpace(line); line == "" {
+			continue
+		}
+		listed, err := id(line)
+		if err != nil {
+			return nil, err
+		}
+		if listed != "" {
+			l.IDs[listed] = true
 		}
 	}
-	return lines, nil
+	return l, nil
 }
 
 // output runs a runtime's CLI and returns what it printed on stdout; a
