@@ -91,17 +91,12 @@ func (t *GCText) End(problems *Problems) error {
 	return t.keep(err)
 }
 
-// GCJSON writes the `gc --json` document one release at a time:
+// NewGCJSON starts the `gc --json` document, written a release at a time:
 //
 //	{"dataDir": ..., "dryRun": ..., "released": [GCRelease, ...], "problems": [...]}
-type GCJSON struct{ *jsonStream }
-
-// NewGCJSON starts the document.
-func NewGCJSON(w io.Writer, dataDir string, dryRun bool) *GCJSON {
-	return &GCJSON{newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)}
+func NewGCJSON(w io.Writer, dataDir string, dryRun bool) GCSink {
+	return newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)
 }
-
-func (j *GCJSON) Release(r GCRelease) { j.item(r) }
 
 func nonNil(s []string) []string {
 	if s == nil {

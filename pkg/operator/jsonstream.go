@@ -62,6 +62,10 @@ func newJSONStream(w io.Writer, items string, head ...any) *jsonStream {
 	return j
 }
 
+// Row and Release make it the sink of `leases --json` and of `gc --json`.
+func (j *jsonStream) Row(r Row)           { j.item(r) }
+func (j *jsonStream) Release(r GCRelease) { j.item(r) }
+
 func (j *jsonStream) item(v any) {
 	sep := ",\n    "
 	if j.n == 0 {

@@ -168,17 +168,13 @@ func (t *LeasesTable) End(problems *Problems) error {
 	return t.keep(problems.Each(func(p string) { t.printf("skipped: %s\n", printable(p)...) }))
 }
 
-// LeasesJSON writes the `leases --json` document one row at a time:
+// NewLeasesJSON starts the `leases --json` document, written a row at a
+// time:
 //
 //	{"dataDir": ..., "leases": [Row, ...], "problems": [...]}
-type LeasesJSON struct{ *jsonStream }
-
-// NewLeasesJSON starts the document.
-func NewLeasesJSON(w io.Writer, dataDir string) *LeasesJSON {
-	return &LeasesJSON{newJSONStream(w, "leases", "dataDir", dataDir)}
+func NewLeasesJSON(w io.Writer, dataDir string) LeasesSink {
+	return newJSONStream(w, "leases", "dataDir", dataDir)
 }
-
-func (j *LeasesJSON) Row(r Row) { j.item(r) }
 
 // WriteJSON prints v as indented JSON.
 func WriteJSON(w io.Writer, v any) error {
