@@ -66,6 +66,9 @@ func newJSONStream(w io.Writer, items string, head ...any) *jsonStream {
 func (j *jsonStream) Row(r Row)           { j.item(r) }
 func (j *jsonStream) Release(r GCRelease) { j.item(r) }
 
+// Kept is the table's note: the document has no field for it.
+func (j *jsonStream) Kept(string, int) {}
+
 func (j *jsonStream) item(v any) {
 	sep := ",\n    "
 	if j.n == 0 {

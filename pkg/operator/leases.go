@@ -40,21 +40,20 @@ type Row struct {
 	Runtime string `json:"runtime,omitempty"`
 }
 
-// LeasesSink takes the rows of `leases` as the sweeps meet them, then the
-// problems they skipped.
+// LeasesSink takes the rows of `leases` as the sweeps meet them, per
+// network how many released addresses kept their firewall rules (another
+// network leases them), then the problems the sweeps skipped.
 type LeasesSink interface {
 	Row(Row)
+	Kept(network string, addresses int)
 	End(problems *Problems) error
 }
 
 // Leases runs a dry-run sweep of every network under CHECK's rules, with
 // the NAT rules nobody holds, and hands each row to sink as the sweep meets
-// it: nothing but the attachment at hand is held, whatever the size of the
-// network. Rows come in the sweep's order: attachments whose record lists
-// their addresses (by record name, within each 1024 read at once), then
-// the others by address, then orphan NAT rules; an attachment's rows by
-// address. It changes nothing. Every network is listed even if an
-// earlier one failed.
+// it (the order docs/operator.md gives): nothing but the attachment at
+// hand is held, whatever the size of the network. It changes nothing.
+// Every network is listed even if an earlier one failed.
 func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 	now := s.Host.Now()
 	problems := &Problems{}
@@ -68,20 +67,12 @@ func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 			}
 		}
 		_, err := s.Sweep(req)
-		if k, ok := sink.(keptSink); ok {
-			if n := s.Releases(d)[reclaim.ForwardKeptCount]; n > 0 {
-				k.Kept(d.Network, n)
-			}
+		if n := s.Releases(d)[reclaim.ForwardKeptCount]; n > 0 {
+			sink.Kept(d.Network, n)
 		}
 		return err
 	})
 	return errors.Join(err, sink.End(problems))
-}
-
-// keptSink is a LeasesSink that says, per network, how many released
-// addresses kept their firewall rules (another network leases them).
-type keptSink interface {
-	Kept(network string, addresses int)
 }
 
 // eachRow hands row the rows of a: one per lease, else one without.

@@ -512,7 +512,8 @@ type LeasesOutput struct {
 	Problems []string `json:"problems"`
 }
 
-func (o *LeasesOutput) Row(r Row) { o.Leases = append(o.Leases, r) }
+func (o *LeasesOutput) Row(r Row)        { o.Leases = append(o.Leases, r) }
+func (o *LeasesOutput) Kept(string, int) {}
 
 func (o *LeasesOutput) End(problems *Problems) error {
 	if o.Leases == nil {

@@ -189,11 +189,7 @@ func (d *Drift) Row(r Row) {
 	d.Sink.Row(r)
 }
 
-func (d *Drift) Kept(network string, addresses int) {
-	if k, ok := d.Sink.(keptSink); ok {
-		k.Kept(network, addresses)
-	}
-}
+func (d *Drift) Kept(network string, addresses int) { d.Sink.Kept(network, addresses) }
 
 func (d *Drift) End(problems *Problems) error {
 	err := d.Sink.End(problems)

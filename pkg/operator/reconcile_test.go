@@ -218,6 +218,7 @@ func TestLeasesDriftBothWays(t *testing.T) {
 type rowCollector struct{ rows *[]Row }
 
 func (c *rowCollector) Row(r Row)             { *c.rows = append(*c.rows, r) }
+func (c *rowCollector) Kept(string, int)      {}
 func (c *rowCollector) End(p *Problems) error { return nil }
 
 // --remove-mounts unmounts the mount point the holder scan named, never
