@@ -26,11 +26,9 @@ const DefaultGrace = 5 * time.Minute
 
 // Reconcile is what `gc --runtime` adds to a sweep: an attachment whose
 // container the runtime does not list is released once it is older than
-// the grace period and has been missing from the runtime's lists for at
-// least that long (this run's, and one taken at least a grace earlier,
-// remembered in ipamdir.UnlistedMarker). Nothing is released while the
-// runtime started less than a grace ago (it may still be restoring); the
-// caller lists nothing at all when the runtime cannot be asked.
+// the grace period and was missing from a list taken at least a grace
+// earlier too (remembered in ipamdir.UnlistedMarker): a runtime still
+// restoring after a restart lists its containers again within the grace.
 type Reconcile struct {
 	Runtime string
 	Listing *runtimes.Listing
