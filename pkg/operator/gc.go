@@ -35,9 +35,7 @@ type GCSink interface {
 // With rec, it also releases what the runtime no longer lists (see
 // Reconcile), and remembers what it did not list (not in a dry run).
 func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcile, sink GCSink) error {
-	problems := &Problems{}
-	defer problems.Close()
-	err := scope.each(problems, func(d ipamdir.Dir, req reclaim.Request) error {
+	err := scope.each(func(d ipamdir.Dir, req reclaim.Request) error {
 		req.DryRun, req.Orphans = dryRun, orphanRules
 		req.Released = func(rel reclaim.Release) {
 			if rec != nil {
@@ -50,11 +48,11 @@ func GC(s *reclaim.Sweeper, scope Scope, dryRun, orphanRules bool, rec *Reconcil
 		}
 		_, err := s.CheckSweep(req, 0)
 		return err
-	})
+	}, sink.End)
 	if rec != nil && !dryRun {
 		err = errors.Join(err, rec.Save())
 	}
-	return errors.Join(err, sink.End(problems))
+	return err
 }
 
 // GCText prints one line per release, saying what went (or would go) and

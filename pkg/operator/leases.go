@@ -6,7 +6,6 @@ package operator
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -56,9 +55,7 @@ type LeasesSink interface {
 // Every network is listed even if an earlier one failed.
 func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 	now := s.Host.Now()
-	problems := &Problems{}
-	defer problems.Close()
-	err := scope.each(problems, func(d ipamdir.Dir, req reclaim.Request) error {
+	return scope.each(func(d ipamdir.Dir, req reclaim.Request) error {
 		req.DryRun, req.Orphans = true, true
 		req.Visit = func(a *reclaim.Attachment) { eachRow(d.Network, a, now, sink.Row) }
 		req.Released = func(rel reclaim.Release) {
@@ -71,8 +68,7 @@ func Leases(s *reclaim.Sweeper, scope Scope, sink LeasesSink) error {
 			sink.Kept(d.Network, n)
 		}
 		return err
-	})
-	return errors.Join(err, sink.End(problems))
+	}, sink.End)
 }
 
 // eachRow hands row the rows of a: one per lease, else one without.

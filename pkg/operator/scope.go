@@ -54,10 +54,12 @@ func (sc Scope) Request(d ipamdir.Dir) reclaim.Request {
 	return reclaim.Request{Dir: d, LegacyDataDir: legacy, OtherDataDirs: sc.others()}
 }
 
-// each runs sweep over every network of the scope with its Request, the
-// files it skips kept in problems. Every network is swept even if an
+// each runs sweep over every network of the scope with its Request, then
+// end with the files the sweeps skipped. Every network is swept even if an
 // earlier one failed.
-func (sc Scope) each(problems *Problems, sweep func(d ipamdir.Dir, req reclaim.Request) error) error {
+func (sc Scope) each(sweep func(d ipamdir.Dir, req reclaim.Request) error, end func(*Problems) error) error {
+	problems := &Problems{}
+	defer problems.Close()
 	var errs []error
 	for _, d := range sc.Dirs {
 		req := sc.Request(d)
@@ -66,7 +68,7 @@ func (sc Scope) each(problems *Problems, sweep func(d ipamdir.Dir, req reclaim.R
 			errs = append(errs, fmt.Errorf("network %s: %w", d.Network, err))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, end(problems))...)
 }
 
 func (sc Scope) others() []string {
