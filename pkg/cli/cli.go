@@ -51,8 +51,9 @@ state: live, stale (<reason>), pending (ADD in progress), detached (its
 namespace path was replaced or removed, but a process or mount still holds the
 namespace: kept, and a re-ADD is refused), unknown (no record).
 NAT rules (bridge ipMasq, portmap) that no lease or record holds are listed as
-orphan-rules. Sorted by network, then IP. Changes nothing. --runtime
-podman|nomad|cri marks each row the runtime does not list ("not listed by the
+orphan-rules. Networks by name, each in the order its sweep meets them
+(attachments with a record first; see docs/operator.md). Changes nothing.
+--runtime podman|nomad|cri marks each row the runtime does not list ("not listed by the
 runtime"; in JSON, "runtime": "listed" or "not listed"), then names the
 containers it lists that hold nothing on these networks (on stderr with
 --json).
