@@ -101,6 +101,7 @@ type swept struct {
 	*Report
 	Attachments []*Attachment
 	Releases    []Release
+	Problems    []error
 }
 
 // sweep runs a sweep and collects what it streams, checking that it shows
@@ -118,6 +119,13 @@ func (w *world) sweep(req Request) *swept {
 		out.Attachments = append(out.Attachments, a)
 	}
 	req.Released = func(rel Release) { out.Releases = append(out.Releases, rel) }
+	problem := req.Problem
+	req.Problem = func(err error) {
+		out.Problems = append(out.Problems, err)
+		if problem != nil {
+			problem(err)
+		}
+	}
 	rep, err := w.sweeper.Sweep(req)
 	if err != nil {
 		w.t.Fatalf("Sweep: %v", err)

@@ -60,7 +60,7 @@ type Request struct {
 	// the sweep would make) once it is done.
 	Released func(Release)
 	// Problem, when set, takes each file the sweep skipped (a damaged or
-	// foreign file) instead of Report.Problems, which then stays empty.
+	// foreign file); the log names the first ones (maxProblemLines).
 	Problem func(error)
 	// Unlisted, when set, is asked about each attachment the rules keep
 	// live, or detached by a mount only: release reports whether the
@@ -104,7 +104,6 @@ type Report struct {
 	// OrphanRules lists container IDs with NAT rules but no lease or record
 	// (on a network proved the plugin's, or with Request.Orphans).
 	OrphanRules []string
-	Problems    []error
 }
 
 // Sweep judges every attachment of one network and releases the stale
@@ -384,8 +383,8 @@ func (w *sweep) leaseProblem(err error) {
 
 // maxProblemLines bounds the lines one sweep writes about files it
 // skipped: a CHECK's stderr goes to the runtime's log, and 100 000 planted
-// files must not put 100 000 lines there on every CHECK. The report keeps
-// them all (`leases`, `gc` list them).
+// files must not put 100 000 lines there on every CHECK. Request.Problem
+// takes them all (`leases`, `gc` list them).
 const maxProblemLines = 20
 
 func (w *sweep) problem(err error) {
@@ -400,8 +399,6 @@ func (w *sweep) problem(err error) {
 func (w *sweep) tell(err error) {
 	if w.req.Problem != nil {
 		w.req.Problem(err)
-	} else {
-		w.report.Problems = append(w.report.Problems, err)
 	}
 }
 
