@@ -78,9 +78,8 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 	cookie, _ := s.Host.NetnsCookie(netnsPath)
 	old, err := recStore.Read(key)
 	if err != nil {
-		// A damaged record proves nothing; it is replaced below.
+		// A damaged record (read as none) proves nothing; it is replaced below.
 		s.Logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
-		old = nil
 	}
 	var previous []string
 	if old != nil {
@@ -354,7 +353,6 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 	rec, err := store.Read(key)
 	if err != nil {
 		s.Logf("%s: %s: ignoring unreadable record: %v", d.Network, key, err)
-		rec = nil
 	}
 	others, temps, err := store.Names(key)
 	if err != nil {
