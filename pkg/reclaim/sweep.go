@@ -97,8 +97,8 @@ func (r Release) String() string {
 	return s
 }
 
-// Report is what a sweep did; what it saw went to Request.Visit and
-// Request.Released.
+// Report is what a sweep did; what it saw went to Request.Visit,
+// Request.Released and Request.Problem.
 type Report struct {
 	Released int // in a dry run, the releases it would make
 	// OrphanRules lists container IDs with NAT rules but no lease or record
