@@ -173,7 +173,10 @@ func readFile(path string, bridgeIsPlugin bool) File {
 		if entry == nil {
 			continue
 		}
-		stdin, err := withListKeys(entry, list.Name, list.CNIVersion)
+		// libcni sets an entry's name and cniVersion to the conflist's
+		// before it runs it, over the entry's own.
+		entry["name"], entry["cniVersion"] = list.Name, list.CNIVersion
+		stdin, err := json.Marshal(entry)
 		err = cmp.Or(refused, err)
 		ranges, rangesErr := hostLocalRanges(stdin)
 		n := describe(path, list.Name, entry, ranges)
@@ -243,13 +246,6 @@ func flannelDelegate(e map[string]any) (map[string]any, error) {
 	return d, refused
 }
 
-// withListKeys sets an entry's name and cniVersion to the conflist's, as
-// libcni does before running it (over the entry's own).
-func withListKeys(entry map[string]any, name, version string) ([]byte, error) {
-	entry["name"], entry["cniVersion"] = name, version
-	return json.Marshal(entry)
-}
-
 // describe reads what a clash check needs of a bridge entry: its bridge,
 // where it keeps leases, and each subnet of its ranges once.
 func describe(file, name string, e map[string]any, ranges []hostLocalRange) *Network {
@@ -298,9 +294,9 @@ func hostLocalRanges(entry []byte) ([]hostLocalRange, error) {
 // network's, rangeEnd to its last, less the broadcast address in IPv4), or
 // 0 if host-local would refuse them (a subnet too small or with host bits
 // set, a bound outside its subnet, a start after its end, ranges that
-// overlap). host-local's own loader is not linked for this: it brings
-// bridge's nftables package, whose init every verb of the plugin would
-// pay.
+// overlap). host-local's allocator (and plugins' pkg/ip alone) is not
+// linked for this: it brings netlink and knftables, whose init every verb
+// of the plugin would pay (BENCHMARKS.md).
 func rangeAddresses(ranges []hostLocalRange) float64 {
 	var bounds [][2]netip.Addr
 	total := new(big.Int)
