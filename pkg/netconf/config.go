@@ -149,10 +149,9 @@ func Parse(stdin []byte) (*Config, error) {
 	if c.DataDir, err = stringKey(raw, keyDataDir, ipamdir.DefaultDataDir); err != nil {
 		return nil, err
 	}
-	if err := validateDir(keyDataDir, c.DataDir); err != nil {
+	if c.DataDir, err = cleanDir(keyDataDir, c.DataDir); err != nil {
 		return nil, err
 	}
-	c.DataDir = filepath.Clean(c.DataDir)
 	if c.CheckSweepInterval, err = durationKey(raw, keyCheckSweepInterval, DefaultCheckSweepInterval, 0, maxCheckSweepInterval, "10s"); err != nil {
 		return nil, err
 	}
@@ -190,10 +189,9 @@ func Parse(stdin []byte) (*Config, error) {
 	c.LegacyDataDir = cmp.Or(c.LegacyDataDir, ipamdir.DefaultLegacyDataDir)
 	// The legacy directory is read and pruned by the migration: it gets
 	// the same checks as our own.
-	if err := validateDir("ipam.dataDir", c.LegacyDataDir); err != nil {
+	if c.LegacyDataDir, err = cleanDir("ipam.dataDir", c.LegacyDataDir); err != nil {
 		return nil, err
 	}
-	c.LegacyDataDir = filepath.Clean(c.LegacyDataDir)
 	if sameDir(c.LegacyDataDir, c.DataDir) {
 		// The dataDir under another name (Nomad's "/var/run/cni" with a
 		// dataDir of "/run/cni"): nothing to migrate, and its lock is ours.
@@ -247,13 +245,14 @@ func (c *Config) parseLog(raw map[string]json.RawMessage) error {
 		}
 		return nil
 	}
-	if err := validateDir(keyLogFile, c.LogFile); err != nil {
+	file, err := cleanDir(keyLogFile, c.LogFile)
+	if err != nil {
 		return err
 	}
 	if strings.HasSuffix(c.LogFile, "/") {
 		return invalidConfig(fmt.Sprintf("%q %q names a directory, not a file", keyLogFile, c.LogFile))
 	}
-	c.LogFile = filepath.Clean(c.LogFile)
+	c.LogFile = file
 	if c.LogLevel, err = eventlog.ParseLevel(level); err != nil {
 		return invalidConfig(fmt.Sprintf("%q: %v", keyLogLevel, err))
 	}
@@ -336,29 +335,29 @@ func validateDelegate(delegate string) error {
 	return nil
 }
 
-// validateDir accepts only absolute, already-clean paths: a relative path
-// would resolve against whatever directory the runtime happens to exec us
-// in, and ".." could climb out of the directory the operator chose.
-func validateDir(key, dir string) error {
+// cleanDir is dir, cleaned, if it is absolute and has no "..": a relative
+// path would resolve against whatever directory the runtime happens to exec
+// us in, and ".." could climb out of the directory the operator chose.
+func cleanDir(key, dir string) (string, error) {
 	switch {
 	case dir == "":
-		return invalidConfig(fmt.Sprintf("%q must not be empty", key))
+		return "", invalidConfig(fmt.Sprintf("%q must not be empty", key))
 	case !filepath.IsAbs(dir):
-		return invalidConfig(fmt.Sprintf("%q %q must be an absolute path", key, dir))
+		return "", invalidConfig(fmt.Sprintf("%q %q must be an absolute path", key, dir))
 	case strings.ContainsRune(dir, 0):
-		return invalidConfig(fmt.Sprintf("%q contains a NUL byte", key))
+		return "", invalidConfig(fmt.Sprintf("%q contains a NUL byte", key))
 	}
 	for _, part := range strings.Split(dir, "/") {
 		switch part {
 		case "..":
-			return invalidConfig(fmt.Sprintf("%q %q must not contain \"..\"", key, dir))
+			return "", invalidConfig(fmt.Sprintf("%q %q must not contain \"..\"", key, dir))
 		case ipamdir.RecordDirName:
 			// host-local's GC there deletes what it takes for stale
 			// leases: the records and markers of the plugin's networks.
-			return invalidConfig(fmt.Sprintf("%q %q is inside the plugin's record directory %s: give the data dir itself", key, dir, ipamdir.RecordDirName))
+			return "", invalidConfig(fmt.Sprintf("%q %q is inside the plugin's record directory %s: give the data dir itself", key, dir, ipamdir.RecordDirName))
 		}
 	}
-	return nil
+	return filepath.Clean(dir), nil
 }
 
 // sameDir reports whether a and b name one existing directory.
