@@ -13,7 +13,9 @@ import (
 // FuzzParseAndRewrite: whatever the input, Parse either returns a CNI error
 // or a config whose rewrite is a JSON object that keeps every key but ours,
 // points ipam.dataDir at an absolute, clean dataDir, and names a delegate
-// that is a bare plugin name.
+// that is a bare plugin name. An entry passed through (the plugin installed
+// under its delegate's name, an IPAM other than host-local) is not
+// rewritten: its delegate is its own type, a bare plugin name.
 func FuzzParseAndRewrite(f *testing.F) {
 	f.Add([]byte(bridgeEntry))
 	f.Add([]byte(`{"cniVersion":"0.4.0","name":"n","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`))
@@ -24,6 +26,8 @@ func FuzzParseAndRewrite(f *testing.F) {
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`null`))
 	f.Add([]byte(`{"name":"n","ipam":null}`))
+	f.Add([]byte(`{"name":"n","type":"bridge"}`))
+	f.Add([]byte(`{"name":"n","type":"bridge","ipam":{"type":"host-local"}}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		conf, err := Parse(in)
 		if err != nil {
@@ -33,14 +37,20 @@ func FuzzParseAndRewrite(f *testing.F) {
 			}
 			return
 		}
-		if !filepath.IsAbs(conf.DataDir) || filepath.Clean(conf.DataDir) != conf.DataDir || strings.Contains(conf.DataDir, "..") {
-			t.Fatalf("accepted dataDir %q", conf.DataDir)
-		}
-		if conf.Delegate == "" || strings.ContainsAny(conf.Delegate, `/\`) || conf.Delegate == conf.Type {
+		if conf.Delegate == "" || strings.ContainsAny(conf.Delegate, `/\`) {
 			t.Fatalf("accepted delegate %q", conf.Delegate)
 		}
 		if strings.ContainsAny(conf.Name, "/\x00\n") || strings.HasPrefix(conf.Name, ".") {
 			t.Fatalf("accepted network name %q", conf.Name)
+		}
+		if conf.Passthrough {
+			if conf.Delegate != conf.Type {
+				t.Fatalf("passed through to %q an entry of type %q", conf.Delegate, conf.Type)
+			}
+			return
+		}
+		if !filepath.IsAbs(conf.DataDir) || filepath.Clean(conf.DataDir) != conf.DataDir || strings.Contains(conf.DataDir, "..") {
+			t.Fatalf("accepted dataDir %q", conf.DataDir)
 		}
 		out, err := conf.DelegateConfig()
 		if err != nil {
