@@ -362,11 +362,12 @@ func lastAddr(p netip.Prefix) netip.Addr {
 }
 
 // RangeAddresses is, for every network of the plugin among nets, how many
-// addresses its ranges hold.
+// addresses its ranges hold. A name in two files is the first one's, as
+// Nomad and libcni load it (the files in lexical order).
 func RangeAddresses(nets []*Network) map[string]float64 {
 	out := map[string]float64{}
 	for _, n := range nets {
-		if n.Ours && n.Addresses > 0 {
+		if _, seen := out[n.Name]; !seen && n.Ours && n.Addresses > 0 {
 			out[n.Name] = n.Addresses
 		}
 	}

@@ -215,3 +215,14 @@ func TestDirectoryGivenTwiceIsReadOnce(t *testing.T) {
 		t.Errorf("files = %+v, want 10-web.conflist once", files)
 	}
 }
+
+// A network defined in two files is the first one's, as Nomad and libcni
+// load it (the files in lexical order): its range is the one in force.
+func TestRangeAddressesOfANetworkInTwoFilesAreTheFirstOnes(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "10-first.conflist", entry("twice", PluginName, "", `"ranges": [[{"subnet": "10.1.0.0/24"}]]`))
+	write(t, root, "20-second.conflist", entry("twice", PluginName, "", `"ranges": [[{"subnet": "10.2.0.0/28"}]]`))
+	if got := RangeAddresses(Networks(Read([]string{root}, false)))["twice"]; got != 254 {
+		t.Errorf("addresses of a network in two files: %v, want the first file's 254", got)
+	}
+}
