@@ -56,6 +56,10 @@ func (e *env) removeContainers() error {
 		e.noteContainer(id)
 		_, _ = e.inspect(id) // notes its namespace
 	}
+	// A pod's infra container goes only with its pod.
+	if _, err := e.podman("pod", "rm", "--all", "--force", "--time", "0"); err != nil {
+		return err
+	}
 	_, err = e.podman("rm", "--all", "--force", "--time", "0")
 	return err
 }

@@ -12,7 +12,7 @@ import (
 var appletLinks = []string{"sh", "httpd", "sleep", "cat"}
 
 // importImage builds a root filesystem of one static busybox, its applet
-// links and an index page holding the env's token, and imports it with
+// links, a pause script and an index page holding the env's token, and imports it with
 // `podman import`: no registry is needed.
 func (e *env) importImage(t *testing.T) {
 	t.Helper()
@@ -48,6 +48,9 @@ func (e *env) writeRootfs(path string) error {
 	}{
 		{"bin/busybox", 0o755, busybox},
 		{"www/index.html", 0o644, []byte(e.token)},
+		// A pod's infra command: podman takes --infra-command as one
+		// executable, without arguments.
+		{"bin/pause", 0o755, []byte("#!/bin/sh\nexec sleep 2147483647\n")},
 	}
 	for _, file := range files {
 		if err := w.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: file.name, Mode: file.mode, Size: int64(len(file.data)), ModTime: now}); err != nil {

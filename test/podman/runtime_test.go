@@ -159,3 +159,49 @@ func TestGCRuntimePodman(t *testing.T) {
 	e.assertLease(t, n, addr, c.id, "eth0")
 	e.checkServes(t, c, n, "eth0")
 }
+
+// A pod's attachment is its infra container's: podman gives CNI that ID,
+// and `podman ps --all` lists infra containers beside the others. So a
+// running pod is listed: gc --runtime podman never counts it as missing,
+// and its lease stays, whatever the grace.
+func TestGCRuntimePodmanListsARunningPod(t *testing.T) {
+	e := newEnv(t, oneWord)
+	n := e.addNetwork(t, "p")
+	pod := "pod-" + e.id
+	e.mustPodman(t, "pod", "create", "--name", pod, "--network", n.name, "--infra-image", e.image, "--infra-command", "/bin/pause")
+	infra := strings.TrimSpace(e.mustPodman(t, "pod", "inspect", "--format", "{{.InfraContainerID}}", pod))
+	if infra == "" {
+		t.Fatal("the pod has no infra container")
+	}
+	e.noteContainer(infra)
+	e.mustPodman(t, "pod", "start", pod)
+	var addr netip.Addr
+	for a, content := range e.leases(t, n) {
+		if content == infra+"\r\neth0" {
+			addr = a
+		}
+	}
+	if !addr.IsValid() {
+		t.Fatalf("no lease names the pod's infra container %s: %v", infra, e.leases(t, n))
+	}
+
+	operator := func(args ...string) string {
+		t.Helper()
+		r := cniexec.Run(t, e.operatorBin(), invoke.Args{}, cniexec.Opts{Argv: args, Base: e.environ(), Timeout: cmdTimeout})
+		if r.Err != nil {
+			t.Fatalf("%v: %v\n%s%s", args, r.Err, r.Stdout, r.Stderr)
+		}
+		return r.Stdout
+	}
+	out := operator("leases", "--runtime", "podman", "--data-dir", e.tmpfs, "--network", n.name, "--json")
+	if !strings.Contains(out, `"containerID": "`+infra+`"`) || strings.Contains(out, `"not listed"`) {
+		t.Errorf("leases --runtime podman: the pod's infra container %s is not listed:\n%s", infra, out)
+	}
+	if out := operator("gc", "--runtime", "podman", "--grace", "1m", "--data-dir", e.tmpfs, "--network", n.name); strings.Contains(out, "released") {
+		t.Errorf("gc --runtime podman released something of a running pod:\n%s", out)
+	}
+	if b, err := os.ReadFile(ipamdir.New(e.tmpfs, n.name).Marker(ipamdir.UnlistedMarker)); err == nil && strings.Contains(string(b), infra) {
+		t.Errorf("gc --runtime podman remembered the running pod as missing: %s", b)
+	}
+	e.assertLease(t, n, addr, infra, "eth0")
+}
