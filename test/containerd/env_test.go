@@ -374,10 +374,16 @@ func (e *env) mustCrictl(t *testing.T, args ...string) string {
 // run runs a command bounded by cmdTimeout and returns its stdout; the
 // error carries its stderr.
 func (e *env) run(name string, args ...string) (string, error) {
+	return e.runWithEnv(name, nil, args...)
+}
+
+// runWithEnv is run with env added to the process's environment.
+func (e *env) runWithEnv(name string, env []string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return stdout.String(), fmt.Errorf("%s %s: %w: %s", filepath.Base(name), strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
