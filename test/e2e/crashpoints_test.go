@@ -634,20 +634,27 @@ func deletePortmapNFTRules(t *testing.T, cids ...string) {
 // scene's configuration.
 func (e *testEnv) withDelegate(t *testing.T, s *crashScene, name, body string) func() {
 	t.Helper()
-	ours, err := os.ReadFile(s.confPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conf map[string]any
-	if err := json.Unmarshal(ours, &conf); err != nil {
-		t.Fatal(err)
-	}
+	conf, restore := sceneConf(t, s)
 	if err := os.WriteFile(filepath.Join(e.bin, name), []byte(body), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	entryOfType(t, conf, pluginType)["delegate"] = name
 	e.writeConflist(t, conf)
-	return func() {
+	return restore
+}
+
+// sceneConf is the scene's configuration, decoded for a step to edit, and
+// what writes it back as it was.
+func sceneConf(t *testing.T, s *crashScene) (conf map[string]any, restore func()) {
+	t.Helper()
+	ours, err := os.ReadFile(s.confPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(ours, &conf); err != nil {
+		t.Fatal(err)
+	}
+	return conf, func() {
 		if err := os.WriteFile(s.confPath, ours, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -661,14 +668,7 @@ func (e *testEnv) withDelegate(t *testing.T, s *crashScene, name, body string) f
 // container's namespace, gone.
 func (e *testEnv) orphanOnBareBridge(t *testing.T, s *crashScene) netns {
 	t.Helper()
-	ours, err := os.ReadFile(s.confPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bare map[string]any
-	if err := json.Unmarshal(ours, &bare); err != nil {
-		t.Fatal(err)
-	}
+	bare, restore := sceneConf(t, s)
 	bareBridge(t, bare, e.persistDir)
 	addr := e.hostAddr(200)
 	setRange(t, bare, addr, addr)
@@ -677,9 +677,7 @@ func (e *testEnv) orphanOnBareBridge(t *testing.T, s *crashScene) netns {
 	e.mustCNI(t, "add", x, "")
 	e.mustKillNetns(t, x)
 	e.mustCNI(t, "del", x, "")
-	if err := os.WriteFile(s.confPath, ours, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	restore()
 	e.assertNAT(t, x.cid, natWant{Masq: []netip.Addr{addr}})
 	assertLeases(t, filepath.Join(e.persistDir, e.netName), nil)
 	return x
