@@ -252,8 +252,8 @@ type ownerSets struct {
 	unsure bool
 }
 
-// natBatch bounds the stale attachments released at once (one listing,
-// and one nftables batch, each).
+// natBatch bounds the stale attachments released at once (one listing
+// each; their nftables rules go in batches of netfilter's nftBatchRules).
 const natBatch = 1024
 
 func (w *sweep) run() error {
