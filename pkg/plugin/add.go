@@ -179,7 +179,7 @@ func asksForIP(cniArgs string) bool {
 }
 
 // beginAddError gives a refused or failed BeginAdd the CNI code a runtime
-// acts on: 11 (try again) for an ADD still running, 4 for a namespace that
+// acts on: 11 (try again) for an ADD still running, 8 for a namespace that
 // is none, 5 for a record that cannot be written, 999 for an attachment
 // that must be DELeted first, and for anything else.
 func beginAddError(err error) error {
