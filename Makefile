@@ -17,7 +17,7 @@ PLUGINS_VERSION  = $(shell $(GO) list -m -f '{{.Version}}' github.com/containern
 # "version unknown" unless stamped, so they are stamped the way a release is
 # (cnitool does not link the variable; the linker ignores it there). The
 # release packager is pinned apart (scripts/release/tools/go.mod), so that
-# nothing but `make release` downloads its module tree.
+# nothing but `make release` and `make test-release` downloads its module tree.
 TOOLS           = $(shell $(GO) list tool)
 PLUGIN_LDFLAGS  = -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(PLUGINS_VERSION)
 LDFLAGS         = -X $(MODULE)/pkg/skel.Version=$(VERSION)
