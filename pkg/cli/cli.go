@@ -65,7 +65,7 @@ Examples:
 Flags:
 `
 
-const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D | --all-data-dirs] [--network N] [--conf-dir DIR]... [--runtime R [--grace D]] [--dry-run] [--orphan-rules] [--json]
+const gcUsage = `Usage: nomad-bridge-cni gc [--data-dir D | --all-data-dirs] [--network N] [--conf-dir DIR]... [--runtime R [--grace D] [--remove-mounts]] [--dry-run] [--orphan-rules] [--json]
 
 Runs exactly what a CNI CHECK runs after its delegate: the migration of the
 network's legacy leases (once per boot; from the ipam.dataDir its conflist

@@ -16,8 +16,10 @@ const metricsUsage = `Usage: nomad-bridge-cni metrics [--data-dir D] [--conf-dir
 Prints the state of every network under the data dir in the Prometheus text
 exposition format, for node_exporter's textfile collector: attachments by
 state, leases, the size of each network's ranges (from its conflist, found as
-doctor finds them), containers with orphan NAT rules, and the seconds since a
-CHECK last swept the network. Changes nothing. --textfile writes them to PATH
+doctor finds them), containers with orphan NAT rules, skipped files, the
+seconds since a CHECK last swept the network, whether its data dir is a
+tmpfs, and its releases, kept firewall rules and refused ADDs, counted
+across runs. Changes nothing. --textfile writes them to PATH
 instead of stdout, atomically (a temp file beside it, renamed over it), mode
 0644 for node_exporter to read; on a failure PATH is left as it was. The
 packaged nomad-bridge-cni-metrics.timer runs it every minute:
