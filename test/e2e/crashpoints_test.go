@@ -32,7 +32,8 @@ import (
 // The steps are the plugin's own (internal/crashpoint, armed in the
 // binary `make build-crashpoints` builds): each file created, renamed or
 // removed, each iptables deletion, each nftables deletion (before its
-// first batch), each delegate started. The kill comes before the step is made.
+// first batch), each delegate started. The kill comes before the step is
+// made.
 
 // crashpointBinary is the armed plugin, next to the plugin under test.
 func crashpointBinary(t *testing.T, bin string) string {

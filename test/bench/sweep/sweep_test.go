@@ -155,9 +155,10 @@ func cpuTime() time.Duration {
 // BenchmarkRestoreCheckSweeps is the sweeping part of a Nomad client
 // restart: N restored allocations on one network, then N CHECKs one after
 // another, each asking whether to sweep (checkSweepInterval) and sweeping
-// when due, as the plugin's CHECK (plugin.Plugin's check) does. With an interval of 0s every CHECK sweeps
-// all N attachments (O(N²)); with the default 10s the CHECKs of one restore
-// share a sweep (O(N)). One op is the whole restore.
+// when due, as the plugin's CHECK (plugin.Plugin's check) does. With an
+// interval of 0s every CHECK sweeps all N attachments (O(N²)); with the
+// default 10s the CHECKs of one restore share a sweep (O(N)). One op is
+// the whole restore.
 //
 //	go test ./test/bench/sweep -run '^$' -bench RestoreCheckSweeps -benchtime 3x
 func BenchmarkRestoreCheckSweeps(b *testing.B) {
