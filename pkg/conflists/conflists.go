@@ -377,23 +377,17 @@ func RangeAddresses(nets []*Network) map[string]float64 {
 // PluginDataDirs are dataDir, then the data dirs the plugin's entries among
 // nets use, each once: every data dir a sweep of the host must cover.
 func PluginDataDirs(dataDir string, nets []*Network) []string {
-	out := []string{filepath.Clean(dataDir)}
-	for _, n := range nets {
-		if !n.Ours || n.Conf == nil {
-			continue
-		}
-		if d := filepath.Clean(n.Conf.DataDir); filepath.IsAbs(d) && !slices.Contains(out, d) {
-			out = append(out, d)
-		}
-	}
-	return out
+	ours := slices.DeleteFunc(slices.Clone(nets), func(n *Network) bool { return !n.Ours || n.Conf == nil })
+	return dataDirs([]string{filepath.Clean(dataDir)}, ours)
 }
 
 // DataDirsOf are the data dirs where nets keep their leases (the plugin's
 // entries' and bare bridge's), each once, in the order found: what a sweep
 // of some other directory must check before it calls NAT rules orphans.
-func DataDirsOf(nets []*Network) []string {
-	var out []string
+func DataDirsOf(nets []*Network) []string { return dataDirs(nil, nets) }
+
+// dataDirs adds to out the data dirs of nets it does not hold yet.
+func dataDirs(out []string, nets []*Network) []string {
 	for _, n := range nets {
 		// A relative one is relative to a runtime's working directory,
 		// which only the runtime knows.
