@@ -317,7 +317,7 @@ func checkState(o Options, ours, nets []*conflists.Network, front bool) []Findin
 			continue
 		}
 		done[n.Dir.Leases()] = true
-		legacy := n.Conf.LegacyDir()
+		legacy := ipamdir.New(n.Conf.LegacyDataDir, n.Conf.Name)
 		if k := countLeases(legacy); k > 0 && n.Conf.LegacyDataDir != n.Conf.DataDir {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
 		}

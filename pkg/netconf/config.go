@@ -43,9 +43,7 @@ const (
 	maxNetworkName     = 255
 	minDelegateTimeout = time.Second
 	// DefaultCheckSweepInterval: a CHECK sweeps its network only if no
-	// sweep of it ended within this long. A Nomad client restart sends one
-	// CHECK per restored allocation, back to back: they share one sweep
-	// instead of each reading the whole network again.
+	// sweep of it ended within this long (why: see plugin's check).
 	DefaultCheckSweepInterval = 10 * time.Second
 	maxCheckSweepInterval     = 24 * time.Hour
 
@@ -99,10 +97,6 @@ type Config struct {
 
 // Dir is the entry's network under its data directory.
 func (c *Config) Dir() ipamdir.Dir { return ipamdir.New(c.DataDir, c.Name) }
-
-// LegacyDir is the entry's network in host-local's own data dir, where its
-// leases were kept before the rewrite.
-func (c *Config) LegacyDir() ipamdir.Dir { return ipamdir.New(c.LegacyDataDir, c.Name) }
 
 // Parse decodes and validates a conflist entry. Every error is a
 // *types.Error carrying the CNI code the runtime should see; nothing on
