@@ -28,9 +28,8 @@ func (c *Config) DelegateConfigWithDataDir(dir string) ([]byte, error) {
 // host-local, each listing valid (what the plugin's own sweep kept) as
 // "cni.dev/valid-attachments", the one key host-local reads: forwarded as
 // the runtime spelled it ("cni.dev/attachments", say), host-local would
-// find no list and release every lease. bridge v1.10.0 neither implements
-// GC nor forwards it to its IPAM, so the wrapper sends it to host-local
-// itself; GC only exists from spec 1.1.0.
+// find no list and release every lease. host-local gets its own (see
+// plugin's gc); GC only exists from spec 1.1.0.
 func (c *Config) GCConfigs(valid []types.GCAttachment) (delegate, hostLocal []byte, err error) {
 	if delegate, err = c.renderGC(c.Delegate, "", valid); err != nil {
 		return nil, nil, err

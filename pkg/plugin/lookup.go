@@ -29,11 +29,10 @@ const mainPackage = "github.com/nomad-bridge-cni/nomad-bridge-cni/cmd/nomad-brid
 
 // FindDelegate is invoke.FindInPath past this plugin: the first regular
 // file called name in dirs that is neither this process's executable nor
-// another copy of the plugin (an operator who installed it as `bridge` in
-// two directories of the path: each copy would call the other, for ever).
-// A copy is told by its build info (about 0.1 ms a candidate, one per
-// verb: the lookup is remembered); a copy hidden behind a script is
-// caught by the delegation depth (see EnvDelegating).
+// another copy of the plugin (see ErrOnlySelf). A copy is told by its
+// build info (about 0.1 ms a candidate, one per verb: the lookup is
+// remembered); a copy hidden behind a script is caught by the delegation
+// depth (see EnvDelegating).
 func FindDelegate(name string, dirs []string) (string, error) {
 	if name == "" || strings.ContainsRune(name, os.PathSeparator) {
 		return "", fmt.Errorf("invalid plugin name %q", name)

@@ -242,9 +242,8 @@ func attachmentKey(args *skel.CmdArgs) records.Key {
 	return records.Key{ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-// delegateCtx bounds one delegate call by the entry's delegateTimeout: a
-// hung bridge is killed (exec.CommandContext) and the runtime gets an
-// error instead of a plugin that never returns.
+// delegateCtx bounds one delegate call by the entry's delegateTimeout (see
+// netconf.DefaultDelegateTimeout): a hung bridge is killed.
 func delegateCtx(conf *netconf.Config) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), conf.DelegateTimeout)
 }
