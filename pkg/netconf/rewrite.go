@@ -19,9 +19,13 @@ func (c *Config) DelegateConfig() ([]byte, error) {
 
 // DelegateConfigWithDataDir is DelegateConfig with host-local's dataDir set
 // to dir: a verb that must not have host-local read the network's own
-// directory gives it an empty one.
+// directory gives it an empty one. Its error is the verbs' *types.Error.
 func (c *Config) DelegateConfigWithDataDir(dir string) ([]byte, error) {
-	return c.render(c.Delegate, dir, nil)
+	conf, err := c.render(c.Delegate, dir, nil)
+	if err != nil {
+		return nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+	}
+	return conf, nil
 }
 
 // GCConfigs are the entries a GC forwards to the delegate and to

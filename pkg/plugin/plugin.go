@@ -139,11 +139,7 @@ func (p *Plugin) load(conf *netconf.Config) ([]byte, error) {
 	if err := conf.Dir().Check(); err != nil {
 		return nil, types.NewError(types.ErrIOFailure, "unsafe data directory", err.Error())
 	}
-	delegateConf, err := conf.DelegateConfig()
-	if err != nil {
-		return nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
-	}
-	return delegateConf, nil
+	return conf.DelegateConfig()
 }
 
 // loadForHostLocal is load for a verb whose delegate runs host-local on
@@ -173,7 +169,7 @@ func scratchConfig(conf *netconf.Config, verb string) (delegateConf []byte, clea
 	cleanup = func() { os.RemoveAll(scratch) }
 	if delegateConf, err = conf.DelegateConfigWithDataDir(scratch); err != nil {
 		cleanup()
-		return nil, nil, types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+		return nil, nil, err
 	}
 	return delegateConf, cleanup, nil
 }

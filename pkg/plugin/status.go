@@ -27,7 +27,7 @@ func (p *Plugin) status(_ *skel.CmdArgs, conf *netconf.Config) error {
 	}
 	delegateConf, err := conf.DelegateConfig()
 	if err != nil {
-		return types.NewError(types.ErrInternal, "failed to render the delegate configuration", err.Error())
+		return err
 	}
 	return p.delegate(conf, "status", conf.Delegate, delegateConf, p.Exec)
 }
