@@ -35,8 +35,7 @@ func NewScope(dataDir string, dirs []ipamdir.Dir, nets []*conflists.Network) Sco
 	sc := Scope{DataDir: dataDir, Dirs: dirs, OtherDataDirs: conflists.DataDirsOf(nets), LegacyDataDirs: map[string]string{}}
 	for _, n := range nets {
 		_, seen := sc.LegacyDataDirs[n.Name]
-		// A name in two files is the first one's, as Nomad and libcni
-		// load it (the files in lexical order).
+		// A name in two files is the first one's (see conflists.RangeAddresses).
 		if n.Ours && !seen && filepath.Clean(n.Conf.DataDir) == filepath.Clean(dataDir) {
 			sc.LegacyDataDirs[n.Name] = n.Conf.LegacyDataDir
 		}
