@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -27,7 +26,7 @@ func TestAddHandsTheRecordLockToTheADDDelegateOnly(t *testing.T) {
 			return
 		}
 		held, err1 := call.Inherited.Stat()
-		rec, err2 := os.Stat(filepath.Join(store.Dir(), "c1@eth0"))
+		rec, err2 := os.Stat(store.PathOf(key))
 		sameFile = err1 == nil && err2 == nil && os.SameFile(held, rec)
 	}
 	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err == nil {

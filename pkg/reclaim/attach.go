@@ -439,7 +439,7 @@ func (s *Attacher) AttachedThere(d ipamdir.Dir, key records.Key, netnsPath strin
 			return
 		}
 		there = r
-	})
+	}, func(error, records.Key, bool) {}) // a damaged record is the sweep's to report
 	return there, err
 }
 

@@ -326,7 +326,7 @@ func TestDamagedFilesAreSkippedAndKept(t *testing.T) {
 	if err := os.Symlink("/etc/passwd", filepath.Join(w.dataDir, net1, "10.0.0.14")); err != nil {
 		t.Fatal(err)
 	}
-	recDir := records.NewStore(w.dir()).Dir()
+	recDir := w.dir().Records()
 	if err := os.WriteFile(filepath.Join(recDir, "junk@eth0"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}

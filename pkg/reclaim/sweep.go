@@ -258,7 +258,7 @@ const natBatch = 1024
 
 func (w *sweep) run() error {
 	w.startNAT()
-	listing, err := w.records.WalkStreaming(w.record, func(err error, k records.Key, named bool) {
+	listing, err := w.records.Walk(w.record, func(err error, k records.Key, named bool) {
 		w.problem(err)
 		if named {
 			// A record that cannot be read may be a live container's.

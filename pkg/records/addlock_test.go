@@ -91,21 +91,21 @@ func TestAddRunningOnlyForTheLockedPendingRecord(t *testing.T) {
 // A failed WriteLocked leaves nothing behind, no temp file either.
 func TestWriteLockedFailureLeavesNothing(t *testing.T) {
 	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
-	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	// A directory where the record goes: the rename fails.
-	if err := os.Mkdir(s.Dir()+"/c1@eth0", 0o700); err != nil {
+	if err := os.Mkdir(s.dir+"/c1@eth0", 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(s.Dir()+"/c1@eth0/x", nil, 0o600); err != nil {
+	if err := os.WriteFile(s.dir+"/c1@eth0/x", nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if held, err := s.WriteLocked(pendingSample()); err == nil {
 		held.Close()
 		t.Fatal("WriteLocked over a directory succeeded")
 	}
-	entries, _ := os.ReadDir(s.Dir())
+	entries, _ := os.ReadDir(s.dir)
 	if len(entries) != 1 {
 		t.Errorf("left behind: %v", entries)
 	}

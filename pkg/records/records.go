@@ -96,9 +96,6 @@ func NewStore(d ipamdir.Dir) *Store {
 	return &Store{dir: d.Records(), network: d.Network}
 }
 
-// Dir is where the network's records live.
-func (s *Store) Dir() string { return s.dir }
-
 // Network is the network whose records these are.
 func (s *Store) Network() string { return s.network }
 
@@ -223,23 +220,17 @@ type Listing struct {
 }
 
 // Walk reads the records of the network, calling fn with each, so that a
-// sweep holds one record at a time, not the network. Files that are not
-// valid records are skipped.
-func (s *Store) Walk(fn func(*Record)) (*Listing, error) {
-	return s.WalkStreaming(fn, func(error, Key, bool) {})
-}
-
-// WalkStreaming is Walk that hands each file that is not a valid record to
-// damaged, with the attachment its name gives, if any (a damaged record
-// must never stop a sweep, nor make it release anything, and it may be a
-// live container's): 100 000 planted files are never held at once.
-// Records come in name order within each batch of the directory
-// (statefile.EachDirEntry).
+// sweep holds one record at a time, not the network, and hands each file
+// that is not a valid record to damaged, with the attachment its name
+// gives, if any (a damaged record must never stop a sweep, nor make it
+// release anything, and it may be a live container's): 100 000 planted
+// files are never held at once. Records come in name order within each
+// batch of the directory (statefile.EachDirEntry).
 //
 // One record after the other, each read from its file, no cache: the
 // sweep over bridge's 1023 live attachments stays within make bench's
 // bound (BENCHMARKS.md, "Decisions the numbers made").
-func (s *Store) WalkStreaming(fn func(*Record), damaged func(err error, k Key, named bool)) (*Listing, error) {
+func (s *Store) Walk(fn func(*Record), damaged func(err error, k Key, named bool)) (*Listing, error) {
 	bad := func(name string, err error) {
 		cid, ifname, named := ipamdir.ParseRecordName(name)
 		damaged(err, Key{ContainerID: cid, IfName: ifname}, named)

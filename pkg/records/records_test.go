@@ -71,14 +71,14 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 		"c3@eth0":      mustJSON(t, sample()), // names c1@eth0
 	}
 	for name, content := range bad {
-		if err := os.WriteFile(filepath.Join(s.Dir(), name), []byte(content), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(s.dir, name), []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Mkdir(filepath.Join(s.Dir(), "dir@eth0"), 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(s.dir, "dir@eth0"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(s.Dir(), ".tmp-123"), []byte("partial"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(s.dir, ".tmp-123"), []byte("partial"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	l, err := walkAll(s)
@@ -93,7 +93,7 @@ func TestListSkipsAndReportsDamagedRecords(t *testing.T) {
 		t.Errorf("problems = %d %v, want 5", len(problems), problems)
 	}
 	for _, p := range problems {
-		if !strings.Contains(p.Error(), s.Dir()) && !strings.Contains(p.Error(), "read record") {
+		if !strings.Contains(p.Error(), s.dir) && !strings.Contains(p.Error(), "read record") {
 			t.Errorf("problem does not name the file: %v", p)
 		}
 	}
@@ -112,7 +112,7 @@ func mustJSON(t *testing.T, r *Record) string {
 	if err := s.Write(r); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(s.Dir(), fileName(r.Key())))
+	b, err := os.ReadFile(filepath.Join(s.dir, fileName(r.Key())))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestReadDoesNotFollowASymlinkedRecord(t *testing.T) {
 	if err := os.WriteFile(target, []byte(mustJSON(t, sample())), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(s.Dir(), "c1@eth0")
+	path := filepath.Join(s.dir, "c1@eth0")
 	os.Remove(path)
 	if err := os.Symlink(target, path); err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{".tmp-111-1", ".tmp-222-2", ".tmp-x-3", ".migrated"} {
-		if err := os.WriteFile(filepath.Join(s.Dir(), name), []byte("{"), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(s.dir, name), []byte("{"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,7 +171,7 @@ func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
 		t.Errorf("removed %v, %v; want only the dead writer's file", removed, err)
 	}
 	for _, kept := range []string{".tmp-222-2", ".tmp-x-3", ".migrated", "c1@eth0"} {
-		if _, err := os.Stat(filepath.Join(s.Dir(), kept)); err != nil {
+		if _, err := os.Stat(filepath.Join(s.dir, kept)); err != nil {
 			t.Errorf("%s removed: %v", kept, err)
 		}
 	}
@@ -190,7 +190,7 @@ func TestListLargeNetwork(t *testing.T) {
 		}
 	}
 	for i := range damaged {
-		if err := os.WriteFile(filepath.Join(s.Dir(), fmt.Sprintf("bad%d@eth0", i)), []byte("{"), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(s.dir, fmt.Sprintf("bad%d@eth0", i)), []byte("{"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -217,7 +217,7 @@ func TestReadDoesNotBlockOnAFIFO(t *testing.T) {
 	if err := s.Write(sample()); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(s.Dir(), "c1@eth0")
+	path := filepath.Join(s.dir, "c1@eth0")
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ type listing struct {
 
 func walkAll(s *Store) (*listing, error) {
 	out := &listing{}
-	l, err := s.WalkStreaming(func(r *Record) { out.Records = append(out.Records, r) }, func(err error, k Key, named bool) {
+	l, err := s.Walk(func(r *Record) { out.Records = append(out.Records, r) }, func(err error, k Key, named bool) {
 		out.Problems = append(out.Problems, err)
 	})
 	if err != nil {
@@ -263,7 +263,7 @@ func walkAll(s *Store) (*listing, error) {
 
 // The caller gets every entry once, in name order (within the directory's
 // batches of 1024), each damaged file where it lies.
-func TestWalkStreamingDeliversInNameOrder(t *testing.T) {
+func TestWalkDeliversInNameOrder(t *testing.T) {
 	s := NewStore(ipamdir.New(t.TempDir(), "nomad"))
 	const n = 700 // one directory batch
 	var want []string
@@ -271,13 +271,13 @@ func TestWalkStreamingDeliversInNameOrder(t *testing.T) {
 		name := fmt.Sprintf("c%04d@eth0", i)
 		switch {
 		case i%97 == 5: // damaged
-			if err := os.WriteFile(filepath.Join(s.Dir(), name), []byte("{"), 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(s.dir, name), []byte("{"), 0o600); err != nil {
 				t.Fatal(err)
 			}
 			want = append(want, "damaged "+name)
 			continue
 		case i%101 == 7: // a temp file of a dead writer, then a boot marker
-			if err := os.WriteFile(filepath.Join(s.Dir(), fmt.Sprintf(".tmp-%d-1", 4000000+i)), nil, 0o600); err != nil {
+			if err := os.WriteFile(filepath.Join(s.dir, fmt.Sprintf(".tmp-%d-1", 4000000+i)), nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -288,11 +288,11 @@ func TestWalkStreamingDeliversInNameOrder(t *testing.T) {
 		}
 		want = append(want, "record "+name)
 	}
-	if err := os.WriteFile(filepath.Join(s.Dir(), ".migrated"), nil, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(s.dir, ".migrated"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
-	l, err := s.WalkStreaming(func(r *Record) {
+	l, err := s.Walk(func(r *Record) {
 		got = append(got, "record "+fileName(r.Key()))
 	}, func(err error, k Key, named bool) {
 		got = append(got, "damaged "+fileName(k))

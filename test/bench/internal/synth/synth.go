@@ -95,16 +95,16 @@ func Build(s Spec) (*Result, error) {
 	if err := os.WriteFile(filepath.Join(netDir, "lock"), nil, 0o644); err != nil {
 		return nil, err
 	}
-	store := records.NewStore(ipamdir.New(s.DataDir, s.Network))
-	if err := os.MkdirAll(store.Dir(), 0o700); err != nil {
+	d := ipamdir.New(s.DataDir, s.Network)
+	store := records.NewStore(d)
+	if err := os.MkdirAll(d.Records(), 0o700); err != nil {
 		return nil, err
 	}
 	// The migration marker a real network carries after its first ADD.
-	if err := os.WriteFile(filepath.Join(store.Dir(), ".migrated"), []byte(bootID), 0o600); err != nil {
+	if err := os.WriteFile(d.Marker(ipamdir.MigratedMarker), []byte(bootID), 0o600); err != nil {
 		return nil, err
 	}
 	if s.Owned {
-		d := ipamdir.New(s.DataDir, s.Network)
 		if err := os.WriteFile(d.Marker(ipamdir.OwnedMarker), []byte(s.Network+"\n"), 0o600); err != nil {
 			return nil, err
 		}
