@@ -258,7 +258,7 @@ const natBatch = 1024
 
 func (w *sweep) run() error {
 	w.startNAT()
-	listing, err := w.records.Walk(w.record, func(err error, k records.Key, named bool) {
+	writing, err := w.records.Walk(w.record, func(err error, k records.Key, named bool) {
 		w.problem(err)
 		if named {
 			// A record that cannot be read may be a live container's.
@@ -268,9 +268,9 @@ func (w *sweep) run() error {
 	if err != nil {
 		return err
 	}
-	if !w.req.DryRun && len(listing.Temps) > 0 {
+	if !w.req.DryRun && len(writing) > 0 {
 		// The records' temp files whose writer died.
-		temps, err := w.records.RemoveAbandonedTemps(listing, w.running)
+		temps, err := w.records.RemoveAbandonedTemps(writing, w.running)
 		for _, path := range temps {
 			w.Logf("%s: removed %s, abandoned by a writer that died", w.req.Dir.Network, path)
 		}

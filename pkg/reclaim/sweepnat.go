@@ -332,7 +332,7 @@ func (w *sweep) readHeld() {
 	if err != nil {
 		unreadable(err)
 	} else {
-		for _, pid := range temps.Temps {
+		for _, pid := range temps {
 			// A record being written may be an ADD's whose rules are
 			// listed; the next sweep decides.
 			w.heldUnsure = w.heldUnsure || w.running(pid)

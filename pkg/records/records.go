@@ -120,14 +120,14 @@ func (s *Store) write(r *Record, beforeRename func(tmp string) error) error {
 	return nil
 }
 
-// RemoveAbandonedTemps removes the temp files of a listing whose writer
-// died between creating and renaming them (kill -9 mid-ADD). A file whose
-// writer's pid is running is kept, even if the pid was reused: that only
-// delays it.
-func (s *Store) RemoveAbandonedTemps(l *Listing, running func(pid int) bool) ([]string, error) {
+// RemoveAbandonedTemps removes the temp files a walk listed (temps: name
+// and writer's pid) whose writer died between creating and renaming them
+// (kill -9 mid-ADD). A file whose writer's pid is running is kept, even if
+// the pid was reused: that only delays it.
+func (s *Store) RemoveAbandonedTemps(temps map[string]int, running func(pid int) bool) ([]string, error) {
 	var removed []string
 	var errs []error
-	for name, pid := range l.Temps {
+	for name, pid := range temps {
 		if running(pid) {
 			continue
 		}
@@ -164,7 +164,7 @@ func (s *Store) Remove(k Key) error {
 
 // Names is EachName keeping the records of k's container ID other than k
 // itself (a container attached twice to one network, e.g. eth0 and eth1).
-func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
+func (s *Store) Names(k Key) (others []Key, temps map[string]int, err error) {
 	temps, err = s.EachName(func(o Key) {
 		if o.ContainerID == k.ContainerID && o.IfName != k.IfName {
 			others = append(others, o)
@@ -175,7 +175,7 @@ func (s *Store) Names(k Key) (others []Key, temps *Listing, err error) {
 
 // EachName calls fn with the attachment each record file is named for,
 // reading the directory's names once and no record (eachEntry).
-func (s *Store) EachName(fn func(Key)) (*Listing, error) {
+func (s *Store) EachName(fn func(Key)) (temps map[string]int, err error) {
 	return s.eachEntry(func(e fs.DirEntry) {
 		if cid, ifname, ok := ipamdir.ParseRecordName(e.Name()); ok {
 			fn(Key{ContainerID: cid, IfName: ifname})
@@ -185,13 +185,12 @@ func (s *Store) EachName(fn func(Key)) (*Listing, error) {
 
 // eachEntry calls fn with each entry of the record directory
 // (statefile.EachDirEntry) but statefile.WriteAtomic's temp files, which
-// it lists by writer pid (a record being written, whose attachment its
-// name does not give); a missing directory holds nothing.
-func (s *Store) eachEntry(fn func(fs.DirEntry)) (*Listing, error) {
-	l := &Listing{}
+// it returns, each with its writer's pid (a record being written, whose
+// attachment its name does not give); a missing directory holds nothing.
+func (s *Store) eachEntry(fn func(fs.DirEntry)) (temps map[string]int, err error) {
 	dir, err := statefile.OpenDir(s.dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return l, nil
+		return nil, nil
 	}
 	if err == nil {
 		defer dir.Close()
@@ -201,22 +200,16 @@ func (s *Store) eachEntry(fn func(fs.DirEntry)) (*Listing, error) {
 				fn(e)
 				return
 			}
-			if l.Temps == nil {
-				l.Temps = map[string]int{}
+			if temps == nil {
+				temps = map[string]int{}
 			}
-			l.Temps[e.Name()] = pid
+			temps[e.Name()] = pid
 		})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list records in %s: %w", s.dir, err)
 	}
-	return l, nil
-}
-
-// Listing is what one walk of a record directory found besides records.
-type Listing struct {
-	// Temps are statefile.WriteAtomic's temp files, by writer pid.
-	Temps map[string]int
+	return temps, nil
 }
 
 // Walk reads the records of the network, calling fn with each, so that a
@@ -230,7 +223,7 @@ type Listing struct {
 // One record after the other, each read from its file, no cache: the
 // sweep over bridge's 1023 live attachments stays within make bench's
 // bound (BENCHMARKS.md, "Decisions the numbers made").
-func (s *Store) Walk(fn func(*Record), damaged func(err error, k Key, named bool)) (*Listing, error) {
+func (s *Store) Walk(fn func(*Record), damaged func(err error, k Key, named bool)) (temps map[string]int, err error) {
 	bad := func(name string, err error) {
 		cid, ifname, named := ipamdir.ParseRecordName(name)
 		damaged(err, Key{ContainerID: cid, IfName: ifname}, named)

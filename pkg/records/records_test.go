@@ -166,7 +166,7 @@ func TestAbandonedTempFilesAreRemovedOnlyWhenTheirWriterIsGone(t *testing.T) {
 	if len(l.Records) != 1 || len(l.Problems) != 0 || len(l.Temps) != 2 {
 		t.Fatalf("listing = %+v", l)
 	}
-	removed, err := s.RemoveAbandonedTemps(l.Listing, func(pid int) bool { return pid == 222 })
+	removed, err := s.RemoveAbandonedTemps(l.Temps, func(pid int) bool { return pid == 222 })
 	if err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], ".tmp-111-1") {
 		t.Errorf("removed %v, %v; want only the dead writer's file", removed, err)
 	}
@@ -244,7 +244,7 @@ func TestReadDoesNotBlockOnAFIFO(t *testing.T) {
 
 // listing is what a walk found, its records and damaged files collected.
 type listing struct {
-	*Listing
+	Temps    map[string]int
 	Records  []*Record
 	Problems []error
 }
@@ -257,7 +257,7 @@ func walkAll(s *Store) (*listing, error) {
 	if err != nil {
 		return nil, err
 	}
-	out.Listing = l
+	out.Temps = l
 	return out, nil
 }
 
@@ -292,7 +292,7 @@ func TestWalkDeliversInNameOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []string
-	l, err := s.Walk(func(r *Record) {
+	temps, err := s.Walk(func(r *Record) {
 		got = append(got, "record "+fileName(r.Key()))
 	}, func(err error, k Key, named bool) {
 		got = append(got, "damaged "+fileName(k))
@@ -303,8 +303,8 @@ func TestWalkDeliversInNameOrder(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("walk delivered %d entries, want %d in name order; first difference at %d", len(got), len(want), firstDiff(got, want))
 	}
-	if len(l.Temps) != 7 {
-		t.Errorf("temps = %d, want 7", len(l.Temps))
+	if len(temps) != 7 {
+		t.Errorf("temps = %d, want 7", len(temps))
 	}
 }
 
