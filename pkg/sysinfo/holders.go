@@ -133,12 +133,10 @@ var mountinfoUnescaper = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, 
 // ConfirmHolder checks, right before a verdict rests on it, that h still
 // holds namespace id — a process may have exited, or moved, since the scan
 // — and, when cookie is not zero, that the namespace it holds has that
-// cookie: the kernel hands a dead namespace's inode number to the next one,
-// so an inode alone may name a younger namespace. It fills in the command.
-// When the cookie cannot be read (before Linux 6.18 it means entering the
-// namespace, and a user looking at its own rootless container from
-// outside lacks the capability setns needs), it cannot tell, and says so
-// with an error.
+// cookie (an inode alone may name a younger one: Host.NetnsCookie). It
+// fills in the command. When the cookie cannot be read (a user looking at
+// its own rootless container from outside lacks the capability setns
+// needs), it cannot tell, and says so with an error.
 func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error) {
 	path := h.Mount // or the process's ns/net link
 	if h.PID > 0 {

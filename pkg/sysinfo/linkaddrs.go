@@ -6,14 +6,12 @@ import (
 	"slices"
 )
 
-// LinkAddrs enters the namespace (through the descriptor openNetns
-// checked: a FIFO planted at path cannot hang it) and lists the link's
-// addresses: the one way every supported kernel has. Asking rtnetlink
-// from outside saved about 0.1 ms a DEL, which a 30–140 ms verb cannot
-// show. It asks with the standard library's netlink dump
-// (net.Interfaces), made on the thread that entered the namespace: a
-// netlink library linked for this one question cost every verb's
-// start-up its package init.
+// LinkAddrs lists the link's addresses inside the namespace, entered as
+// NetnsCookie enters it (inNetns). Asking rtnetlink from outside saved
+// about 0.1 ms a DEL, which a 30–140 ms verb cannot show. It asks with
+// the standard library's netlink dump (net.Interfaces), made on the
+// thread that entered the namespace: a netlink library linked for this
+// one question cost every verb's start-up its package init.
 func (r *Real) LinkAddrs(path, ifName string) ([]net.IP, error) {
 	var ips []net.IP
 	err := inNetns(path, func() error {
