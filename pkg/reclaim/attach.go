@@ -199,42 +199,50 @@ func leasesOf(d ipamdir.Dir, key records.Key) ([]Lease, error) {
 	return leases.naming(key)
 }
 
-// releaseOne releases a single stale attachment the way a sweep releases
-// one, under host-local's lock and in the same order: its NAT rules, then
-// its leases, then its record, which lets a later run find the rest if
-// this one is killed part-way. Rules that could not go keep the files.
-func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) error {
+// withLeases runs fn on d's lease directory, opened under host-local's
+// lock, which it holds until fn returns.
+func withLeases(d ipamdir.Dir, fn func(*leaseDir) error) error {
 	unlock, err := d.Lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-
 	leases, err := openLeaseDir(d.Leases())
 	if err != nil {
 		return err
 	}
 	defer leases.close()
-	a := &Attachment{Key: old.Key(), Record: old, Verdict: v}
-	// One read of the directory, as a sweep does (disk.Store.ReleaseByID
-	// would walk into planted subdirectories and follow symlinks).
-	a.Leases, err = leases.naming(a.Key)
-	errs := []error{err}
-	sortLeases(a.Leases)
-	p := pendingRelease{a: a, rel: releaseOf(a)}
-	removed, err := s.ReleaseNAT(d, old.Key())
-	p.rel.What = append(p.rel.What, removed...)
-	if err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	addr := addrRules{nf: s.Netfilter, own: d, roots: leaseRoots(d, s.LegacyDataDir, nil)}
-	if ok, err := addr.release(&p); !ok {
-		return errors.Join(append(errs, err)...)
-	}
-	errs = append(errs, releaseFiles(leases, records.NewStore(d), &p, false))
-	s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: addr.kept})
-	s.Logf("%s: released %s", d.Network, p.rel)
-	return errors.Join(errs...)
+	return fn(leases)
+}
+
+// releaseOne releases a single stale attachment the way a sweep releases
+// one, under host-local's lock and in the same order: its NAT rules, then
+// its leases, then its record, which lets a later run find the rest if
+// this one is killed part-way. Rules that could not go keep the files.
+func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) error {
+	return withLeases(d, func(leases *leaseDir) error {
+		a := &Attachment{Key: old.Key(), Record: old, Verdict: v}
+		// One read of the directory, as a sweep does (disk.Store.ReleaseByID
+		// would walk into planted subdirectories and follow symlinks).
+		var err error
+		a.Leases, err = leases.naming(a.Key)
+		errs := []error{err}
+		sortLeases(a.Leases)
+		p := pendingRelease{a: a, rel: releaseOf(a)}
+		removed, err := s.ReleaseNAT(d, old.Key())
+		p.rel.What = append(p.rel.What, removed...)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		addr := addrRules{nf: s.Netfilter, own: d, roots: leaseRoots(d, s.LegacyDataDir, nil)}
+		if ok, err := addr.release(&p); !ok {
+			return errors.Join(append(errs, err)...)
+		}
+		errs = append(errs, releaseFiles(leases, records.NewStore(d), &p, false))
+		s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: addr.kept})
+		s.Logf("%s: released %s", d.Network, p.rel)
+		return errors.Join(errs...)
+	})
 }
 
 // ReleaseNAT releases the NAT rules of key's container on the network
@@ -312,21 +320,13 @@ func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 	if !statefile.Exists(d.Leases()) {
 		return nil
 	}
-	unlock, err := d.Lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	leases, err := openLeaseDir(d.Leases())
-	if err != nil {
-		return err
-	}
-	defer leases.close()
-	mine, err := leases.naming(key)
-	if slices.ContainsFunc(mine, func(l Lease) bool { return l.Key == key }) {
-		mine = slices.DeleteFunc(mine, func(l Lease) bool { return l.Key != key })
-	}
-	return errors.Join(err, leases.remove(mine))
+	return withLeases(d, func(leases *leaseDir) error {
+		mine, err := leases.naming(key)
+		if slices.ContainsFunc(mine, func(l Lease) bool { return l.Key == key }) {
+			mine = slices.DeleteFunc(mine, func(l Lease) bool { return l.Key != key })
+		}
+		return errors.Join(err, leases.remove(mine))
+	})
 }
 
 // Close drops the plugin's hold on the pending record's lock; it may be
@@ -476,20 +476,12 @@ func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
 	if len(leases) == 0 {
 		return nil
 	}
-	unlock, err := legacy.Lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	dir, err := openLeaseDir(legacy.Leases())
-	if err == nil {
-		err = dir.remove(leases)
-		dir.close()
-	}
-	if err != nil {
-		s.Logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
-	}
-	return nil
+	return withLeases(legacy, func(dir *leaseDir) error {
+		if err := dir.remove(leases); err != nil {
+			s.Logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
+		}
+		return nil
+	})
 }
 
 // IsOwnNamespace reports whether netnsPath names the plugin's own network

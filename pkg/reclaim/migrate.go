@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
@@ -70,24 +71,21 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 		return nil, err
 	}
 	defer unlockOurs()
-	unlockLegacy, err := ipamdir.New(legacyDir, d.Network).Lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlockLegacy()
+	m := &Migration{}
+	return m, withLeases(ipamdir.New(legacyDir, d.Network), func(dir *leaseDir) error {
+		return s.move(m, d, dir, legacyDir, bootTime, bootID)
+	})
+}
 
-	dir, err := openLeaseDir(ipamdir.New(legacyDir, d.Network).Leases())
-	if err != nil {
-		return nil, err
-	}
-	defer dir.close()
+// move moves the leases of dir, the legacy directory's network under
+// legacyDir, into d, with both host-local locks held.
+func (s *Migrator) move(m *Migration, d ipamdir.Dir, dir *leaseDir, legacyDir string, bootTime time.Time, bootID string) error {
 	var leases []Lease
 	if err := dir.each(nil, func(l Lease) { leases = append(leases, l) }, func(err error) {
 		s.Logf("%s: legacy lease skipped: %v", d.Network, err)
 	}); err != nil {
-		return nil, err
+		return err
 	}
-	m := &Migration{}
 	recStore := records.NewStore(d)
 	unrecorded := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
@@ -149,7 +147,7 @@ func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration,
 	if m.Moved+m.Dropped > 0 {
 		s.Logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", d.Network, m.Moved, legacyDir, d.DataDir, m.Dropped)
 	}
-	return m, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // recordMigrated keeps a copied attachment's legacy leases where they are
