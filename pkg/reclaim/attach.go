@@ -216,9 +216,8 @@ func withLeases(d ipamdir.Dir, fn func(*leaseDir) error) error {
 }
 
 // releaseOne releases a single stale attachment the way a sweep releases
-// one, under host-local's lock and in the same order: its NAT rules, then
-// its leases, then its record, which lets a later run find the rest if
-// this one is killed part-way. Rules that could not go keep the files.
+// one, under host-local's lock: its NAT rules, then the rest
+// (finishRelease). Rules that could not go keep the files.
 func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) error {
 	return withLeases(d, func(leases *leaseDir) error {
 		a := &Attachment{Key: old.Key(), Record: old, Verdict: v}
@@ -235,10 +234,10 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 			return errors.Join(append(errs, err)...)
 		}
 		addr := addrRules{nf: s.Netfilter, own: d, roots: leaseRoots(d, s.LegacyDataDir, nil)}
-		if ok, err := addr.release(&p); !ok {
-			return errors.Join(append(errs, err)...)
+		released, err := finishRelease(&addr, leases, records.NewStore(d), &p)
+		if errs = append(errs, err); !released {
+			return errors.Join(errs...)
 		}
-		errs = append(errs, releaseFiles(leases, records.NewStore(d), &p, false))
 		s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: addr.kept})
 		s.Logf("%s: released %s", d.Network, p.rel)
 		return errors.Join(errs...)

@@ -6,23 +6,28 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 )
 
-// releaseFiles releases a stale attachment's own files, with the caller
-// holding host-local's lock and its NAT rules already gone: its leases,
-// each by its own path and only while it still holds what was read, then
-// its record, only if no new ADD replaced it meanwhile. The record goes
-// last: it is what lets a later sweep find whatever a kill left. It adds
-// "record" to p.rel.What if the record went (in a dry run, would go); the
-// leases that go are all of p.a.Leases.
-func releaseFiles(leases *leaseDir, recs *records.Store, p *pendingRelease, dryRun bool) error {
-	if dryRun {
+// finishRelease ends a stale attachment's release, with the caller holding
+// host-local's lock and its NAT rules already gone: the rules that name it
+// by its addresses (addrRules), then its leases, each by its own path and
+// only while it still holds what was read, then its record, only if no new
+// ADD replaced it meanwhile. The record goes last: it is what lets a later
+// run find whatever a kill left. It reports false, and leaves the files,
+// if some of those rules could not go. It adds "record" to p.rel.What if
+// the record went (in a dry run, would go); the leases that go are all of
+// p.a.Leases.
+func finishRelease(addr *addrRules, leases *leaseDir, recs *records.Store, p *pendingRelease) (bool, error) {
+	if ok, err := addr.release(p); !ok {
+		return false, err
+	}
+	if addr.dryRun {
 		if p.a.Record != nil {
 			p.rel.What = append(p.rel.What, "record")
 		}
-		return nil
+		return true, nil
 	}
 	err := leases.remove(p.a.Leases)
 	if p.a.Record == nil {
-		return err
+		return true, err
 	}
 	// A new ADD of the attachment may have written its pending record
 	// since the stale one was read: that one stays.
@@ -32,7 +37,7 @@ func releaseFiles(leases *leaseDir, recs *records.Store, p *pendingRelease, dryR
 		p.rel.What = append(p.rel.What, "record")
 		rerr = recs.Remove(seen.Key())
 	}
-	return errors.Join(err, rerr)
+	return true, errors.Join(err, rerr)
 }
 
 // releaseOf starts the report of a stale attachment's release: its

@@ -422,17 +422,16 @@ func (w *sweep) judged(a *Attachment) {
 	}
 }
 
-// releaseFiles ends a release unless its NAT rules could not go
-// (p.failed): its firewall rules, then the leases, then the record. Rules
-// that could not go keep the files, through which the next sweep finds
-// them.
+// releaseFiles ends a release (finishRelease) unless its NAT rules could
+// not go (p.failed): rules that could not go keep the files, through
+// which the next sweep finds them.
 func (w *sweep) releaseFiles(p pendingRelease) {
 	if !p.failed {
-		ok, err := w.addr.release(&p)
+		released, err := finishRelease(&w.addr, w.leases, w.records, &p)
 		if err != nil {
 			w.errs = append(w.errs, err)
 		}
-		p.failed = !ok
+		p.failed = !released
 	}
 	if p.failed {
 		if p.busy != nil {
@@ -442,9 +441,6 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 	}
 	if r := p.a.Record; !w.req.DryRun && r != nil && len(r.IPs) > 0 && remembersCause(p.a.Verdict.Cause) {
 		w.remembered = rememberIn(w.remembered, p.a.Key, r.IPs, w.Host.Now())
-	}
-	if err := releaseFiles(w.leases, w.records, &p, w.req.DryRun); err != nil {
-		w.errs = append(w.errs, err)
 	}
 	w.released(p.rel)
 }
