@@ -136,19 +136,16 @@ func (w *sweep) releaseStale() {
 	var own []pendingRelease
 	for _, p := range w.stale {
 		w.causes[p.a.Verdict.Cause]++
-		shared, mine := false, false
+		shared := false
 		for i, b := range w.backends {
-			if owner, ok := b.OwnerOf(w.req.Dir.Network, p.a.Key.ContainerID, p.a.Key.IfName); ok && len(w.rules[i].Owned(owner)) > 0 {
-				shared, mine = shared || b.Shared(), mine || !b.Shared()
+			if owner, ok := b.OwnerOf(w.req.Dir.Network, p.a.Key.ContainerID, p.a.Key.IfName); ok && b.Shared() && len(w.rules[i].Owned(owner)) > 0 {
+				shared = true
 			}
 		}
-		switch {
-		case shared:
+		if shared {
 			w.natWait = append(w.natWait, p)
-		case mine:
+		} else {
 			own = append(own, p)
-		default:
-			w.releaseFiles(p)
 		}
 	}
 	w.stale = w.stale[:0]
