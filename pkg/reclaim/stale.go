@@ -162,11 +162,7 @@ func (j *judge) verdictOfDeadADD(a *Attachment) Verdict {
 		return Verdict{State: Stale, Reason: "not in the runtime's valid attachments", Cause: CauseNotListed}
 	}
 	if a.Record != nil {
-		v := j.recordVerdict(a.Record)
-		if v.State == Live && a.Record.State == records.Started && len(a.Leases) == 0 {
-			return j.deadADDInLiveNamespace(a.Record)
-		}
-		return v
+		return j.recordVerdict(a)
 	}
 	for _, l := range a.Leases {
 		if !l.ModTime.Before(j.bootTime) {
@@ -196,7 +192,9 @@ func (j *judge) deadADDInLiveNamespace(r *records.Record) Verdict {
 	return Verdict{State: Stale, Reason: "its ADD died before an address was allocated", Cause: CauseAddDied}
 }
 
-func (j *judge) recordVerdict(r *records.Record) Verdict {
+// recordVerdict is verdictOfDeadADD for an attachment with a record.
+func (j *judge) recordVerdict(a *Attachment) Verdict {
+	r := a.Record
 	if r.BootID != j.bootID {
 		return Verdict{State: Stale, Reason: "recorded in an earlier boot", Cause: CauseEarlierBoot}
 	}
@@ -222,7 +220,10 @@ func (j *judge) recordVerdict(r *records.Record) Verdict {
 	if gone != "" {
 		return j.unlessHeld(r, gone)
 	}
-	if r.State == records.Started {
+	switch {
+	case r.State == records.Started && len(a.Leases) == 0:
+		return j.deadADDInLiveNamespace(r)
+	case r.State == records.Started:
 		return Verdict{State: Live, Reason: "ADD did not finish, namespace still there"}
 	}
 	return Verdict{State: Live}

@@ -495,6 +495,3 @@ func sortLeases(ls []Lease) {
 }
 
 func ip16(ip net.IP) [16]byte { return [16]byte(ip.To16()) }
-
-// OrphanReason is the reason given for NAT rules no lease or record holds.
-const OrphanReason = "NAT rules without a lease or record"

@@ -286,7 +286,7 @@ func (w *sweep) releaseOrphans(i int) {
 		}
 		w.report.OrphanRules = append(w.report.OrphanRules, id)
 		w.causes[CauseOrphanRules]++
-		w.released(Release{Key: records.Key{ContainerID: id, IfName: o.IfName}, Reason: OrphanReason, Orphan: true, What: what})
+		w.released(Release{Key: records.Key{ContainerID: id, IfName: o.IfName}, Reason: "NAT rules without a lease or record", Orphan: true, What: what})
 	}
 }
 
