@@ -186,8 +186,7 @@ func (s *Attacher) countRefusal(d ipamdir.Dir) {
 	s.countReleases(d, map[string]int{RefusedLiveCount: 1})
 }
 
-// leasesOf are the leases in d that name key, or its container alone (a
-// lease written before host-local recorded ifnames), read without
+// leasesOf are the leases in d that name key (Lease.names), read without
 // host-local's lock: what a judge needs to know whether an ADD got an
 // address.
 func leasesOf(d ipamdir.Dir, key records.Key) ([]Lease, error) {
@@ -313,8 +312,7 @@ func (a *PendingAdd) Abort() error {
 // ReleaseLeasesOf removes, under host-local's lock, the leases that
 // host-local's DEL would (disk.Store.ReleaseByID), without host-local
 // (which reads every file in the directory, blocking): those that name
-// key or, only if none does, its container alone (written before
-// host-local recorded ifnames).
+// key or, only if none does, its container alone (Lease.names).
 func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 	if !statefile.Exists(d.Leases()) {
 		return nil

@@ -351,11 +351,9 @@ func (w *sweep) lease(l Lease) {
 }
 
 // leaseProblem is pass 2's problem with a lease. An empty one that no
-// record names is released: the sweep holds host-local's lock, under
-// which alone host-local writes a lease, so it is a write whose
-// host-local died (EmptyLeaseError), and its address would be lost until
-// the next boot. One a record names is reported and kept: that is not
-// host-local's doing.
+// record names, a write whose host-local died (EmptyLeaseError), is
+// released: its address would be lost until the next boot. One a record
+// names is reported and kept: that is not host-local's doing.
 func (w *sweep) leaseProblem(err error) {
 	var empty *EmptyLeaseError
 	var ip net.IP
