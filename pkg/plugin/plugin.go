@@ -228,7 +228,7 @@ func answer(err error) *types.Error {
 // is an error for ADD: allocating before the move could hand out an
 // address a running container still holds.
 func (p *Plugin) migrate(conf *netconf.Config) error {
-	if _, err := (&reclaim.Migrator{Env: p.Reclaim}).Migrate(conf.Dir(), conf.LegacyDataDir); err != nil {
+	if err := (&reclaim.Migrator{Env: p.Reclaim}).Migrate(conf.Dir(), conf.LegacyDataDir); err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("failed to migrate leases from %s", conf.LegacyDataDir), err.Error())
 	}
 	return nil

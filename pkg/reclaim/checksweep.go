@@ -22,7 +22,7 @@ import (
 func (s *Sweeper) CheckSweep(req Request, interval time.Duration) (*Report, error) {
 	var migrationErr error
 	if !req.DryRun {
-		if _, err := (&Migrator{Env: s.Env}).Migrate(req.Dir, req.LegacyDataDir); err != nil {
+		if err := (&Migrator{Env: s.Env}).Migrate(req.Dir, req.LegacyDataDir); err != nil {
 			migrationErr = fmt.Errorf("failed to migrate leases from %s: %w", ipamdir.New(req.LegacyDataDir, req.Dir.Network).Leases(), err)
 		}
 	}

@@ -20,12 +20,6 @@ import (
 // into it, once per boot and network.
 type Migrator struct{ Env }
 
-// Migration is what one legacy migration did.
-type Migration struct {
-	Moved, Dropped int
-	Conflicts      []string
-}
-
 // Migrate moves the leases host-local kept in the legacy directory (the
 // user's own ipam.dataDir, or /var/lib/cni/networks) into d.DataDir, once per
 // boot and network: without it, right after adoption the empty dataDir
@@ -34,58 +28,57 @@ type Migration struct {
 // mtime kept); those from before it are removed. Both host-local locks are
 // held throughout, ours first. A crash loses nothing: without the marker the
 // next run starts again, and keeps a copy already there.
-func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) (*Migration, error) {
+func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) error {
 	bootID, err := s.Host.BootID()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if markedThisBoot(d, ipamdir.MigratedMarker, bootID) {
-		return &Migration{}, nil
+		return nil
 	}
 	legacyNet := ipamdir.New(legacyDir, d.Network).Leases()
 	if legacyDir == "" || filepath.Clean(legacyDir) == filepath.Clean(d.DataDir) || !statefile.Exists(legacyNet) {
 		// Nothing to move. No marker either: the next run looks again
 		// (one stat), and a verb on a network the plugin never served
 		// creates nothing.
-		return &Migration{}, nil
+		return nil
 	}
-	m, err := s.migrate(d, legacyDir, bootID)
-	if err != nil {
-		return m, err
+	if err := s.migrate(d, legacyDir, bootID); err != nil {
+		return err
 	}
 	if err := writeMarker(d, ipamdir.MigratedMarker, []byte(bootID)); err != nil {
-		return m, fmt.Errorf("migration marker: %w", err)
+		return fmt.Errorf("migration marker: %w", err)
 	}
-	return m, nil
+	return nil
 }
 
-func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) (*Migration, error) {
+func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) error {
 	bootTime, err := s.Host.BootTime()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	// Ours first, then the legacy one: every migration takes them in this
 	// order, and host-local itself only ever holds one.
 	unlockOurs, err := d.Lock()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer unlockOurs()
-	m := &Migration{}
-	return m, withLeases(ipamdir.New(legacyDir, d.Network), func(dir *leaseDir) error {
-		return s.move(m, d, dir, legacyDir, bootTime, bootID)
+	return withLeases(ipamdir.New(legacyDir, d.Network), func(dir *leaseDir) error {
+		return s.move(d, dir, legacyDir, bootTime, bootID)
 	})
 }
 
 // move moves the leases of dir, the legacy directory's network under
 // legacyDir, into d, with both host-local locks held.
-func (s *Migrator) move(m *Migration, d ipamdir.Dir, dir *leaseDir, legacyDir string, bootTime time.Time, bootID string) error {
+func (s *Migrator) move(d ipamdir.Dir, dir *leaseDir, legacyDir string, bootTime time.Time, bootID string) error {
 	var leases []Lease
 	if err := dir.each(nil, func(l Lease) { leases = append(leases, l) }, func(err error) {
 		s.Logf("%s: legacy lease skipped: %v", d.Network, err)
 	}); err != nil {
 		return err
 	}
+	moved, dropped := 0, 0
 	recStore := records.NewStore(d)
 	unrecorded := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
@@ -94,7 +87,7 @@ func (s *Migrator) move(m *Migration, d ipamdir.Dir, dir *leaseDir, legacyDir st
 	ofKey := map[records.Key][]Lease{}
 	for _, l := range leases {
 		if l.ModTime.Before(bootTime) {
-			m.Dropped++
+			dropped++
 			continue
 		}
 		if ofKey[l.Key] == nil {
@@ -111,17 +104,16 @@ func (s *Migrator) move(m *Migration, d ipamdir.Dir, dir *leaseDir, legacyDir st
 		recErr := recordMigrated(recStore, k, ofKey[k], bootID)
 		for _, l := range ofKey[k] {
 			target := d.Lease(l.IP)
-			moved, err := copyLease(l, target)
+			copied, err := copyLease(l, target)
 			switch {
 			case err != nil:
 				errs = append(errs, err)
 				kept[k] = true
-			case !moved:
-				m.Conflicts = append(m.Conflicts, l.IP.String())
+			case !copied:
 				kept[k] = true
 				s.Logf("%s: legacy lease %s for %s not migrated: %s already holds it", d.Network, l.IP, l.Key, target)
 			default:
-				m.Moved++
+				moved++
 			}
 		}
 		// A lease kept where it is (its address has another owner here)
@@ -144,8 +136,8 @@ func (s *Migrator) move(m *Migration, d ipamdir.Dir, dir *leaseDir, legacyDir st
 	if err := dir.remove(doomed); err != nil {
 		errs = append(errs, err)
 	}
-	if m.Moved+m.Dropped > 0 {
-		s.Logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", d.Network, m.Moved, legacyDir, d.DataDir, m.Dropped)
+	if moved+dropped > 0 {
+		s.Logf("%s: migrated %d lease(s) from %s to %s, removed %d from before this boot", d.Network, moved, legacyDir, d.DataDir, dropped)
 	}
 	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package reclaim
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,13 +42,10 @@ func TestMigrateMovesThisBootsLeasesAndDropsOlderOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m, err := w.migrate.Migrate(w.dir(), legacy)
-	if err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	if m.Moved != 1 || m.Dropped != 1 || len(m.Conflicts) != 1 {
-		t.Errorf("migration = %+v", m)
-	}
+	w.migrated(1, 1, 1)
 	moved := filepath.Join(w.dataDir, net1, "10.0.0.2")
 	b, err := os.ReadFile(moved)
 	if err != nil || string(b) != "running\r\neth0" {
@@ -71,20 +69,33 @@ func TestMigrateMovesThisBootsLeasesAndDropsOlderOnes(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(w.dataDir, net1, "10.0.0.4")); string(b) != "someone-else\r\neth0" {
 		t.Errorf("our lease was overwritten: %q", b)
 	}
-	if !strings.Contains(w.log.String(), "migrated 1 lease(s)") || !strings.Contains(w.log.String(), "not migrated") {
-		t.Errorf("log = %q", w.log)
-	}
 
 	// Once per boot: a new legacy lease is not picked up again this boot.
 	w.legacyLease(legacy, "10.0.0.5", "late\r\neth0", running)
-	if m, err := w.migrate.Migrate(w.dir(), legacy); err != nil || m.Moved != 0 {
-		t.Errorf("second Migrate this boot = %+v, %v", m, err)
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Errorf("second Migrate this boot: %v", err)
 	}
+	w.migrated(0, 0, 0)
 	// Next boot, it is (and 10.0.0.2 again, which already has a record:
 	// its legacy copy is removed this time).
 	w.host.ID = "boot-2"
-	if m, err := w.migrate.Migrate(w.dir(), legacy); err != nil || m.Moved != 2 {
-		t.Errorf("Migrate in the next boot = %+v, %v", m, err)
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Errorf("Migrate in the next boot: %v", err)
+	}
+	w.migrated(2, 0, 1) // 10.0.0.4 still has another owner here
+}
+
+// migrated checks what the migrations since the last call logged: leases
+// moved and dropped, and the conflicts, one line each.
+func (w *world) migrated(moved, dropped, conflicts int) {
+	w.t.Helper()
+	log := w.log.String()
+	w.log.Reset()
+	if moved+dropped > 0 && !strings.Contains(log, fmt.Sprintf("migrated %d lease(s) from ", moved)) ||
+		moved+dropped > 0 && !strings.Contains(log, fmt.Sprintf(", removed %d from before this boot", dropped)) ||
+		moved+dropped == 0 && strings.Contains(log, " lease(s) from ") ||
+		strings.Count(log, "not migrated") != conflicts {
+		w.t.Errorf("want %d moved, %d dropped, %d conflicts; log:\n%s", moved, dropped, conflicts, log)
 	}
 }
 
@@ -97,10 +108,10 @@ func TestMigrateResumesAfterACrashBetweenCopyAndRemove(t *testing.T) {
 	// and there is no marker.
 	w.lease("10.0.0.2", "c1\r\neth0", running)
 
-	m, err := w.migrate.Migrate(w.dir(), legacy)
-	if err != nil || m.Moved != 1 || len(m.Conflicts) != 0 {
-		t.Fatalf("Migrate = %+v, %v", m, err)
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Fatalf("Migrate: %v", err)
 	}
+	w.migrated(1, 0, 0)
 	if _, err := os.Stat(src); err != nil {
 		t.Errorf("source lease gone, want it kept for the migrated record: %v", err)
 	}
@@ -118,16 +129,18 @@ func TestMigrateRunAgainKeepsTheLegacyLeaseOfItsOwnRecord(t *testing.T) {
 	w := newWorld(t)
 	legacy := t.TempDir()
 	src := w.legacyLease(legacy, "10.0.0.2", "c1\r\neth0", bootTime.Add(time.Minute))
-	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 	// What the killed run left: everything but its marker.
 	if err := os.Remove(w.dir().Marker(ipamdir.MigratedMarker)); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := w.migrate.Migrate(w.dir(), legacy); err != nil || m.Moved != 1 {
-		t.Fatalf("Migrate again = %+v, %v", m, err)
+	w.log.Reset()
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Fatalf("Migrate again: %v", err)
 	}
+	w.migrated(1, 0, 0)
 	if _, err := os.Stat(src); err != nil {
 		t.Fatalf("legacy lease gone after the migration ran again: %v", err)
 	}
@@ -150,7 +163,7 @@ func TestMigratedAttachmentLivesWhileItsLegacyLeaseDoes(t *testing.T) {
 	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", running)
 	b := w.legacyLease(legacy, "10.0.0.3", "b\r\neth0", running)
 	w.nat.AddContainer(net1, "a", "10.0.0.2", 0)
-	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 
@@ -194,7 +207,7 @@ func TestReAddOfALiveMigratedAttachmentIsRefused(t *testing.T) {
 	w := newWorld(t)
 	legacy := t.TempDir()
 	w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
-	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 	w.host.Namespaces["/run/netns/a"] = sysinfo.NetnsID{Dev: 4, Ino: 7777}
@@ -211,7 +224,7 @@ func TestReAddOfALiveMigratedAttachmentIsRefused(t *testing.T) {
 func TestMigrateWithoutLegacyDirectoryCreatesNothing(t *testing.T) {
 	w := newWorld(t)
 	legacy := filepath.Join(t.TempDir(), "absent")
-	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(legacy); !os.IsNotExist(err) {
@@ -260,7 +273,7 @@ func TestDelOfAMigratedAttachmentRemovesItsLegacyLease(t *testing.T) {
 	w.attach.LegacyDataDir = legacy
 	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
 	other := w.legacyLease(legacy, "10.0.0.3", "someone\r\neth0", bootTime.Add(time.Minute))
-	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}); err != nil {
@@ -289,13 +302,10 @@ func TestMigrateRewritesACopyKilledBeforeItsWrite(t *testing.T) {
 	w.legacyLease(legacy, "10.0.0.3", "other\r\neth0", running)
 	w.lease("10.0.0.2", "", running)
 	dirstate.PlantFIFO(t, filepath.Join(w.dataDir, net1, "10.0.0.3"))
-	m, err := w.migrate.Migrate(w.dir(), legacy)
-	if err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	if m.Moved != 1 || len(m.Conflicts) != 1 {
-		t.Errorf("migration = %+v, want one moved, the FIFO a conflict", m)
-	}
+	w.migrated(1, 0, 1) // the FIFO a conflict
 	if b, err := os.ReadFile(filepath.Join(w.dataDir, net1, "10.0.0.2")); err != nil || string(b) != "running\r\neth0" {
 		t.Errorf("copy = %q, %v", b, err)
 	}
@@ -362,7 +372,7 @@ func TestMigrateKeepsThisBootsLegacyLeaseOfAnAttachmentWithAnOlderOne(t *testing
 	legacy := t.TempDir()
 	w.legacyLease(legacy, "10.0.0.2", "c1\r\neth0", bootTime.Add(-time.Hour))
 	src := w.legacyLease(legacy, "fd00::2", "c1\r\neth0", bootTime.Add(time.Minute))
-	if _, err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(src); err != nil {
