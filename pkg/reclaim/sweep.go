@@ -244,9 +244,9 @@ type pendingRelease struct {
 // (netfilter.Backend.OwnerOf), each set held by hash (idSet).
 type ownerSets struct {
 	// alive: owners of attachments that are not stale (kept for a shared
-	// backend only); seen: of every attachment and damaged record; held:
-	// of what readHeld found once the rules were listed.
-	alive, seen, held idSet
+	// backend only); seen: of every attachment and damaged record, and of
+	// what readHeld found once the rules were listed.
+	alive, seen idSet
 	// unsure: an attachment whose owner cannot be told (no ifname) was
 	// met: none of the backend's rules is an orphan.
 	unsure bool

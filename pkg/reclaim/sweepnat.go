@@ -92,8 +92,8 @@ func (w *sweep) listNAT() {
 // each calls fn with the owner of k's rules in every tracked backend, or
 // with sharedOnly in those whose owners attachments share (iptables); an
 // owner that cannot be told makes that backend unsure. A backend whose
-// owners are attachments (nftables: a hash each) is tracked (its seen and
-// held kept) only by a sweep that looks for orphans (startNAT): only its
+// owners are attachments (nftables: a hash each) is tracked (its seen
+// kept) only by a sweep that looks for orphans (startNAT): only its
 // orphans need them. An owner is asked for only where it is used.
 func (w *sweep) each(k records.Key, sharedOnly bool, fn func(i int, owner string)) {
 	for i, b := range w.backends {
@@ -303,7 +303,7 @@ func (w *sweep) orphans(i int) []netfilter.RuleOwner {
 			w.readHeld()
 		}
 		// What could not be read proves nothing: every owner is held.
-		if !w.heldUnsure && !set.unsure && !set.held.has(o.Owner) {
+		if !w.heldUnsure && !set.unsure && !set.seen.has(o.Owner) {
 			doomed = append(doomed, o)
 		}
 	}
@@ -318,9 +318,7 @@ func (w *sweep) orphans(i int) []netfilter.RuleOwner {
 // runtime that still adds it through bare bridge, or the plugin through
 // another data dir, made its NAT rules).
 func (w *sweep) readHeld() {
-	hold := func(k records.Key) {
-		w.each(k, false, func(i int, owner string) { w.owners[i].held.add(owner) })
-	}
+	hold := func(k records.Key) { w.saw(k, false) }
 	unreadable := func(err error) {
 		w.problem(fmt.Errorf("orphan NAT rules kept: %w", err))
 		w.heldUnsure = true
