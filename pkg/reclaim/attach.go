@@ -145,12 +145,8 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 		// so it must not be handed out again, and a new address in the
 		// new namespace would reach nobody. Refused, Nomad stops the
 		// tasks, DELs and reschedules; nothing is changed here.
-		held := "another process"
-		if v.Holder != nil {
-			held = v.Holder.String()
-		}
 		s.countRefusal(d)
-		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now; refused while that container runs there, so that its address is not handed out twice. Nothing to do by hand: the runtime stops the container and sends DEL (Nomad kills the allocation's tasks and reschedules it as the job's reschedule policy says); to free it now, stop the container or allocation (nomad alloc stop, podman stop)", old.Key(), d.Network, old.NetnsID.Ino, held, netnsPath), Detail: v.Reason}
+		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now; refused while that container runs there, so that its address is not handed out twice. Nothing to do by hand: the runtime stops the container and sends DEL (Nomad kills the allocation's tasks and reschedules it as the job's reschedule policy says); to free it now, stop the container or allocation (nomad alloc stop, podman stop)", old.Key(), d.Network, old.NetnsID.Ino, v.Holder, netnsPath), Detail: v.Reason}
 	}
 	if old.State == records.Migrated {
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s through the configuration it was added with (its lease %s was migrated and is still held there): DEL it with that configuration, or stop its container, before adding it again", old.Key(), d.Network, strings.Join(old.LegacyLeases, ", ")), Detail: v.Reason}

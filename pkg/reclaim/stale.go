@@ -40,7 +40,8 @@ const (
 type Verdict struct {
 	State  State
 	Reason string
-	// Holder is what keeps a detached attachment's namespace alive.
+	// Holder is what keeps a detached attachment's namespace alive (every
+	// Detached verdict has one).
 	Holder *sysinfo.Holder
 	// Cause names a stale verdict's rule, for counting releases by it (one
 	// of the Cause* constants).
@@ -138,7 +139,7 @@ func (j *judge) verdict(a *Attachment) Verdict {
 func (j *judge) orUnlisted(a *Attachment, v Verdict) Verdict {
 	// An unknown attachment (a lease with no record) may be another
 	// runtime's, which this one cannot speak for.
-	if j.unlisted == nil || (v.State != Live && v.State != Detached) || (v.State == Detached && (v.Holder == nil || v.Holder.PID != 0)) {
+	if j.unlisted == nil || (v.State != Live && v.State != Detached) || (v.State == Detached && v.Holder.PID != 0) {
 		return v
 	}
 	reason, release := j.unlisted(a)
