@@ -175,7 +175,7 @@ func (w *sweep) keptBusy(line string, gone []string) {
 // would go.
 func (w *sweep) releaseRulesOf(ps []pendingRelease, shared bool) {
 	for i, b := range w.backends {
-		if b.Shared() != shared || w.rules[i] == nil {
+		if b.Shared() != shared {
 			continue
 		}
 		of := map[string][]int{} // the pending releases of each owner
@@ -251,9 +251,6 @@ func (w *sweep) releaseNAT() {
 // nothing of, in one go, and reports each owner as an orphan.
 func (w *sweep) releaseOrphans(i int) {
 	b := w.backends[i]
-	if w.rules[i] == nil {
-		return
-	}
 	doomed := w.orphans(i)
 	if len(doomed) == 0 {
 		return
