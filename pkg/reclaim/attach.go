@@ -377,9 +377,7 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 		s.Logf("%s: %v", d.Network, err)
 	}
 	if rec != nil && rec.State == records.Migrated {
-		if err := s.releaseLegacy(d, rec); err != nil {
-			return err
-		}
+		s.releaseLegacy(d, rec)
 	}
 	s.forget(d, key)
 	return store.Remove(key)
@@ -453,8 +451,10 @@ func (s *Attacher) HoldsNothing(d ipamdir.Dir, key records.Key) bool {
 // alive (recordMigrated). Each is removed under the legacy
 // directory's host-local lock, and only while it still names the
 // attachment; a path the record names outside the entry's legacy
-// directory is left alone (legacyLeasePaths).
-func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
+// directory is left alone (legacyLeasePaths). What cannot go (its lock
+// planted or held past LockTimeout, say) is logged and left: no DEL fails
+// on it, and the next boot's migration drops it.
+func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) {
 	legacy := ipamdir.New(s.LegacyDataDir, d.Network)
 	paths := legacyLeasePaths(rec, s.LegacyDataDir)
 	if len(paths) < len(rec.LegacyLeases) {
@@ -467,14 +467,11 @@ func (s *Attacher) releaseLegacy(d ipamdir.Dir, rec *records.Record) error {
 		}
 	}
 	if len(leases) == 0 {
-		return nil
+		return
 	}
-	return withLeases(legacy, func(dir *leaseDir) error {
-		if err := dir.remove(leases); err != nil {
-			s.Logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
-		}
-		return nil
-	})
+	if err := withLeases(legacy, func(dir *leaseDir) error { return dir.remove(leases) }); err != nil {
+		s.Logf("%s: %s: legacy lease left in place: %v", d.Network, rec.Key(), err)
+	}
 }
 
 // IsOwnNamespace reports whether netnsPath names the plugin's own network

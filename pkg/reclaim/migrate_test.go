@@ -290,6 +290,36 @@ func TestDelOfAMigratedAttachmentRemovesItsLegacyLease(t *testing.T) {
 	}
 }
 
+// A DEL never fails on what the legacy directory holds: with host-local's
+// lock there planted (a symlink, which the plugin never follows), the
+// migrated attachment's DEL succeeds and leaves its legacy lease, which the
+// next boot's migration drops (regression: the DEL failed on every retry).
+func TestDelOfAMigratedAttachmentBesideAPlantedLegacyLock(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	w.attach.LegacyDataDir = legacy
+	a := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Fatal(err)
+	}
+	lock := filepath.Join(filepath.Dir(a), ipamdir.LockFileName)
+	if err := os.Remove(lock); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(t.TempDir(), "elsewhere"), lock); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "a", IfName: "eth0"}); err != nil {
+		t.Fatalf("DEL failed on the planted legacy lock: %v", err)
+	}
+	if w.hasRecord("a") {
+		t.Error("record of a kept")
+	}
+	if _, err := os.Stat(a); err != nil {
+		t.Errorf("legacy lease went without its lock: %v", err)
+	}
+}
+
 // A migration killed between creating a copy and writing it leaves an
 // empty reservation, which names nobody and no DEL would ever release: the
 // next run writes it. A FIFO planted there is left alone, unopened for
