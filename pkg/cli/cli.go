@@ -154,9 +154,21 @@ func (c *cli) common(flags *command) *commonFlags {
 // hostNetworks are the networks of the host's conflists (and extra's):
 // a command's scope takes from them the data dirs they use (a sweep of one
 // data dir never takes the NAT rules of another's containers for orphans)
-// and the networks' legacy dirs (gc migrates from them, as CHECK does).
+// and the networks' legacy dirs (gc migrates from them, as CHECK does). A
+// "type": "bridge" entry is the plugin's, installed as bridge, where the
+// plugin proved it served it (reclaim.Owns, in the entry's data dir);
+// else bare bridge's.
 func hostNetworks(extra []string) []*conflists.Network {
-	return conflists.Networks(conflists.Read(append(slices.Clone(conflists.DefaultDirs), extra...), false))
+	dirs := append(slices.Clone(conflists.DefaultDirs), extra...)
+	asPlugin := conflists.Networks(conflists.Read(dirs, true))
+	nets := conflists.Networks(conflists.Read(dirs, false))
+	for i, n := range nets {
+		j := slices.IndexFunc(asPlugin, func(p *conflists.Network) bool { return p.File == n.File && p.Entry == n.Entry })
+		if !n.Ours && j >= 0 && asPlugin[j].Ours && reclaim.Owns(asPlugin[j].Dir) {
+			nets[i] = asPlugin[j]
+		}
+	}
+	return nets
 }
 
 func (c *cli) leases(args []string) (code int) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mattn/go-shellwords"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -135,6 +136,50 @@ func TestGCAllDataDirsSweepsEveryDataDirTheConflistsUse(t *testing.T) {
 	c, _, stderr = fakeNATCLI()
 	if code := c.run([]string{"gc", "--all-data-dirs", "--json"}); code != 2 || !strings.Contains(stderr.String(), "--json prints one data dir's document") {
 		t.Errorf("--all-data-dirs --json: exit %d, %s", code, stderr)
+	}
+}
+
+// Installed as bridge, the plugin serves "type": "bridge" entries: gc
+// takes such an entry as the plugin's where an ADD through the plugin
+// marked its network in the data dir the entry gives it (the marker proves
+// it; a bare bridge's entry has none), and then sweeps that data dir and
+// migrates from the entry's ipam.dataDir, as the entry's CHECK does
+// (regression: gc treated every such entry as bare bridge's).
+func TestGCTakesABridgeEntryThePluginServedAsItsOwn(t *testing.T) {
+	for _, marked := range []bool{true, false} {
+		custom, legacy, confDir := t.TempDir(), t.TempDir(), t.TempDir()
+		conf := `{"cniVersion":"1.0.0","name":"front","plugins":[{"type":"bridge","bridge":"nbcfront0","dataDir":"` + custom +
+			`","ipam":{"type":"host-local","dataDir":"` + legacy + `","ranges":[[{"subnet":"10.95.0.0/24"}]]}}]}`
+		if err := os.WriteFile(filepath.Join(confDir, "10-front.conflist"), []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		legacyLease := filepath.Join(legacy, "front", "10.95.0.5")
+		if err := os.MkdirAll(filepath.Dir(legacyLease), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(legacyLease, []byte("c1\r\neth0"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if marked {
+			owned := ipamdir.New(custom, "front").Marker(ipamdir.OwnedMarker)
+			if err := os.MkdirAll(filepath.Dir(owned), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(owned, []byte("front\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, stdout, stderr := fakeNATCLI()
+		if code := c.run([]string{"gc", "--all-data-dirs", "--data-dir", filepath.Join(t.TempDir(), "none"), "--conf-dir", confDir}); code != 0 {
+			t.Fatalf("marked %v: exit %d\nstdout: %s\nstderr: %s", marked, code, stdout, stderr)
+		}
+		_, err := os.Lstat(filepath.Join(custom, "front", "10.95.0.5"))
+		if migrated := err == nil; migrated != marked {
+			t.Errorf("marked %v: the legacy lease migrated into %s: %v\nstdout: %s", marked, custom, migrated, stdout)
+		}
+		if _, err := os.Lstat(legacyLease); err != nil {
+			t.Errorf("marked %v: the legacy lease went: %v", marked, err)
+		}
 	}
 }
 

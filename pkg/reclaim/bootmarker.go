@@ -51,9 +51,9 @@ func readJSONMarker(d ipamdir.Dir, m ipamdir.Marker, v any) {
 	}
 }
 
-// owns reports whether the network in d is proved the plugin's
-// (ipamdir.OwnedMarker is a regular file, not followed).
-func owns(d ipamdir.Dir) bool {
+// Owns reports whether the network in d is proved the plugin's: an ADD
+// through it marked it (ipamdir.OwnedMarker, a regular file, not followed).
+func Owns(d ipamdir.Dir) bool {
 	st, err := os.Lstat(d.Marker(ipamdir.OwnedMarker))
 	return err == nil && st.Mode().IsRegular()
 }
@@ -61,7 +61,7 @@ func owns(d ipamdir.Dir) bool {
 // markOwned writes ipamdir.OwnedMarker unless it is there: the first step of an
 // ADD, before the delegate can make NAT rules.
 func markOwned(d ipamdir.Dir) error {
-	if owns(d) {
+	if Owns(d) {
 		return nil
 	}
 	return writeMarker(d, ipamdir.OwnedMarker, []byte(d.Network+"\n"))

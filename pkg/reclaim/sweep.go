@@ -119,7 +119,7 @@ type Report struct {
 // are orphans, released when the network is proved the plugin's.
 func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	report := &Report{}
-	owned := req.Orphans || owns(req.Dir)
+	owned := req.Orphans || Owns(req.Dir)
 	if !owned && !req.Dir.Served() {
 		return report, nil
 	}
