@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"maps"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,7 +47,8 @@ type Table interface {
 	List(table string) ([]string, error)
 	Delete(table, chain string, rulespec ...string) error
 	// FlushChain empties chain; DeleteChain deletes it, empty and
-	// unreferenced.
+	// unreferenced; ClearAndDeleteChain does both at once (no kill leaves
+	// it emptied).
 	FlushChain(table, chain string) error
 	DeleteChain(table, chain string) error
 	ClearAndDeleteChain(table, chain string) error
@@ -152,10 +154,27 @@ func (t *natTable) DeleteChain(table, chain string) error {
 	})
 }
 
+// ClearAndDeleteChain empties and deletes chain in one iptables-restore
+// transaction. go-iptables' runs iptables twice, -F then -X: killed between
+// the two, it left an empty chain whose jump had gone already, which named
+// nobody to the next sweep. A chain gone when the transaction fails (a
+// concurrent DEL won) is ErrNoChain.
 func (t *natTable) ClearAndDeleteChain(table, chain string) error {
-	return t.withHandle("iptables delete chain "+chain, func(ipt *iptables.IPTables) error {
-		return ipt.ClearAndDeleteChain(table, chain)
-	})
+	crashpoint.Step("iptables delete chain " + chain)
+	restore, err := exec.LookPath(filepath.Base(t.path) + "-restore")
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(restore, "-w", waitSeconds(), "--noflush")
+	cmd.Stdin = strings.NewReader(fmt.Sprintf("*%s\n-F %s\n-X %s\nCOMMIT\n", table, chain, chain))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	if lines, lerr := t.List(table); lerr == nil && !slices.Contains(lines, "-N "+chain) {
+		return ErrNoChain
+	}
+	return fmt.Errorf("%s: flush and delete %s: %w: %s", restore, chain, err, bytes.TrimSpace(out))
 }
 
 // FlushChain runs `iptables -t table -F chain` itself: go-iptables'

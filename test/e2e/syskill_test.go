@@ -35,8 +35,9 @@ import (
 // every address on a live container is leased to it and to no other, and
 // every DEL and gc succeeds.
 //
-// By default each path kills at K=1, the last K and six between (a few
-// minutes in all); NBC_SYSKILL_ALL=1 (make test-syskill) kills at every K.
+// By default each path kills at K=1, the last K and six between, and one
+// path at each of its execs too (a few minutes in all); NBC_SYSKILL_ALL=1
+// (make test-syskill) kills at every K.
 
 const (
 	syskillAllEnv = "NBC_SYSKILL_ALL"
@@ -73,6 +74,8 @@ type syskillPath struct {
 	gcVerb bool
 	cmd    func(t *testing.T, e *testEnv, s *crashScene) *exec.Cmd
 	next   func(t *testing.T, e *testEnv, s *crashScene)
+	// everyExec: the sample also kills at every exec of the counted run.
+	everyExec bool
 }
 
 func TestSyskill(t *testing.T) {
@@ -157,6 +160,22 @@ func TestSyskill(t *testing.T) {
 			},
 		},
 		{
+			// The operator's gc releasing orphan rules (crashpoints_test.go's
+			// gc-orphan), killed at each of its execs too: each iptables
+			// change is one. Next: another gc. Regression: killed between
+			// bridge's chain's flush and its deletion, two iptables runs,
+			// the gc left that chain empty, which nothing named any more.
+			name:      "gc-orphan",
+			everyExec: true,
+			cmd: func(t *testing.T, e *testEnv, s *crashScene) *exec.Cmd {
+				s.c = e.orphanOnBareBridge(t, s)
+				return exec.Command(e.binary(pluginType), "gc", "--data-dir", e.dataDir)
+			},
+			next: func(t *testing.T, e *testEnv, s *crashScene) {
+				e.sweepsCAwayThenDELsA(t, s)
+			},
+		},
+		{
 			// The runtime's GC verb listing B only; next: GC again.
 			name:   "gc-verb",
 			gcVerb: true,
@@ -205,7 +224,14 @@ func TestSyskill(t *testing.T) {
 			}
 			n := count.Count
 			if os.Getenv(syskillAllEnv) != "1" {
-				for _, k := range syskillSample(calls) {
+				ks := syskillSample(calls)
+				for _, c := range calls {
+					if p.everyExec && c.Class == "exec" {
+						ks = append(ks, c.K)
+					}
+				}
+				slices.Sort(ks)
+				for _, k := range slices.Compact(ks) {
 					t.Run(fmt.Sprintf("k=%d", k), func(t *testing.T) { trial(t, k) })
 				}
 				return
