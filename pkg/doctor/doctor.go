@@ -55,7 +55,7 @@ type Options struct {
 	// Readers are the runtimes that read each configuration directory, and
 	// where they look for plugins (nil: conflists.DefaultReaders).
 	Readers map[string]conflists.Reader
-	// NomadClient reads the client's settings (nil: Nomad's defaults).
+	// NomadClient reads the client's settings (with Nomad set).
 	NomadClient func() NomadClient
 	// Version runs a plugin with no arguments and returns what it printed.
 	Version func(path string) (string, error)
@@ -87,10 +87,7 @@ func Run(o Options) *Report {
 		fs = append(fs, Finding{Level: Warn, Check: "doctor", Subject: fmt.Sprintf("uid %d", o.EUID), Message: "not run as root: the plugin runs as root, so its data dirs, leases and NAT rules are not judged from here", Fix: "sudo nomad-bridge-cni doctor"})
 	}
 	if o.Nomad {
-		o.nomad = NomadDefaults()
-		if o.NomadClient != nil {
-			o.nomad = o.NomadClient()
-		}
+		o.nomad = o.NomadClient()
 		if !o.CNIPathGiven {
 			o.CNIPath = o.nomad.CNIPath
 		}
