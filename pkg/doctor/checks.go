@@ -268,9 +268,8 @@ const (
 
 // checkClashes: two networks with one name or one bridge, or overlapping
 // subnets kept in different lease directories (two host-local stores
-// handing out one range: duplicate addresses).
-// With front (the plugin installed as bridge), Nomad's built-in network
-// is the plugin's, its leases in the plugin's dataDir.
+// handing out one range: duplicate addresses), Nomad's built-in network
+// among them with Nomad (its leases where front puts them: nomadBuiltin).
 func checkClashes(o Options, nets []*conflists.Network, front bool) []Finding {
 	all := slices.Clone(nets)
 	if o.Nomad {
