@@ -31,9 +31,11 @@ type Lister interface {
 // Names are the runtimes gc --runtime knows.
 var Names = []string{"podman", "nomad", "cri"}
 
-// New is the lister of a runtime: its own CLI, which reads its settings
-// from the environment as it always does (NOMAD_ADDR, NOMAD_TOKEN,
-// CONTAINER_RUNTIME_ENDPOINT, podman's containers.conf).
+// New is the lister of a runtime: its own CLI, which reads its settings as
+// it always does (NOMAD_ADDR, NOMAD_TOKEN and the TLS settings,
+// CONTAINER_RUNTIME_ENDPOINT or /etc/crictl.yaml, podman's containers.conf):
+// a client linked into the plugin would cost every CNI verb its start-up
+// (an HTTP client: 3 MB more to page in).
 func New(name string) (Lister, error) {
 	switch name {
 	case "podman":
@@ -65,11 +67,9 @@ func (p *Podman) List(ctx context.Context) (*Listing, error) {
 }
 
 // CRI lists the pod sandboxes of a CRI runtime (containerd, CRI-O) through
-// crictl, which reads its endpoint as it always does (CONTAINER_RUNTIME_ENDPOINT,
-// /etc/crictl.yaml): a CRI client linked into the plugin would cost every
-// CNI verb its start-up. The sandbox ID is the container ID the runtime
-// gives CNI; a sandbox that is not ready has had its network torn down, or
-// should have: it is not listed.
+// crictl. The sandbox ID is the container ID the runtime gives CNI; a
+// sandbox that is not ready has had its network torn down, or should have:
+// it is not listed.
 type CRI struct{ Command string }
 
 func (c *CRI) List(ctx context.Context) (*Listing, error) {
@@ -119,13 +119,11 @@ func output(ctx context.Context, command string, args ...string) ([]byte, error)
 }
 
 // Nomad lists the allocations the local agent's node runs, through the
-// agent's HTTP API asked by the nomad CLI (`nomad operator api`), which
-// reads NOMAD_ADDR, NOMAD_TOKEN and the TLS settings as it always does: an
-// HTTP client linked into the plugin would cost every CNI verb its
-// start-up (3 MB more to page in). The allocation ID is the container ID
-// Nomad gives CNI. A pending, running or unknown allocation is listed (an
-// unknown one is on a client the servers lost touch with: its tasks may
-// still run here); one that is complete, failed or lost is not.
+// agent's HTTP API asked by the nomad CLI (`nomad operator api`). The
+// allocation ID is the container ID Nomad gives CNI. A pending, running or
+// unknown allocation is listed (an unknown one is on a client the servers
+// lost touch with: its tasks may still run here); one that is complete,
+// failed or lost is not.
 type Nomad struct{ Command string }
 
 func (n *Nomad) List(ctx context.Context) (*Listing, error) {
