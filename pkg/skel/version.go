@@ -18,8 +18,8 @@ var Version = "v0.1.0"
 // whose result carries interfaces, which later plugins in a chain need.
 var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
-// About is the line Nomad's fingerprinter parses: it records the first
-// semver token as attr.plugins.cni.version.<binary>.
+// About is the plugin's about line, which Nomad's fingerprint parses (see
+// printAbout).
 func About() string {
 	return fmt.Sprintf("CNI %s plugin %s", conflists.PluginName, Version)
 }
