@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"fmt"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
@@ -47,17 +46,14 @@ func (c *cli) metrics(args []string) (code int) {
 	if err != nil {
 		return c.fail(1, err, "")
 	}
+	text := metrics.Text(nets)
 	if *textfile == "" {
-		if err := metrics.Write(c.stdout, nets); err != nil {
+		if _, err := c.stdout.Write(text); err != nil {
 			return c.fail(1, err, "")
 		}
 		return 0
 	}
-	var b bytes.Buffer
-	if err := metrics.Write(&b, nets); err != nil {
-		return c.fail(1, err, "")
-	}
-	if err := statefile.WriteAtomic(*textfile, b.Bytes(), worldReadable); err != nil {
+	if err := statefile.WriteAtomic(*textfile, text, worldReadable); err != nil {
 		return c.fail(1, fmt.Errorf("write %s: %w", *textfile, err), "")
 	}
 	return 0

@@ -7,9 +7,8 @@
 package metrics
 
 import (
-	"bufio"
+	"bytes"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 
@@ -66,12 +65,11 @@ func Collect(s *reclaim.Sweeper, scope operator.Scope, ranges map[string]float64
 	return out, nil
 }
 
-// Write prints the networks as gauges and counters.
-func Write(w io.Writer, nets []Network) error {
-	// A bufio.Writer keeps its first error and drops what follows it.
-	bw := bufio.NewWriter(w)
+// Text is the networks as gauges and counters.
+func Text(nets []Network) []byte {
+	b := new(bytes.Buffer)
 	family := func(name, typ, help string, each func(n Network)) {
-		fmt.Fprintf(bw, "# HELP nomad_bridge_cni_%s %s\n# TYPE nomad_bridge_cni_%s %s\n", name, help, name, typ)
+		fmt.Fprintf(b, "# HELP nomad_bridge_cni_%s %s\n# TYPE nomad_bridge_cni_%s %s\n", name, help, name, typ)
 		for _, n := range nets {
 			each(n)
 		}
@@ -81,47 +79,47 @@ func Write(w io.Writer, nets []Network) error {
 		// Each state is written, 0 included, so that an alert on one does
 		// not depend on its having been seen.
 		for _, st := range []reclaim.State{reclaim.Live, reclaim.Pending, reclaim.Stale, reclaim.Detached, reclaim.Unknown} {
-			fmt.Fprintf(bw, "nomad_bridge_cni_attachments{network=%q,state=%q} %d\n", n.Name, st, n.Attachments[st])
+			fmt.Fprintf(b, "nomad_bridge_cni_attachments{network=%q,state=%q} %d\n", n.Name, st, n.Attachments[st])
 		}
 	})
 	gauge("leases", "host-local leases held on a network.", func(n Network) {
-		fmt.Fprintf(bw, "nomad_bridge_cni_leases{network=%q} %d\n", n.Name, n.Leases)
+		fmt.Fprintf(b, "nomad_bridge_cni_leases{network=%q} %d\n", n.Name, n.Leases)
 	})
 	gauge("range_addresses", "Addresses in a network's ranges, rangeStart to rangeEnd (from its conflist; absent when none was found).", func(n Network) {
 		if n.RangeSize > 0 {
-			fmt.Fprintf(bw, "nomad_bridge_cni_range_addresses{network=%q} %g\n", n.Name, n.RangeSize)
+			fmt.Fprintf(b, "nomad_bridge_cni_range_addresses{network=%q} %g\n", n.Name, n.RangeSize)
 		}
 	})
 	gauge("orphan_nat_rule_sets", "Containers with NAT rules on a network but no lease or record.", func(n Network) {
-		fmt.Fprintf(bw, "nomad_bridge_cni_orphan_nat_rule_sets{network=%q} %d\n", n.Name, n.OrphanRules)
+		fmt.Fprintf(b, "nomad_bridge_cni_orphan_nat_rule_sets{network=%q} %d\n", n.Name, n.OrphanRules)
 	})
 	gauge("skipped_files", "Damaged or foreign files in a network's directories, skipped: neither judged nor counted (`leases` lists them).", func(n Network) {
-		fmt.Fprintf(bw, "nomad_bridge_cni_skipped_files{network=%q} %d\n", n.Name, n.Skipped)
+		fmt.Fprintf(b, "nomad_bridge_cni_skipped_files{network=%q} %d\n", n.Name, n.Skipped)
 	})
 	gauge("last_check_sweep_age_seconds", "Seconds since a CHECK last swept a network in this boot (absent when none did).", func(n Network) {
 		if n.LastSweepAge >= 0 {
-			fmt.Fprintf(bw, "nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
+			fmt.Fprintf(b, "nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
 		}
 	})
 	gauge("data_dir_tmpfs", "1 when a network's data dir is a tmpfs (leases die with the boot), 0 when it is not (absent when statfs failed).", func(n Network) {
 		if n.TmpfsKnown {
-			fmt.Fprintf(bw, "nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=%q} %d\n", n.Name, n.DataDir, map[bool]int{true: 1}[n.Tmpfs])
+			fmt.Fprintf(b, "nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=%q} %d\n", n.Name, n.DataDir, map[bool]int{true: 1}[n.Tmpfs])
 		}
 	})
 	family("releases_total", "counter", "Attachments released on a network (leases, NAT rules, records), by cause, counted by the plugin across runs.", func(n Network) {
 		for _, c := range slices.Sorted(maps.Keys(n.Releases)) {
 			if c != reclaim.ForwardKeptCount && c != reclaim.RefusedLiveCount {
-				fmt.Fprintf(bw, "nomad_bridge_cni_releases_total{network=%q,reason=%q} %d\n", n.Name, c, n.Releases[c])
+				fmt.Fprintf(b, "nomad_bridge_cni_releases_total{network=%q,reason=%q} %d\n", n.Name, c, n.Releases[c])
 			}
 		}
 	})
 	family("firewall_rules_kept_total", "counter", "Addresses of released attachments whose firewall plugin rules (CNI-FORWARD) were kept because another network leases the address, counted across runs.", func(n Network) {
-		fmt.Fprintf(bw, "nomad_bridge_cni_firewall_rules_kept_total{network=%q} %d\n", n.Name, n.Releases[reclaim.ForwardKeptCount])
+		fmt.Fprintf(b, "nomad_bridge_cni_firewall_rules_kept_total{network=%q} %d\n", n.Name, n.Releases[reclaim.ForwardKeptCount])
 	})
 	// Written as 0 too: increase() sees the first refusal only if the
 	// series was there before it.
 	family("add_refusals_total", "counter", "ADDs refused because the container's earlier attachment is still in a live namespace (detached, or attached elsewhere), counted across runs.", func(n Network) {
-		fmt.Fprintf(bw, "nomad_bridge_cni_add_refusals_total{network=%q,reason=\"live-namespace\"} %d\n", n.Name, n.Releases[reclaim.RefusedLiveCount])
+		fmt.Fprintf(b, "nomad_bridge_cni_add_refusals_total{network=%q,reason=\"live-namespace\"} %d\n", n.Name, n.Releases[reclaim.RefusedLiveCount])
 	})
-	return bw.Flush()
+	return b.Bytes()
 }

@@ -76,10 +76,7 @@ func TestMetricsParseAndCount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	if err := Write(&out, nets); err != nil {
-		t.Fatal(err)
-	}
+	out := bytes.NewBuffer(Text(nets))
 	// The strict (legacy) name rules: what every Prometheus accepts.
 	parser := expfmt.NewTextParser(model.LegacyValidation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(out.Bytes()))
