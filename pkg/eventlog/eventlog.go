@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"gopkg.in/natefinch/lumberjack.v2"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 )
 
 // Level is how much the log says.
@@ -91,7 +93,7 @@ func Open(path string, level Level, a Attachment) (*Log, error) {
 // yet is lumberjack's to make, under one that is checked.
 func checkDirs(path string) error {
 	dir := filepath.Dir(path)
-	for !exists(dir) && dir != filepath.Dir(dir) {
+	for !statefile.Exists(dir) && dir != filepath.Dir(dir) {
 		dir = filepath.Dir(dir)
 	}
 	real, err := filepath.EvalSymlinks(dir)
@@ -111,11 +113,6 @@ func checkDirs(path string) error {
 			return nil
 		}
 	}
-}
-
-func exists(path string) bool {
-	_, err := os.Lstat(path)
-	return err == nil
 }
 
 func newLog(out io.WriteCloser, level Level, a Attachment) *Log {
