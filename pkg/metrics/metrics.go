@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -103,7 +104,7 @@ func Text(nets []Network) []byte {
 	})
 	gauge("data_dir_tmpfs", "1 when a network's data dir is a tmpfs (leases die with the boot), 0 when it is not (absent when statfs failed).", func(n Network) {
 		if n.TmpfsKnown {
-			fmt.Fprintf(b, "nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=%q} %d\n", n.Name, n.DataDir, map[bool]int{true: 1}[n.Tmpfs])
+			fmt.Fprintf(b, "nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=\"%s\"} %d\n", n.Name, labelValue(n.DataDir), map[bool]int{true: 1}[n.Tmpfs])
 		}
 	})
 	family("releases_total", "counter", "Attachments released on a network (leases, NAT rules, records), by cause, counted by the plugin across runs.", func(n Network) {
@@ -122,4 +123,12 @@ func Text(nets []Network) []byte {
 		fmt.Fprintf(b, "nomad_bridge_cni_add_refusals_total{network=%q,reason=\"live-namespace\"} %d\n", n.Name, n.Releases[reclaim.RefusedLiveCount])
 	})
 	return b.Bytes()
+}
+
+// labelValue escapes a label value as the text format does: backslash,
+// quote and newline, in valid UTF-8. Go's %q escapes more (a tab, say),
+// which Prometheus refuses, dropping the whole file; it is kept for
+// network names, whose alphabet (ValidateNetworkName) needs no escape.
+func labelValue(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(strings.ToValidUTF8(s, "\uFFFD"))
 }

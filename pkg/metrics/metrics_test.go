@@ -153,3 +153,27 @@ func onTmpfs(t *testing.T, d ipamdir.Dir) bool {
 	}
 	return mem
 }
+
+// A data dir is any path: its label is escaped as the text format
+// escapes (backslash, quote, newline; Go's %q escapes more, which
+// Prometheus refuses, and drops the whole file), made valid UTF-8.
+func TestDataDirLabelIsEscapedForPrometheus(t *testing.T) {
+	dataDir := "/srv/a\tb\"c\\d\ne\xff"
+	out := Text([]Network{{Name: "web", Attachments: map[reclaim.State]int{}, LastSweepAge: -1, DataDir: dataDir, TmpfsKnown: true}})
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(out))
+	if err != nil {
+		t.Fatalf("Prometheus cannot parse it: %v\n%s", err, out)
+	}
+	var got []string
+	for _, m := range families["nomad_bridge_cni_data_dir_tmpfs"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "data_dir" {
+				got = append(got, l.GetValue())
+			}
+		}
+	}
+	if want := strings.ToValidUTF8(dataDir, "\uFFFD"); len(got) != 1 || got[0] != want {
+		t.Errorf("data_dir labels %q, want %q", got, want)
+	}
+}
