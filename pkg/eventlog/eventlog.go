@@ -173,7 +173,7 @@ func kindOf(msg string) string {
 	case strings.Contains(msg, "removed what bridge left"), strings.Contains(msg, "abandoned by a writer"),
 		strings.Contains(msg, ": migrated "), strings.Contains(msg, "then it succeeded"),
 		strings.Contains(msg, "released by the plugin"), strings.Contains(msg, "nothing to delete"),
-		strings.Contains(msg, "legacy lease is removed instead"), strings.Contains(msg, "ended"):
+		strings.Contains(msg, "legacy lease is removed instead"), strings.Contains(msg, "ran past the deadline"):
 		return "recovery"
 	}
 	return "info"

@@ -41,6 +41,8 @@ func TestLinesBecomeEventsOfTheirKind(t *testing.T) {
 		"nomad-bridge-cni: nomad: DEL c1/eth0: removed what bridge left: chain CNI-1\n",
 		"nomad-bridge-cni: nomad: removed /run/cni/.nomad-bridge-cni/nomad/.tmp-1-2, abandoned by a writer that died\n",
 		"nomad-bridge-cni: nomad: skipped: something\n",
+		"nomad-bridge-cni: nomad: c3/eth0: its ADD's delegate ran past the deadline 2025-12-02T07:19:00Z with the plugin (pid 7) gone: killed pids [8]\n",
+		"nomad-bridge-cni: nomad: a line that merely says extended\n",
 	} {
 		if _, err := w.Write([]byte(msg)); err != nil {
 			t.Fatal(err)
@@ -49,7 +51,7 @@ func TestLinesBecomeEventsOfTheirKind(t *testing.T) {
 	l.Event(Debug, "start", "check", nil) // below Info: dropped
 	l.Event(Error, "refusal", "no", map[string]any{"code": 11})
 	got := lines(t, b.String())
-	want := []string{"release", "warning", "recovery", "recovery", "info", "refusal"}
+	want := []string{"release", "warning", "recovery", "recovery", "info", "recovery", "info", "refusal"}
 	if len(got) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(got), len(want), b.String())
 	}
@@ -61,8 +63,8 @@ func TestLinesBecomeEventsOfTheirKind(t *testing.T) {
 	if got[0]["message"] != "nomad: released c2/eth0 172.26.64.3: namespace /var/run/netns/x is gone; removed lease 172.26.64.3, record" {
 		t.Errorf("message = %q", got[0]["message"])
 	}
-	if got[5]["level"] != "error" || got[5]["code"] != float64(11) {
-		t.Errorf("refusal = %v", got[5])
+	if got[7]["level"] != "error" || got[7]["code"] != float64(11) {
+		t.Errorf("refusal = %v", got[7])
 	}
 
 	b.Reset()
