@@ -145,7 +145,7 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 		// so it must not be handed out again, and a new address in the
 		// new namespace would reach nobody. Refused, Nomad stops the
 		// tasks, DELs and reschedules; nothing is changed here.
-		s.countRefusal(d)
+		s.countLocked(d, map[string]int{RefusedLiveCount: 1})
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in namespace net:[%d], held by %s, although %s names another namespace now; refused while that container runs there, so that its address is not handed out twice. Nothing to do by hand: the runtime stops the container and sends DEL (Nomad kills the allocation's tasks and reschedules it as the job's reschedule policy says); to free it now, stop the container or allocation (nomad alloc stop, podman stop)", old.Key(), d.Network, old.NetnsID.Ino, v.Holder, netnsPath), Detail: v.Reason}
 	}
 	if old.State == records.Migrated {
@@ -162,24 +162,24 @@ func (s *Attacher) replaceEarlier(d ipamdir.Dir, old *records.Record, netnsPath 
 		// retry, or its DEL, comes to a verdict.
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s may still be attached to %s, and the plugin cannot tell (%s): refused so that its address is not handed out twice; retry, or DEL it before adding it again", old.Key(), d.Network, v.Reason), Detail: v.Reason}
 	}
-	s.countRefusal(d)
+	s.countLocked(d, map[string]int{RefusedLiveCount: 1})
 	if old.NetnsID == nsID {
 		return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is already attached to %s in namespace %s: DEL it before adding it again", old.Key(), d.Network, netnsPath)}
 	}
 	return &AddError{Kind: ErrStillAttached, Msg: fmt.Sprintf("%s is still attached to %s in the live namespace %s: DEL it before adding it to %s", old.Key(), d.Network, old.Netns, netnsPath)}
 }
 
-// countRefusal counts an ADD refused for a live earlier attachment, under
-// host-local's lock as every count is written. Failing to is logged by
-// countReleases, or here: only the metric is off, the refusal stands.
-func (s *Attacher) countRefusal(d ipamdir.Dir) {
+// countLocked is countReleases for a verb that does not hold host-local's
+// lock, under which every count is written: it takes it. Failing to is
+// logged by countReleases, or here: only the metric is off.
+func (s *Attacher) countLocked(d ipamdir.Dir, add map[string]int) {
 	unlock, err := d.Lock()
 	if err != nil {
-		s.Logf("%s: count refusal: %v", d.Network, err)
+		s.Logf("%s: count %v: %v", d.Network, add, err)
 		return
 	}
 	defer unlock()
-	s.countReleases(d, map[string]int{RefusedLiveCount: 1})
+	s.countReleases(d, add)
 }
 
 // leasesOf are the leases in d that name key (Lease.names), read without
@@ -395,6 +395,9 @@ func (s *Attacher) releaseAddrRules(d ipamdir.Dir, rec *records.Record) error {
 	_, err := addr.release(&p)
 	if what := slices.Concat(p.rel.What, p.rel.Kept); len(what) > 0 {
 		s.Logf("%s: DEL %s without prevResult: %s", d.Network, rec.Key(), strings.Join(what, "; "))
+	}
+	if addr.kept > 0 {
+		s.countLocked(d, map[string]int{ForwardKeptCount: addr.kept})
 	}
 	return err
 }

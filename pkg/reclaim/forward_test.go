@@ -130,3 +130,23 @@ func TestBeginAddReleasesTheFirewallRulesOfTheEarlierAttachment(t *testing.T) {
 		t.Errorf("Previous = %q", att.Previous)
 	}
 }
+
+// A DEL without prevResult releases the firewall rules of its addresses
+// as a sweep does, and counts one another network leases and keeps, as a
+// sweep counts it (regression: that DEL kept them uncounted).
+func TestDelWithoutPrevResultCountsTheFirewallRulesItKeeps(t *testing.T) {
+	w := newWorld(t)
+	w.container("c1", "10.0.0.3")
+	w.nat.AddForward("10.0.0.3")
+	plantLease(t, w.dataDir, "other-net", "10.0.0.3")
+	w.attach.NoPrevResult = true
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c1", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.nat.Forwards(); !slices.Equal(got, []string{"10.0.0.3"}) {
+		t.Errorf("firewall rules left %q, want those of 10.0.0.3, which other-net leases", got)
+	}
+	if n := w.sweeper.Releases(w.dir())[ForwardKeptCount]; n != 1 {
+		t.Errorf("%s count %d, want 1", ForwardKeptCount, n)
+	}
+}
