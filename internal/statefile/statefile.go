@@ -6,6 +6,7 @@
 package statefile
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -186,6 +188,28 @@ func Printable(s string) string {
 	}
 	q := strconv.QuoteToGraphic(s)
 	return q[1 : len(q)-1]
+}
+
+// PrintableJSON is encoded JSON as it may be printed, as Printable makes a
+// string: encoding/json leaves C1 controls and format characters (bidi
+// overrides) raw, so every character beyond ASCII that is not graphic is
+// written \u-escaped. It can only be inside a string, where the escape
+// decodes to it again.
+func PrintableJSON(b []byte) []byte {
+	if !bytes.ContainsFunc(b, func(r rune) bool { return r >= utf8.RuneSelf && !unicode.IsGraphic(r) }) {
+		return b
+	}
+	var out []byte
+	for _, r := range string(b) {
+		if r < utf8.RuneSelf || unicode.IsGraphic(r) {
+			out = utf8.AppendRune(out, r)
+			continue
+		}
+		for _, u := range utf16.Encode([]rune{r}) {
+			out = fmt.Appendf(out, `\u%04x`, u)
+		}
+	}
+	return out
 }
 
 // InMemory is the one answer to "is this a tmpfs": a filesystem of type

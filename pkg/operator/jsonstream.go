@@ -101,5 +101,5 @@ func (j *jsonStream) End(problems *Problems) error {
 func (j *jsonStream) marshal(v any, prefix string) string {
 	b, err := json.MarshalIndent(v, prefix, "  ")
 	j.keep(err)
-	return string(b)
+	return string(statefile.PrintableJSON(b))
 }

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
@@ -163,11 +164,13 @@ func NewLeasesJSON(w io.Writer, dataDir string) LeasesSink {
 	return newJSONStream(w, "leases", "dataDir", dataDir)
 }
 
-// WriteJSON prints v as indented JSON.
+// WriteJSON prints v as indented JSON (statefile.PrintableJSON).
 func WriteJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err == nil {
+		_, err = w.Write(append(statefile.PrintableJSON(b), '\n'))
+	}
+	return err
 }
 
 // formatAge is coarse on purpose: "3d4h", "2h5m", "7m12s", "9s".

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -610,5 +611,31 @@ func TestTextOutputEscapesWhatFilesAndProcessesSay(t *testing.T) {
 				t.Errorf("%s does not show %s", name, want)
 			}
 		}
+	}
+}
+
+// `leases --json` is printed as the table is: what a planted lease names
+// reaches a terminal escaped. encoding/json leaves C1 controls (U+009B is
+// a CSI) and bidi overrides raw; they are written \u-escaped, and the
+// document decodes to the same container ID.
+func TestLeasesJSONEscapesWhatATerminalWouldObey(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	cid := "c\u202eevil\u009b31m"
+	if err := os.WriteFile(filepath.Join(dataDir, "other", "10.0.0.99"), []byte(cid+"\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var js bytes.Buffer
+	if err := Leases(s, scopeOf(dataDir, []string{"other"}), NewLeasesJSON(&js, dataDir)); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.ContainsFunc(js.Bytes(), func(r rune) bool { return !unicode.IsGraphic(r) && !unicode.IsSpace(r) }) {
+		t.Errorf("leases --json prints raw control or format characters:\n%q", js.String())
+	}
+	var doc LeasesOutput
+	if err := json.Unmarshal(js.Bytes(), &doc); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, js.String())
+	}
+	if !slices.ContainsFunc(doc.Leases, func(r Row) bool { return r.ContainerID == cid }) {
+		t.Errorf("no row of %q in %+v", cid, doc.Leases)
 	}
 }
