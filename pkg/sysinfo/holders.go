@@ -1,6 +1,7 @@
 package sysinfo
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -43,12 +44,7 @@ func (h Holder) String() string {
 // Holders maps each network namespace to what holds it.
 type Holders map[NetnsID][]Holder
 
-func (r *Real) procRoot() string {
-	if r.ProcRoot == "" {
-		return "/proc"
-	}
-	return r.ProcRoot
-}
+func (r *Real) procRoot() string { return cmp.Or(r.ProcRoot, "/proc") }
 
 // NetnsHolders reads, once per call, the network namespace of every process
 // (the thread group leader's /proc/<pid>/ns/net: a stat each, no file
