@@ -75,34 +75,27 @@ func Text(nets []Network) []byte {
 			each(n)
 		}
 	}
-	gauge := func(name, help string, each func(n Network)) { family(name, "gauge", help, each) }
-	gauge("attachments", "Attachments of a network by state, as `leases` judges them.", func(n Network) {
+	// sample is a family of one sample per network, where value has one.
+	sample := func(name, typ, help string, value func(n Network) (any, bool)) {
+		family(name, typ, help, func(n Network) {
+			if v, ok := value(n); ok {
+				fmt.Fprintf(b, "nomad_bridge_cni_%s{network=%q} %v\n", name, n.Name, v)
+			}
+		})
+	}
+	family("attachments", "gauge", "Attachments of a network by state, as `leases` judges them.", func(n Network) {
 		// Each state is written, 0 included, so that an alert on one does
 		// not depend on its having been seen.
 		for _, st := range []reclaim.State{reclaim.Live, reclaim.Pending, reclaim.Stale, reclaim.Detached, reclaim.Unknown} {
 			fmt.Fprintf(b, "nomad_bridge_cni_attachments{network=%q,state=%q} %d\n", n.Name, st, n.Attachments[st])
 		}
 	})
-	gauge("leases", "host-local leases held on a network.", func(n Network) {
-		fmt.Fprintf(b, "nomad_bridge_cni_leases{network=%q} %d\n", n.Name, n.Leases)
-	})
-	gauge("range_addresses", "Addresses in a network's ranges, rangeStart to rangeEnd (from its conflist; absent when none was found).", func(n Network) {
-		if n.RangeSize > 0 {
-			fmt.Fprintf(b, "nomad_bridge_cni_range_addresses{network=%q} %g\n", n.Name, n.RangeSize)
-		}
-	})
-	gauge("orphan_nat_rule_sets", "Containers with NAT rules on a network but no lease or record.", func(n Network) {
-		fmt.Fprintf(b, "nomad_bridge_cni_orphan_nat_rule_sets{network=%q} %d\n", n.Name, n.OrphanRules)
-	})
-	gauge("skipped_files", "Damaged or foreign files in a network's directories, skipped: neither judged nor counted (`leases` lists them).", func(n Network) {
-		fmt.Fprintf(b, "nomad_bridge_cni_skipped_files{network=%q} %d\n", n.Name, n.Skipped)
-	})
-	gauge("last_check_sweep_age_seconds", "Seconds since a CHECK last swept a network in this boot (absent when none did).", func(n Network) {
-		if n.LastSweepAge >= 0 {
-			fmt.Fprintf(b, "nomad_bridge_cni_last_check_sweep_age_seconds{network=%q} %g\n", n.Name, n.LastSweepAge)
-		}
-	})
-	gauge("data_dir_tmpfs", "1 when a network's data dir is a tmpfs (leases die with the boot), 0 when it is not (absent when statfs failed).", func(n Network) {
+	sample("leases", "gauge", "host-local leases held on a network.", func(n Network) (any, bool) { return n.Leases, true })
+	sample("range_addresses", "gauge", "Addresses in a network's ranges, rangeStart to rangeEnd (from its conflist; absent when none was found).", func(n Network) (any, bool) { return n.RangeSize, n.RangeSize > 0 })
+	sample("orphan_nat_rule_sets", "gauge", "Containers with NAT rules on a network but no lease or record.", func(n Network) (any, bool) { return n.OrphanRules, true })
+	sample("skipped_files", "gauge", "Damaged or foreign files in a network's directories, skipped: neither judged nor counted (`leases` lists them).", func(n Network) (any, bool) { return n.Skipped, true })
+	sample("last_check_sweep_age_seconds", "gauge", "Seconds since a CHECK last swept a network in this boot (absent when none did).", func(n Network) (any, bool) { return n.LastSweepAge, n.LastSweepAge >= 0 })
+	family("data_dir_tmpfs", "gauge", "1 when a network's data dir is a tmpfs (leases die with the boot), 0 when it is not (absent when statfs failed).", func(n Network) {
 		if n.TmpfsKnown {
 			fmt.Fprintf(b, "nomad_bridge_cni_data_dir_tmpfs{network=%q,data_dir=\"%s\"} %d\n", n.Name, labelValue(n.DataDir), map[bool]int{true: 1}[n.Tmpfs])
 		}
@@ -114,9 +107,7 @@ func Text(nets []Network) []byte {
 			}
 		}
 	})
-	family("firewall_rules_kept_total", "counter", "Addresses of released attachments whose firewall plugin rules (CNI-FORWARD) were kept because another network leases the address, counted across runs.", func(n Network) {
-		fmt.Fprintf(b, "nomad_bridge_cni_firewall_rules_kept_total{network=%q} %d\n", n.Name, n.Releases[reclaim.ForwardKeptCount])
-	})
+	sample("firewall_rules_kept_total", "counter", "Addresses of released attachments whose firewall plugin rules (CNI-FORWARD) were kept because another network leases the address, counted across runs.", func(n Network) (any, bool) { return n.Releases[reclaim.ForwardKeptCount], true })
 	// Written as 0 too: increase() sees the first refusal only if the
 	// series was there before it.
 	family("add_refusals_total", "counter", "ADDs refused because the container's earlier attachment is still in a live namespace (detached, or attached elsewhere), counted across runs.", func(n Network) {
