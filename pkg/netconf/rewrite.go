@@ -47,11 +47,9 @@ func (c *Config) renderGC(pluginType, cniVersion string, valid []types.GCAttachm
 		valid = []types.GCAttachment{}
 	}
 	return c.render(pluginType, c.DataDir, func(out map[string]json.RawMessage) error {
-		for k := range out {
-			if strings.EqualFold(k, keyValidAttachments) || strings.EqualFold(k, keyAttachments) {
-				delete(out, k)
-			}
-		}
+		maps.DeleteFunc(out, func(k string, _ json.RawMessage) bool {
+			return strings.EqualFold(k, keyValidAttachments) || strings.EqualFold(k, keyAttachments)
+		})
 		if cniVersion != "" {
 			if err := setJSON(out, "cniVersion", cniVersion); err != nil {
 				return err
@@ -70,11 +68,7 @@ func (c *Config) render(pluginType, dataDir string, edit func(map[string]json.Ra
 	}
 	ipam := maps.Clone(c.ipam)
 	// Parse allowed one spelling; host-local must read ours only.
-	for k := range ipam {
-		if strings.EqualFold(k, keyDataDir) {
-			delete(ipam, k)
-		}
-	}
+	maps.DeleteFunc(ipam, func(k string, _ json.RawMessage) bool { return strings.EqualFold(k, keyDataDir) })
 	if err := setJSON(ipam, keyDataDir, dataDir); err != nil {
 		return nil, err
 	}
