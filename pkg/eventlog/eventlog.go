@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -59,7 +60,7 @@ const maxBackups = 5
 type Log struct {
 	out   io.WriteCloser
 	level Level
-	base  map[string]string
+	base  map[string]any // the attachment's fields that are set
 	now   func() time.Time
 }
 
@@ -116,7 +117,8 @@ func checkDirs(path string) error {
 }
 
 func newLog(out io.WriteCloser, level Level, a Attachment) *Log {
-	base := map[string]string{"command": a.Command, "network": a.Network, "containerID": a.ContainerID, "ifName": a.IfName, "netns": a.Netns}
+	base := map[string]any{"command": a.Command, "network": a.Network, "containerID": a.ContainerID, "ifName": a.IfName, "netns": a.Netns}
+	maps.DeleteFunc(base, func(_ string, v any) bool { return v == "" })
 	return &Log{out: out, level: level, base: base, now: time.Now}
 }
 
@@ -127,14 +129,8 @@ func (l *Log) Event(level Level, event, message string, extra map[string]any) {
 		return
 	}
 	line := map[string]any{"time": l.now().UTC().Format(time.RFC3339Nano), "level": levels[level], "event": event, "message": message, "pid": os.Getpid()}
-	for k, v := range l.base {
-		if v != "" {
-			line[k] = v
-		}
-	}
-	for k, v := range extra {
-		line[k] = v
-	}
+	maps.Copy(line, l.base)
+	maps.Copy(line, extra)
 	b, err := json.Marshal(line)
 	if err != nil {
 		return
