@@ -37,13 +37,9 @@ var Names = []string{"podman", "nomad", "cri"}
 // a client linked into the plugin would cost every CNI verb its start-up
 // (an HTTP client: 3 MB more to page in).
 func New(name string) (Lister, error) {
-	switch name {
-	case "podman":
-		return &Podman{Command: "podman"}, nil
-	case "nomad":
-		return &Nomad{Command: "nomad"}, nil
-	case "cri":
-		return &CRI{Command: "crictl"}, nil
+	listers := map[string]Lister{"podman": &Podman{Command: "podman"}, "nomad": &Nomad{Command: "nomad"}, "cri": &CRI{Command: "crictl"}}
+	if l, ok := listers[name]; ok {
+		return l, nil
 	}
 	return nil, fmt.Errorf("unknown runtime %q: one of %s", name, strings.Join(Names, ", "))
 }
