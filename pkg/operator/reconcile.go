@@ -17,7 +17,6 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
-	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/runtimes"
 )
 
@@ -42,7 +41,8 @@ type Reconcile struct {
 	missing map[ipamdir.Dir]map[string]time.Time
 }
 
-// unlistedState is ipamdir.UnlistedMarker's content.
+// unlistedState is ipamdir.UnlistedMarker's content; it names each
+// attachment as its record is named (ipamdir.RecordName).
 type unlistedState struct {
 	Runtime      string               `json:"runtime"`
 	MissingSince map[string]time.Time `json:"missingSince"`
@@ -60,7 +60,7 @@ func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool
 		if r.Listing.IDs[a.Key.ContainerID] {
 			return "", false
 		}
-		key := unlistedKey(a.Key)
+		key := ipamdir.RecordName(a.Key.ContainerID, a.Key.IfName)
 		since, seen := before[key]
 		if !seen {
 			since = r.Now
@@ -79,7 +79,7 @@ func (r *Reconcile) For(d ipamdir.Dir) func(a *reclaim.Attachment) (string, bool
 // the next run finds it missing afresh) and removes, with RemoveMounts,
 // the nsfs mount that alone kept its namespace, or says why not.
 func (r *Reconcile) released(d ipamdir.Dir, rel *reclaim.Release, dryRun bool) {
-	delete(r.missing[d], unlistedKey(rel.Key))
+	delete(r.missing[d], ipamdir.RecordName(rel.Key.ContainerID, rel.Key.IfName))
 	if rel.HeldBy == nil {
 		return
 	}
@@ -123,9 +123,6 @@ func created(a *reclaim.Attachment) time.Time {
 	}
 	return t
 }
-
-// unlistedKey names an attachment in ipamdir.UnlistedMarker.
-func unlistedKey(k records.Key) string { return k.ContainerID + "@" + k.IfName }
 
 func (r *Reconcile) load(d ipamdir.Dir) map[string]time.Time {
 	b, err := statefile.ReadFileNoFollow(d.Marker(ipamdir.UnlistedMarker))
