@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -46,10 +47,8 @@ func NewScope(dataDir string, dirs []ipamdir.Dir, nets []*conflists.Network) Sco
 // Request is the sweep of one network of the scope, before the command
 // says what to do with it.
 func (sc Scope) Request(d ipamdir.Dir) reclaim.Request {
-	legacy, ok := sc.LegacyDataDirs[d.Network]
-	if !ok {
-		legacy = ipamdir.DefaultLegacyDataDir
-	}
+	// A conflist's legacy dir is never "" (netconf.Parse).
+	legacy := cmp.Or(sc.LegacyDataDirs[d.Network], ipamdir.DefaultLegacyDataDir)
 	return reclaim.Request{Dir: d, LegacyDataDir: legacy, OtherDataDirs: sc.others()}
 }
 
