@@ -55,22 +55,21 @@ func (p *Problems) Each(fn func(string)) error {
 	if p.err != nil || p.spill == nil {
 		return p.err
 	}
-	if err := p.w.Flush(); err != nil {
-		return fmt.Errorf("spool problems: %w", err)
-	}
-	if _, err := p.spill.Seek(0, io.SeekStart); err != nil {
-		return fmt.Errorf("spool problems: %w", err)
+	err := p.w.Flush()
+	if err == nil {
+		_, err = p.spill.Seek(0, io.SeekStart)
 	}
 	dec := json.NewDecoder(p.spill)
-	for {
+	for err == nil {
 		var s string
-		if err := dec.Decode(&s); err == io.EOF {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("spool problems: %w", err)
+		if err = dec.Decode(&s); err == nil {
+			fn(s)
 		}
-		fn(s)
 	}
+	if err == io.EOF {
+		return nil
+	}
+	return fmt.Errorf("spool problems: %w", err)
 }
 
 // Close drops the spill file.
