@@ -59,6 +59,9 @@ func TestLinesBecomeEventsOfTheirKind(t *testing.T) {
 		if got[i]["event"] != ev || got[i]["command"] != "CHECK" || got[i]["network"] != "nomad" || got[i]["containerID"] != "c1" || got[i]["time"] != "2025-12-02T07:20:00Z" {
 			t.Errorf("line %d = %v, want event %s with the attachment", i, got[i], ev)
 		}
+		if _, ok := got[i]["netns"]; ok {
+			t.Errorf("line %d = %v: an attachment field not set is written", i, got[i])
+		}
 	}
 	if got[0]["message"] != "nomad: released c2/eth0 172.26.64.3: namespace /var/run/netns/x is gone; removed lease 172.26.64.3, record" {
 		t.Errorf("message = %q", got[0]["message"])
