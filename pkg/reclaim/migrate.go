@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/utils"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/crashpoint"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -148,13 +150,24 @@ func (s *Migrator) move(d ipamdir.Dir, dir *leaseDir, legacyDir string, bootTime
 // cached at ADD, plain bridge on the legacy directory, which releases only
 // the legacy copy. While that copy exists the attachment is alive
 // (migratedVerdict). A lease written before host-local recorded ifnames,
-// or an attachment that already has a record, fails here: its legacy
-// lease is removed instead. A migrated record of this boot is no such
-// record but this migration's own, left by a run killed before its marker:
-// it is written again, and the legacy lease stays.
+// one naming a container ID or ifname no runtime could have given (the
+// record's file name is made of them), or an attachment that already has
+// a record, fails here: its legacy lease is removed instead. A migrated
+// record of this boot is no such record but this migration's own, left by
+// a run killed before its marker: it is written again, and the legacy
+// lease stays.
 func recordMigrated(store *records.Store, k records.Key, leases []Lease, bootID string) error {
 	if k.IfName == "" {
 		return errors.New("lease names no ifname")
+	}
+	// The record's file name is made of them: only what skel lets a
+	// runtime pass host-local, never a '/' that climbs out of the record
+	// directory (a legacy lease is a file, read back as such).
+	if e := utils.ValidateContainerID(k.ContainerID); e != nil {
+		return fmt.Errorf("lease names no valid container ID: %s", e.Msg)
+	}
+	if e := utils.ValidateInterfaceName(k.IfName); e != nil {
+		return fmt.Errorf("lease names no valid ifname: %s", e.Msg)
 	}
 	if old, err := store.Read(k); err != nil || old != nil && (old.State != records.Migrated || old.BootID != bootID) {
 		return fmt.Errorf("already has a record (%v)", err)

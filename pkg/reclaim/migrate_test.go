@@ -417,3 +417,44 @@ func TestMigrateKeepsThisBootsLegacyLeaseOfAnAttachmentWithAnOlderOne(t *testing
 	}
 	equal(t, "leases", w.leases(), []string{"fd00::2"})
 }
+
+// A legacy lease is a file, and what it names is read back as such: the
+// migration builds a record's file name from it, which must stay one name
+// in the record directory (SECURITY.md: "cannot contain / or climb out of
+// its directory"). Regression: a legacy lease naming ifname
+// "../../../<path>" (or such a container ID) made a migration (run by an
+// ADD, a CHECK or gc, as root) write a record at <path>, anywhere.
+func TestMigrateWritesNoRecordOutsideTheRecordDirectory(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	outside := t.TempDir()
+	victim := filepath.Join(outside, "victim")
+	if err := os.WriteFile(victim, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// From the record directory, <dataDir>/.nomad-bridge-cni/<net>: one
+	// ".." undoes "<cid>@..", two more reach the data dir.
+	rel, err := filepath.Rel(w.dataDir, victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := bootTime.Add(time.Minute)
+	w.legacyLease(legacy, "10.0.0.2", "c1\r\n../../../"+rel, running)
+	w.legacyLease(legacy, "10.0.0.3", "../../../"+rel+"\r\neth0", running)
+	w.legacyLease(legacy, "10.0.0.4", "ok\r\neth0", running)
+
+	_ = w.migrate.Migrate(w.dir(), legacy)
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "precious" {
+		t.Errorf("%s = %q, %v: the migration wrote outside the record directory", victim, b, err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 1 {
+		t.Errorf("the migration created files in %s: %v", outside, entries)
+	}
+	if entries, _ := os.ReadDir(w.dataDir); len(entries) != 2 {
+		t.Errorf("the migration created files in the data dir's root: %v", entries)
+	}
+	// The valid one is migrated as ever.
+	if r, err := records.NewStore(w.dir()).Read(records.Key{ContainerID: "ok", IfName: "eth0"}); err != nil || r == nil || r.State != records.Migrated {
+		t.Errorf("record of the valid legacy lease = %+v, %v", r, err)
+	}
+}
