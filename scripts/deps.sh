@@ -22,6 +22,7 @@ unit       ip6tables                iptables          NAT rule tests (IPv6)
 unit       nft                      nftables          nftables rule tests
 unit       update-ca-certificates   ca-certificates   Go downloads modules over HTTPS
 unit       mkfs.ext4                e2fsprogs         tests that need a directory off tmpfs make one
+unit       strace                   strace            a re-ADD test fails a directory listing (getdents64) by fault injection
 e2e        ip                       iproute2          network namespaces, veths and addresses
 e2e        iptables                 iptables          bridge, portmap and firewall rules
 e2e        ip6tables                iptables          bridge, portmap and firewall rules (IPv6)

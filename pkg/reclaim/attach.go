@@ -217,25 +217,28 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 	return withLeases(d, func(leases *leaseDir) error {
 		a := &Attachment{Key: old.Key(), Record: old, Verdict: v}
 		// One read of the directory, as a sweep does (disk.Store.ReleaseByID
-		// would walk into planted subdirectories and follow symlinks).
+		// would walk into planted subdirectories and follow symlinks). A
+		// listing cut short may have missed some: nothing goes, and the
+		// record stays to name them.
 		var err error
-		a.Leases, err = leases.naming(a.Key)
-		errs := []error{err}
+		if a.Leases, err = leases.naming(a.Key); err != nil {
+			return err
+		}
 		sortLeases(a.Leases)
 		p := pendingRelease{a: a, rel: releaseOf(a)}
 		removed, err := s.ReleaseNAT(d, old.Key())
 		p.rel.What = append(p.rel.What, removed...)
 		if err != nil {
-			return errors.Join(append(errs, err)...)
+			return err
 		}
 		addr := addrRules{nf: s.Netfilter, own: d, roots: leaseRoots(d, s.LegacyDataDir, nil)}
 		released, err := finishRelease(&addr, leases, records.NewStore(d), &p)
-		if errs = append(errs, err); !released {
-			return errors.Join(errs...)
+		if !released {
+			return err
 		}
 		s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: addr.kept})
 		s.Logf("%s: released %s", d.Network, p.rel)
-		return errors.Join(errs...)
+		return err
 	})
 }
 
