@@ -17,6 +17,7 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // listingChildEnv names the data dir in which this test binary, run again
@@ -39,10 +40,10 @@ func TestReAddStopsWhenItsLeasesCannotBeListed(t *testing.T) {
 	}
 	strace, err := exec.LookPath("strace")
 	if err != nil {
-		t.Skip("needs strace")
+		testhost.SkipOrFail(t, "needs strace (scripts/deps.sh installs it)")
 	}
 	if out, err := exec.Command(strace, "-f", "-qq", "-o", "/dev/null", os.Args[0], "-test.run=^$").CombinedOutput(); err != nil {
-		t.Skipf("strace cannot trace here: %v\n%s", err, out)
+		testhost.SkipOrFail(t, fmt.Sprintf("strace cannot trace here: %v\n%s", err, out))
 	}
 	key := records.Key{ContainerID: "c1", IfName: "eth0"}
 	hit := false
