@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -44,5 +46,66 @@ func TestAddWithIPAMDataDirNamingTheDataDirThroughALink(t *testing.T) {
 	}
 	if strings.Contains(h.stderr.String(), "migrated") {
 		t.Errorf("the dataDir was migrated onto itself: %s", h.stderr.String())
+	}
+}
+
+// An ADD host-local refuses because the container already holds an
+// address ("duplicate allocation is not allowed") made nothing: the lease
+// it ran into is an earlier attachment's, and the failed ADD's clean-up
+// (Abort) must leave it (docs/reclaim.md: a lease from this boot with no
+// record is never released). Regression: Abort released every lease
+// naming the attachment, so the refused ADD took the address of a
+// container that may still run with it (host-local then hands it out
+// again), and its NAT rules. Such a lease is in the data dir, written by
+// something else, or copied there by the migration this same ADD ran (a
+// container the bare bridge chain added, ADDed again right after the
+// one-word edit: the migration found the ADD's pending record, kept the
+// copy and removed the legacy lease). One from before this boot is stale,
+// and still goes.
+func TestRefusedADDKeepsTheLeaseItRanInto(t *testing.T) {
+	for _, where := range []string{"data-dir", "legacy-dir", "data-dir-before-boot"} {
+		t.Run(where, func(t *testing.T) {
+			h := newHarness(t, "bridge")
+			legacy := t.TempDir()
+			h.served()
+			dir := filepath.Join(h.dataDir, "nomad")
+			if where == "legacy-dir" {
+				dir = filepath.Join(legacy, "nomad")
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			written := time.Now().Add(-time.Minute) // this boot (the fake host booted in 2025)
+			if where == "data-dir-before-boot" {
+				written = h.host.Boot.Add(-time.Hour)
+			}
+			lease := filepath.Join(dir, "172.26.64.5")
+			if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(lease, written, written); err != nil {
+				t.Fatal(err)
+			}
+			h.exec.fail["bridge ADD"] = types.NewError(types.ErrInternal, "failed to allocate for range 0: 172.26.64.5 has been allocated to c1, duplicate allocation is not allowed", "")
+			conf := bytes.Replace(h.conf("1.0.0", ""), []byte(`"type":"host-local"`), []byte(`"type":"host-local","dataDir":"`+legacy+`"`), 1)
+			if err := h.plugin.Funcs().Add(h.args(conf)); err == nil {
+				t.Fatal("ADD succeeded")
+			}
+			var left []string
+			for _, d := range []string{filepath.Join(h.dataDir, "nomad"), filepath.Join(legacy, "nomad")} {
+				if b, err := os.ReadFile(filepath.Join(d, "172.26.64.5")); err == nil && string(b) == "c1\r\neth0" {
+					left = append(left, d)
+				}
+			}
+			switch {
+			case where == "data-dir-before-boot" && len(left) != 0:
+				t.Errorf("the lease from before this boot stayed in %v", left)
+			case where != "data-dir-before-boot" && len(left) == 0:
+				t.Errorf("no lease of c1 is left: the refused ADD released the one it ran into; stderr:\n%s", h.stderr.String())
+			}
+			if _, err := os.Lstat(filepath.Join(h.dataDir, ipamdir.RecordDirName, "nomad", "c1@eth0")); err == nil {
+				t.Error("the refused ADD left its pending record")
+			}
+		})
 	}
 }

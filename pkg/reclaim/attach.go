@@ -296,9 +296,13 @@ func (a *PendingAdd) Complete(ips []string) error {
 // the leases of the attachment, then its pending record (bridge's own
 // rollback leaves a reservation host-local could not finish on a full
 // tmpfs). If something cannot go, the pending record stays, and a sweep
-// finishes once the ADD's processes are gone.
+// finishes once the ADD's processes are gone. Of an ADD that ran into an
+// earlier attachment's leases (ranIntoEarlier), only the record goes.
 func (a *PendingAdd) Abort() error {
 	defer a.Close()
+	if a.ranIntoEarlier() {
+		return records.NewStore(a.dir).Remove(a.Record.Key())
+	}
 	if _, err := a.attacher.ReleaseNAT(a.dir, a.Record.Key()); err != nil {
 		return fmt.Errorf("release the NAT rules of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
@@ -306,6 +310,26 @@ func (a *PendingAdd) Abort() error {
 		return fmt.Errorf("release the leases of the failed ADD of %s: %w", a.Record.Key(), err)
 	}
 	return records.NewStore(a.dir).Remove(a.Record.Key())
+}
+
+// ranIntoEarlier reports whether a lease of this boot named the attachment
+// before its pending record was written: an earlier attachment's with no
+// record (written by something else, or copied by the migration this ADD
+// ran), which a sweep never releases and which host-local refused the ADD
+// for ("duplicate allocation is not allowed"), having made nothing. The
+// record's mtime and a lease's come from the same kernel clock; asked only
+// of a failed ADD, so an ADD that succeeds reads no lease for it. What
+// cannot be told is the ADD's to undo, as ever.
+func (a *PendingAdd) ranIntoEarlier() bool {
+	if a.lock == nil {
+		return false
+	}
+	written, err := a.lock.Stat()
+	boot, berr := a.attacher.Host.BootTime()
+	leases, lerr := leasesOf(a.dir, a.Record.Key())
+	return err == nil && berr == nil && lerr == nil && slices.ContainsFunc(leases, func(l Lease) bool {
+		return !l.ModTime.Before(boot) && l.ModTime.Before(written.ModTime())
+	})
 }
 
 // ReleaseLeasesOf removes, under host-local's lock, the leases that
