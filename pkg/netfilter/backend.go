@@ -58,20 +58,11 @@ func (c *Cleaner) Backends() []Backend {
 	return []Backend{iptablesBackend{c}, c.NFTables}
 }
 
-// ReleaseContainer releases one attachment's NAT rules in every backend,
-// without a prior listing: the DEL and re-ADD paths. It returns what it
-// removed.
-func (c *Cleaner) ReleaseContainer(network, ifname, containerID string) ([]string, error) {
-	return c.release(network, ifname, containerID, true)
-}
-
-// ReleaseOwnRules is ReleaseContainer in the backends whose rules are the
-// attachment's own (nftables), not its container's (iptables).
-func (c *Cleaner) ReleaseOwnRules(network, ifname, containerID string) ([]string, error) {
-	return c.release(network, ifname, containerID, false)
-}
-
-func (c *Cleaner) release(network, ifname, containerID string, shared bool) ([]string, error) {
+// ReleaseAttachment releases one attachment's NAT rules without a prior
+// listing: the DEL and re-ADD paths. shared says whether the rules its
+// container's attachments share (iptables) go too, or only its own
+// (nftables). It returns what it removed.
+func (c *Cleaner) ReleaseAttachment(network, ifname, containerID string, shared bool) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, b := range c.Backends() {

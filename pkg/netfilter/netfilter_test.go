@@ -170,7 +170,7 @@ func TestReleaseFindsAPortmapJumpWhoseCommentWasCut(t *testing.T) {
 	}
 }
 
-// ReleaseContainer releases one attachment's rules in every backend: its
+// ReleaseAttachment releases one attachment's rules in every backend: its
 // container's iptables rules, its own nftables rules, nobody else's.
 func TestReleaseContainerInEveryBackend(t *testing.T) {
 	f := fakenat.New()
@@ -181,7 +181,7 @@ func TestReleaseContainerInEveryBackend(t *testing.T) {
 	nft.Add("nomad", "gone", "eth1")
 	nft.Add("nomad", "live", "eth0")
 	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}, NFTables: nft}
-	removed, err := c.ReleaseContainer("nomad", "eth0", "gone")
+	removed, err := c.ReleaseAttachment("nomad", "eth0", "gone", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestReleaseContainerInEveryBackend(t *testing.T) {
 		t.Errorf("removed %v, want the iptables rules, then the nftables ones", removed)
 	}
 	nft.Fail = errors.New("netlink: no")
-	if _, err := c.ReleaseContainer("nomad", "eth1", "gone"); err == nil || !strings.Contains(err.Error(), "nftables") {
+	if _, err := c.ReleaseAttachment("nomad", "eth1", "gone", true); err == nil || !strings.Contains(err.Error(), "nftables") {
 		t.Errorf("a failed nftables release: %v", err)
 	}
 }

@@ -146,7 +146,7 @@ func TestDELReleaseAsksNobody(t *testing.T) {
 		t.Fatal("a DEL asked whether a CNI command of its container runs")
 		return nil, nil
 	}}
-	removed, err := c.ReleaseContainer("nomad", "eth0", "dead")
+	removed, err := c.ReleaseAttachment("nomad", "eth0", "dead", true)
 	if err != nil || len(removed) != 4 || f.Owns("nomad", "dead") {
 		t.Fatalf("removed %v, %v; owns %v", removed, err, f.Owns("nomad", "dead"))
 	}

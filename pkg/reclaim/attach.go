@@ -254,7 +254,7 @@ func (s *Attacher) ReleaseNAT(d ipamdir.Dir, key records.Key) ([]string, error) 
 	if err != nil || s.Netfilter == nil || len(others) > 0 {
 		return nil, err
 	}
-	return s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
+	return s.Netfilter.ReleaseAttachment(d.Network, key.IfName, key.ContainerID, true)
 }
 
 // tornDown reports whether rec names addresses and the delegate tore down
@@ -379,13 +379,10 @@ func (s *Attacher) EndDel(d ipamdir.Dir, key records.Key) error {
 		return err
 	}
 	var removed []string
-	switch {
-	case s.Netfilter == nil || len(others) > 0:
-		// All stays, key's nftables rules too (see ReleaseNAT).
-	case tornDown(rec, s.TornDown):
-		removed, err = s.Netfilter.ReleaseOwnRules(d.Network, key.IfName, key.ContainerID)
-	default:
-		removed, err = s.Netfilter.ReleaseContainer(d.Network, key.IfName, key.ContainerID)
+	// Another attachment of the container ID keeps them all, key's
+	// nftables rules too (see ReleaseNAT).
+	if s.Netfilter != nil && len(others) == 0 {
+		removed, err = s.Netfilter.ReleaseAttachment(d.Network, key.IfName, key.ContainerID, !tornDown(rec, s.TornDown))
 	}
 	if len(removed) > 0 {
 		s.Logf("%s: DEL %s: removed what bridge left: %s", d.Network, key, strings.Join(removed, ", "))
