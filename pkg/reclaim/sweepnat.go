@@ -137,11 +137,7 @@ func (w *sweep) releaseStale() {
 	for _, p := range w.stale {
 		w.causes[p.a.Verdict.Cause]++
 		shared := false
-		for i, b := range w.backends {
-			if owner, ok := b.OwnerOf(w.req.Dir.Network, p.a.Key.ContainerID, p.a.Key.IfName); ok && b.Shared() && len(w.rules[i].Owned(owner)) > 0 {
-				shared = true
-			}
-		}
+		w.each(p.a.Key, true, func(i int, owner string) { shared = shared || len(w.rules[i].Owned(owner)) > 0 })
 		if shared {
 			w.natWait = append(w.natWait, p)
 		} else {
