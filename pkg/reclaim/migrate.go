@@ -81,7 +81,6 @@ func (s *Migrator) move(d ipamdir.Dir, dir *leaseDir, legacyDir string, bootTime
 		return err
 	}
 	moved, dropped := 0, 0
-	recStore := records.NewStore(d)
 	unrecorded := map[records.Key]bool{}
 	kept := map[records.Key]bool{}
 	// This boot's leases, by attachment.
@@ -103,7 +102,7 @@ func (s *Migrator) move(d ipamdir.Dir, dir *leaseDir, legacyDir string, bootTime
 		// attachment's runtime DELs its legacy lease. A run killed
 		// between a copy and its record left a lease nothing names,
 		// which no sweep releases, if that DEL came before the next run.
-		recErr := recordMigrated(recStore, k, ofKey[k], bootID)
+		recErr := recordMigrated(d, k, ofKey[k], bootID)
 		for _, l := range ofKey[k] {
 			target := d.Lease(l.IP)
 			copied, err := copyLease(l, target)
@@ -156,7 +155,7 @@ func (s *Migrator) move(d ipamdir.Dir, dir *leaseDir, legacyDir string, bootTime
 // record of this boot is no such record but this migration's own, left by
 // a run killed before its marker: it is written again, and the legacy
 // lease stays.
-func recordMigrated(store *records.Store, k records.Key, leases []Lease, bootID string) error {
+func recordMigrated(d ipamdir.Dir, k records.Key, leases []Lease, bootID string) error {
 	if k.IfName == "" {
 		return errors.New("lease names no ifname")
 	}
@@ -169,10 +168,11 @@ func recordMigrated(store *records.Store, k records.Key, leases []Lease, bootID 
 	if e := utils.ValidateInterfaceName(k.IfName); e != nil {
 		return fmt.Errorf("lease names no valid ifname: %s", e.Msg)
 	}
+	store := records.NewStore(d)
 	if old, err := store.Read(k); err != nil || old != nil && (old.State != records.Migrated || old.BootID != bootID) {
 		return fmt.Errorf("already has a record (%v)", err)
 	}
-	rec := &records.Record{Version: records.FormatVersion, Network: store.Network(), ContainerID: k.ContainerID, IfName: k.IfName,
+	rec := &records.Record{Version: records.FormatVersion, Network: d.Network, ContainerID: k.ContainerID, IfName: k.IfName,
 		BootID: bootID, Created: leases[0].ModTime.UTC(), State: records.Migrated}
 	for _, l := range leases {
 		rec.LegacyLeases = append(rec.LegacyLeases, l.Path)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
@@ -59,10 +58,6 @@ func openLocked(path string) (*os.File, error) {
 	}
 	return f, nil
 }
-
-// PathOf is the file of k's record, which the processes of its pending
-// ADD hold open (WriteLocked).
-func (s *Store) PathOf(k Key) string { return filepath.Join(s.dir, fileName(k)) }
 
 // AddRunning reports whether a process of the ADD that wrote k's record
 // still holds its lock (WriteLocked). A record that is gone has no ADD

@@ -96,11 +96,6 @@ func NewStore(d ipamdir.Dir) *Store {
 	return &Store{dir: d.Records(), network: d.Network}
 }
 
-// Network is the network whose records these are.
-func (s *Store) Network() string { return s.network }
-
-func fileName(k Key) string { return ipamdir.RecordName(k.ContainerID, k.IfName) }
-
 // Write stores r atomically (statefile.WriteAtomic).
 func (s *Store) Write(r *Record) error { return s.write(r, nil) }
 
@@ -114,7 +109,7 @@ func (s *Store) write(r *Record, beforeRename func(tmp string) error) error {
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", r.Key(), err)
 	}
-	if err := statefile.WriteAtomic(filepath.Join(s.dir, fileName(r.Key())), b, beforeRename); err != nil {
+	if err := statefile.WriteAtomic(s.PathOf(r.Key()), b, beforeRename); err != nil {
 		return fmt.Errorf("store record %s: %w", r.Key(), err)
 	}
 	return nil
@@ -142,9 +137,15 @@ func (s *Store) RemoveAbandonedTemps(temps map[string]int, running func(pid int)
 	return removed, errors.Join(errs...)
 }
 
+// PathOf is the file of k's record, which the processes of its pending
+// ADD hold open (WriteLocked).
+func (s *Store) PathOf(k Key) string {
+	return filepath.Join(s.dir, ipamdir.RecordName(k.ContainerID, k.IfName))
+}
+
 // Read returns the record of k, or nil when there is none.
 func (s *Store) Read(k Key) (*Record, error) {
-	r, err := s.readFile(fileName(k))
+	r, err := s.readFile(ipamdir.RecordName(k.ContainerID, k.IfName))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

@@ -316,3 +316,5 @@ func firstDiff(a, b []string) int {
 	}
 	return min(len(a), len(b))
 }
+
+func fileName(k Key) string { return ipamdir.RecordName(k.ContainerID, k.IfName) }
