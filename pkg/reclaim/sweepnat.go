@@ -12,7 +12,8 @@ import (
 
 // startNAT finds the backends, and whether an owned network's rules are to
 // be listed for orphans (listedForOrphans): always, but on a CHECK whose
-// ruleset is the one in which an earlier listing found none.
+// ruleset is the one in which a listing of this boot found none
+// (noteNATChecked).
 func (w *sweep) startNAT() {
 	if w.Netfilter != nil {
 		w.backends = w.Netfilter.Backends()
@@ -20,7 +21,11 @@ func (w *sweep) startNAT() {
 	w.listedForOrphans = w.owned && w.Netfilter != nil
 	if w.listedForOrphans && w.req.SkipUnchangedNAT {
 		w.natState = w.Netfilter.State()
-		w.listedForOrphans = w.natState == (netfilter.RulesetState{}) || w.natChecked() != w.natState
+		if w.natState != (netfilter.RulesetState{}) {
+			var checked natCheckedState
+			readJSONMarker(w.req.Dir, ipamdir.NATCheckedMarker, &checked)
+			w.listedForOrphans = checked != natCheckedState{Boot: w.judge.bootID, RulesetState: w.natState}
+		}
 	}
 	w.owners = make([]ownerSets, len(w.backends))
 }
@@ -29,17 +34,6 @@ func (w *sweep) startNAT() {
 type natCheckedState struct {
 	Boot string `json:"boot"`
 	netfilter.RulesetState
-}
-
-// natChecked is the ruleset state in which a sweep of this boot last
-// found no orphan rule; zero if none.
-func (w *sweep) natChecked() netfilter.RulesetState {
-	var c natCheckedState
-	readJSONMarker(w.req.Dir, ipamdir.NATCheckedMarker, &c)
-	if c.Boot != w.judge.bootID {
-		return netfilter.RulesetState{}
-	}
-	return c.RulesetState
 }
 
 // noteNATChecked notes, for a CHECK's next sweep, the ruleset state in
