@@ -61,7 +61,7 @@ func (e *BusyError) Error() string {
 // found the second time, leaves both).
 func (r *iptablesRules) Release(owners []string) (map[string][]string, map[string]error) {
 	removed, failed := map[string][]string{}, map[string]error{}
-	busy := r.busy(r.withPortmapChain(owners), false)
+	busy := r.busy(owners, false)
 	var emptied []string
 	for _, cid := range owners {
 		if b, ok := busy[cid]; ok {
@@ -76,7 +76,7 @@ func (r *iptablesRules) Release(owners []string) (map[string][]string, map[strin
 		}
 		emptied = append(emptied, cid)
 	}
-	busy = r.busy(r.withPortmapChain(emptied), true)
+	busy = r.busy(emptied, true)
 	for _, cid := range emptied {
 		if b, ok := busy[cid]; ok {
 			failed[cid] = b
@@ -97,10 +97,17 @@ func (r *iptablesRules) Release(owners []string) (map[string][]string, map[strin
 	return removed, failed
 }
 
-// busy asks Cleaner.Running about cids, unless nobody is to be asked; a
-// failed question makes every one of them busy.
-func (r *iptablesRules) busy(cids []string, emptied bool) map[string]*BusyError {
+// busy asks Cleaner.Running about the owners with a portmap chain in some
+// family, unless nobody is to be asked; a failed question makes every one
+// of them busy.
+func (r *iptablesRules) busy(owners []string, emptied bool) map[string]*BusyError {
 	busy := map[string]*BusyError{}
+	var cids []string
+	for _, cid := range owners {
+		if slices.ContainsFunc(r.families, func(fr familyRules) bool { return fr.chains[r.portmapChain(cid)] }) {
+			cids = append(cids, cid)
+		}
+	}
 	if len(cids) == 0 || r.running == nil {
 		return busy
 	}
@@ -114,17 +121,6 @@ func (r *iptablesRules) busy(cids []string, emptied bool) map[string]*BusyError 
 		}
 	}
 	return busy
-}
-
-// withPortmapChain are the owners with a portmap chain in some family.
-func (r *iptablesRules) withPortmapChain(owners []string) []string {
-	var out []string
-	for _, cid := range owners {
-		if slices.ContainsFunc(r.families, func(fr familyRules) bool { return fr.chains[r.portmapChain(cid)] }) {
-			out = append(out, cid)
-		}
-	}
-	return out
 }
 
 // emptyPortmap deletes containerID's jumps to portmap's chain and empties
