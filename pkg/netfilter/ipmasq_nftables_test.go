@@ -317,7 +317,7 @@ func TestPortmapNFTReleaseTakesOnlyTheAttachmentsRules(t *testing.T) {
 			t.Fatalf("%d rules left, want c1's on the other network and c2's", n)
 		}
 		for _, r := range left.byComment["c1"] {
-			if r.namesAny(addr) {
+			if slices.Contains(r.addrs, addr[0]) {
 				t.Errorf("rule %d of c1 at 10.0.0.5 left", r.ref.Handle)
 			}
 		}

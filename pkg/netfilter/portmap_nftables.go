@@ -93,20 +93,13 @@ func portmapNFTRuleOf(r *nftables.Rule) portmapNFTRule {
 
 // matching are the rules commented containerID that name one of addrs.
 func (p *PortmapNFTRules) matching(containerID string, addrs []netip.Addr) []*nftables.Rule {
-	if p == nil {
-		return nil
-	}
 	var refs []*nftables.Rule
 	for _, r := range p.byComment[containerID] {
-		if r.namesAny(addrs) {
+		if slices.ContainsFunc(r.addrs, func(a netip.Addr) bool { return slices.Contains(addrs, a) }) {
 			refs = append(refs, r.ref)
 		}
 	}
 	return refs
-}
-
-func (r portmapNFTRule) namesAny(addrs []netip.Addr) bool {
-	return slices.ContainsFunc(r.addrs, func(a netip.Addr) bool { return slices.Contains(addrs, a) })
 }
 
 // Has reports whether Release would delete something.
