@@ -90,12 +90,6 @@ func Open(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 }
 
-// OpenRegular is Open that refuses, once it is open, what is not a regular
-// file: a FIFO with a writer would block its read.
-func OpenRegular(path string) (*os.File, fs.FileInfo, error) {
-	return openRegular(path, unix.O_NOFOLLOW)
-}
-
 // OpenDir opens the directory at path to list it, as Open opens a file:
 // a symlink planted in its place is not followed, and a FIFO or anything
 // else that is not a directory is refused at once, never opened.
@@ -104,7 +98,7 @@ func OpenDir(path string) (*os.File, error) {
 }
 
 // ReadSmall reads path, a regular file of at most limit bytes opened as
-// OpenRegular opens it, and gives its FileInfo.
+// Open opens it, and gives its FileInfo.
 func ReadSmall(path string, limit int64) ([]byte, fs.FileInfo, error) {
 	return readRegular(path, unix.O_NOFOLLOW, limit)
 }
@@ -117,23 +111,9 @@ func ReadConfig(path string, limit int64) ([]byte, error) {
 	return b, err
 }
 
-// openRegular opens path as Open does, following a last-component symlink
-// unless nofollow is O_NOFOLLOW, and refuses what is not a regular file.
-func openRegular(path string, nofollow int) (*os.File, fs.FileInfo, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|nofollow|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	fi, err := Regular(f)
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return f, fi, nil
-}
-
 // Regular is the FileInfo of f, an open file, or an error that says what
-// f is when it is not a regular file.
+// f is when it is not a regular file: a FIFO with a writer would block its
+// read.
 func Regular(f *os.File) (fs.FileInfo, error) {
 	fi, err := f.Stat()
 	if err == nil && !fi.Mode().IsRegular() {
@@ -159,12 +139,18 @@ func Kind(m fs.FileMode) string {
 	return "an irregular file"
 }
 
+// readRegular reads path as ReadSmall does, following a last-component
+// symlink unless nofollow is O_NOFOLLOW.
 func readRegular(path string, nofollow int, limit int64) ([]byte, fs.FileInfo, error) {
-	f, fi, err := openRegular(path, nofollow)
+	f, err := os.OpenFile(path, os.O_RDONLY|nofollow|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer f.Close()
+	fi, err := Regular(f)
+	if err != nil {
+		return nil, nil, err
+	}
 	b, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, nil, fmt.Errorf("read %s: %w", path, err)

@@ -46,10 +46,14 @@ func (s *Store) WriteLocked(r *Record) (*os.File, error) {
 // openLocked opens path read-only and takes its exclusive flock, which
 // cannot be contended: the file is new. Its name is in the record
 // directory for all to see, so what was put in its place is refused
-// (statefile.OpenRegular).
+// (statefile.Open, statefile.Regular).
 func openLocked(path string) (*os.File, error) {
-	f, _, err := statefile.OpenRegular(path)
+	f, err := statefile.Open(path)
 	if err != nil {
+		return nil, err
+	}
+	if _, err := statefile.Regular(f); err != nil {
+		f.Close()
 		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
