@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -160,7 +159,7 @@ func freeAddresses(d ipamdir.Dir, cidrs []string) []string {
 			continue
 		}
 		addr := prefix.Addr().Unmap()
-		if _, err := os.Lstat(d.Lease(addr.AsSlice())); errors.Is(err, fs.ErrNotExist) {
+		if !statefile.Exists(d.Lease(addr.AsSlice())) {
 			free = append(free, addr.String())
 		}
 	}
