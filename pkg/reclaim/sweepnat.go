@@ -3,6 +3,7 @@ package reclaim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -45,15 +46,8 @@ type natCheckedState struct {
 // and no other sweep writes it under host-local's lock.
 func (w *sweep) noteNATChecked() {
 	if !w.listedForOrphans || w.natState == (netfilter.RulesetState{}) || w.natUnknown || w.heldUnsure ||
-		len(w.report.OrphanRules) > 0 || len(w.errs) > 0 {
-		return
-	}
-	for _, set := range w.owners {
-		if set.unsure {
-			return
-		}
-	}
-	if w.Netfilter.State() != w.natState {
+		len(w.report.OrphanRules) > 0 || len(w.errs) > 0 ||
+		slices.ContainsFunc(w.owners, func(set ownerSets) bool { return set.unsure }) || w.Netfilter.State() != w.natState {
 		return
 	}
 	if err := writeJSONMarker(w.req.Dir, ipamdir.NATCheckedMarker, natCheckedState{Boot: w.judge.bootID, RulesetState: w.natState}); err != nil {
