@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -65,12 +66,7 @@ func (c *Cleaner) ListForward() (*ForwardRules, error) {
 
 // Has reports whether the listing holds a firewall rule of addr.
 func (f *ForwardRules) Has(addr netip.Addr) bool {
-	for _, spec := range forwardSpecs(addr) {
-		if f.specs[specKey(spec)] != nil {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(forwardSpecs(addr), func(spec []string) bool { return f.specs[specKey(spec)] != nil })
 }
 
 // Release deletes the listed firewall rules of addrs and describes what
