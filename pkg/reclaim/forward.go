@@ -107,12 +107,10 @@ func (r *addrRules) release(p *pendingRelease) (bool, error) {
 		}
 		free = append(free, addr)
 	}
-	if len(free) > 0 {
-		what, err := r.forward.Release(free, r.dryRun)
-		p.rel.What = append(p.rel.What, what...)
-		if err != nil {
-			return false, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, err)
-		}
+	what, err := r.forward.Release(free, r.dryRun)
+	p.rel.What = append(p.rel.What, what...)
+	if err != nil {
+		return false, fmt.Errorf("release firewall rules of %s: %w", p.a.Key, err)
 	}
 	// portmap's nftables teardown lists its rules, then deletes them by
 	// handle, and fails the DEL if one went in between: its rules are
@@ -123,7 +121,7 @@ func (r *addrRules) release(p *pendingRelease) (bool, error) {
 			return false, nil
 		}
 	}
-	what, err := r.portmap.Release(p.a.Key.ContainerID, addrs, r.dryRun)
+	what, err = r.portmap.Release(p.a.Key.ContainerID, addrs, r.dryRun)
 	p.rel.What = append(p.rel.What, what...)
 	if err != nil {
 		return false, fmt.Errorf("release portmap's nftables rules of %s: %w", p.a.Key, err)
