@@ -131,7 +131,7 @@ func (p *Plugin) warnIfPersistent(conf *netconf.Config) {
 // outside the ranges now), what it made is undone and the ADD is made
 // asking for nothing. One context bounds all of it, as one delegate call.
 func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netconf.Config, delegateConf []byte, attach *reclaim.PendingAdd) (types.Result, error) {
-	exec := p.Exec.Inheriting(attach.LockFile())
+	exec := p.Exec.Inheriting(attach.LockFile)
 	free := freeAddresses(conf.Dir(), attach.Previous)
 	requesting, ok, err := conf.DelegateConfigRequesting(free)
 	if err != nil || !ok || asksForIP(args.Args) {

@@ -107,8 +107,8 @@ func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if running, err := store.AddRunning(key); !running || err != nil || att.LockFile() == nil {
-				t.Fatalf("pending record: AddRunning = %v, %v; lock file %v", running, err, att.LockFile())
+			if running, err := store.AddRunning(key); !running || err != nil || att.LockFile == nil {
+				t.Fatalf("pending record: AddRunning = %v, %v; lock file %v", running, err, att.LockFile)
 			}
 			if end == "complete" {
 				err = att.Complete([]string{"10.0.0.2/24"})
@@ -118,8 +118,8 @@ func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if running, err := store.AddRunning(key); running || err != nil || att.LockFile() != nil {
-				t.Errorf("after %s: AddRunning = %v, %v; lock file %v", end, running, err, att.LockFile())
+			if running, err := store.AddRunning(key); running || err != nil || att.LockFile != nil {
+				t.Errorf("after %s: AddRunning = %v, %v; lock file %v", end, running, err, att.LockFile)
 			}
 		})
 	}

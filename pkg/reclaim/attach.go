@@ -52,9 +52,11 @@ type PendingAdd struct {
 	attacher *Attacher
 	dir      ipamdir.Dir
 	Record   *records.Record
-	// lock holds the pending record's flock until Complete or Abort: a
-	// sweep counts the ADD as running while any process holds it.
-	lock *os.File
+	// LockFile is the open pending record, whose flock is held until
+	// Complete or Abort: a sweep counts the ADD as running while any
+	// process holds it, so the ADD's delegate must inherit it, and so
+	// everything the delegate runs.
+	LockFile *os.File
 	// Previous are the addresses (CIDR) of the stale earlier attachment of
 	// the same key, released by BeginAdd or a sweep: a restore in place
 	// asks for them again.
@@ -117,7 +119,7 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 	if err != nil {
 		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to write the attachment record", Detail: err.Error()}
 	}
-	return &PendingAdd{attacher: s, dir: d, Record: rec, lock: lock, Previous: previous}, nil
+	return &PendingAdd{attacher: s, dir: d, Record: rec, LockFile: lock, Previous: previous}, nil
 }
 
 // replaceEarlier decides what an existing record for the same attachment
@@ -272,11 +274,6 @@ func tornDown(rec *records.Record, ips []net.IP) bool {
 	return true
 }
 
-// LockFile is the open pending record whose flock marks the ADD as
-// running: the ADD's delegate must inherit it, and so everything the
-// delegate runs.
-func (a *PendingAdd) LockFile() *os.File { return a.lock }
-
 // Complete records the delegate's IPs: the ADD is done.
 func (a *PendingAdd) Complete(ips []string) error {
 	a.Record.State = records.Complete
@@ -321,10 +318,10 @@ func (a *PendingAdd) Abort() error {
 // of a failed ADD, so an ADD that succeeds reads no lease for it. What
 // cannot be told is the ADD's to undo, as ever.
 func (a *PendingAdd) ranIntoEarlier() bool {
-	if a.lock == nil {
+	if a.LockFile == nil {
 		return false
 	}
-	written, err := a.lock.Stat()
+	written, err := a.LockFile.Stat()
 	boot, berr := a.attacher.Host.BootTime()
 	leases, lerr := leasesOf(a.dir, a.Record.Key())
 	return err == nil && berr == nil && lerr == nil && slices.ContainsFunc(leases, func(l Lease) bool {
@@ -353,9 +350,9 @@ func (s *Attacher) ReleaseLeasesOf(d ipamdir.Dir, key records.Key) error {
 // called more than once. An ADD that leaves its record pending is judged
 // by its processes' lock until they have all exited, then by its namespace.
 func (a *PendingAdd) Close() {
-	if a.lock != nil {
-		a.lock.Close() // read-only: nothing to lose
-		a.lock = nil
+	if a.LockFile != nil {
+		a.LockFile.Close() // read-only: nothing to lose
+		a.LockFile = nil
 	}
 }
 
