@@ -99,14 +99,13 @@ func (s *Env) forget(d ipamdir.Dir, key records.Key) {
 		return
 	}
 	unlock, err := d.LockExisting()
-	if err != nil {
-		s.Logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
-		return
+	if err == nil {
+		defer unlock()
+		all := readRemembered(d)
+		delete(all, rememberedKey(key))
+		err = writeJSONMarker(d, ipamdir.RememberedMarker, all)
 	}
-	defer unlock()
-	all := readRemembered(d)
-	delete(all, rememberedKey(key))
-	if err := writeJSONMarker(d, ipamdir.RememberedMarker, all); err != nil {
+	if err != nil {
 		s.Logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
 	}
 }
