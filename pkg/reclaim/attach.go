@@ -101,8 +101,10 @@ func (s *Attacher) BeginAdd(d ipamdir.Dir, key records.Key, netnsPath string) (*
 	}
 	// Before anything of the ADD exists: the network's NAT rules are the
 	// plugin's to release (orphans) only once this marker is there.
-	if err := markOwned(d); err != nil {
-		return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to mark the network as the plugin's", Detail: err.Error()}
+	if !Owns(d) {
+		if err := writeMarker(d, ipamdir.OwnedMarker, []byte(d.Network+"\n")); err != nil {
+			return nil, &AddError{Kind: ErrRecordWrite, Msg: "failed to mark the network as the plugin's", Detail: err.Error()}
+		}
 	}
 	// This process: by it a sweep tells an ADD in flight from a dead one.
 	pid := os.Getpid()

@@ -58,15 +58,6 @@ func Owns(d ipamdir.Dir) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-// markOwned writes ipamdir.OwnedMarker unless it is there: the first step of an
-// ADD, before the delegate can make NAT rules.
-func markOwned(d ipamdir.Dir) error {
-	if Owns(d) {
-		return nil
-	}
-	return writeMarker(d, ipamdir.OwnedMarker, []byte(d.Network+"\n"))
-}
-
 // ClaimNotTmpfsWarning reports whether the warning that dataDir is not on
 // tmpfs is still due in this boot for d.Network, and records that it is
 // being given, so that a runtime's log gets it once per boot and network

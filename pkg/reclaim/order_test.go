@@ -43,7 +43,7 @@ func (failingTable) ClearAndDeleteChain(string, string) error { return errors.Ne
 // ADD does.
 func (w *world) markOwned() {
 	w.t.Helper()
-	if err := markOwned(w.dir()); err != nil {
+	if err := writeMarker(w.dir(), ipamdir.OwnedMarker, []byte(w.dir().Network+"\n")); err != nil {
 		w.t.Fatal(err)
 	}
 }
