@@ -2,6 +2,7 @@ package netfilter
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -107,13 +108,7 @@ func (r *nftRules) Owned(owner string) []string {
 }
 
 func (r *nftRules) Owners() []RuleOwner {
-	var out []RuleOwner
-	for _, o := range r.order {
-		if _, ok := r.count[o.Owner]; ok {
-			out = append(out, o)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(r.order), func(o RuleOwner) bool { _, listed := r.count[o.Owner]; return !listed })
 }
 
 // Release deletes the owners' rules (deleteRules), listed again: what the
