@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -82,13 +83,24 @@ func New() *Cleaner {
 	return &Cleaner{NFTables: nftBackend{}, findTables: hostTables, PortmapNFT: true}
 }
 
-// hostTables finds iptables and ip6tables in PATH without running them.
+// kernelIPv6 is there while the kernel runs IPv6. One booted with
+// ipv6.disable=1 holds no IPv6 rule, and ip6tables-legacy fails every
+// listing there ("can't initialize ip6tables table `nat': Address family
+// not supported by protocol", exit status 3): asked, it would fail every
+// DEL and sweep.
+var kernelIPv6 = "/proc/net/if_inet6"
+
+// hostTables finds iptables and ip6tables in PATH without running them;
+// ip6tables only while the kernel runs IPv6.
 func hostTables() []Table {
 	var tables []Table
 	for _, f := range []struct {
 		cmd   string
 		proto iptables.Protocol
 	}{{"iptables", iptables.ProtocolIPv4}, {"ip6tables", iptables.ProtocolIPv6}} {
+		if _, err := os.Stat(kernelIPv6); err != nil && f.proto == iptables.ProtocolIPv6 {
+			continue
+		}
 		if path, err := exec.LookPath(f.cmd); err == nil {
 			tables = append(tables, &natTable{path: path, proto: f.proto})
 		}
