@@ -98,3 +98,29 @@ func TestCheckSweepThatSkipsTheOrphanListingReleasesNoOrphan(t *testing.T) {
 		t.Errorf("releases %v; rules of bare kept %v", rep.Releases, nft.Has(net1, "bare", "eth0"))
 	}
 }
+
+// An orphan whose rules a sweep leaves to a running CNI command (its
+// runtime's DEL) is still there: the ruleset was not found free of
+// orphans, and the next CHECK lists it again. Regression: the sweep noted
+// it checked, so a DEL that died before changing a rule left the orphan
+// to the next commit or gc.
+func TestCheckSweepThatKeptABusyOrphanNotesNothing(t *testing.T) {
+	w := newWorld(t)
+	w.markOwned()
+	w.env.Netfilter.Running = w.host.CNIProcesses
+	w.host.CNIRunning = map[string]int{"orphan": 4242}
+	w.nat.AddPortmap(net1, "orphan", "10.0.0.9", 8080)
+	w.nat.AddContainer(net1, "orphan", "10.0.0.9", 0)
+	state := netfilter.RulesetState{Cookie: 7, Gen: 100}
+	w.env.Netfilter.StateFunc = func() netfilter.RulesetState { return state }
+	w.sweeper.Env = w.env
+	check := Request{SkipUnchangedNAT: true}
+
+	if rep := w.sweep(check); len(rep.OrphanRules) != 0 || !w.nat.Owns(net1, "orphan") {
+		t.Fatalf("the busy orphan's rules went: orphans %v, chains %v", rep.OrphanRules, w.nat.Chains)
+	}
+	delete(w.host.CNIRunning, "orphan") // its DEL died, having changed nothing
+	if rep := w.sweep(check); len(rep.OrphanRules) != 1 || w.nat.Owns(net1, "orphan") {
+		t.Errorf("the next CHECK left the orphan: orphans %v, chains %v", rep.OrphanRules, w.nat.Chains)
+	}
+}

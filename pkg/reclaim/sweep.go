@@ -225,9 +225,10 @@ type sweep struct {
 	// their namespace or boot died, written once at the end (remember).
 	remembered map[string]remembered
 	// natState is the NAT ruleset's state when a CHECK's sweep began;
-	// listedForOrphans: the rules are listed for orphans (startNAT).
-	natState         netfilter.RulesetState
-	listedForOrphans bool
+	// listedForOrphans: the rules are listed for orphans (startNAT);
+	// orphanKept: an orphan's rules were left to a running CNI command.
+	natState                     netfilter.RulesetState
+	listedForOrphans, orphanKept bool
 }
 
 // pendingRelease is a stale attachment judged and not yet released.

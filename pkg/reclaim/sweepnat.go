@@ -46,7 +46,7 @@ type natCheckedState struct {
 // and no other sweep writes it under host-local's lock.
 func (w *sweep) noteNATChecked() {
 	if !w.listedForOrphans || w.natState == (netfilter.RulesetState{}) || w.natUnknown || w.heldUnsure ||
-		len(w.report.OrphanRules) > 0 || len(w.errs) > 0 ||
+		len(w.report.OrphanRules) > 0 || w.orphanKept || len(w.errs) > 0 ||
 		slices.ContainsFunc(w.owners, func(set ownerSets) bool { return set.unsure }) || w.Netfilter.State() != w.natState {
 		return
 	}
@@ -254,6 +254,7 @@ func (w *sweep) releaseOrphans(i int) {
 			// began within the sweep's release and died before portmap
 			// deleted it) and stays, empty and unused.
 			w.keptBusy(fmt.Sprintf("kept orphan NAT rules of %s for now: %v", o.ContainerID, busy), what)
+			w.orphanKept = true
 			continue
 		} else if err != nil {
 			w.errs = append(w.errs, fmt.Errorf("release orphan %s NAT rules of %s: %w", b.Name(), w.req.Dir.Network, err))
