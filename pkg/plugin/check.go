@@ -7,8 +7,9 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
 
-// check delegates CHECK (bridge verifies the interface and addresses in the
-// netns, host-local the lease in our dataDir), then sweeps the network.
+// check migrates legacy leases (once per boot), delegates CHECK (bridge
+// verifies the interface and addresses in the netns, host-local the lease
+// in our dataDir), then sweeps the network.
 // Nomad never sends GC but sends CHECK for every allocation it restores
 // when a client restarts: that is the moment to reclaim. Those CHECKs come
 // back to back, so a CHECK within checkSweepInterval of the network's last
@@ -20,6 +21,12 @@ func (p *Plugin) check(args *skel.CmdArgs, conf *netconf.Config) error {
 	if err != nil {
 		return err
 	}
+	// A container the bare bridge chain added keeps its lease in the
+	// legacy directory until the migration, and the first CHECK after the
+	// one-word edit (Nomad's restore) may come before any ADD: host-local
+	// must find the lease in the data dir. A failure is the sweep's to
+	// report: it migrates again below.
+	_ = p.migrate(conf)
 	if !conf.Dir().Existing().Leases {
 		// No lease can be there, so the CHECK fails as host-local fails
 		// it; but host-local would create the network's directory and

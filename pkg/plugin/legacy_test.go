@@ -109,3 +109,38 @@ func TestRefusedADDKeepsTheLeaseItRanInto(t *testing.T) {
 		})
 	}
 }
+
+// A container the bare bridge chain added, CHECKed through the plugin
+// before any ADD after the one-word edit (Nomad's restore when its client
+// restarts with the new conflist, or with the plugin installed as bridge in
+// front of cni_path): host-local must find its lease, so the legacy
+// leases are migrated before the delegate runs. Regression: CHECK showed
+// host-local the data dir (or an empty one) with the lease still in the
+// legacy directory, and failed; Nomad then re-created the allocation's
+// namespace and re-ADDed, which the plugin refused (the migrated lease still
+// named the running container), and the allocation was killed.
+func TestCheckOfABareBridgeContainerAfterTheSwitchFindsItsLease(t *testing.T) {
+	h := newHarness(t, "bridge")
+	legacy := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(legacy, "nomad"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, "nomad", "172.26.64.5"), []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// host-local's CHECK: a lease naming the container in its dataDir.
+	h.exec.failIf = func(call execCall) error {
+		if call.Command != "CHECK" {
+			return nil
+		}
+		dir, _ := delegatedConf(t, call)["ipam"].(map[string]any)["dataDir"].(string)
+		if b, err := os.ReadFile(filepath.Join(dir, "nomad", "172.26.64.5")); err != nil || string(b) != "c1\r\neth0" {
+			return types.NewError(types.ErrInternal, "host-local: Failed to find address added by container c1", "")
+		}
+		return nil
+	}
+	conf := bytes.Replace(h.conf("1.0.0", `,"prevResult":`+bridgeResult100), []byte(`"type":"host-local"`), []byte(`"type":"host-local","dataDir":"`+legacy+`"`), 1)
+	if err := h.plugin.Funcs().Check(h.args(conf)); err != nil {
+		t.Fatalf("CHECK of the running container failed: %v\nstderr:\n%s", err, h.stderr.String())
+	}
+}
