@@ -45,6 +45,13 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 	} else if err != nil {
 		return plantedError(err)
 	}
+	// A container the bare bridge chain added keeps its lease in the
+	// legacy directory until the migration, which records it: then this
+	// DEL releases that lease too (EndDel), where it would be left, and
+	// migrated as live by the next ADD. Its failure fails no DEL.
+	if err := p.migrate(conf); err != nil {
+		p.Reclaim.Logf("warning: DEL %s: %v", key, err)
+	}
 	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir, NoPrevResult: conf.LostPrevResult()}
 	if other, err := attacher.AttachedThere(conf.Dir(), key, args.Netns); err != nil {
 		p.Reclaim.Logf("warning: DEL %s: cannot tell who else is attached in %s: %v", key, args.Netns, err)

@@ -144,3 +144,41 @@ func TestCheckOfABareBridgeContainerAfterTheSwitchFindsItsLease(t *testing.T) {
 		t.Fatalf("CHECK of the running container failed: %v\nstderr:\n%s", err, h.stderr.String())
 	}
 }
+
+// A container the bare bridge chain added, DELeted through the plugin
+// before any ADD after the one-word edit (a runtime that reloads the
+// conflist: containerd, CRI-O, cnitool): its legacy lease goes with it.
+// Regression: DEL ran host-local on the data dir only, so the legacy lease
+// stayed; the next ADD migrated it, and the address stayed held for the
+// rest of the boot by a container that was gone (a migrated lease is live
+// while its legacy file names the container).
+func TestDelOfABareBridgeContainerAfterTheSwitchReleasesItsLegacyLease(t *testing.T) {
+	h := newHarness(t, "bridge")
+	legacy := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(legacy, "nomad"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(legacy, "nomad", "172.26.64.5")
+	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// host-local's DEL: the leases naming the container in its dataDir go.
+	h.exec.failIf = func(call execCall) error {
+		if call.Command == "DEL" {
+			dir, _ := delegatedConf(t, call)["ipam"].(map[string]any)["dataDir"].(string)
+			if b, err := os.ReadFile(filepath.Join(dir, "nomad", "172.26.64.5")); err == nil && string(b) == "c1\r\neth0" {
+				return os.Remove(filepath.Join(dir, "nomad", "172.26.64.5"))
+			}
+		}
+		return nil
+	}
+	conf := bytes.Replace(h.conf("1.0.0", `,"prevResult":`+bridgeResult100), []byte(`"type":"host-local"`), []byte(`"type":"host-local","dataDir":"`+legacy+`"`), 1)
+	if err := h.plugin.Funcs().Del(h.args(conf)); err != nil {
+		t.Fatalf("DEL: %v\nstderr:\n%s", err, h.stderr.String())
+	}
+	for _, path := range []string{lease, filepath.Join(h.dataDir, "nomad", "172.26.64.5")} {
+		if b, err := os.ReadFile(path); err == nil && string(b) == "c1\r\neth0" {
+			t.Errorf("the DELeted container's lease %s is still held\nstderr:\n%s", path, h.stderr.String())
+		}
+	}
+}

@@ -504,8 +504,8 @@ func TestCrashPointsAdoption(t *testing.T) {
 
 // TestCrashPointsMigratedDel: a container L runs on bare bridge, the
 // conflist is switched to the plugin and the runtime's CHECK of L
-// migrates L's lease (the CHECK itself fails: host-local finds no lease
-// in the dataDir before the migration); then
+// migrates L's lease (before its delegate, so that host-local finds it and
+// the CHECK passes); then
 // L's runtime DELs it through the plugin (a runtime that reads the
 // conflist at DEL, as Nomad does), killed at each step: the plugin's DEL
 // removes L's legacy lease too, before its record. Next: the DEL again.
