@@ -176,3 +176,43 @@ func TestAdoptInPlaceThenDelThroughTheOldConfig(t *testing.T) {
 	assertLeases(t, e.leaseDir(), nil)
 	e.assertNetworkEmpty(t, legacy)
 }
+
+// TestAdoptThenCheckOrDelFirst: a container the bare bridge chain added,
+// the conflist switched to the plugin, and the first verb through it on the
+// network is not an ADD. A CHECK (Nomad's restore, its client restarted
+// with the new conflist or with the plugin in front as bridge) must pass:
+// host-local finds the lease in the dataDir (regression: it failed, and
+// Nomad re-created the allocation's namespace, re-ADDed, was refused and
+// killed the allocation). A DEL (a runtime that reloads the conflist) must
+// leave no lease of the container in either directory (regression: the
+// legacy lease stayed, and the next ADD migrated it as live).
+func TestAdoptThenCheckOrDelFirst(t *testing.T) {
+	for _, first := range []string{"check", "del"} {
+		t.Run(first, func(t *testing.T) {
+			e := newEnv(t)
+			e.requirePlugin(t)
+			legacy := filepath.Join(e.persistDir, e.netName)
+			bare := e.confFor(t, "nomad.conflist")
+			bareBridge(t, bare, e.persistDir)
+			e.writeConflist(t, bare)
+			old := e.addNetns(t, "old")
+			po, _ := parseResult(t, e.mustCNI(t, "add", old, "")).addrIn(t, e.subnet4)
+			assertLeases(t, legacy, map[netip.Addr]string{po.Addr(): leaseContent(old.cid)})
+
+			e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
+			if _, stderr, err := e.cnitool(first, old, ""); err != nil {
+				t.Fatalf("%s of the container the bare chain added: %v\n%s", first, err, stderr)
+			}
+			if first == "check" {
+				e.mustCNI(t, "del", old, "")
+			}
+			// The next ADD migrates whatever is left of it.
+			fresh := e.addNetns(t, "fresh")
+			e.mustCNI(t, "add", fresh, "")
+			e.assertNoTrace(t, old.cid)
+			assertLeases(t, legacy, nil)
+			e.mustCNI(t, "del", fresh, "")
+			e.assertNetworkEmpty(t, e.leaseDir())
+		})
+	}
+}
