@@ -73,6 +73,34 @@ func TestGCReleasesWhatTheRuntimeStoppedListingPastTheGrace(t *testing.T) {
 	}
 }
 
+// gc --runtime never releases an attachment whose namespace, still at its
+// recorded path, a process is in: something runs there, whatever the
+// runtime's list says (a list read wrong, the wrong agent's, a container
+// the runtime lost track of). Regression: only a namespace whose path was
+// replaced was asked for its processes; one still at its path was released.
+func TestGCRuntimeKeepsAnAttachmentAProcessIsIn(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	host := s.Host.(*fakehost.Host)
+	// web's namespace, at its path: its container's init is in it.
+	host.Holders[sysinfo.NetnsID{Dev: 4, Ino: 101}] = []sysinfo.Holder{{PID: 31337, Command: "nginx"}, {Mount: "/var/run/netns/web"}}
+	listing := &runtimes.Listing{IDs: map[string]bool{}}
+	first := host.Clock
+	for _, now := range []time.Time{first, first.Add(6 * time.Minute)} {
+		host.Clock = now
+		rec := &Reconcile{Runtime: "nomad", Listing: listing, Grace: 5 * time.Minute, Now: now, RemoveMounts: true}
+		var text bytes.Buffer
+		if err := GC(s, scopeOf(dataDir, []string{"nomad"}), false, false, rec, NewGCText(&text, false)); err != nil {
+			t.Fatal(err)
+		}
+		if out := text.String(); strings.Contains(out, "web/eth0") {
+			t.Errorf("released an attachment a process is in:\n%s", out)
+		}
+	}
+	if _, err := os.Stat(ipamdir.New(dataDir, "nomad").Lease(netipOf(t, "172.26.64.2"))); err != nil {
+		t.Errorf("web's lease: %v", err)
+	}
+}
+
 // An attachment younger than the grace is not released on the runtime's
 // account, however long it has been unlisted.
 func TestGCReleasesNothingOfAnAttachmentYoungerThanTheGrace(t *testing.T) {

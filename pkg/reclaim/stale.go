@@ -134,8 +134,9 @@ func (j *judge) verdict(a *Attachment) Verdict {
 
 // orUnlisted is v, or stale when the runtime proved the attachment gone
 // (Request.Unlisted). A namespace a process still holds is never taken
-// from it: something runs there. One only a mount holds (a runtime that
-// crashed before its clean-up) is released, and the mount is named.
+// from it, whether its path still names it or not: something runs there.
+// One only a mount holds (a runtime that crashed before its clean-up) is
+// released, and the mount is named.
 func (j *judge) orUnlisted(a *Attachment, v Verdict) Verdict {
 	// An unknown attachment (a lease with no record) may be another
 	// runtime's, which this one cannot speak for.
@@ -143,7 +144,7 @@ func (j *judge) orUnlisted(a *Attachment, v Verdict) Verdict {
 		return v
 	}
 	reason, release := j.unlisted(a)
-	if !release {
+	if !release || v.State == Live && j.processMayBeIn(a.Record) {
 		return v
 	}
 	stale := Verdict{State: Stale, Reason: reason, Cause: CauseRuntimeUnlisted}
@@ -270,6 +271,33 @@ func legacyLeasePaths(r *records.Record, legacyDataDir string) []string {
 		}
 	}
 	return paths
+}
+
+// processMayBeIn tells whether a process is, or may be, in the namespace
+// r's path still names (a live attachment): its path, a mount, is all a
+// leaked namespace has; any process in it, or one that cannot be checked,
+// keeps it. A record without a namespace (a migrated lease's) has none to
+// look into.
+func (j *judge) processMayBeIn(r *records.Record) bool {
+	if r == nil || r.NetnsID == (sysinfo.NetnsID{}) {
+		return false
+	}
+	if j.holders == nil {
+		holders, err := j.Host.NetnsHolders()
+		if err != nil {
+			return true
+		}
+		j.holders = holders
+	}
+	for _, h := range j.holders[r.NetnsID] {
+		if h.PID == 0 {
+			continue
+		}
+		if _, ok, err := j.Host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie); ok || err != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // unlessHeld is the verdict on a record whose path no longer names its
