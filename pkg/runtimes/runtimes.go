@@ -46,20 +46,36 @@ func New(name string) (Lister, error) {
 
 // Podman lists podman's containers (podman ps --all): the ID podman gives
 // CNI is the container's (a pod's infra container's). One that exited has
-// had its network torn down, or should have: it is not listed.
+// had its network torn down, or should have: it is not listed. Its state
+// is read from podman's JSON, never from {{.State}}, which is the
+// human-readable status ("Up 2 hours", "Exited (0) 5 minutes ago"); and
+// that JSON is a list even when podman has no container ("[]"), so output
+// that is none is an error, never "nothing runs".
 type Podman struct{ Command string }
 
 func (p *Podman) List(ctx context.Context) (*Listing, error) {
-	return listLines(ctx, func(line string) (string, error) {
-		id, state, ok := strings.Cut(line, " ")
+	out, err := output(ctx, p.Command, "ps", "--all", "--no-trunc", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var containers []struct {
+		ID    string `json:"Id"`
+		State string `json:"State"`
+	}
+	if err := json.Unmarshal(out, &containers); err != nil || containers == nil {
+		return nil, fmt.Errorf("podman ps --format json printed no list of containers (%v): %.200q", err, out)
+	}
+	l := &Listing{IDs: map[string]bool{}}
+	for _, c := range containers {
 		switch {
-		case !ok || id == "":
-			return "", fmt.Errorf("podman ps printed %q, not \"<id> <state>\"", line)
-		case slices.Contains([]string{"exited", "stopped", "dead", "removing"}, strings.ToLower(state)):
-			return "", nil
+		case c.ID == "":
+			return nil, errors.New("podman ps listed a container without an ID")
+		case slices.Contains([]string{"exited", "stopped", "dead", "removing"}, strings.ToLower(c.State)):
+			continue
 		}
-		return id, nil // created, initialized, running, paused, stopping, unknown
-	}, p.Command, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.State}}")
+		l.IDs[c.ID] = true // created, initialized, running, paused, stopping, unknown
+	}
+	return l, nil
 }
 
 // CRI lists the pod sandboxes of a CRI runtime (containerd, CRI-O) through

@@ -64,13 +64,27 @@ func TestNomadListsTheNodesLiveAllocations(t *testing.T) {
 	}
 }
 
-// The podman lister reads podman ps: what has exited is not listed; a
-// failing podman is an error.
+// The podman lister reads podman ps: what has exited (or stopped) is not
+// listed; a failing podman is an error, and so is output that is not a
+// listing. The stand-in answers as podman 4.3.1 does (recorded): its
+// {{.State}} is the human-readable status ("Exited (0) 5 minutes ago"),
+// its JSON the container's state. Regression: the lister read {{.State}},
+// so every exited container read as listed, and an attachment a stopped
+// container's failed clean-up left was never released on podman's account.
 func TestPodmanListsWhatIsNotExited(t *testing.T) {
 	dir := t.TempDir()
 	fake := filepath.Join(dir, "podman")
-	script := "#!/bin/sh\n[ \"$*\" = 'ps --all --no-trunc --format {{.ID}} {{.State}}' ] || exit 3\n" +
-		"printf '%s\\n' 'aaaa running' 'bbbb exited' 'cccc created' 'dddd paused' 'eeee stopped'\n"
+	const id = "c6d84abac9304217cbdd58f959525512946c0042a7c5bf44fdd115f4b09f97"
+	listing := `[{"Id":"` + id + `aa","State":"running","Status":"Up 8 seconds ago","IsInfra":false},
+ {"Id":"` + id + `bb","State":"exited","Status":"Exited (0) 5 minutes ago","IsInfra":false},
+ {"Id":"` + id + `cc","State":"created","Status":"Created","IsInfra":false},
+ {"Id":"` + id + `dd","State":"paused","Status":"Paused","IsInfra":true},
+ {"Id":"` + id + `ee","State":"stopped","Status":"Exited (137) 2 seconds ago","IsInfra":false}]`
+	script := "#!/bin/sh\ncase \"$*\" in\n" +
+		"'ps --all --no-trunc --format json') cat <<'EOF'\n" + listing + "\nEOF\n;;\n" +
+		"'ps --all --no-trunc --format {{.ID}} {{.State}}') printf '%s\\n' '" + id + "aa Up 8 seconds ago' '" + id + "bb Exited (0) 5 minutes ago' '" +
+		id + "cc Created' '" + id + "dd Paused' '" + id + "ee Exited (137) 2 seconds ago' ;;\n" +
+		"*) exit 3 ;;\nesac\n"
 	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +92,16 @@ func TestPodmanListsWhatIsNotExited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.IDs) != 3 || !got.IDs["aaaa"] || !got.IDs["cccc"] || !got.IDs["dddd"] {
-		t.Errorf("listed %v", got.IDs)
+	if len(got.IDs) != 3 || !got.IDs[id+"aa"] || !got.IDs[id+"cc"] || !got.IDs[id+"dd"] {
+		t.Errorf("listed %v, want the running, the created and the paused container", got.IDs)
 	}
-	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'cannot connect' >&2\nexit 125\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := (&Podman{Command: fake}).List(context.Background()); err == nil || !strings.Contains(err.Error(), "cannot connect") {
-		t.Errorf("a failing podman: %v", err)
+	for body, why := range map[string]string{"#!/bin/sh\necho 'cannot connect' >&2\nexit 125\n": "cannot connect", "#!/bin/sh\n": "", "#!/bin/sh\necho null\n": ""} {
+		if err := os.WriteFile(fake, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := (&Podman{Command: fake}).List(context.Background()); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("podman running %q: %v, want an error", body, err)
+		}
 	}
 }
 
