@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 )
@@ -121,13 +122,17 @@ func isError(f Finding) bool { return f.Level == Error }
 // marks are the signs WriteText puts in front of a finding of each level.
 var marks = map[Level]string{OK: "✓", Warn: "!", Error: "✗"}
 
-// WriteText prints one line per finding, its fix indented below.
+// WriteText prints one line per finding, its fix indented below, each
+// field escaped as statefile.Printable escapes it: they name files and
+// what files hold (a conflist's name, an entry's plugin type), which no
+// terminal should obey.
 func WriteText(w io.Writer, r *Report) error {
 	var b strings.Builder
+	p := statefile.Printable
 	for _, f := range r.Findings {
-		fmt.Fprintf(&b, "%s %s: %s: %s\n", marks[f.Level], f.Check, f.Subject, f.Message)
+		fmt.Fprintf(&b, "%s %s: %s: %s\n", marks[f.Level], p(f.Check), p(f.Subject), p(f.Message))
 		if f.Fix != "" {
-			fmt.Fprintf(&b, "    fix: %s\n", f.Fix)
+			fmt.Fprintf(&b, "    fix: %s\n", p(f.Fix))
 		}
 	}
 	_, err := io.WriteString(w, b.String())

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
@@ -495,5 +496,26 @@ func TestPluginVersionDoesNotWaitForItsChildren(t *testing.T) {
 	}
 	if !strings.Contains(out, "v1.10.0") {
 		t.Errorf("pluginVersion = %q, want what the plugin printed", out)
+	}
+}
+
+// What the doctor prints of a file, a conflist's name or an entry's
+// plugin type, reaches the terminal escaped, as the other commands print
+// what files name (regression: WriteText printed them raw, so a conflist
+// named with an escape sequence, in a --conf-dir or Nomad's
+// cni_config_dir, cleared or recoloured the operator's terminal).
+func TestDoctorTextEscapesWhatATerminalWouldObey(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web\x1b[2J.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	h.conflist("20-bad\x1b]0;owned\a.conflist", "{not json")
+	h.conflist("30-db.conflist", strings.Replace(conf("db", pluginName, "nbc1", "172.26.96.0/20", "host-local"), `"portmap"`, `"port\u001b[31mmap\u202e"`, 1))
+	text := findings(h.run())
+	if strings.ContainsFunc(text, func(r rune) bool { return r != '\n' && !unicode.IsGraphic(r) }) {
+		t.Errorf("the text has control or format characters:\n%q", text)
+	}
+	for _, want := range []string{`10-web\x1b[2J.conflist`, `20-bad\x1b]0;owned\a.conflist`, `port\x1b[31mmap\u202e`} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %s in:\n%s", want, text)
+		}
 	}
 }
