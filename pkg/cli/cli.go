@@ -255,10 +255,10 @@ func (c *cli) gc(args []string) (code int) {
 	for _, dataDir := range dataDirs {
 		if *allDataDirs {
 			if _, err := os.Stat(dataDir); errors.Is(err, fs.ErrNotExist) {
-				fmt.Fprintf(c.stdout, "data dir %s: does not exist, nothing to sweep\n", dataDir)
+				fmt.Fprintf(c.stdout, "data dir %s: does not exist, nothing to sweep\n", statefile.Printable(dataDir))
 				continue
 			}
-			fmt.Fprintf(c.stdout, "data dir %s:\n", dataDir)
+			fmt.Fprintf(c.stdout, "data dir %s:\n", statefile.Printable(dataDir))
 		}
 		dirs, skippedHere, err := ipamdir.List(dataDir, f.network)
 		if *allDataDirs && errors.Is(err, ipamdir.ErrNotServed) {

@@ -139,6 +139,39 @@ func TestGCAllDataDirsSweepsEveryDataDirTheConflistsUse(t *testing.T) {
 	}
 }
 
+// gc --all-data-dirs names each data dir it sweeps as the conflists give
+// it, escaped as everything else it prints of what files name
+// (regression: a dataDir holding an escape sequence, in a --conf-dir,
+// reached the terminal raw).
+func TestGCAllDataDirsEscapesTheDataDirsItNames(t *testing.T) {
+	root, confDir := t.TempDir(), t.TempDir()
+	for i, dir := range []string{"made\x1b[2J", "absent\x1b]0;x\a"} {
+		if i == 0 {
+			if err := os.Mkdir(filepath.Join(root, dir), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		name := []string{"made", "absent"}[i]
+		quoted := strings.NewReplacer("\x1b", `\u001b`, "\a", `\u0007`).Replace(filepath.Join(root, dir))
+		conf := `{"cniVersion":"1.0.0","name":"` + name + `","plugins":[{"type":"nomad-bridge-cni","bridge":"nbc` + name + `0","dataDir":"` + quoted +
+			`","ipam":{"type":"host-local","ranges":[[{"subnet":"10.9` + string(rune('0'+i)) + `.0.0/24"}]]}}]}`
+		if err := os.WriteFile(filepath.Join(confDir, "10-"+name+".conflist"), []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, stdout, stderr := fakeNATCLI()
+	c.run([]string{"gc", "--all-data-dirs", "--data-dir", filepath.Join(t.TempDir(), "none"), "--conf-dir", confDir})
+	out := stdout.String() + stderr.String()
+	if strings.ContainsAny(out, "\x1b\a") {
+		t.Errorf("printed a data dir raw:\n%q", out)
+	}
+	for _, want := range []string{`made\x1b[2J`, `absent\x1b]0;x\a`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %s in:\n%s", want, out)
+		}
+	}
+}
+
 // Installed as bridge, the plugin serves "type": "bridge" entries: gc
 // takes such an entry as the plugin's where an ADD through the plugin
 // marked its network in the data dir the entry gives it (the marker proves
