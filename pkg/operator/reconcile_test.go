@@ -294,3 +294,43 @@ func TestScopeTakesTheFirstFileOfANetwork(t *testing.T) {
 		t.Errorf("legacy dir of a network in two files: %q, want the first file's", got)
 	}
 }
+
+// A migrated attachment (a lease the bare bridge chain made, copied in and
+// kept alive by its legacy copy) names no namespace, so no process can be
+// looked for in it: perhaps another runtime's container, running, which
+// the runtime asked cannot speak for, as for a lease with no record. gc
+// --runtime leaves it. Regression: its leases went on the runtime's word.
+func TestGCRuntimeKeepsAMigratedAttachment(t *testing.T) {
+	dataDir, s, _ := fixture(t)
+	host := s.Host.(*fakehost.Host)
+	legacy := ipamdir.New(t.TempDir(), "nomad")
+	if err := os.MkdirAll(legacy.Leases(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(legacy.Leases(), "172.26.64.50")
+	if err := os.WriteFile(lease, []byte("bare\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(lease, boot.Add(time.Hour), boot.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	d := ipamdir.New(dataDir, "nomad")
+	sc := Scope{DataDir: dataDir, Dirs: []ipamdir.Dir{d}, LegacyDataDirs: map[string]string{"nomad": filepath.Dir(legacy.Leases())}}
+	first := host.Clock
+	for _, now := range []time.Time{first, first.Add(6 * time.Minute)} {
+		host.Clock = now
+		rec := &Reconcile{Runtime: "cri", Listing: &runtimes.Listing{IDs: map[string]bool{}}, Grace: 5 * time.Minute, Now: now}
+		var text bytes.Buffer
+		if err := GC(s, sc, false, false, rec, NewGCText(&text, false)); err != nil {
+			t.Fatal(err)
+		}
+		if out := text.String(); strings.Contains(out, "bare/eth0") {
+			t.Errorf("released a migrated attachment on the runtime's word:\n%s", out)
+		}
+	}
+	for _, path := range []string{lease, d.Lease(netipOf(t, "172.26.64.50"))} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("lease %s: %v", path, err)
+		}
+	}
+}

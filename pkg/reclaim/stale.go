@@ -276,11 +276,12 @@ func legacyLeasePaths(r *records.Record, legacyDataDir string) []string {
 // processMayBeIn tells whether a process is, or may be, in the namespace
 // r's path still names (a live attachment): its path, a mount, is all a
 // leaked namespace has; any process in it, or one that cannot be checked,
-// keeps it. A record without a namespace (a migrated lease's) has none to
-// look into.
+// keeps it. A record without a namespace (a migrated lease's: the bare
+// chain's container, perhaps another runtime's) cannot be looked into,
+// and is kept as a lease with no record is.
 func (j *judge) processMayBeIn(r *records.Record) bool {
 	if r == nil || r.NetnsID == (sysinfo.NetnsID{}) {
-		return false
+		return true
 	}
 	if j.holders == nil {
 		holders, err := j.Host.NetnsHolders()
