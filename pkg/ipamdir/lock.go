@@ -45,16 +45,32 @@ func (d Dir) Lock() (unlock func(), err error) { return d.lock(true) }
 func (d Dir) LockExisting() (unlock func(), err error) { return d.lock(false) }
 
 func (d Dir) lock(create bool) (func(), error) {
+	deadline := time.Now().Add(LockTimeout)
+	for {
+		unlock, again, err := d.lockOnce(create, deadline)
+		if !again {
+			return unlock, err
+		}
+	}
+}
+
+// lockOnce is one try of lock: again says that the lock file it got the
+// flock of was no longer at its path by then (removed, with its directory,
+// by whoever held it: a failed verb on a new network), so that a
+// host-local after it takes another file's, and the lock must be taken
+// again on the file the path names now.
+func (d Dir) lockOnce(create bool, deadline time.Time) (unlock func(), again bool, err error) {
 	dir := d.Leases()
 	path := filepath.Join(dir, LockFileName)
 	if create {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("create %s: %w", dir, err)
+			return nil, false, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
 	dirFD, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return lockOpenFailed(dir, err, create)
+		unlock, err := lockOpenFailed(dir, err, create)
+		return unlock, false, err
 	}
 	defer unix.Close(dirFD)
 	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
@@ -63,23 +79,33 @@ func (d Dir) lock(create bool) (func(), error) {
 	}
 	fd, err := unix.Openat(dirFD, LockFileName, flags, 0o600)
 	if err != nil {
-		return lockOpenFailed(path, err, create)
+		unlock, err := lockOpenFailed(path, err, create)
+		return unlock, false, err
 	}
 	f := os.NewFile(uintptr(fd), path)
 	if _, err := statefile.Regular(f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("refusing host-local's lock: %w (planted?)", err)
+		return nil, false, fmt.Errorf("refusing host-local's lock: %w (planted?)", err)
 	}
-	if err := flockWithin(f, LockTimeout); err != nil {
+	if err := flockWithin(f, time.Until(deadline)); err != nil {
 		if errors.Is(err, ErrLockTimeout) {
-			return nil, fmt.Errorf("lock %s: %w (waited %s; %s)", path, err, LockTimeout, lockHolders(path))
+			return nil, false, fmt.Errorf("lock %s: %w (waited %s; %s)", path, err, LockTimeout, lockHolders(path))
 		}
 		f.Close()
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, false, fmt.Errorf("lock %s: %w", path, err)
+	}
+	var locked, now unix.Stat_t
+	if err := unix.Fstat(fd, &locked); err != nil {
+		f.Close()
+		return nil, false, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if unix.Lstat(path, &now) != nil || now.Dev != locked.Dev || now.Ino != locked.Ino {
+		f.Close()
+		return nil, true, nil
 	}
 	// Closing the one descriptor (close-on-exec: no child shares it)
 	// drops the flock; a second close is harmless.
-	return func() { f.Close() }, nil
+	return func() { f.Close() }, false, nil
 }
 
 // lockOpenFailed is lock's answer when it cannot open path, the network's

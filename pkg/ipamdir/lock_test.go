@@ -284,3 +284,78 @@ func TestLockTimeoutEscapesTheHoldersCommand(t *testing.T) {
 		t.Errorf("second Lock: %q, want it to name %s", err, want)
 	}
 }
+
+// A lock file removed while Lock waits on it (a failed verb on a new
+// network removes the directory it made, lock last, under that lock) is
+// not the lock any more: a host-local that comes after creates another at
+// the path and takes that one. Lock holds the lock file that is at the
+// path when it returns, or host-local runs beside it.
+func TestLockHoldsTheFileAtThePathNotOneRemovedWhileItWaited(t *testing.T) {
+	d := New(t.TempDir(), "net")
+	mustOK(t, os.Mkdir(d.Leases(), 0o755))
+	path := filepath.Join(d.Leases(), LockFileName)
+	held, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
+	mustOK(t, err)
+	defer held.Close()
+	mustOK(t, unix.Flock(int(held.Fd()), unix.LOCK_EX))
+	var old unix.Stat_t
+	mustOK(t, unix.Fstat(int(held.Fd()), &old))
+
+	done := make(chan error, 1)
+	unlocked := make(chan func(), 1)
+	go func() {
+		unlock, err := d.Lock()
+		if err == nil {
+			unlocked <- unlock
+		}
+		done <- err
+	}()
+	// Wait until Lock has the old lock file open (it then waits on it).
+	for deadline := time.Now().Add(10 * time.Second); openCount(t, old) < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Lock never opened the lock file")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // into its flock
+	// The holder removes the lock (and the directory, then a host-local
+	// makes both again) and lets go.
+	mustOK(t, os.Remove(path))
+	mustOK(t, os.Remove(d.Leases()))
+	mustOK(t, os.Mkdir(d.Leases(), 0o755))
+	fresh, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
+	mustOK(t, err)
+	defer fresh.Close()
+	held.Close()
+
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Lock: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lock still waits after the holder let go")
+	}
+	unlock := <-unlocked
+	if err := unix.Flock(int(fresh.Fd()), unix.LOCK_EX|unix.LOCK_NB); !errors.Is(err, unix.EWOULDBLOCK) {
+		t.Errorf("host-local's flock on the lock file now at %s while Lock holds the lock: %v, want EWOULDBLOCK", path, err)
+	}
+	unlock()
+	if err := unix.Flock(int(fresh.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Errorf("host-local's flock after unlock: %v", err)
+	}
+}
+
+// openCount is how many of this process's descriptors are on the file st.
+func openCount(t *testing.T, st unix.Stat_t) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	mustOK(t, err)
+	n := 0
+	for _, fd := range fds {
+		var fst unix.Stat_t
+		if unix.Stat(filepath.Join("/proc/self/fd", fd.Name()), &fst) == nil && fst.Dev == st.Dev && fst.Ino == st.Ino {
+			n++
+		}
+	}
+	return n
+}
