@@ -27,6 +27,9 @@ import (
 type Holder struct {
 	// PID is the process in the namespace; 0 for a mount.
 	PID int `json:"pid,omitempty"`
+	// TID is, when not 0, the one thread of the process that is in the
+	// namespace (its main thread is elsewhere, or has exited).
+	TID int `json:"tid,omitempty"`
 	// Command is the process's name (/proc/<pid>/comm), filled in by
 	// ConfirmHolder.
 	Command string `json:"command,omitempty"`
@@ -35,6 +38,9 @@ type Holder struct {
 }
 
 func (h Holder) String() string {
+	if h.TID > 0 {
+		return fmt.Sprintf("pid %d thread %d (%s)", h.PID, h.TID, h.Command)
+	}
 	if h.PID > 0 {
 		return fmt.Sprintf("pid %d (%s)", h.PID, h.Command)
 	}
@@ -48,7 +54,10 @@ func (r *Real) procRoot() string { return cmp.Or(r.ProcRoot, "/proc") }
 
 // NetnsHolders reads, once per call, the network namespace of every process
 // (the thread group leader's /proc/<pid>/ns/net: a stat each, no file
-// read) and every nsfs mount in this process's mountinfo. A process that
+// read), of every other thread of a process that has more than one (a
+// thread can enter a namespace of its own, and the leader can exit before
+// its threads: the kernel keeps a namespace while any task is in it), and
+// every nsfs mount in this process's mountinfo. A process that
 // exits during the scan is skipped. Open namespace files of processes in
 // other namespaces are not looked for: reading every fd of every process
 // costs far more, and a runtime that keeps a namespace by fd also keeps a
@@ -57,10 +66,25 @@ func (r *Real) NetnsHolders() (Holders, error) {
 	holders := Holders{}
 	err := r.eachProcess(func(procfd int, name string, pid int) {
 		var st unix.Stat_t
+		var leader NetnsID
 		// Else it exited, or is a kernel thread we may not look into.
 		if unix.Fstatat(procfd, name+"/ns/net", &st, 0) == nil {
-			id := NetnsID{Dev: st.Dev, Ino: st.Ino}
-			holders[id] = append(holders[id], Holder{PID: pid})
+			leader = NetnsID{Dev: st.Dev, Ino: st.Ino}
+			holders[leader] = append(holders[leader], Holder{PID: pid})
+		}
+		// A task directory links each thread's directory: 2 + threads.
+		if unix.Fstatat(procfd, name+"/task", &st, 0) != nil || st.Nlink == 3 {
+			return
+		}
+		tasks, _ := os.ReadDir(filepath.Join(r.procRoot(), name, "task"))
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil || tid == pid || unix.Fstatat(procfd, name+"/task/"+t.Name()+"/ns/net", &st, 0) != nil {
+				continue
+			}
+			if id := (NetnsID{Dev: st.Dev, Ino: st.Ino}); id != leader {
+				holders[id] = append(holders[id], Holder{PID: pid, TID: tid})
+			}
 		}
 	})
 	if err == nil {
@@ -134,9 +158,13 @@ var mountinfoUnescaper = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, 
 // its own rootless container from outside lacks the capability setns
 // needs), it cannot tell, and says so with an error.
 func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool, error) {
-	path := h.Mount // or the process's ns/net link
+	path := h.Mount // or the process's (or its thread's) ns/net link
+	task := filepath.Join(r.procRoot(), strconv.Itoa(h.PID))
+	if h.TID > 0 {
+		task = filepath.Join(task, "task", strconv.Itoa(h.TID))
+	}
 	if h.PID > 0 {
-		path = filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "ns", "net")
+		path = filepath.Join(task, "ns", "net")
 	}
 	holds := func() bool {
 		var st unix.Stat_t
@@ -161,7 +189,7 @@ func (r *Real) ConfirmHolder(h Holder, id NetnsID, cookie uint64) (Holder, bool,
 		}
 	}
 	if h.PID > 0 {
-		comm, err := os.ReadFile(filepath.Join(r.procRoot(), strconv.Itoa(h.PID), "comm"))
+		comm, err := os.ReadFile(filepath.Join(task, "comm"))
 		if errors.Is(err, fs.ErrNotExist) {
 			return h, false, nil
 		}

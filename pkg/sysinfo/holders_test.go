@@ -1,8 +1,11 @@
 package sysinfo
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -190,5 +193,121 @@ func TestConfirmHolderEscapesTheCommand(t *testing.T) {
 	}
 	if want := `pid 4242 (\x1b]2;x\a\u009b)`; h.String() != want {
 		t.Errorf("holder %q, want %q", h.String(), want)
+	}
+}
+
+// A namespace is held by a thread in it as much as by a process: the
+// kernel keeps it while any task is in it. A thread of a process whose
+// other threads are elsewhere (a Go program's locked thread that entered
+// it, or a process whose main thread exited) is found, and confirmed
+// (regression: only each process's main thread was looked at, and such a
+// namespace was judged unheld, its address released).
+func TestNetnsHoldersFindsAThreadInANamespace(t *testing.T) {
+	type entered struct {
+		id  NetnsID
+		tid int
+		err error
+	}
+	in, leave := make(chan entered, 1), make(chan struct{})
+	defer close(leave)
+	onAThreadOfItsOwn(func() {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			in <- entered{err: err}
+			return
+		}
+		id, err := (&Real{}).Netns("/proc/thread-self/ns/net")
+		in <- entered{id: id, tid: unix.Gettid(), err: err}
+		<-leave
+	})
+	e := <-in
+	if errors.Is(e.err, unix.EPERM) {
+		t.Skipf("cannot make a network namespace here: %v", e.err)
+	}
+	if e.err != nil {
+		t.Fatal(e.err)
+	}
+	r := &Real{}
+	holders, err := r.NetnsHolders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *Holder
+	for _, h := range holders[e.id] {
+		if h.PID == os.Getpid() {
+			found = &h
+		}
+	}
+	if found == nil {
+		t.Fatalf("the thread %d of this process (pid %d) in namespace %+v is not among its holders %+v", e.tid, os.Getpid(), e.id, holders[e.id])
+	}
+	cookie, err := r.NetnsCookie(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), e.tid))
+	if err != nil {
+		t.Skipf("no namespace cookie here: %v", err)
+	}
+	if h, ok, err := r.ConfirmHolder(*found, e.id, cookie); !ok || err != nil {
+		t.Errorf("ConfirmHolder(%+v) = %+v, %v, %v", *found, h, ok, err)
+	}
+	// The process's main thread is not in it.
+	own, err := r.Netns("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own == e.id {
+		t.Fatal("the thread did not leave the process's namespace")
+	}
+}
+
+// onAThreadOfItsOwn runs fn on a thread that is not the process's main
+// one, locked to it, and ends the thread with fn: what fn changes of its
+// thread (its namespace) dies with it.
+func onAThreadOfItsOwn(fn func()) {
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			fn() // never unlocked: the thread ends with the goroutine
+			return
+		}
+		// The main thread, kept busy here so that fn gets another.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runtime.LockOSThread()
+			fn()
+		}()
+		<-done
+		runtime.UnlockOSThread()
+	}()
+}
+
+// A process whose main thread has exited (its ns/net link is gone) holds
+// the namespace its other threads are in.
+func TestNetnsHoldersFindsTheThreadsOfAnExitedLeader(t *testing.T) {
+	p := newFakeProc(t, "")
+	ns := p.namespace("tenant")
+	p.process(700, "worker", "missing") // the leader exited: its link dangles
+	for _, tid := range []string{"700", "701"} {
+		dir := filepath.Join(p.root, "700", "task", tid)
+		if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join(p.nses, "tenant"), filepath.Join(dir, "ns", "net")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "comm"), []byte("worker-"+tid+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &Real{ProcRoot: p.root}
+	holders, err := r.NetnsHolders()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := holders[ns]
+	if len(got) != 1 || got[0].PID != 700 || got[0].TID != 701 {
+		t.Fatalf("holders of the namespace = %+v, want thread 701 of pid 700", got)
+	}
+	h, ok, err := r.ConfirmHolder(got[0], ns, 0)
+	if !ok || err != nil || h.String() != "pid 700 thread 701 (worker-701)" {
+		t.Errorf("ConfirmHolder(%+v) = %+v, %v, %v", got[0], h, ok, err)
 	}
 }
