@@ -58,35 +58,29 @@ func (r *Real) procRoot() string { return cmp.Or(r.ProcRoot, "/proc") }
 // thread can enter a namespace of its own, and the leader can exit before
 // its threads: the kernel keeps a namespace while any task is in it), and
 // every nsfs mount in this process's mountinfo. A process that
-// exits during the scan is skipped. Open namespace files of processes in
+// exits during the scan is skipped (a child it left is looked for: see
+// holderScanPasses). Open namespace files of processes in
 // other namespaces are not looked for: reading every fd of every process
 // costs far more, and a runtime that keeps a namespace by fd also keeps a
 // process or a mount on it (Nomad's tasks, a pause container, a bind mount).
 func (r *Real) NetnsHolders() (Holders, error) {
 	holders := Holders{}
-	err := r.eachProcess(func(procfd int, name string, pid int) {
-		var st unix.Stat_t
-		var leader NetnsID
-		// Else it exited, or is a kernel thread we may not look into.
-		if unix.Fstatat(procfd, name+"/ns/net", &st, 0) == nil {
-			leader = NetnsID{Dev: st.Dev, Ino: st.Ino}
-			holders[leader] = append(holders[leader], Holder{PID: pid})
-		}
-		// A task directory links each thread's directory: 2 + threads.
-		if unix.Fstatat(procfd, name+"/task", &st, 0) != nil || st.Nlink == 3 {
-			return
-		}
-		tasks, _ := os.ReadDir(filepath.Join(r.procRoot(), name, "task"))
-		for _, t := range tasks {
-			tid, err := strconv.Atoi(t.Name())
-			if err != nil || tid == pid || unix.Fstatat(procfd, name+"/task/"+t.Name()+"/ns/net", &st, 0) != nil {
-				continue
+	// A holder may fork and exit between the listing that named it and
+	// its stat, leaving the namespace to a child the listing did not name:
+	// the listing is taken again, each process not seen yet looked at,
+	// until one names no new process (or holderScanPasses).
+	seen := map[int]bool{}
+	fresh := true
+	var err error
+	for pass := 0; fresh && pass < holderScanPasses && err == nil; pass++ {
+		fresh = false
+		err = r.eachProcess(func(procfd int, name string, pid int) {
+			if !seen[pid] {
+				seen[pid], fresh = true, true
+				r.netnsOf(procfd, name, pid, holders)
 			}
-			if id := (NetnsID{Dev: st.Dev, Ino: st.Ino}); id != leader {
-				holders[id] = append(holders[id], Holder{PID: pid, TID: tid})
-			}
-		}
-	})
+		})
+	}
 	if err == nil {
 		err = r.scanMounts(holders)
 	}
@@ -94,6 +88,37 @@ func (r *Real) NetnsHolders() (Holders, error) {
 		return nil, err
 	}
 	return holders, nil
+}
+
+// holderScanPasses bounds NetnsHolders' listings of the processes: each
+// after the first looks only at processes started since, which on a
+// host whose processes come and go all the time does not end.
+const holderScanPasses = 8
+
+// netnsOf adds to holders the network namespace of the process pid (its
+// directory name under procfd) and those of its other threads.
+func (r *Real) netnsOf(procfd int, name string, pid int, holders Holders) {
+	var st unix.Stat_t
+	var leader NetnsID
+	// Else it exited, or is a kernel thread we may not look into.
+	if unix.Fstatat(procfd, name+"/ns/net", &st, 0) == nil {
+		leader = NetnsID{Dev: st.Dev, Ino: st.Ino}
+		holders[leader] = append(holders[leader], Holder{PID: pid})
+	}
+	// A task directory links each thread's directory: 2 + threads.
+	if unix.Fstatat(procfd, name+"/task", &st, 0) != nil || st.Nlink == 3 {
+		return
+	}
+	tasks, _ := os.ReadDir(filepath.Join(r.procRoot(), name, "task"))
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil || tid == pid || unix.Fstatat(procfd, name+"/task/"+t.Name()+"/ns/net", &st, 0) != nil {
+			continue
+		}
+		if id := (NetnsID{Dev: st.Dev, Ino: st.Ino}); id != leader {
+			holders[id] = append(holders[id], Holder{PID: pid, TID: tid})
+		}
+	}
 }
 
 // eachProcess calls fn for every process under procRoot, with its pid, its

@@ -4,10 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -309,5 +313,64 @@ func TestNetnsHoldersFindsTheThreadsOfAnExitedLeader(t *testing.T) {
 	h, ok, err := r.ConfirmHolder(got[0], ns, 0)
 	if !ok || err != nil || h.String() != "pid 700 thread 701 (worker-701)" {
 		t.Errorf("ConfirmHolder(%+v) = %+v, %v, %v", got[0], h, ok, err)
+	}
+}
+
+// A namespace that processes keep by forking the next and exiting (a
+// daemon's double fork, a supervisor's restarts) is held all along: the
+// scan must not lose it to a holder that exits after the listing named it
+// and before it was looked at, while its child, not listed, runs on
+// (regression: such a namespace was found held by nothing, one scan in
+// seven here).
+func TestNetnsHoldersFollowsAHolderThatForksAndExits(t *testing.T) {
+	type started struct {
+		id  NetnsID
+		cmd *exec.Cmd
+		err error
+	}
+	in := make(chan started, 1)
+	onAThreadOfItsOwn(func() {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			in <- started{err: err}
+			return
+		}
+		id, err := (&Real{}).Netns("/proc/thread-self/ns/net")
+		if err != nil {
+			in <- started{err: err}
+			return
+		}
+		// Forked from this thread: in its namespace. Each hop sleeps,
+		// starts the next and exits; 2000 hops end it in any case.
+		cmd := exec.Command("sh", "-c", `hop() { [ "$1" -gt 0 ] || exit 0; sleep 0.005; hop $(($1 - 1)) & }; hop 2000`)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		err = cmd.Start()
+		in <- started{id: id, cmd: cmd, err: err}
+		// The thread ends here: the hops alone hold the namespace.
+	})
+	s := <-in
+	if errors.Is(s.err, unix.EPERM) {
+		t.Skipf("cannot make a network namespace here: %v", s.err)
+	}
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	pgid := s.cmd.Process.Pid
+	t.Cleanup(func() { _ = unix.Kill(-pgid, unix.SIGKILL) })
+	go s.cmd.Wait() // the first hop's shell exits at once
+
+	r := &Real{}
+	misses, scans := 0, 200
+	for range scans {
+		holders, err := r.NetnsHolders()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(holders[s.id], func(h Holder) bool { return h.PID > 0 }) {
+			misses++
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if misses > 0 {
+		t.Errorf("the namespace its processes held all along was found held by nothing in %d of %d scans", misses, scans)
 	}
 }
