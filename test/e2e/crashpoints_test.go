@@ -502,40 +502,79 @@ func TestCrashPointsAdoption(t *testing.T) {
 	}
 }
 
-// TestCrashPointsMigratedDel: a container L runs on bare bridge, the
-// conflist is switched to the plugin and the runtime's CHECK of L
-// migrates L's lease (before its delegate, so that host-local finds it and
-// the CHECK passes); then
-// L's runtime DELs it through the plugin (a runtime that reads the
-// conflist at DEL, as Nomad does), killed at each step: the plugin's DEL
-// removes L's legacy lease too, before its record. Next: the DEL again.
+// TestCrashPointsMigratedDel: a container L runs on bare bridge, its lease
+// in the legacy directory, and the conflist is switched to the plugin.
+// Then L's first verbs through the plugin, one of them killed at each step:
+//
+//   - after-check: the runtime's CHECK of L migrates L's lease (before its
+//     delegate, so that host-local finds it and the CHECK passes); then L's
+//     runtime DELs it through the plugin (a runtime that reads the conflist
+//     at DEL, as Nomad does), killed: the plugin's DEL removes L's legacy
+//     lease too, before its record. Next: the DEL again.
+//   - del-first: L's DEL is the first verb after the switch, killed: its
+//     migration (record, copy, marker) runs before its delegate, so that
+//     the DEL releases L's lease in both directories. Next: the DEL again.
+//   - check-first: L's CHECK is the first verb after the switch (Nomad's
+//     restore), killed, its migration and its sweep with it. Next: the
+//     CHECK again, which must pass, L's lease in both directories and its
+//     record alone; then L's DEL.
+//
 // Nothing of L may be left, in the dataDir or the legacy directory.
 func TestCrashPointsMigratedDel(t *testing.T) {
-	killAtEveryStep(t, func(t *testing.T, k int) crashRun {
-		e := newEnv(t)
-		e.requirePlugin(t)
-		e.useCrashpointPlugin(t)
-		bare := e.reclaimConf(t, "nomad.conflist")
-		bareBridge(t, bare, e.persistDir)
-		e.writeConflist(t, bare)
-		l := e.addNetns(t, "l")
-		pl, _ := parseResult(t, e.mustCNI(t, "add", l, "")).addrIn(t, e.subnet4)
-		legacyDir := filepath.Join(e.persistDir, e.netName)
-		e.writeConflist(t, e.reclaimConf(t, "nomad.conflist"))
-		_, _, _ = e.cnitool("check", l, "")
-		assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(l.cid)})
-		e.assertRecordsExactly(t, l.cid)
+	for _, c := range []struct {
+		name    string
+		checked bool   // L is CHECKed, unkilled, before the armed verb
+		verb    string // the armed verb
+	}{
+		{"after-check", true, "del"},
+		{"del-first", false, "del"},
+		{"check-first", false, "check"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			killAtEveryStep(t, func(t *testing.T, k int) crashRun {
+				e := newEnv(t)
+				e.requirePlugin(t)
+				e.useCrashpointPlugin(t)
+				bare := e.reclaimConf(t, "nomad.conflist")
+				bareBridge(t, bare, e.persistDir)
+				e.writeConflist(t, bare)
+				l := e.addNetns(t, "l")
+				pl, _ := parseResult(t, e.mustCNI(t, "add", l, "")).addrIn(t, e.subnet4)
+				legacyDir := filepath.Join(e.persistDir, e.netName)
+				conf := e.reclaimConf(t, "nomad.conflist")
+				// Every CHECK sweeps: a killed CHECK's sweep must be
+				// finished by the next one.
+				entryOfType(t, conf, pluginType)["checkSweepInterval"] = "0s"
+				e.writeConflist(t, conf)
+				// L as the migration leaves it: its lease in both
+				// directories, its migrated record.
+				migrated := func() {
+					t.Helper()
+					assertLeases(t, e.leaseDir(), map[netip.Addr]string{pl.Addr(): leaseContent(l.cid)})
+					assertLeases(t, legacyDir, map[netip.Addr]string{pl.Addr(): leaseContent(l.cid)})
+					e.assertRecordsExactly(t, l.cid)
+				}
+				if c.checked {
+					e.mustCNI(t, "check", l, "")
+					migrated()
+				}
 
-		env, done := armed(t, k)
-		_, _, _ = e.cnitoolEnv("del", l, env...)
-		run := done()
+				env, done := armed(t, k)
+				_, _, _ = e.cnitoolEnv(c.verb, l, env...)
+				run := done()
 
-		e.mustCNI(t, "del", l, "")
-		e.assertNoTrace(t, l.cid)
-		e.assertNetworkEmpty(t, e.leaseDir())
-		assertLeases(t, legacyDir, nil)
-		return run
-	})
+				if c.verb == "check" {
+					e.mustCNI(t, "check", l, "")
+					migrated()
+				}
+				e.mustCNI(t, "del", l, "")
+				e.assertNoTrace(t, l.cid)
+				e.assertNetworkEmpty(t, e.leaseDir())
+				assertLeases(t, legacyDir, nil)
+				return run
+			})
+		})
+	}
 }
 
 // newCrashScene starts the test's network with A and B attached on
