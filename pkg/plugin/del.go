@@ -26,6 +26,15 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 		return err
 	}
 	key := attachmentKey(args)
+	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir, NoPrevResult: conf.LostPrevResult()}
+	// A runtime that gave up on the ADD (killing the plugin, not its
+	// delegate) and DELs at once: what the delegate still makes is this
+	// DEL's to tear down, so it waits for it first.
+	if err := attacher.WaitForAdd(conf.Dir(), key, 2*conf.DelegateTimeout+addSlack); errors.Is(err, reclaim.ErrAddInProgress) {
+		return types.NewError(types.ErrTryAgainLater, "nomad-bridge-cni deferred the DEL: "+err.Error(), "")
+	} else if err != nil {
+		p.Reclaim.Logf("warning: DEL %s: cannot tell whether its ADD still runs: %v", key, err)
+	}
 	var planted *ipamdir.PlantedError
 	if err := conf.Dir().CheckPlanted(); errors.As(err, &planted) {
 		if planted.Lock {
@@ -52,7 +61,6 @@ func (p *Plugin) del(args *skel.CmdArgs, conf *netconf.Config) error {
 	if err := p.migrate(conf); err != nil {
 		p.Reclaim.Logf("warning: DEL %s: %v", key, err)
 	}
-	attacher := &reclaim.Attacher{Env: p.Reclaim, LegacyDataDir: conf.LegacyDataDir, NoPrevResult: conf.LostPrevResult()}
 	if other, err := attacher.AttachedThere(conf.Dir(), key, args.Netns); err != nil {
 		p.Reclaim.Logf("warning: DEL %s: cannot tell who else is attached in %s: %v", key, args.Netns, err)
 	} else if other != nil {

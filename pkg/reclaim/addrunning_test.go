@@ -94,6 +94,29 @@ func TestBeginAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
 	}
 }
 
+// A DEL of an attachment whose killed ADD's delegate still runs waits for
+// it: past its bound it is refused (ErrAddInProgress) with nothing changed,
+// and it goes on as soon as the delegate lets go of the record's lock.
+func TestWaitForAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
+	w := newWorld(t)
+	key := records.Key{ContainerID: "c1", IfName: "eth0"}
+	if err := w.attach.WaitForAdd(w.dir(), key, 0); err != nil {
+		t.Fatalf("WaitForAdd with no record: %v", err)
+	}
+	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
+	err := w.attach.WaitForAdd(w.dir(), key, 50*time.Millisecond)
+	if !errors.Is(err, ErrAddInProgress) || !strings.Contains(err.Error(), "delegate still runs") {
+		t.Fatalf("WaitForAdd while the delegate runs = %v, want ErrAddInProgress", err)
+	}
+	if !w.hasRecord("c1") {
+		t.Fatal("WaitForAdd removed the pending record")
+	}
+	time.AfterFunc(100*time.Millisecond, func() { held.Close() })
+	if err := w.attach.WaitForAdd(w.dir(), key, time.Minute); err != nil {
+		t.Fatalf("WaitForAdd once the delegate let go: %v", err)
+	}
+}
+
 // BeginAdd's pending record is locked from the start; Complete and Abort
 // drop the lock once the pending record is replaced or gone.
 func TestBeginAddHoldsTheLockUntilCompleteOrAbort(t *testing.T) {

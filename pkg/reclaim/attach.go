@@ -358,6 +358,44 @@ func (a *PendingAdd) Close() {
 	}
 }
 
+// WaitForAdd returns once no process of an ADD of key runs any more: the
+// plugin that wrote its pending record, or a process holding that record's
+// lock (its delegate, host-local, iptables), ending an overdue one as a
+// sweep does (judge.addRunning). A runtime that gives up on an ADD kills
+// the plugin and DELs at once (containerd's RunPodSandbox tears down in a
+// deferred call), while bridge runs on: a DEL before bridge allocated would
+// find nothing, remove the record, and leave what bridge then made with
+// nothing to find it by. Still running after bound, the DEL is refused
+// (ErrAddInProgress): nothing was changed, and the runtime DELs again.
+func (s *Attacher) WaitForAdd(d ipamdir.Dir, key records.Key, bound time.Duration) error {
+	store := records.NewStore(d)
+	var j *judge
+	for start := time.Now(); ; time.Sleep(addWaitPoll) {
+		rec, err := store.Read(key)
+		if err != nil || rec == nil || rec.State != records.Started {
+			return nil // the DEL judges an unreadable record as it did
+		}
+		if j == nil {
+			if j, err = newJudge(&s.Env, d, s.LegacyDataDir); err != nil {
+				return err
+			}
+		}
+		if rec.BootID != j.bootID {
+			return nil
+		}
+		v, _ := j.addRunning(rec)
+		if v.State != Pending {
+			return nil
+		}
+		if time.Since(start) >= bound {
+			return &AddError{Kind: ErrAddInProgress, Msg: fmt.Sprintf("an ADD of %s on %s is still running (%s): DEL it again once that ADD has ended", key, d.Network, v.Reason)}
+		}
+	}
+}
+
+// addWaitPoll is how often WaitForAdd looks at the ADD's lock again.
+const addWaitPoll = 20 * time.Millisecond
+
 // EndDel finishes a DEL the delegate accepted. bridge skips its ipMasq
 // teardown when CNI_NETNS is empty or gone, and its iptables teardown when
 // the container's interface is not there (docs/reclaim.md, "DEL"); it never

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	gocni "github.com/containerd/go-cni"
 	"golang.org/x/sys/unix"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/cniexec"
@@ -133,6 +134,63 @@ func TestSweepWaitsForTheDelegateOfAKilledAdd(t *testing.T) {
 	assertLeases(t, e.leaseDir(), nil)
 	e.assertRecordsExactly(t)
 	e.assertNAT(t, ns.cid, natWant{})
+}
+
+// TestDELWhileTheKilledADDsDelegateRuns: regression test. containerd's
+// RunPodSandbox (internal/cri/server/sandbox_run.go) sets up the pod's
+// network with the CRI request's context and, when that fails, tears it
+// down at once in a deferred teardownPodNetwork (a fresh context, the same
+// netns path), then removes the netns. A kubelet that gives up on a slow
+// RunPodSandbox cancels the context: go-cni's Setup (libcni's
+// invoke.RawExec, exec.CommandContext) kills the plugin alone, and its
+// delegate runs on. The DEL used to run while that delegate had not
+// allocated yet: it found nothing, removed the record, and what bridge made
+// next (a lease of this boot with no record, NAT rules naming a leased
+// container) no sweep ever releases. The DEL must wait for the ADD's
+// processes, then tear down what they made.
+func TestDELWhileTheKilledADDsDelegateRuns(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	fifo, started := readyFIFO(t)
+	// Only its ADD is slow: the DEL that follows runs at once.
+	bin := e.slowBridgeBin(t, fmt.Sprintf("conf=$(cat)\nif [ \"$CNI_COMMAND\" = ADD ]; then echo started > '%s'; sleep 1; fi\nexec %s <<EOF\n$conf\nEOF", fifo, bridgePath))
+	path := e.writeConflist(t, e.slowConf(t, 10, 20))
+	becomeSubreaper(t)
+	cri := e.goCNI(t, gocni.WithPluginDir([]string{bin}), gocni.WithConfListFile(path))
+	cid := sandboxID(t)
+	ns := e.podNetns(t, "pod", cid)
+
+	// The kubelet's deadline passes once the delegate runs.
+	giveUp, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	delegateStarted := make(chan error, 1)
+	go func() {
+		_, err := waitLine(started, cmdTimeout)
+		delegateStarted <- err
+		cancel()
+	}()
+	if _, err := cri.Setup(giveUp, cid, ns.path, criOpts(t, cid, 0)...); err == nil {
+		t.Fatal("Setup finished before the runtime gave up on it")
+	}
+	if err := <-delegateStarted; err != nil {
+		t.Fatalf("delegate did not start: %v", err)
+	}
+	// The deferred teardownPodNetwork, while the delegate still runs.
+	if err := cri.Remove(runtimeCtx(t), cid, ns.path, criOpts(t, cid, 0)...); err != nil {
+		t.Fatalf("Remove: %v", err)
+	}
+	if err := reapChildren(cmdTimeout); err != nil {
+		t.Fatal(err)
+	}
+	// Then sandbox.NetNS.Remove().
+	e.mustKillNetns(t, ns)
+	out := e.operatorSweep(t)
+	assertLeases(t, e.leaseDir(), nil)
+	e.assertRecordsExactly(t)
+	e.assertNAT(t, cid, natWant{})
+	if t.Failed() {
+		t.Logf("gc after the netns went:\n%s", out)
+	}
 }
 
 // leaseOf is the one address host-local leased to cid.
