@@ -108,6 +108,17 @@ func hostTables() []Table {
 	return tables
 }
 
+// noKernelTable is what iptables-legacy says of a table the kernel has
+// not got ("can't initialize iptables table `nat': Table does not exist
+// (do you need to insmod?)", exit status 3; libiptc's words for ENOENT):
+// a kernel built without the legacy xtables tables (optional since Linux
+// 6.17), or without that one, where iptables still runs iptables-legacy.
+// Nothing can have put a rule there: bridge and portmap find that family
+// unusable (utils.SupportsIPTables, portmap's maybeGetIptables) and skip
+// it, and their DELs succeed; taken for a failure, it failed every DEL
+// and sweep.
+const noKernelTable = "Table does not exist (do you need to insmod?)"
+
 // iptablesWait bounds iptables' wait for the xtables lock (iptables-legacy
 // takes it; iptables-nft has none): a stuck holder must not hang a DEL,
 // nor a sweep that holds host-local's lock. Tests make it shorter.
@@ -128,12 +139,16 @@ type natTable struct {
 // List lists the whole table, its error with what iptables said: a
 // caller wanting one chain picks its lines, as `-S <chain>` of a chain
 // that does not exist fails (iptables-nft 1.8.9 even calls it
-// "incompatible").
+// "incompatible"). A table the kernel does not have holds no rule: it
+// is listed empty (see noKernelTable).
 func (t *natTable) List(table string) ([]string, error) {
 	out, err := exec.Command(t.path, "-w", waitSeconds(), "-t", table, "-S").Output()
 	if err != nil {
 		var exitErr *exec.ExitError
 		if errors.As(err, &exitErr) {
+			if bytes.Contains(exitErr.Stderr, []byte(noKernelTable)) {
+				return nil, nil
+			}
 			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(exitErr.Stderr))
 		}
 		return nil, fmt.Errorf("%s -t %s -S: %w", t.path, table, err)
