@@ -153,9 +153,12 @@ func attachmentAddrs(a *Attachment) []netip.Addr {
 }
 
 // leasedElsewhere names the lease that holds addr in a network under
-// roots other than a's own lease (its file in own, naming a), or "".
+// roots other than a's own lease (its file in own, naming a), or "". Its
+// own is known by the file, not by its path: a root may be own's data dir
+// by another name (/var/run/cni is /run/cni on systemd hosts).
 func leasedElsewhere(roots []string, own ipamdir.Dir, a *Attachment, addr netip.Addr) (string, error) {
 	ownLease := own.Lease(addr.AsSlice())
+	ownFile, _ := os.Lstat(ownLease) // nil: it has none there
 	for _, root := range roots {
 		nets, err := os.ReadDir(root)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -169,12 +172,13 @@ func leasedElsewhere(roots []string, own ipamdir.Dir, a *Attachment, addr netip.
 				continue // a link is never followed out of a data dir
 			}
 			path := ipamdir.New(root, n.Name()).Lease(addr.AsSlice())
-			if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+			file, err := os.Lstat(path)
+			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			} else if err != nil {
 				return "", err
 			}
-			if path == ownLease {
+			if path == ownLease || ownFile != nil && os.SameFile(file, ownFile) {
 				if l, err := readLease(path); err == nil && l.names(a.Key) {
 					continue
 				}

@@ -37,9 +37,12 @@ func plantLease(t *testing.T, dataDir, net, ip string) {
 // A released attachment's firewall rules go with it when no other network
 // leases its address; another network on the same subnet (in this data
 // dir, or the legacy one) keeps them, and the release and the counts say
-// so. The rest of the attachment goes either way.
+// so. The rest of the attachment goes either way. Its own lease, seen
+// through another name of the data dir (/var/run/cni is /run/cni), keeps
+// nothing (regression: it kept them as another network's, and once the
+// lease went no sweep could name them).
 func TestReleaseTakesFirewallRulesOfFreeAddressesOnly(t *testing.T) {
-	for _, where := range []string{"nowhere", "same-data-dir", "legacy", "behind-a-link"} {
+	for _, where := range []string{"nowhere", "same-data-dir", "legacy", "behind-a-link", "own-data-dir-by-another-name"} {
 		t.Run(where, func(t *testing.T) {
 			w := newWorld(t)
 			w.container("live", "10.0.0.2")
@@ -59,7 +62,15 @@ func TestReleaseTakesFirewallRulesOfFreeAddressesOnly(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			rep := w.sweep(Request{LegacyDataDir: legacy})
+			var others []string
+			if where == "own-data-dir-by-another-name" {
+				alias := filepath.Join(t.TempDir(), "run-cni")
+				if err := os.Symlink(w.dataDir, alias); err != nil {
+					t.Fatal(err)
+				}
+				others = append(others, alias)
+			}
+			rep := w.sweep(Request{LegacyDataDir: legacy, OtherDataDirs: others})
 			if rep.Released != 1 || w.hasRecord("gone") || slices.Contains(w.leases(), "10.0.0.3") {
 				t.Fatalf("released %d; leases %v", rep.Released, w.leases())
 			}
