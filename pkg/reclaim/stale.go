@@ -283,22 +283,35 @@ func (j *judge) processMayBeIn(r *records.Record) bool {
 	if r == nil || r.NetnsID == (sysinfo.NetnsID{}) {
 		return true
 	}
+	h, err := j.holderOf(r, true)
+	return h != nil || err != nil
+}
+
+// holderOf is what still holds r's recorded namespace, confirmed by its
+// cookie (nil: nothing does; a process only, when processOnly), or why
+// that cannot be told. The host's holders are scanned once per judge.
+func (j *judge) holderOf(r *records.Record, processOnly bool) (*sysinfo.Holder, error) {
 	if j.holders == nil {
 		holders, err := j.Host.NetnsHolders()
 		if err != nil {
-			return true
+			return nil, fmt.Errorf("cannot tell whether a process still holds it: %w", err)
 		}
 		j.holders = holders
 	}
+	var unsure error
 	for _, h := range j.holders[r.NetnsID] {
-		if h.PID == 0 {
+		if processOnly && h.PID == 0 {
 			continue
 		}
-		if _, ok, err := j.Host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie); ok || err != nil {
-			return true
+		h, ok, err := j.Host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie)
+		if ok {
+			return &h, nil
+		}
+		if err != nil && unsure == nil {
+			unsure = fmt.Errorf("%s may still hold namespace net:[%d]: %w", h, r.NetnsID.Ino, err)
 		}
 	}
-	return false
+	return nil, unsure
 }
 
 // unlessHeld is the verdict on a record whose path no longer names its
@@ -306,26 +319,12 @@ func (j *judge) processMayBeIn(r *records.Record) bool {
 // namespace. Only the kernel knows when a namespace is dead, and it keeps
 // one alive as long as something is in it.
 func (j *judge) unlessHeld(r *records.Record, gone string) Verdict {
-	if j.holders == nil {
-		holders, err := j.Host.NetnsHolders()
-		if err != nil {
-			return Verdict{State: Unknown, Reason: fmt.Sprintf("%s, and cannot tell whether a process still holds it: %v", gone, err)}
-		}
-		j.holders = holders
-	}
-	var unsure error
-	for _, h := range j.holders[r.NetnsID] {
-		h, ok, err := j.Host.ConfirmHolder(h, r.NetnsID, r.NetnsCookie)
-		if ok {
-			return Verdict{State: Detached, Reason: fmt.Sprintf("namespace net:[%d] still held by %s", r.NetnsID.Ino, h), Holder: &h}
-		}
-		if err != nil && unsure == nil {
-			unsure = fmt.Errorf("%s may still hold namespace net:[%d]: %w", h, r.NetnsID.Ino, err)
-		}
-	}
-	if unsure != nil {
+	switch h, err := j.holderOf(r, false); {
+	case h != nil:
+		return Verdict{State: Detached, Reason: fmt.Sprintf("namespace net:[%d] still held by %s", r.NetnsID.Ino, h), Holder: h}
+	case err != nil:
 		// A path proves nothing, and the holder could not be checked.
-		return Verdict{State: Unknown, Reason: fmt.Sprintf("%s, and %v", gone, unsure)}
+		return Verdict{State: Unknown, Reason: fmt.Sprintf("%s, and %v", gone, err)}
 	}
 	return Verdict{State: Stale, Reason: gone, Cause: CauseNamespaceGone}
 }
