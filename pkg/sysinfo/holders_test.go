@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
 // fakeProc builds a /proc of processes whose ns/net links point at files
@@ -225,7 +227,7 @@ func TestNetnsHoldersFindsAThreadInANamespace(t *testing.T) {
 	})
 	e := <-in
 	if errors.Is(e.err, unix.EPERM) {
-		t.Skipf("cannot make a network namespace here: %v", e.err)
+		testhost.SkipOrFail(t, fmt.Sprintf("cannot make a network namespace here: %v", e.err))
 	}
 	if e.err != nil {
 		t.Fatal(e.err)
@@ -246,7 +248,7 @@ func TestNetnsHoldersFindsAThreadInANamespace(t *testing.T) {
 	}
 	cookie, err := r.NetnsCookie(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), e.tid))
 	if err != nil {
-		t.Skipf("no namespace cookie here: %v", err)
+		testhost.SkipOrFail(t, fmt.Sprintf("no namespace cookie here: %v", err))
 	}
 	if h, ok, err := r.ConfirmHolder(*found, e.id, cookie); !ok || err != nil {
 		t.Errorf("ConfirmHolder(%+v) = %+v, %v, %v", *found, h, ok, err)
@@ -349,7 +351,7 @@ func TestNetnsHoldersFollowsAHolderThatForksAndExits(t *testing.T) {
 	})
 	s := <-in
 	if errors.Is(s.err, unix.EPERM) {
-		t.Skipf("cannot make a network namespace here: %v", s.err)
+		testhost.SkipOrFail(t, fmt.Sprintf("cannot make a network namespace here: %v", s.err))
 	}
 	if s.err != nil {
 		t.Fatal(s.err)
