@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -114,6 +115,37 @@ func TestWaitForAddWaitsForTheDelegateOfAKilledADD(t *testing.T) {
 	time.AfterFunc(100*time.Millisecond, func() { held.Close() })
 	if err := w.attach.WaitForAdd(w.dir(), key, time.Minute); err != nil {
 		t.Fatalf("WaitForAdd once the delegate let go: %v", err)
+	}
+}
+
+// A DEL that comes right as the killed ADD began, and whose delegate hangs,
+// waits until that ADD's deadline has passed, ends the overdue delegate as
+// a sweep would, and goes on (docs/reclaim.md: "past the record's
+// deadline, ends them"). Regression: the deadline is written rounded up to
+// the next second plus one, and is past only a second after that, so such
+// a DEL gave up (ErrAddInProgress) up to two seconds before it, having
+// ended nothing, however long its bound.
+func TestWaitForAddEndsTheOverdueDelegateOfAnADDBegunJustBefore(t *testing.T) {
+	w := newWorld(t)
+	const bound = 100 * time.Millisecond
+	// Just before a whole second, so that the test takes a second and a
+	// bit, not two.
+	w.host.Clock = w.host.Clock.Truncate(time.Second).Add(-110 * time.Millisecond)
+	w.host.Ticking = time.Now()
+	key := records.Key{ContainerID: "c1", IfName: "eth0"}
+	// As BeginAdd writes it, with the same bound, as the clock starts:
+	// past at the whole second after next, 1.11 s on.
+	deadline := uint64(w.host.Clock.Add(bound).Unix()) + 1
+	held := w.lockedRecord(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1, Deadline: deadline})
+	const delegate = 31338
+	w.host.LockHolders = map[string][]int{records.NewStore(w.dir()).PathOf(key): {delegate}}
+	w.host.OnKill = func(string) { held.Close() }
+
+	if err := w.attach.WaitForAdd(w.dir(), key, bound); err != nil {
+		t.Fatalf("WaitForAdd of an ADD whose delegate hangs = %v, want it ended once overdue (deadline %d, now %d, killed %v)", err, deadline, w.host.Now().Unix(), w.host.Killed)
+	}
+	if !slices.Equal(w.host.Killed, []int{delegate}) {
+		t.Errorf("killed %v, want the overdue delegate %d", w.host.Killed, delegate)
 	}
 }
 

@@ -367,6 +367,11 @@ func (a *PendingAdd) Close() {
 // find nothing, remove the record, and leave what bridge then made with
 // nothing to find it by. Still running after bound, the DEL is refused
 // (ErrAddInProgress): nothing was changed, and the runtime DELs again.
+// bound is the ADD's own (AddBound), but its record's deadline is written
+// rounded up to the second plus one and is past only a second later: so
+// the DEL waits on while that deadline is still to come, at most
+// deadlineRounding more, lest one that came as the ADD began give up just
+// before it could end the overdue delegate.
 func (s *Attacher) WaitForAdd(d ipamdir.Dir, key records.Key, bound time.Duration) error {
 	store := records.NewStore(d)
 	var j *judge
@@ -383,11 +388,13 @@ func (s *Attacher) WaitForAdd(d ipamdir.Dir, key records.Key, bound time.Duratio
 		if rec.BootID != j.bootID {
 			return nil
 		}
+		// Read before addRunning, so that it has tried the kill when not.
+		overdueSoon := rec.Deadline != 0 && uint64(j.Host.Now().Unix()) <= rec.Deadline
 		v, _ := j.addRunning(rec)
 		if v.State != Pending {
 			return nil
 		}
-		if time.Since(start) >= bound {
+		if waited := time.Since(start); waited >= bound && (!overdueSoon || waited >= bound+deadlineRounding) {
 			return &AddError{Kind: ErrAddInProgress, Msg: fmt.Sprintf("an ADD of %s on %s is still running (%s): DEL it again once that ADD has ended", key, d.Network, v.Reason)}
 		}
 	}
@@ -395,6 +402,11 @@ func (s *Attacher) WaitForAdd(d ipamdir.Dir, key records.Key, bound time.Duratio
 
 // addWaitPoll is how often WaitForAdd looks at the ADD's lock again.
 const addWaitPoll = 20 * time.Millisecond
+
+// deadlineRounding is how much later than its bound from BeginAdd a
+// pending record is overdue (judge.addRunning), at most, for its deadline
+// is rounded up to the second plus one, and past only a second after it.
+const deadlineRounding = 2 * time.Second
 
 // EndDel finishes a DEL the delegate accepted. bridge skips its ipMasq
 // teardown when CNI_NETNS is empty or gone, and its iptables teardown when

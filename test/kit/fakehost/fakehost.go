@@ -19,6 +19,9 @@ type Host struct {
 	// BootErr makes BootTime fail: /proc/stat unreadable.
 	BootErr error
 	Clock   time.Time
+	// Ticking, when set, makes the clock run: Now is Clock plus the real
+	// time since Ticking.
+	Ticking time.Time
 	// Namespaces maps a netns path to its identity; a path absent here does
 	// not exist, unless it is in NotNetns (exists, but not nsfs).
 	Namespaces map[string]sysinfo.NetnsID
@@ -74,7 +77,13 @@ func New(boot time.Time) *Host {
 
 func (h *Host) BootID() (string, error)      { return h.ID, nil }
 func (h *Host) BootTime() (time.Time, error) { return h.Boot, h.BootErr }
-func (h *Host) Now() time.Time               { return h.Clock }
+
+func (h *Host) Now() time.Time {
+	if !h.Ticking.IsZero() {
+		return h.Clock.Add(time.Since(h.Ticking))
+	}
+	return h.Clock
+}
 
 func (h *Host) Netns(path string) (sysinfo.NetnsID, error) {
 	if id, ok := h.Namespaces[path]; ok {
