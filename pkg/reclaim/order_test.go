@@ -130,25 +130,39 @@ func TestOrphanRulesKeptForLegacyLeasesAndDamagedRecords(t *testing.T) {
 }
 
 // A failed ADD leaves nothing: host-local may keep a reservation it could
-// not finish (full tmpfs), and Abort releases it before the record.
+// not finish (full tmpfs), and Abort releases it before the record. Its
+// lease is written after the pending record, as host-local writes it (a
+// lease older than the record is an earlier attachment's:
+// ranIntoEarlier), or within the same tick of the kernel's file clock,
+// which gives both the same mtime: that one is the ADD's too.
 func TestAbortReleasesWhatTheFailedADDLeft(t *testing.T) {
-	w := newWorld(t)
-	w.container("other", "10.0.0.2")
-	w.host.Namespaces["/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 1}
-	add, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "x", IfName: "eth0"}, "/run/netns/x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Written after the pending record, as host-local writes it: a lease
-	// older than the record is an earlier attachment's (ranIntoEarlier).
-	w.lease("10.0.0.4", "x\r\neth0", time.Now())
-	w.nat.AddContainer(net1, "x", "10.0.0.4", 0)
-	if err := add.Abort(); err != nil {
-		t.Fatal(err)
-	}
-	equal(t, "leases", w.leases(), []string{"10.0.0.2"})
-	if w.hasRecord("x") || w.nat.Owns(net1, "x") || !w.nat.Owns(net1, "other") {
-		t.Errorf("after Abort: record %v, NAT %v", w.hasRecord("x"), w.nat.Chains)
+	for _, when := range []string{"later", "same-tick"} {
+		t.Run(when, func(t *testing.T) {
+			w := newWorld(t)
+			w.container("other", "10.0.0.2")
+			w.host.Namespaces["/run/netns/x"] = sysinfo.NetnsID{Dev: 4, Ino: 1}
+			add, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "x", IfName: "eth0"}, "/run/netns/x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			written := time.Now()
+			if when == "same-tick" {
+				fi, err := add.LockFile.Stat()
+				if err != nil {
+					t.Fatal(err)
+				}
+				written = fi.ModTime()
+			}
+			w.lease("10.0.0.4", "x\r\neth0", written)
+			w.nat.AddContainer(net1, "x", "10.0.0.4", 0)
+			if err := add.Abort(); err != nil {
+				t.Fatal(err)
+			}
+			equal(t, "leases", w.leases(), []string{"10.0.0.2"})
+			if w.hasRecord("x") || w.nat.Owns(net1, "x") || !w.nat.Owns(net1, "other") {
+				t.Errorf("after Abort: record %v, NAT %v", w.hasRecord("x"), w.nat.Chains)
+			}
+		})
 	}
 }
 
