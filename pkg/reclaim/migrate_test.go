@@ -458,3 +458,27 @@ func TestMigrateWritesNoRecordOutsideTheRecordDirectory(t *testing.T) {
 		t.Errorf("record of the valid legacy lease = %+v, %v", r, err)
 	}
 }
+
+// A migrated attachment is alive while its runtime's legacy lease names
+// it; a legacy lease that cannot be read (here a directory in its place)
+// proves nothing either way: kept, never released as if its runtime had
+// DELed it.
+func TestMigratedAttachmentWithAnUnreadableLegacyLeaseIsKept(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	path := w.legacyLease(legacy, "10.0.0.2", "a\r\neth0", bootTime.Add(time.Minute))
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w.record(&records.Record{ContainerID: "a", IfName: "eth0", BootID: w.host.ID, State: records.Migrated, LegacyLeases: []string{path}})
+
+	if got := verdicts(w.sweep(Request{LegacyDataDir: legacy}))["a"]; got != Unknown {
+		t.Errorf("verdict on a migrated attachment whose legacy lease cannot be read = %s, want unknown (kept)", got)
+	}
+	if !w.hasRecord("a") {
+		t.Error("the sweep released the record")
+	}
+}
