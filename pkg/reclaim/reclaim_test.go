@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -492,6 +493,23 @@ func TestEndDelReleasesWhatBridgeLeftInALiveNamespace(t *testing.T) {
 	}
 	if w.nat.Owns(net1, "c2") || w.hasRecord("c2") {
 		t.Errorf("DEL with namespace left NAT rules %v or the record (%v)", w.nat.Chains, w.hasRecord("c2"))
+	}
+}
+
+// A DEL with no record to say which addresses the attachment had (a
+// container of the bare chain's, a record lost) cannot tell that bridge's
+// teardown covered every rule of the container, even when bridge found
+// addresses on the interface: it lists the tables and releases what an
+// earlier attachment of the same ID left.
+func TestEndDelWithoutARecordReleasesWhatBridgeLeft(t *testing.T) {
+	w := newWorld(t)
+	w.nat.AddContainer(net1, "c5", "10.0.0.9", 0) // an earlier attachment's jump
+	w.attach.TornDown = []net.IP{net.ParseIP("10.0.0.6")}
+	if err := w.attach.EndDel(w.dir(), records.Key{ContainerID: "c5", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if w.nat.Owns(net1, "c5") {
+		t.Errorf("DEL without a record left NAT rules %v", w.nat.Chains)
 	}
 }
 
