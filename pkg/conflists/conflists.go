@@ -147,7 +147,9 @@ func readFile(path string, bridgeIsPlugin bool) File {
 		return file
 	}
 	// The extension says how runtimes read the file (libcni, go-cni,
-	// Nomad): they refuse it in the other shape.
+	// Nomad): they refuse it in the other shape, and what libcni's parser
+	// refuses (no "name", an entry without "type"), whatever the plugin's
+	// entry in it; libcni picks the version from "cniVersions" too.
 	raws := list.Plugins
 	switch conflist := filepath.Ext(path) == ".conflist"; {
 	case conflist && len(raws) == 0 && list.Type != "":
@@ -156,6 +158,12 @@ func readFile(path string, bridgeIsPlugin bool) File {
 		file.Err = errors.New(`no "type": runtimes read a .conf or .json file as one plugin's configuration, and a list of plugins only from a .conflist`)
 	case !conflist:
 		raws = []json.RawMessage{raw}
+		_, file.Err = libcni.NetworkPluginConfFromBytes(raw)
+	default:
+		var parsed *libcni.NetworkConfigList
+		if parsed, file.Err = libcni.NetworkConfFromBytes(raw); file.Err == nil {
+			list.CNIVersion = parsed.CNIVersion
+		}
 	}
 	if file.Err != nil {
 		file.NotCNI = true

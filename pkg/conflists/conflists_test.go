@@ -226,3 +226,36 @@ func TestRangeAddressesOfANetworkInTwoFilesAreTheFirstOnes(t *testing.T) {
 		t.Errorf("addresses of a network in two files: %v, want the first file's 254", got)
 	}
 }
+
+// A .conflist that libcni refuses to load (NetworkConfFromBytes: no "name",
+// an empty "plugins", an entry without "type" or that is not an object) is
+// refused by containerd and Nomad, which stop loading the directory there,
+// however valid the plugin's own entry in it is: it is no network, and says
+// libcni's why. A "cniVersions" list gives the entries the version libcni
+// picks from it, as it runs them.
+func TestFileLibcniRefusesIsNoNetwork(t *testing.T) {
+	root := t.TempDir()
+	ours := `{"type": "` + PluginName + `", "ipam": {"type": "host-local", "subnet": "10.1.0.0/24"}}`
+	write(t, root, "10-noname.conflist", `{"cniVersion": "1.0.0", "plugins": [`+ours+`]}`)
+	write(t, root, "20-empty.conflist", `{"cniVersion": "1.0.0", "name": "empty", "plugins": []}`)
+	write(t, root, "30-notype.conflist", `{"cniVersion": "1.0.0", "name": "notype", "plugins": [`+ours+`, {"capabilities": {"portMappings": true}}]}`)
+	write(t, root, "40-string.conflist", `{"cniVersion": "1.0.0", "name": "string", "plugins": [`+ours+`, "portmap"]}`)
+	write(t, root, "50-versions.conflist", `{"cniVersions": ["0.4.0", "1.0.0"], "name": "versions", "plugins": [`+ours+`]}`)
+	var got []string
+	for _, f := range Read([]string{root}, false) {
+		var nets []string
+		for _, n := range f.Networks {
+			if n.Conf != nil {
+				nets = append(nets, n.Name+"@"+n.Conf.CNIVersion)
+			} else {
+				nets = append(nets, fmt.Sprintf("%s: %v", n.Name, n.Err))
+			}
+		}
+		got = append(got, fmt.Sprintf("%s %v notCNI=%v", filepath.Base(f.Path), nets, f.NotCNI && f.Err != nil))
+	}
+	want := []string{"10-noname.conflist [] notCNI=true", "20-empty.conflist [] notCNI=true", "30-notype.conflist [] notCNI=true",
+		"40-string.conflist [] notCNI=true", "50-versions.conflist [versions@1.0.0] notCNI=false"}
+	if !slices.Equal(got, want) {
+		t.Errorf("files =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
