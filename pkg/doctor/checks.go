@@ -362,32 +362,16 @@ func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, s
 
 // networkState is what `metrics` reads of the one network of scope: its
 // attachments by state (each once, however many leases it holds), its
-// orphan NAT rule sets and the files its sweep skipped. A network none of
-// whose directories exists holds no attachment, and is not swept: a sweep
-// takes host-local's lock, whose store creates the network's directory,
-// and the doctor only reads. Every NAT rule set of such a network is an
-// orphan.
+// orphan NAT rule sets and the files its sweep skipped. The sweep is a dry
+// run, which creates nothing (not even host-local's lock of a network
+// never served), and it calls no rule set an orphan whose container holds
+// a lease or record elsewhere (the legacy dir waiting for the migration).
 func networkState(s *reclaim.Sweeper, scope operator.Scope) (metrics.Network, error) {
-	d := scope.Dirs[0]
-	if d.Served() {
-		nets, err := metrics.Collect(s, scope, nil)
-		if err != nil {
-			return metrics.Network{}, err
-		}
-		return nets[0], nil
+	nets, err := metrics.Collect(s, scope, nil)
+	if err != nil {
+		return metrics.Network{}, err
 	}
-	var st metrics.Network
-	if s.Netfilter == nil {
-		return st, nil
-	}
-	for _, b := range s.Netfilter.Backends() {
-		rules, err := b.List(d.Network)
-		if err != nil {
-			return st, fmt.Errorf("read %s NAT rules of %s: %w", b.Name(), d.Network, err)
-		}
-		st.OrphanRules += len(rules.Owners())
-	}
-	return st, nil
+	return nets[0], nil
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it, so that a fix can

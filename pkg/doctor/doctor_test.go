@@ -13,11 +13,13 @@ import (
 	"unicode"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/dirstate"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakehost"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/fakenat"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/test/kit/testhost"
 )
 
@@ -41,6 +43,8 @@ type host struct {
 	euid  int
 	// room is the data dir's free space (nil: plenty).
 	room *Room
+	// nat is the host's nat table (nil: no NAT rules are read).
+	nat *fakenat.Table
 }
 
 func newHost(t *testing.T) *host {
@@ -88,6 +92,9 @@ func conf(name, typ, bridge, subnet, ipam string) string {
 
 func (h *host) run() *Report {
 	sw := &reclaim.Sweeper{Env: reclaim.Env{Host: fakehost.New(boot)}}
+	if h.nat != nil {
+		sw.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{h.nat}}
+	}
 	path := append(slices.Clone(h.front), h.bin)
 	return Run(Options{
 		ConfDirs:     []string{h.conf, filepath.Join(h.root, "absent")},
@@ -257,6 +264,36 @@ func TestUnusedNetworkWritesNothing(t *testing.T) {
 	want := Finding{Level: OK, Check: "state", Subject: "web", Message: "0 live, 0 pending, 0 stale, 0 detached, 0 unknown, 0 orphan NAT rule set(s)"}
 	if !slices.Contains(r.Findings, want) {
 		t.Errorf("no %+v in %+v", want, r.Findings)
+	}
+}
+
+// A network the plugin has not served yet in its data dir (switched from
+// bare bridge, no ADD through the plugin since) keeps the NAT rules of the
+// containers bare bridge added: their leases wait in the legacy directory
+// for the migration, so their rules are no orphans, as the sweep that
+// gc runs judges them; a container that holds nothing anywhere is one
+// (regression: the doctor counted every rule set of such a network an
+// orphan and told the operator to release them).
+func TestUnservedNetworksRulesHeldByLegacyLeasesAreNoOrphans(t *testing.T) {
+	h := newHost(t)
+	legacy := filepath.Join(h.root, "legacy")
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", `host-local", "dataDir": "`+legacy))
+	if err := os.MkdirAll(filepath.Join(legacy, "web"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, "web", "172.26.80.5"), []byte("bare\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.nat = fakenat.New()
+	h.nat.AddContainer("web", "bare", "172.26.80.5", 0)
+	h.nat.AddContainer("web", "gone", "172.26.80.6", 0)
+	r := h.run()
+	want := "0 live, 0 pending, 0 stale, 0 detached, 0 unknown, 1 orphan NAT rule set(s)"
+	if !slices.ContainsFunc(r.Findings, func(f Finding) bool { return f.Check == "state" && f.Subject == "web" && f.Message == want }) {
+		t.Errorf("no %+v in:\n%s", want, findings(r))
+	}
+	if entries, err := os.ReadDir(h.data); err != nil || len(entries) != 0 {
+		t.Errorf("doctor wrote into the dataDir of a network never served: %v %v", entries, err)
 	}
 }
 
