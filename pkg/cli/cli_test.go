@@ -270,12 +270,35 @@ func TestMetricsTextfileIsWrittenAtomically(t *testing.T) {
 	if len(entries) != 1 {
 		t.Errorf("left %d files beside it", len(entries)-1)
 	}
+	notDir := filepath.Join(dataDir, "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	c, _, _ = fakeNATCLI()
-	if code := c.run([]string{"metrics", "--data-dir", filepath.Join(dataDir, "missing"), "--textfile", out}); code != 1 {
-		t.Errorf("metrics of a missing data dir: exit %d, want 1", code)
+	if code := c.run([]string{"metrics", "--data-dir", notDir, "--textfile", out}); code != 1 {
+		t.Errorf("metrics of a data dir that is a file: exit %d, want 1", code)
 	}
 	if b2, _ := os.ReadFile(out); !bytes.Equal(b, b2) {
 		t.Error("a failed collection changed the textfile")
+	}
+}
+
+// A tmpfs data dir does not exist after a boot until the first ADD (on a
+// node that runs no bridge network, ever): metrics then reports no network
+// and succeeds, as gc --all-data-dirs does, rather than failing every
+// minute and leaving the textfile to age into NomadBridgeCNIMetricsStale,
+// which says the timer is dead.
+func TestMetricsOfADataDirNotMadeYetIsNoNetwork(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "nbc.prom")
+	if err := os.WriteFile(out, []byte("nomad_bridge_cni_leases{network=\"before-reboot\"} 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, _, stderr := fakeNATCLI()
+	if code := c.run([]string{"metrics", "--data-dir", filepath.Join(t.TempDir(), "run-cni"), "--textfile", out}); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if b, _ := os.ReadFile(out); !strings.Contains(string(b), "# TYPE nomad_bridge_cni_leases gauge") || strings.Contains(string(b), "before-reboot") {
+		t.Errorf("textfile not rewritten with no network:\n%s", b)
 	}
 }
 

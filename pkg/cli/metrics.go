@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
@@ -37,6 +39,13 @@ func (c *cli) metrics(args []string) (code int) {
 		return code
 	}
 	dirs, skipped, err := ipamdir.List(*dataDir, "")
+	if errors.Is(err, fs.ErrNotExist) {
+		// A tmpfs data dir is made by the boot's first ADD: until then it
+		// holds no network, as for gc --all-data-dirs, and a failure here
+		// would age the textfile into "the metrics timer is dead".
+		fmt.Fprintf(c.stderr, "nomad-bridge-cni: data dir %s does not exist: no network to report\n", statefile.Printable(*dataDir))
+		err = nil
+	}
 	if err != nil {
 		return c.fail(1, err, "")
 	}
