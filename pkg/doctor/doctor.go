@@ -98,12 +98,18 @@ func Run(o Options) *Report {
 	}
 	front, ffs := findFront(o)
 	fs = append(fs, ffs...)
+	var nomadFs []Finding
 	if o.Nomad {
-		fs = append(fs, checkNomad(o, o.nomad)...)
+		nomadFs = checkNomad(o, o.nomad)
+		fs = append(fs, nomadFs...)
 	}
 	nets, cfs := readConflists(o.ConfDirs, front.path != "")
 	fs = append(fs, cfs...)
 	ours := slices.DeleteFunc(slices.Clone(nets), func(n *conflists.Network) bool { return !n.Ours || n.Conf == nil })
+	// The bridge finding is fine where Nomad sends CHECK on restore.
+	if o.Nomad && nomadFs[len(nomadFs)-1].Level == OK {
+		fs = append(fs, checkBelowCheck(o, ours)...)
+	}
 	if len(ours) == 0 && !slices.ContainsFunc(fs, isError) {
 		fs = append(fs, Finding{Level: Warn, Check: "conflist", Subject: strings.Join(o.ConfDirs, ", "), Message: "no conflist uses " + pluginName, Fix: "change \"type\": \"bridge\" to \"type\": \"" + pluginName + "\" in one, or pass --conf-dir"})
 	}

@@ -38,6 +38,7 @@ type host struct {
 	versions              map[string]string
 	tmpfs                 bool
 	nomad                 bool
+	nomadVersion          string // the agent's ("" unknown)
 	// front are bin dirs before bin in the CNI path; euid the doctor's user.
 	front []string
 	euid  int
@@ -103,7 +104,7 @@ func (h *host) run() *Report {
 		Nomad:        h.nomad,
 		NomadClient: func() NomadClient {
 			nc := NomadDefaults()
-			nc.Source, nc.CNIPath, nc.CNIConfigDir = "the test's client", path, h.conf
+			nc.Source, nc.CNIPath, nc.CNIConfigDir, nc.Version = "the test's client", path, h.conf, h.nomadVersion
 			return nc
 		},
 		EUID: h.euid,

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	cniversion "github.com/containernetworking/cni/pkg/version"
 	"github.com/hashicorp/go-version"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
@@ -433,6 +434,28 @@ func checkNomad(o Options, nc NomadClient) []Finding {
 		f = Finding{Level: Warn, Check: "nomad", Subject: "bridge", Message: fmt.Sprintf("Nomad %s never sends CHECK on restore (no CHECK-time sweep), whatever it records for bridge, here %s: Nomad sends it from 1.9.5 (1.8.10 and 1.7.18 Enterprise)%s", nc.Version, recorded, note), Fix: fix}
 	}
 	return append(fs, f)
+}
+
+// checkBelowCheck flags, for a Nomad that sends CHECK on restore, the
+// plugin's networks in its cni_config_dir below cniVersion 0.4.0: libcni
+// refuses CHECK there (CheckNetworkList), Nomad takes that for a failed
+// CHECK (v2.0.5 networking_cni.go Setup) and re-creates the namespace and
+// re-ADDs while the tasks stay in the old one, an ADD that is refused. An
+// agent of unknown version may be one that never sends CHECK.
+func checkBelowCheck(o Options, ours []*conflists.Network) []Finding {
+	level := Warn
+	if _, known := nomadStops(o.nomad.Version); known {
+		level = Error
+	}
+	var fs []Finding
+	for _, n := range ours {
+		below, err := cniversion.GreaterThan("0.4.0", n.Conf.CNIVersion)
+		if err == nil && below && filepath.Dir(n.File) == filepath.Clean(o.nomad.CNIConfigDir) {
+			fs = append(fs, Finding{Level: level, Check: "conflist", Subject: n.File, Message: fmt.Sprintf("network %q is at cniVersion %s: libcni refuses CHECK below 0.4.0, which Nomad takes for a failed CHECK on restore; it then re-ADDs in a new namespace while the tasks stay in the old one, so each agent restart reschedules the network's allocations", n.Name, n.Conf.CNIVersion),
+				Fix: `set its "cniVersion" to "1.0.0"`})
+		}
+	}
+	return fs
 }
 
 func prefixes(ps []netip.Prefix) string {
