@@ -344,6 +344,9 @@ func stateFindings(o Options, n *conflists.Network, nets []*conflists.Network, s
 	msg := fmt.Sprintf("%d live, %d pending, %d stale, %d detached, %d unknown, %d orphan NAT rule set(s)", count[reclaim.Live], count[reclaim.Pending], count[reclaim.Stale], count[reclaim.Detached], count[reclaim.Unknown], st.OrphanRules)
 	f := Finding{Level: Warn, Check: "state", Subject: subject, Message: msg}
 	switch {
+	case !n.Dir.Served() && st.OrphanRules > 0:
+		// Every gc refuses a network with no directory in its data dir.
+		f.Fix = fmt.Sprintf("no gc sweeps %s in %s before an ADD through the plugin makes its directory there: the first one marks the network the plugin's, and the next CHECK or gc releases them", n.Name, n.Dir.DataDir)
 	case count[reclaim.Stale] > 0 || st.OrphanRules > 0:
 		f.Fix = fmt.Sprintf("nomad-bridge-cni gc --data-dir %s --network %s --orphan-rules (see nomad-bridge-cni leases --data-dir %s)", shellQuote(n.Dir.DataDir), shellQuote(n.Name), shellQuote(n.Dir.DataDir))
 	case count[reclaim.Detached] > 0:

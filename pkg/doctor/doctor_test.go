@@ -298,6 +298,24 @@ func TestUnservedNetworksRulesHeldByLegacyLeasesAreNoOrphans(t *testing.T) {
 	}
 }
 
+// The fix for orphan NAT rules of a network not served yet in its data dir
+// is not a gc: every gc refuses the network there ("not served"), so the
+// fix says what releases them (regression: it advised gc --network, which
+// exits 1 and releases nothing).
+func TestUnservedNetworksOrphansFixIsNoGCThatRefusesIt(t *testing.T) {
+	h := newHost(t)
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", "host-local"))
+	h.nat = fakenat.New()
+	h.nat.AddContainer("web", "gone", "172.26.80.6", 0)
+	r := h.run()
+	i := slices.IndexFunc(r.Findings, func(f Finding) bool {
+		return f.Check == "state" && strings.HasSuffix(f.Message, " 1 orphan NAT rule set(s)")
+	})
+	if i < 0 || r.Findings[i].Level != Warn || r.Findings[i].Fix == "" || strings.Contains(r.Findings[i].Fix, "nomad-bridge-cni gc") {
+		t.Errorf("want a warning on the orphan, its fix no gc, in:\n%s", findings(r))
+	}
+}
+
 // stale writes a stale attachment of network web: a record from another
 // boot that lists cidrs, and a lease of each.
 func (h *host) stale(id string, cidrs ...string) {
