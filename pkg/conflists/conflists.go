@@ -198,7 +198,9 @@ func readFile(path string, bridgeIsPlugin bool) File {
 			if t := entry["type"].(string); !slices.Contains(types, t) {
 				n.Plugins = append(slices.Clone(types), t)
 			}
-			if err == nil {
+			if e := netconf.CheckVersion(list.CNIVersion); err == nil && e != nil {
+				err = e
+			} else if err == nil {
 				n.Conf, err = netconf.Parse(stdin)
 			}
 			if err != nil {

@@ -259,3 +259,27 @@ func TestFileLibcniRefusesIsNoNetwork(t *testing.T) {
 		t.Errorf("files =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// libcni gives every entry the list's cniVersion, "" when the list has none
+// (a version written in the entries only), and the plugin refuses every
+// verb of an empty or unknown one before it reads the entry: such an entry
+// is refused here too, with that verb's message (regression: netconf's
+// parser took it, and the doctor called the network fine).
+func TestEntryOfAVersionThePluginRefusesIsRefused(t *testing.T) {
+	root := t.TempDir()
+	ours := `{"type": "` + PluginName + `", "cniVersion": "1.0.0", "ipam": {"type": "host-local", "subnet": "10.1.0.0/24"}}`
+	write(t, root, "10-none.conflist", `{"name": "none", "plugins": [`+ours+`]}`)
+	write(t, root, "20-old.conflist", `{"cniVersion": "0.2.0", "name": "old", "plugins": [`+ours+`]}`)
+	write(t, root, "30-ok.conflist", `{"cniVersion": "0.3.1", "name": "ok", "plugins": [`+ours+`]}`)
+	var got []string
+	for _, f := range Read([]string{root}, false) {
+		for _, n := range f.Networks {
+			got = append(got, fmt.Sprintf("%s: %v", n.Name, n.Err))
+		}
+	}
+	want := []string{`none: "cniVersion" is empty: set it to one of ["0.3.0" "0.3.1" "0.4.0" "1.0.0" "1.1.0"]`,
+		`old: incompatible CNI versions; config is "0.2.0", plugin supports ["0.3.0" "0.3.1" "0.4.0" "1.0.0" "1.1.0"]`, "ok: <nil>"}
+	if !slices.Equal(got, want) {
+		t.Errorf("networks =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

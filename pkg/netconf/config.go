@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +21,26 @@ import (
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/eventlog"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 )
+
+// SupportedVersions are the CNI spec versions the wrapper speaks. It passes
+// the entry through to bridge, which speaks them all; 0.3.0 is the oldest
+// whose result carries interfaces, which later plugins in a chain need.
+var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+// CheckVersion refuses a cniVersion as every verb refuses it before the
+// entry is read (pkg/skel): empty (skel would read it as 0.1.0 and report
+// that version as the problem), or one the plugin does not speak. libcni
+// gives every entry the list's version, "" when the list has none.
+func CheckVersion(v string) *types.Error {
+	supported := SupportedVersions.SupportedVersions()
+	switch {
+	case v == "":
+		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("\"cniVersion\" is empty: set it to one of %q", supported), "")
+	case !slices.Contains(supported, v):
+		return types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", fmt.Sprintf("config is %q, plugin supports %q", v, supported))
+	}
+	return nil
+}
 
 // MaxConfigSize caps the entry the plugin reads from stdin. A conflist
 // entry with its prevResult is a few KiB; the cap keeps a runaway writer

@@ -74,7 +74,7 @@ func precheck(data []byte) *types.Error {
 		CNIVersion *string `json:"cniVersion"`
 	}
 	if json.Unmarshal(data, &conf) == nil && conf.CNIVersion != nil && *conf.CNIVersion == "" {
-		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("\"cniVersion\" is empty: set it to one of %q", SupportedVersions.SupportedVersions()), "")
+		return netconf.CheckVersion("")
 	}
 	return nil
 }

@@ -3,9 +3,8 @@ package skel
 import (
 	"fmt"
 
-	"github.com/containernetworking/cni/pkg/version"
-
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 )
 
 // Version is stamped at build time:
@@ -13,10 +12,8 @@ import (
 //	go build -ldflags "-X github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/skel.Version=v1.2.3"
 var Version = "v0.1.0"
 
-// SupportedVersions are the CNI spec versions the wrapper speaks. It passes
-// the entry through to bridge, which speaks them all; 0.3.0 is the oldest
-// whose result carries interfaces, which later plugins in a chain need.
-var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+// SupportedVersions are the CNI spec versions the wrapper speaks.
+var SupportedVersions = netconf.SupportedVersions
 
 // About is the plugin's about line, which Nomad's fingerprint parses (see
 // printAbout).
