@@ -317,7 +317,8 @@ func checkState(o Options, ours, nets []*conflists.Network, front bool) []Findin
 		}
 		done[n.Dir.Leases()] = true
 		legacy := ipamdir.New(n.Conf.LegacyDataDir, n.Conf.Name)
-		if k := countLeases(legacy); k > 0 && n.Conf.LegacyDataDir != n.Conf.DataDir {
+		migrated := o.Sweeper != nil && o.Sweeper.MigratedThisBoot(n.Dir)
+		if k := countLeases(legacy); k > 0 && n.Conf.LegacyDataDir != n.Conf.DataDir && !migrated {
 			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
 		}
 		if _, err := os.Stat(n.Conf.DataDir); err == nil {

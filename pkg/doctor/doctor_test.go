@@ -316,6 +316,41 @@ func TestUnservedNetworksOrphansFixIsNoGCThatRefusesIt(t *testing.T) {
 	}
 }
 
+// After the migration of this boot, the legacy leases of this boot stay
+// where they are, recorded, until their runtime's DEL (reclaim
+// recordMigrated): they wait for no migration, and no ADD or CHECK moves
+// them (regression: the doctor said they did, until those containers
+// went).
+func TestMigratedLegacyLeasesDoNotWait(t *testing.T) {
+	h := newHost(t)
+	legacy := filepath.Join(h.root, "legacy")
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", `host-local", "dataDir": "`+legacy))
+	lease := filepath.Join(legacy, "web", "172.26.80.5")
+	if err := os.MkdirAll(filepath.Dir(lease), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lease, []byte("bare\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(lease, boot.Add(time.Minute), boot.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	waiting := "1 legacy lease(s) in " + filepath.Dir(lease) + " wait for the migration"
+	if text := findings(h.run()); !strings.Contains(text, waiting) {
+		t.Fatalf("before the migration, no %q in:\n%s", waiting, text)
+	}
+	m := &reclaim.Migrator{Env: reclaim.Env{Host: fakehost.New(boot)}}
+	if err := m.Migrate(ipamdir.New(h.data, "web"), legacy); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(lease); err != nil {
+		t.Fatalf("the migration took the legacy lease of this boot: %v", err)
+	}
+	if text := findings(h.run()); strings.Contains(text, "wait for the migration") {
+		t.Errorf("after the migration of this boot:\n%s", text)
+	}
+}
+
 // stale writes a stale attachment of network web: a record from another
 // boot that lists cidrs, and a lease of each.
 func (h *host) stale(id string, cidrs ...string) {

@@ -54,6 +54,15 @@ func (s *Migrator) Migrate(d ipamdir.Dir, legacyDir string) error {
 	return nil
 }
 
+// MigratedThisBoot reports whether d's network had its legacy leases
+// migrated in this boot: those still in the legacy directory then are its
+// migrated attachments' own, kept there until their runtime's DEL
+// (recordMigrated), and no run of this boot moves them.
+func (e *Env) MigratedThisBoot(d ipamdir.Dir) bool {
+	bootID, err := e.Host.BootID()
+	return err == nil && markedThisBoot(d, ipamdir.MigratedMarker, bootID)
+}
+
 func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) error {
 	bootTime, err := s.Host.BootTime()
 	if err != nil {
