@@ -3,15 +3,29 @@ package doctor
 import (
 	"fmt"
 
+	"github.com/containernetworking/cni/pkg/invoke"
+
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 )
 
-// readConflists reads every configuration file in dirs as conflists.Read
-// does and returns the bridge networks it found, with a finding for each
-// file that uses the plugin (valid or not) and for each file that cannot
-// be read.
-func readConflists(dirs []string, bridgeIsPlugin bool) ([]*conflists.Network, []Finding) {
-	files := conflists.Read(dirs, bridgeIsPlugin)
+// readConflists reads every configuration file of o.ConfDirs as
+// conflists.Read does and returns the bridge networks it found, with a
+// finding for each file that uses the plugin (valid or not) and for each
+// file that cannot be read. The plugin installed as bridge (fr) serves the
+// "type": "bridge" entries of a file only where the runtime that reads it
+// finds it first: another runtime's directory may be read with the
+// reference bridge first in its own plugin dirs.
+func readConflists(o Options, fr front) ([]*conflists.Network, []Finding) {
+	files := conflists.Read(o.ConfDirs, false)
+	if fr.path != "" {
+		asPlugin := conflists.Read(o.ConfDirs, true)
+		for i, f := range files {
+			first, err := invoke.FindInPath("bridge", pluginPathOf(o, f.Path).dirs)
+			if i < len(asPlugin) && asPlugin[i].Path == f.Path && err == nil && first == fr.path {
+				files[i] = asPlugin[i]
+			}
+		}
+	}
 	var fs []Finding
 	for _, f := range files {
 		switch {

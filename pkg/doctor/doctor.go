@@ -103,7 +103,7 @@ func Run(o Options) *Report {
 		nomadFs = checkNomad(o, o.nomad)
 		fs = append(fs, nomadFs...)
 	}
-	nets, cfs := readConflists(o.ConfDirs, front.path != "")
+	nets, cfs := readConflists(o, front)
 	fs = append(fs, cfs...)
 	ours := slices.DeleteFunc(slices.Clone(nets), func(n *conflists.Network) bool { return !n.Ours || n.Conf == nil })
 	// The bridge finding is fine where Nomad sends CHECK on restore.

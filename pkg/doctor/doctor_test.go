@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/operator"
@@ -608,5 +609,49 @@ func TestDoctorTextEscapesWhatATerminalWouldObey(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %s in:\n%s", want, text)
 		}
+	}
+}
+
+// Installed as bridge in front of Nomad's cni_path, the plugin serves the
+// "type": "bridge" entries of Nomad's cni_config_dir only: another
+// runtime's directory, read with that runtime's plugin dirs (containerd's
+// /opt/cni/bin and the reference bridge there), keeps bare bridge's
+// (regression: every conf dir's bridge entries were called the plugin's,
+// their leases "waiting for the migration" for ever).
+func TestFrontServesOnlyTheDirsWhosePathItFronts(t *testing.T) {
+	h := newHost(t)
+	front, other := filepath.Join(h.root, "front"), filepath.Join(h.root, "containerd-net.d")
+	for _, d := range []string{front, other} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frontBridge := filepath.Join(front, "bridge")
+	if err := os.WriteFile(frontBridge, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.versions[frontBridge] = "CNI bridge plugin v1.10.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
+	h.conflist("10-web.conflist", conf("web", "bridge", "web0", "172.26.80.0/20", "host-local"))
+	if err := os.WriteFile(filepath.Join(other, "10-ctr.conflist"), []byte(strings.ReplaceAll(conf("ctr", "bridge", "ctr0", "172.26.96.0/20", "host-local"), "DATA", h.data)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := Run(Options{
+		ConfDirs: []string{other}, CNIPath: []string{"/opt/cni/bin"}, Nomad: true, EUID: 1000,
+		NomadClient: func() NomadClient {
+			return nomadSettings{CNIPath: front + ":" + h.bin, CNIConfigDir: h.conf}.resolve("test")
+		},
+		Readers: map[string]conflists.Reader{other: {Runtimes: "containerd", PluginDirs: []string{h.bin}}},
+		Version: func(path string) (string, error) {
+			if v, ok := h.versions[path]; ok {
+				return v, nil
+			}
+			return h.versions[filepath.Base(path)], nil
+		},
+		OnTmpfs: func(string) (bool, error) { return true, nil },
+		Free:    func(string) (Room, error) { return plenty, nil },
+	})
+	text := findings(r)
+	if !strings.Contains(text, `network "web" uses nomad-bridge-cni (installed as "bridge")`) || strings.Contains(text, "10-ctr.conflist") {
+		t.Errorf("want web the plugin's and ctr bare bridge's in:\n%s", text)
 	}
 }

@@ -63,7 +63,10 @@ func TestEachConflistIsJudgedByItsRuntimesPluginPath(t *testing.T) {
 			nc.Source, nc.CNIPath, nc.CNIConfigDir = "test", nomadPath, nomadConf
 			return nc
 		},
-		Readers: map[string]conflists.Reader{h.conf: {Runtimes: "containerd, CRI-O and podman", PluginDirs: []string{h.bin, podmanBin}}},
+		// The plugin is installed first in these runtimes' plugin path too:
+		// else their bridge entries are bare bridge's, whose plugins the
+		// doctor does not judge.
+		Readers: map[string]conflists.Reader{h.conf: {Runtimes: "containerd, CRI-O and podman", PluginDirs: []string{front, h.bin, podmanBin}}},
 		Version: func(path string) (string, error) {
 			if v, ok := h.versions[path]; ok {
 				return v, nil
@@ -86,7 +89,7 @@ func TestEachConflistIsJudgedByItsRuntimesPluginPath(t *testing.T) {
 		// podman's, by the default plugin dirs of /etc/cni/net.d's readers.
 		{OK, filepath.Join(podmanBin, "tuning"), "version v1.1.1"},
 		// Missing from all of them: an error.
-		{Error, "vrf", "not found in the default plugin dirs of containerd, CRI-O and podman, " + h.bin + ":" + podmanBin + " (for " + filepath.Join(h.conf, "90-vrf.conflist") + ")"},
+		{Error, "vrf", "not found in the default plugin dirs of containerd, CRI-O and podman, " + front + ":" + h.bin + ":" + podmanBin + " (for " + filepath.Join(h.conf, "90-vrf.conflist") + ")"},
 		// Nomad's, by its cni_path, which has no tuning.
 		{Error, "tuning", "not found in Nomad's cni_path " + front + ":" + h.bin + " (for " + filepath.Join(nomadConf, "web.conflist") + ")"},
 		// One of a directory no known runtime reads: a warning.
