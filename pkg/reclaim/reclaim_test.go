@@ -657,3 +657,52 @@ func tmpfsDir(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
+
+// A DEL of an attachment the plugin has no record of, sent with the
+// namespace and ifname of one it has (a runtime's stale cache), must not
+// reach bridge, which would delete that one's interface: AttachedThere
+// names the other attachment, and only while its own path still names
+// that namespace, in this boot, with the same cookie where both are known.
+func TestAttachedThereNamesOnlyAnotherLiveAttachmentInTheNamespace(t *testing.T) {
+	stranger := records.Key{ContainerID: "stranger", IfName: "eth0"}
+	for _, tc := range []struct {
+		name  string
+		key   records.Key
+		netns string
+		setup func(w *world)
+		want  string // the container ID named, "" none
+	}{
+		{name: "another attachment there", key: stranger, netns: "/run/netns/c1", want: "c1"},
+		{name: "by another path to it", key: stranger, netns: "/run/netns/alias", want: "c1"},
+		{name: "the same cookie", key: stranger, netns: "/run/netns/c1", want: "c1",
+			setup: func(w *world) { w.recordCookie("c1", 6108); w.host.Cookies["/run/netns/c1"] = 6108 }},
+		{name: "its own record", key: records.Key{ContainerID: "c1", IfName: "eth0"}, netns: "/run/netns/c1"},
+		{name: "no namespace given", key: stranger},
+		{name: "another ifname", key: records.Key{ContainerID: "stranger", IfName: "eth1"}, netns: "/run/netns/c1"},
+		{name: "its path names another namespace now", key: stranger, netns: "/run/netns/alias",
+			setup: func(w *world) { w.host.Namespaces["/run/netns/c1"] = sysinfo.NetnsID{Dev: 4, Ino: 9999} }},
+		{name: "another cookie: a reused inode", key: stranger, netns: "/run/netns/c1",
+			setup: func(w *world) { w.recordCookie("c1", 6108); w.host.Cookies["/run/netns/c1"] = 7000 }},
+		{name: "an earlier boot's", key: stranger, netns: "/run/netns/c1",
+			setup: func(w *world) {
+				w.record(&records.Record{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/c1", NetnsID: w.host.Namespaces["/run/netns/c1"], BootID: "boot-0", State: records.Complete})
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			w.container("c1", "10.0.0.2")
+			w.host.Namespaces["/run/netns/alias"] = w.host.Namespaces["/run/netns/c1"]
+			if tc.setup != nil {
+				tc.setup(w)
+			}
+			there, err := w.attach.AttachedThere(w.dir(), tc.key, tc.netns)
+			got := ""
+			if there != nil {
+				got = there.ContainerID
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("AttachedThere(%s, %q) = %q, %v; want %q", tc.key, tc.netns, got, err, tc.want)
+			}
+		})
+	}
+}
