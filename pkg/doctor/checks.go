@@ -316,11 +316,7 @@ func checkState(o Options, ours, nets []*conflists.Network, front bool) []Findin
 			continue
 		}
 		done[n.Dir.Leases()] = true
-		legacy := ipamdir.New(n.Conf.LegacyDataDir, n.Conf.Name)
-		migrated := o.Sweeper != nil && o.Sweeper.MigratedThisBoot(n.Dir)
-		if k := countLeases(legacy); k > 0 && n.Conf.LegacyDataDir != n.Conf.DataDir && !migrated {
-			fs = append(fs, Finding{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"})
-		}
+		fs = append(fs, legacyFindings(o, n)...)
 		if _, err := os.Stat(n.Conf.DataDir); err == nil {
 			fs = append(fs, stateFindings(o, n, nets, n.Name)...)
 		}
@@ -329,6 +325,28 @@ func checkState(o Options, ours, nets []*conflists.Network, front bool) []Findin
 		fs = append(fs, stateFindings(o, n, nets, n.Name+" (Nomad's built-in bridge network)")...)
 	}
 	return fs
+}
+
+// legacyFindings says, for a root doctor, how many legacy leases of
+// network n wait for the migration, counted as the migration takes them
+// (reclaim.LegacyLeases), or why the migration refuses its legacy
+// directory: every ADD then fails on it. A network migrated this boot
+// (reclaim's marker) has none waiting: what stays there is its migrated
+// attachments', left for their runtime's DEL, and no run of this boot
+// looks again.
+func legacyFindings(o Options, n *conflists.Network) []Finding {
+	if o.EUID != 0 || filepath.Clean(n.Conf.LegacyDataDir) == filepath.Clean(n.Conf.DataDir) || o.Sweeper != nil && o.Sweeper.MigratedThisBoot(n.Dir) {
+		return nil
+	}
+	legacy := ipamdir.New(n.Conf.LegacyDataDir, n.Conf.Name)
+	switch k, err := reclaim.LegacyLeases(legacy); {
+	case err != nil:
+		return []Finding{{Level: Error, Check: "state", Subject: n.Name, Message: fmt.Sprintf("the migration of its legacy leases fails: %v: every ADD of the network fails on it", err),
+			Fix: fmt.Sprintf("remove %s, or make it a real directory (host-local's own, of the network's leases): the migration opens nothing else", shellQuote(legacy.Leases()))}}
+	case k > 0:
+		return []Finding{{Level: Warn, Check: "state", Subject: n.Name, Message: fmt.Sprintf("%d legacy lease(s) in %s wait for the migration", k, legacy.Leases()), Fix: "the network's next ADD or CHECK migrates them"}}
+	}
+	return nil
 }
 
 // stateFindings says what the attachments of network n are, and how many
@@ -385,18 +403,4 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-func countLeases(d ipamdir.Dir) int {
-	entries, err := os.ReadDir(d.Leases())
-	if err != nil {
-		return 0
-	}
-	k := 0
-	for _, e := range entries {
-		if e.Type().IsRegular() && !ipamdir.IsHostLocalBookkeeping(e.Name()) {
-			k++
-		}
-	}
-	return k
 }

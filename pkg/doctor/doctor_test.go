@@ -352,6 +352,71 @@ func TestMigratedLegacyLeasesDoNotWait(t *testing.T) {
 	}
 }
 
+// The legacy leases the doctor counts are those the migration takes: the
+// network's legacy directory opened without following a symlink, and in
+// it only regular files named by an address that hold a reservation
+// (regression: a legacy directory that was a symlink to /etc was
+// followed, and its every file counted, "N legacy lease(s) … wait for the
+// migration" for good, while the migration refuses the link and every
+// ADD of the network fails on it).
+func TestLegacyLeasesAreCountedAsTheMigrationTakesThem(t *testing.T) {
+	h := newHost(t)
+	legacy := filepath.Join(h.root, "legacy")
+	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.80.0/20", `host-local", "dataDir": "`+legacy))
+	etc := filepath.Join(h.root, "etc")
+	for _, d := range []string{legacy, etc} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"passwd", "hosts", "10.0.0.1"} {
+		if err := os.WriteFile(filepath.Join(etc, f), []byte("root:x:0:0\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	net := ipamdir.New(legacy, "web").Leases()
+	if err := os.Symlink(etc, net); err != nil {
+		t.Fatal(err)
+	}
+	m := &reclaim.Migrator{Env: reclaim.Env{Host: fakehost.New(boot)}}
+	if err := m.Migrate(ipamdir.New(h.data, "web"), legacy); err == nil {
+		t.Fatal("the migration took a symlinked legacy directory")
+	}
+	r := h.run()
+	text := findings(r)
+	if strings.Contains(text, "wait for the migration") {
+		t.Errorf("the doctor counted the files of a symlinked legacy directory as leases:\n%s", text)
+	}
+	if !slices.ContainsFunc(r.Findings, func(f Finding) bool {
+		return f.Level == Error && f.Check == "state" && f.Subject == "web" && strings.Contains(f.Message, net) && strings.Contains(f.Message, "symlink")
+	}) {
+		t.Errorf("no error says the migration refuses %s:\n%s", net, text)
+	}
+
+	// A real legacy directory: a lease, and what the migration passes
+	// over (a file not named by an address, a damaged lease, a directory
+	// and a symlink named by one, host-local's bookkeeping).
+	if err := os.Remove(net); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(net, "172.26.80.7"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for f, body := range map[string]string{"172.26.80.5": "bare\r\neth0", "passwd": "bare\r\neth0", "172.26.80.6": "", "lock": "", "last_reserved_ip.0": "172.26.80.5"} {
+		if err := os.WriteFile(filepath.Join(net, f), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(etc, "passwd"), filepath.Join(net, "172.26.80.8")); err != nil {
+		t.Fatal(err)
+	}
+	r = h.run()
+	want := "1 legacy lease(s) in " + net + " wait for the migration"
+	if text := findings(r); !strings.Contains(text, want) || slices.ContainsFunc(r.Findings, isError) {
+		t.Errorf("want %q and no error in:\n%s", want, text)
+	}
+}
+
 // stale writes a stale attachment of network web: a record from another
 // boot that lists cidrs, and a lease of each.
 func (h *host) stale(id string, cidrs ...string) {

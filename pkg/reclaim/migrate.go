@@ -63,6 +63,34 @@ func (e *Env) MigratedThisBoot(d ipamdir.Dir) bool {
 	return err == nil && markedThisBoot(d, ipamdir.MigratedMarker, bootID)
 }
 
+// LegacyLeases counts the leases a migration of legacy's network would
+// take from it, legacy being the network's directory in its legacy data
+// dir: opened and listed as the migration opens and lists it (no symlink
+// followed; only regular files named by an address that hold a
+// reservation, host-local's bookkeeping and damaged files passed over),
+// without host-local's lock and moving nothing: a count for a report. A
+// directory that does not exist holds none; one the migration cannot open
+// (a symlink, not a directory) is an error, as it is for the migration.
+// Reading a lease takes root: host-local writes them 0600.
+func LegacyLeases(legacy ipamdir.Dir) (int, error) {
+	path := legacy.Leases()
+	dir, err := openLeaseDir(path)
+	if err != nil {
+		// O_NOFOLLOW with O_DIRECTORY says ENOTDIR for a link, as for a file.
+		if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return 0, fmt.Errorf("refusing %s: it is a symlink, which the migration does not follow", path)
+		}
+		if errors.Is(err, syscall.ENOTDIR) {
+			return 0, fmt.Errorf("refusing %s: not a directory", path)
+		}
+		return 0, err
+	}
+	defer dir.close()
+	n := 0
+	err = dir.each(nil, func(Lease) { n++ }, func(error) {})
+	return n, err
+}
+
 func (s *Migrator) migrate(d ipamdir.Dir, legacyDir, bootID string) error {
 	bootTime, err := s.Host.BootTime()
 	if err != nil {
