@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unicode"
 
 	cniversion "github.com/containernetworking/cni/pkg/version"
 	"github.com/hashicorp/go-version"
@@ -166,7 +167,8 @@ var hclSetting = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompil
 
 // readNomadConfigDir reads the client settings from the agent's
 // configuration files in dir (*.hcl and *.json), which Nomad loads in
-// lexical order (os.ReadDir's), a later file's value winning.
+// lexical order (os.ReadDir's), a later file's value winning; each is JSON
+// or HCL by its content, as Nomad reads it (nomadReadsJSON).
 func readNomadConfigDir(dir string) (NomadClient, bool) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -186,12 +188,9 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 			continue
 		}
 		found := false
-		if strings.HasSuffix(n, ".json") {
-			var doc struct {
-				Client map[string]any `json:"client"`
-			}
-			if json.Unmarshal(b, &doc) == nil {
-				for k, v := range doc.Client {
+		if nomadReadsJSON(b) {
+			for _, client := range nomadJSONClients(b) {
+				for k, v := range client {
 					if str, ok := v.(string); ok && keys[k] != nil {
 						*keys[k] = str
 						found = true
@@ -214,6 +213,36 @@ func readNomadConfigDir(dir string) (NomadClient, bool) {
 		return NomadClient{}, false
 	}
 	return s.resolve(strings.Join(read, ", ")), true
+}
+
+// nomadReadsJSON tells whether Nomad reads a configuration file as JSON:
+// HCL 1 does when the file's first character that is not white space is
+// "{" (hcl's lexMode), whatever the file's name.
+func nomadReadsJSON(b []byte) bool {
+	return strings.HasPrefix(strings.TrimLeftFunc(string(b), unicode.IsSpace), "{")
+}
+
+// nomadJSONClients are the client blocks of a configuration file in HCL's
+// JSON form, in file order: "client" is an object, or a list of objects
+// (HCL 1's JSON parser flattens such a list into one block each,
+// json/parser flattenListType, as Nomad's command/agent/testdata/basic.json
+// writes it). Nomad decodes each in turn into the one client (its
+// ParseConfigFile decodes into a ClientConfig it made), so that a later
+// block's setting wins.
+func nomadJSONClients(b []byte) []map[string]any {
+	var doc struct {
+		Client json.RawMessage `json:"client"`
+	}
+	if json.Unmarshal(b, &doc) != nil || doc.Client == nil {
+		return nil
+	}
+	var one map[string]any
+	if json.Unmarshal(doc.Client, &one) == nil {
+		return []map[string]any{one}
+	}
+	var list []map[string]any
+	_ = json.Unmarshal(doc.Client, &list)
+	return list
 }
 
 // nomadBuiltin is the network Nomad's client builds in code for

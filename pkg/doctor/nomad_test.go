@@ -207,6 +207,36 @@ func TestNomadClientSettings(t *testing.T) {
 	}
 }
 
+// Nomad reads its configuration files with HCL 1, whose JSON form takes a
+// block as an object or as a list of objects (json/parser flattenListType;
+// Nomad's own command/agent/testdata/basic.json writes "client": [{…}]),
+// each decoded in turn into the one client, a later one's setting winning;
+// and a file is JSON when its first character that is not white space is
+// "{" (hcl lexMode), whatever its name (regression: "client": [{…}] was not
+// read, and the doctor silently took Nomad's defaults).
+func TestNomadClientSettingsInJSONLists(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("c.json", `{"client":[{"cni_path":"/x"}]}`)
+	nc, ok := readNomadConfigDir(dir)
+	if !ok || !slices.Equal(nc.CNIPath, []string{"/x"}) || nc.Source != filepath.Join(dir, "c.json") {
+		t.Fatalf(`{"client":[{"cni_path":"/x"}]}: read %v, %+v`, ok, nc)
+	}
+	write("d.json", `{"server": [{"enabled": true}], "client": [
+	  {"enabled": true, "cni_config_dir": "/etc/cni/nomad", "bridge_network_name": "first"},
+	  {"bridge_network_name": "nbr0"}]}`)
+	write("e.hcl", "\n  {\"client\": {\"bridge_network_subnet\": \"10.99.0.0/20\"}}\n")
+	nc, ok = readNomadConfigDir(dir)
+	want := NomadClient{CNIPath: []string{"/x"}, CNIConfigDir: "/etc/cni/nomad", BridgeName: "nbr0", Subnets: []netip.Prefix{netip.MustParsePrefix("10.99.0.0/20")}}
+	if !ok || !slices.Equal(nc.CNIPath, want.CNIPath) || nc.CNIConfigDir != want.CNIConfigDir || nc.BridgeName != want.BridgeName || !slices.Equal(nc.Subnets, want.Subnets) {
+		t.Errorf("read %+v\nwant %+v", nc, want)
+	}
+}
+
 // With Nomad, the doctor looks where the client does: its cni_path (unless
 // one was given) and its cni_config_dir, and its built-in network is the
 // client's bridge and subnet in the clash check.
