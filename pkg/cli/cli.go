@@ -90,7 +90,9 @@ older than --grace and was missing from a list taken at least --grace before
 namespace alive (the mount is named; --remove-mounts unmounts it); never one a process still
 holds, nor a pending ADD's. Nothing is released when the runtime cannot be
 asked. Exit status 0 on success, 1 when a network could not be swept (or the
-runtime not asked).
+runtime not asked); --json then still prints its document, and one that
+could not start at all (no data dir listed, no runtime asked) says why in
+"error".
 
 Examples:
   nomad-bridge-cni gc --dry-run
@@ -178,16 +180,23 @@ func (c *cli) leases(args []string) (code int) {
 	if code, done := c.parse(flags, args); done {
 		return code
 	}
+	// Its document is printed even when it cannot start (exit 1).
+	cannotStart := func(code int, err error) int {
+		if f.json && code == 1 {
+			_ = operator.LeasesJSONFailed(c.stdout, f.dataDir, err)
+		}
+		return code
+	}
 	var listing *runtimes.Listing
 	if *runtime != "" {
-		var code int
-		if listing, code = c.askRuntime(*runtime, "leases"); listing == nil {
-			return code
+		var err error
+		if listing, code, err = c.askRuntime(*runtime, "leases"); listing == nil {
+			return cannotStart(code, err)
 		}
 	}
 	dirs, skipped, err := ipamdir.List(f.dataDir, f.network)
 	if err != nil {
-		return c.fail(1, err, "")
+		return cannotStart(c.fail(1, err, ""), err)
 	}
 	defer c.reportSkipped(skipped, &code)
 	var sink operator.LeasesSink = operator.NewLeasesTable(c.stdout)
@@ -239,8 +248,12 @@ func (c *cli) gc(args []string) (code int) {
 		if *grace < time.Minute {
 			return c.fail(2, fmt.Errorf("--grace %s: at least 1m (a runtime's list lags behind its ADDs)", *grace), "gc")
 		}
-		listing, code := c.askRuntime(*runtime, "gc")
+		listing, code, err := c.askRuntime(*runtime, "gc")
 		if listing == nil {
+			if f.json && code == 1 {
+				// Its document is printed even when it cannot start.
+				_ = operator.GCJSONFailed(c.stdout, f.dataDir, *dryRun, err)
+			}
 			return code
 		}
 		rec = &operator.Reconcile{Runtime: *runtime, Listing: listing, Grace: *grace, Now: time.Now(), RemoveMounts: *removeMounts}
@@ -267,6 +280,11 @@ func (c *cli) gc(args []string) (code int) {
 		if err != nil {
 			// The others are still swept; the failure is the exit status.
 			code = c.fail(1, err, "")
+			if f.json {
+				// Its document is printed even when it cannot start
+				// (--json takes one data dir).
+				_ = operator.GCJSONFailed(c.stdout, dataDir, *dryRun, err)
+			}
 			continue
 		}
 		skipped = append(skipped, skippedHere...)
@@ -281,20 +299,22 @@ func (c *cli) gc(args []string) (code int) {
 	return code
 }
 
-// askRuntime lists what the runtime runs, for cmd's --runtime; nil and
-// the exit status when it cannot (2: no such runtime; 1: not reachable).
-func (c *cli) askRuntime(name, cmd string) (*runtimes.Listing, int) {
+// askRuntime lists what the runtime runs, for cmd's --runtime; nil, the
+// exit status (2: no such runtime; 1: not reachable) and the error it
+// printed when it cannot.
+func (c *cli) askRuntime(name, cmd string) (*runtimes.Listing, int, error) {
 	lister, err := runtimes.New(name)
 	if err != nil {
-		return nil, c.fail(2, err, cmd)
+		return nil, c.fail(2, err, cmd), err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	listing, err := lister.List(ctx)
 	if err != nil {
-		return nil, c.fail(1, fmt.Errorf("cannot ask %s what it runs, so nothing is done on its account: %w", name, err), "")
+		err = fmt.Errorf("cannot ask %s what it runs, so nothing is done on its account: %w", name, err)
+		return nil, c.fail(1, err, ""), err
 	}
-	return listing, 0
+	return listing, 0, nil
 }
 
 // checkConfDirs refuses a --conf-dir that is not a directory: a typo must

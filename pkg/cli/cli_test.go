@@ -2,10 +2,12 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -436,5 +438,44 @@ func TestFailEscapesWhatItPrints(t *testing.T) {
 	c.fail(1, errors.New("record \x1b]0;owned\x07 damaged\nnomad-bridge-cni: forged"), "")
 	if s := stderr.String(); strings.ContainsAny(s, "\x1b\x07") || strings.Count(s, "\n") != 1 {
 		t.Errorf("fail printed %q", s)
+	}
+}
+
+// gc --json and leases --json that cannot start (the data dir cannot be
+// listed, the runtime cannot be asked) still print their document, with
+// nothing in it and why in "error", as doctor --json prints its report
+// when it fails: `gc --json | jq` in a shell without pipefail must not
+// read an empty input as success (regression: nothing was printed).
+func TestJSONCommandsThatCannotStartPrintTheirDocument(t *testing.T) {
+	dataDir := t.TempDir()
+	missing := filepath.Join(dataDir, "absent")
+	for _, c := range []struct {
+		args  []string
+		items string
+		why   string
+	}{
+		{[]string{"gc", "--json", "--data-dir", missing}, "released", "no such file or directory"},
+		{[]string{"gc", "--json", "--dry-run", "--data-dir", dataDir, "--network", "web"}, "released", "no leases or records"},
+		{[]string{"gc", "--json", "--data-dir", dataDir, "--runtime", "podman"}, "released", "cannot ask podman"},
+		{[]string{"leases", "--json", "--data-dir", missing}, "leases", "no such file or directory"},
+		{[]string{"leases", "--json", "--data-dir", dataDir, "--runtime", "podman"}, "leases", "cannot ask podman"},
+	} {
+		t.Setenv("PATH", t.TempDir()) // no podman here
+		cli, stdout, stderr := fakeNATCLI()
+		code := cli.run(c.args)
+		var doc map[string]any
+		if err := json.Unmarshal(stdout.Bytes(), &doc); err != nil {
+			t.Errorf("%v: exit %d, stdout %q is no JSON document: %v", c.args, code, stdout, err)
+			continue
+		}
+		items, _ := doc[c.items].([]any)
+		problems, _ := doc["problems"].([]any)
+		why, _ := doc["error"].(string)
+		if code != 1 || items == nil || len(items) != 0 || problems == nil || len(problems) != 0 || !strings.Contains(why, c.why) || doc["dataDir"] != c.args[slices.Index(c.args, "--data-dir")+1] || !strings.Contains(stderr.String(), c.why) {
+			t.Errorf("%v: exit %d, stdout %s, stderr %s", c.args, code, stdout, stderr)
+		}
+		if c.items == "released" && doc["dryRun"] != slices.Contains(c.args, "--dry-run") {
+			t.Errorf("%v: dryRun %v", c.args, doc["dryRun"])
+		}
 	}
 }

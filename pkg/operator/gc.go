@@ -96,6 +96,16 @@ func NewGCJSON(w io.Writer, dataDir string, dryRun bool) GCSink {
 	return newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun)
 }
 
+// GCJSONFailed writes the `gc --json` document of a gc that could not
+// start (its data dir not listed, the runtime not asked), so that a reader
+// of its output gets a document even then: nothing released, no problems,
+// and why in "error":
+//
+//	{"dataDir": ..., "dryRun": ..., "released": [], "problems": [], "error": "..."}
+func GCJSONFailed(w io.Writer, dataDir string, dryRun bool, err error) error {
+	return newJSONStream(w, "released", "dataDir", dataDir, "dryRun", dryRun).fail(err)
+}
+
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}

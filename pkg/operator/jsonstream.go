@@ -98,6 +98,15 @@ func (j *jsonStream) End(problems *Problems) error {
 	return j.keep(err)
 }
 
+// fail ends the document of a command that could not start (its data
+// dir not listed, its runtime not asked): no items, no problems, and why
+// in "error", a field no other document has.
+func (j *jsonStream) fail(err error) error {
+	j.closeArray()
+	j.printf(",\n  \"problems\": [],\n  \"error\": %s\n}\n", j.marshal(err.Error(), "  "))
+	return j.err
+}
+
 func (j *jsonStream) marshal(v any, prefix string) string {
 	b, err := json.MarshalIndent(v, prefix, "  ")
 	j.keep(err)

@@ -164,6 +164,15 @@ func NewLeasesJSON(w io.Writer, dataDir string) LeasesSink {
 	return newJSONStream(w, "leases", "dataDir", dataDir)
 }
 
+// LeasesJSONFailed writes the `leases --json` document of a listing that
+// could not start (its data dir not listed, the runtime not asked): no
+// leases, no problems, and why in "error":
+//
+//	{"dataDir": ..., "leases": [], "problems": [], "error": "..."}
+func LeasesJSONFailed(w io.Writer, dataDir string, err error) error {
+	return newJSONStream(w, "leases", "dataDir", dataDir).fail(err)
+}
+
 // WriteJSON prints v as indented JSON (statefile.PrintableJSON).
 func WriteJSON(w io.Writer, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")

@@ -3,6 +3,7 @@ package operator
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -253,6 +254,42 @@ func TestGCJSONStreamsTheDocument(t *testing.T) {
 		if streamed.String() != whole.String() {
 			t.Errorf("%d releases: streamed\n%s\nwant\n%s", n, streamed.String(), whole.String())
 		}
+	}
+}
+
+// The document of a gc or leases --json that could not start is the
+// documented one, laid out as WriteJSON lays it out, empty, with why in
+// "error" (escaped as every field is).
+func TestJSONDocumentOfACommandThatCannotStart(t *testing.T) {
+	why := errors.New("data dir: stat /run/d\"ir\x1b[2J: no such file or directory")
+	var gc, leases, want bytes.Buffer
+	if err := GCJSONFailed(&gc, "/run/d\"ir", true, why); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSON(&want, struct {
+		GCOutput
+		Error string `json:"error"`
+	}{GCOutput{DataDir: "/run/d\"ir", DryRun: true, Released: []GCRelease{}, Problems: []string{}}, why.Error()}); err != nil {
+		t.Fatal(err)
+	}
+	if gc.String() != want.String() {
+		t.Errorf("gc:\n%s\nwant\n%s", gc.String(), want.String())
+	}
+	want.Reset()
+	if err := LeasesJSONFailed(&leases, "/run/d\"ir", why); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteJSON(&want, struct {
+		LeasesOutput
+		Error string `json:"error"`
+	}{LeasesOutput{DataDir: "/run/d\"ir", Leases: []Row{}, Problems: []string{}}, why.Error()}); err != nil {
+		t.Fatal(err)
+	}
+	if leases.String() != want.String() {
+		t.Errorf("leases:\n%s\nwant\n%s", leases.String(), want.String())
+	}
+	if strings.Contains(gc.String(), "\x1b") {
+		t.Errorf("an escape reaches the output raw:\n%q", gc.String())
 	}
 }
 
