@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -243,6 +245,37 @@ func TestEmptyIPAMDataDirIsHostLocalsDefault(t *testing.T) {
 	}
 	if conf.LegacyDataDir != ipamdir.DefaultLegacyDataDir {
 		t.Errorf("legacy dir = %q, want host-local's default %s", conf.LegacyDataDir, ipamdir.DefaultLegacyDataDir)
+	}
+}
+
+// An ipam.dataDir that is the dataDir under another name (Nomad's
+// "/var/run/cni" where the dataDir is "/run/cni", a symlink on systemd
+// hosts) is no legacy directory: nothing to migrate from it. One that is
+// another directory is.
+func TestLegacyDirThatIsTheDataDirByAnotherName(t *testing.T) {
+	dataDir := t.TempDir()
+	other := t.TempDir()
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dataDir, link); err != nil {
+		t.Fatal(err)
+	}
+	for legacy, want := range map[string]string{link: dataDir, other: other} {
+		conf, err := Parse([]byte(`{"cniVersion":"1.0.0","name":"n","type":"nomad-bridge-cni","dataDir":"` + dataDir + `","ipam":{"type":"host-local","subnet":"10.0.0.0/24","dataDir":"` + legacy + `"}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if conf.LegacyDataDir != want {
+			t.Errorf("ipam.dataDir %s: legacy dir = %q, want %q", legacy, conf.LegacyDataDir, want)
+		}
+	}
+}
+
+// A network name is a directory's name: NAME_MAX bytes are allowed.
+func TestNetworkNameOfNameMaxBytes(t *testing.T) {
+	name := strings.Repeat("n", 255)
+	conf, err := Parse([]byte(`{"cniVersion":"1.0.0","name":"` + name + `","type":"nomad-bridge-cni","ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`))
+	if err != nil || conf.Name != name {
+		t.Fatalf("Parse of a 255-byte name: %v", err)
 	}
 }
 
