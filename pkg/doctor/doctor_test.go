@@ -92,6 +92,15 @@ func conf(name, typ, bridge, subnet, ipam string) string {
 	return strings.NewReplacer("NAME", name, "TYPE", typ, "BRIDGE", bridge, "SUBNET", subnet, "IPAM", ipam).Replace(chain)
 }
 
+// version is what the plugin at path prints with no arguments: the
+// version set for its path, else for its file name.
+func (h *host) version(path string) (string, error) {
+	if v, ok := h.versions[path]; ok {
+		return v, nil
+	}
+	return h.versions[filepath.Base(path)], nil
+}
+
 func (h *host) run() *Report {
 	sw := &reclaim.Sweeper{Env: reclaim.Env{Host: fakehost.New(boot)}}
 	if h.nat != nil {
@@ -108,13 +117,8 @@ func (h *host) run() *Report {
 			nc.Source, nc.CNIPath, nc.CNIConfigDir, nc.Version = "the test's client", path, h.conf, h.nomadVersion
 			return nc
 		},
-		EUID: h.euid,
-		Version: func(path string) (string, error) {
-			if v, ok := h.versions[path]; ok {
-				return v, nil
-			}
-			return h.versions[filepath.Base(path)], nil
-		},
+		EUID:    h.euid,
+		Version: h.version,
 		OnTmpfs: func(string) (bool, error) { return h.tmpfs, nil },
 		Free: func(string) (Room, error) {
 			if h.room != nil {
@@ -706,12 +710,7 @@ func TestFrontServesOnlyTheDirsWhosePathItFronts(t *testing.T) {
 			return nomadSettings{CNIPath: front + ":" + h.bin, CNIConfigDir: h.conf}.resolve("test")
 		},
 		Readers: map[string]conflists.Reader{other: {Runtimes: "containerd", PluginDirs: []string{h.bin}}},
-		Version: func(path string) (string, error) {
-			if v, ok := h.versions[path]; ok {
-				return v, nil
-			}
-			return h.versions[filepath.Base(path)], nil
-		},
+		Version: h.version,
 		OnTmpfs: func(string) (bool, error) { return true, nil },
 		Free:    func(string) (Room, error) { return plenty, nil },
 	})

@@ -424,12 +424,7 @@ func TestDoctorFindsNomadsLeasesByItsVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.versions[filepath.Join(frontDir, "bridge")] = "CNI bridge plugin v1.10.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
-	version := func(path string) (string, error) {
-		if v, ok := h.versions[path]; ok {
-			return v, nil
-		}
-		return h.versions[filepath.Base(path)], nil
-	}
+	version := h.version
 	for _, front := range []bool{false, true} {
 		cniPath := []string{h.bin}
 		if front {

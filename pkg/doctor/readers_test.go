@@ -67,12 +67,7 @@ func TestEachConflistIsJudgedByItsRuntimesPluginPath(t *testing.T) {
 		// else their bridge entries are bare bridge's, whose plugins the
 		// doctor does not judge.
 		Readers: map[string]conflists.Reader{h.conf: {Runtimes: "containerd, CRI-O and podman", PluginDirs: []string{front, h.bin, podmanBin}}},
-		Version: func(path string) (string, error) {
-			if v, ok := h.versions[path]; ok {
-				return v, nil
-			}
-			return h.versions[filepath.Base(path)], nil
-		},
+		Version: h.version,
 		OnTmpfs: func(string) (bool, error) { return true, nil },
 		Free:    func(string) (Room, error) { return plenty, nil },
 	})
