@@ -52,7 +52,9 @@ func (d Dir) CheckUsable() (problem string, err error) {
 	switch {
 	case st.Flags&unix.ST_RDONLY != 0:
 		return fmt.Sprintf("%s is on a read-only filesystem", dir), nil
-	case st.Bavail == 0 || st.Ffree == 0:
+	// A filesystem that counts no inodes (btrfs, tmpfs with nr_inodes=0)
+	// reports none free and makes them as it goes.
+	case st.Bavail == 0 || (st.Files != 0 && st.Ffree == 0):
 		return fmt.Sprintf("%s is on a full filesystem (%d blocks, %d inodes free)", dir, st.Bavail, st.Ffree), nil
 	}
 	if err := unix.Access(dir, unix.W_OK); err != nil {
