@@ -706,3 +706,34 @@ func TestAttachedThereNamesOnlyAnotherLiveAttachmentInTheNamespace(t *testing.T)
 		})
 	}
 }
+
+// An attachment the runtime's GC lists as valid keeps its NAT rules even
+// where the network holds no lease or record of it (added through another
+// data dir, or before the network's dataDir changed): the runtime said it
+// lives, and its masquerade and port mappings are its traffic (regression:
+// they went as orphans' on a network the plugin owned).
+func TestGCVerbKeepsNATRulesOfValidAttachments(t *testing.T) {
+	w := newWorld(t)
+	w.markOwned()
+	nft := fakenat.NewNFT()
+	w.sweeper.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{w.nat}, NFTables: nft}
+	for _, cid := range []string{"valid", "orphan"} {
+		w.nat.AddContainer(net1, cid, "10.0.0.9", 8080)
+		nft.Add(net1, cid, "eth0")
+	}
+	// Its eth0 unlisted, its eth1 listed: the container's iptables rules
+	// are eth1's too.
+	w.container("shared", "10.0.0.3")
+	valid := []types.GCAttachment{{ContainerID: "valid", IfName: "eth0"}, {ContainerID: "shared", IfName: "eth1"}}
+	rep := w.sweep(Request{GC: true, Valid: valid})
+	if !w.nat.Owns(net1, "valid") || !nft.Has(net1, "valid", "eth0") || !w.nat.Owns(net1, "shared") {
+		t.Errorf("the NAT rules of attachments the runtime lists as valid went: iptables %v, nftables %v", w.nat.Chains, nft.Rules)
+	}
+	if w.hasRecord("shared") {
+		t.Error("the unlisted attachment's record stayed")
+	}
+	if w.nat.Owns(net1, "orphan") || nft.Has(net1, "orphan", "eth0") {
+		t.Errorf("the orphan's NAT rules stayed: iptables %v, nftables %v", w.nat.Chains, nft.Rules)
+	}
+	equal(t, "orphan rules", rep.OrphanRules, []string{"orphan", "orphan"})
+}

@@ -259,6 +259,9 @@ const natBatch = 1024
 
 func (w *sweep) run() error {
 	w.startNAT()
+	if w.req.GC {
+		w.listedValid()
+	}
 	writing, err := w.records.Walk(w.record, func(err error, k records.Key, named bool) {
 		w.problem(err)
 		if named {

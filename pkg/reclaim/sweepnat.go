@@ -55,6 +55,18 @@ func (w *sweep) noteNATChecked() {
 	}
 }
 
+// listedValid holds the attachments a GC lists as valid, wherever their
+// lease and record are (another data dir, or the one the network's
+// dataDir named before): the runtime says they live, so their rules are
+// no orphans, and their container's (iptables) stay.
+func (w *sweep) listedValid() {
+	for _, a := range w.req.Valid {
+		k := records.Key{ContainerID: a.ContainerID, IfName: a.IfName}
+		w.saw(k, false)
+		w.each(k, true, func(i int, owner string) { w.owners[i].alive.add(owner) })
+	}
+}
+
 // listNAT lists the network's rules in every backend, unless they are
 // listed (releaseStale lists them again). It is made when first needed,
 // after the walk: overlapping it with the walk saved at most the walk's

@@ -138,6 +138,38 @@ func TestGCWithTheOldListKeyKeepsWhatItLists(t *testing.T) {
 	ping(t, f.a, f.gwA)
 }
 
+// The GC verb keeps the NAT rules of every attachment it lists, also of
+// one the network holds no lease or record of in its data dir: x, attached
+// to the same network through a second data dir, keeps its masquerade when
+// the first data dir's GC lists it (regression: it went as an orphan's,
+// the network being the plugin's there).
+func TestGCKeepsTheNATRulesOfWhatItListsFromAnotherDataDir(t *testing.T) {
+	f := newGCFixture(t, false)
+	e := f.e
+	conf := e.confFor(t, "minimal.conflist")
+	conf["cniVersion"] = "1.1.0"
+	entryOfType(t, conf, pluginType)["dataDir"] = filepath.Join(e.persistDir, "second")
+	base := f.e.subnet4.Addr().As4()
+	base[3] = 200
+	start := netip.AddrFrom4(base)
+	base[3] = 210
+	setRange(t, conf, start, netip.AddrFrom4(base))
+	x := e.addNetns(t, "x")
+	stdin := entryConfig(t, conf, pluginType)
+	r := cniexec.Run(t, e.binary(pluginType), e.cniArgs("ADD", x), cniexec.Opts{Stdin: stdin})
+	if r.ExitCode != 0 {
+		t.Fatalf("ADD x through the second data dir: exit %d: %s %s", r.ExitCode, r.Stdout, r.Stderr)
+	}
+	t.Cleanup(func() { cniexec.Run(t, e.binary(pluginType), e.cniArgs("DEL", x), cniexec.Opts{Stdin: stdin}) })
+	addrX, _ := parseResult(t, r.Stdout).addrIn(t, e.subnet4)
+
+	if err := e.gcWithValid(t, f.confPath, f.a, x); err != nil {
+		t.Fatalf("GC with valid list [%s %s]: %v", f.a.cid, x.cid, err)
+	}
+	e.assertNAT(t, x.cid, natWant{Masq: []netip.Addr{addrX.Addr()}})
+	e.assertNAT(t, f.b.cid, natWant{})
+}
+
 // gcFixture is a network at cniVersion 1.1.0 with two containers attached
 // and no cached attachments.
 type gcFixture struct {
