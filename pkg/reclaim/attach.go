@@ -240,7 +240,7 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 		if !released {
 			return err
 		}
-		s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: addr.kept})
+		s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: len(p.rel.Kept)})
 		s.Logf("%s: released %s", d.Network, p.rel)
 		return err
 	})
@@ -469,8 +469,8 @@ func (s *Attacher) releaseAddrRules(d ipamdir.Dir, rec *records.Record) error {
 	if what := slices.Concat(p.rel.What, p.rel.Kept); len(what) > 0 {
 		s.Logf("%s: DEL %s without prevResult: %s", d.Network, rec.Key(), strings.Join(what, "; "))
 	}
-	if addr.kept > 0 {
-		s.countLocked(d, map[string]int{ForwardKeptCount: addr.kept})
+	if len(p.rel.Kept) > 0 {
+		s.countLocked(d, map[string]int{ForwardKeptCount: len(p.rel.Kept)})
 	}
 	return err
 }

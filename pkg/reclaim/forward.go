@@ -52,7 +52,7 @@ func leaseRoots(own ipamdir.Dir, legacy string, others []string) []string {
 // released attachments' network, roots where leases that keep their
 // firewall rules may be (leaseRoots); busy, when set, tells whether a CNI
 // command of a container runs (DEL and re-ADD are that command: they
-// never ask); kept counts the addresses whose firewall rules stayed.
+// never ask).
 type addrRules struct {
 	nf      *netfilter.Cleaner
 	own     ipamdir.Dir
@@ -62,7 +62,6 @@ type addrRules struct {
 	listed  bool
 	forward *netfilter.ForwardRules
 	portmap *netfilter.PortmapNFTRules
-	kept    int
 }
 
 // release releases p's rules that name it by its addresses, adding what
@@ -102,7 +101,6 @@ func (r *addrRules) release(p *pendingRelease) (bool, error) {
 				why = "cannot tell whether another network leases it: " + err.Error()
 			}
 			p.rel.Kept = append(p.rel.Kept, fmt.Sprintf("firewall rules of %s kept: %s", addr, why))
-			r.kept++
 			continue
 		}
 		free = append(free, addr)

@@ -8,8 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netfilter"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/records"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/sysinfo"
 )
@@ -257,4 +259,56 @@ func TestReAddRefusalSaysWhyItCannotTell(t *testing.T) {
 		t.Errorf("refusal: %q (detail %q); want it to say it cannot tell, and why", addErr.Msg, addErr.Detail)
 	}
 	equal(t, "leases left", w.leases(), []string{"10.0.0.2"})
+}
+
+// An attachment is counted released once it went, not each time a sweep
+// tried: one whose NAT rules cannot go keeps its files and is counted
+// only by the sweep that finally releases it (regression: every sweep
+// that kept it counted it, so the release counter grew while nothing
+// went).
+func TestAttachmentsKeptAreNotCountedReleased(t *testing.T) {
+	w := newWorld(t)
+	w.container("gone", "10.0.0.2")
+	w.detach("gone", "gone")
+	w.sweeper.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{failingTable{Table: w.nat}}}
+	for range 3 {
+		if _, err := w.sweeper.Sweep(Request{Dir: w.dir()}); err == nil {
+			t.Fatal("a sweep whose NAT release failed reports no error")
+		}
+	}
+	if got := w.sweeper.Releases(w.dir()); len(got) != 0 {
+		t.Errorf("kept attachment counted released: %v", got)
+	}
+	w.sweeper.Netfilter = w.env.Netfilter
+	w.sweep(Request{})
+	if got, want := w.sweeper.Releases(w.dir()), map[string]int{CauseNamespaceGone: 1}; !maps.Equal(got, want) {
+		t.Errorf("release counts = %v, want %v", got, want)
+	}
+}
+
+// Likewise the addresses whose firewall rules a release kept (another
+// network leases them) are counted with the release, not with each sweep
+// whose release of the attachment failed after them.
+func TestFirewallRulesKeptAreCountedWithTheRelease(t *testing.T) {
+	w := newWorld(t)
+	w.record(&records.Record{ContainerID: "gone", IfName: "eth0", Netns: "/run/netns/gone", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 77}, BootID: w.host.ID, State: records.Complete, IPs: []string{"10.0.0.3/24", "10.0.0.4/24"}})
+	for _, ip := range []string{"10.0.0.3", "10.0.0.4"} {
+		w.lease(ip, "gone\r\neth0", bootTime.Add(time.Minute))
+		w.nat.AddForward(ip)
+	}
+	plantLease(t, w.dataDir, "other-net", "10.0.0.3")
+	w.sweeper.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{failingTable{Table: w.nat}}}
+	for range 3 {
+		if _, err := w.sweeper.Sweep(Request{Dir: w.dir()}); err == nil {
+			t.Fatal("a sweep whose firewall release failed reports no error")
+		}
+	}
+	if got := w.sweeper.Releases(w.dir()); len(got) != 0 {
+		t.Errorf("kept attachment counted: %v", got)
+	}
+	w.sweeper.Netfilter = w.env.Netfilter
+	w.sweep(Request{})
+	if got, want := w.sweeper.Releases(w.dir()), map[string]int{CauseNamespaceGone: 1, ForwardKeptCount: 1}; !maps.Equal(got, want) {
+		t.Errorf("release counts = %v, want %v", got, want)
+	}
 }

@@ -172,7 +172,6 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 		return nil, err
 	}
 	if !req.DryRun {
-		w.causes[ForwardKeptCount] += w.addr.kept
 		s.countReleases(req.Dir, w.causes)
 	}
 	return report, errors.Join(w.errs...)
@@ -441,6 +440,10 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 		}
 		return
 	}
+	// Counted once it went: one kept is counted by the sweep that
+	// releases it.
+	w.causes[p.a.Verdict.Cause]++
+	w.causes[ForwardKeptCount] += len(p.rel.Kept)
 	if r := p.a.Record; !w.req.DryRun && r != nil && len(r.IPs) > 0 && remembersCause(p.a.Verdict.Cause) {
 		w.remembered = rememberIn(w.remembered, p.a.Key, r.IPs, w.Host.Now())
 	}

@@ -135,7 +135,6 @@ func (w *sweep) releaseStale() {
 	}
 	var own []pendingRelease
 	for _, p := range w.stale {
-		w.causes[p.a.Verdict.Cause]++
 		shared := false
 		w.each(p.a.Key, true, func(i int, owner string) { shared = shared || len(w.rules[i].Owned(owner)) > 0 })
 		if shared {
