@@ -727,3 +727,28 @@ func (h *harness) hostLocalGCList() string {
 	valid, _ := json.Marshal(delegatedConf(h.t, call)["cni.dev/valid-attachments"])
 	return string(valid)
 }
+
+// An ADD and a DEL with nothing wrong say nothing on stderr: runtimes log
+// the plugins' stderr, and an operator reads a "warning" there as a fault
+// to chase.
+func TestPlainAddAndDelWarnOfNothing(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	// Wherever t.TempDir() is, the data dir is on tmpfs: the not-on-tmpfs
+	// warning is not the one looked for.
+	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return true, 0x01021994, nil }
+	stdin := h.conf("1.0.0", "")
+	if err := h.plugin.Funcs().Add(h.args(stdin)); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if strings.Contains(h.stderr.String(), "warning") {
+		t.Errorf("a plain ADD warned: %q", h.stderr.String())
+	}
+	h.stderr.Reset()
+	if err := h.plugin.Funcs().Del(h.args(stdin)); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if strings.Contains(h.stderr.String(), "warning") {
+		t.Errorf("a plain DEL warned: %q", h.stderr.String())
+	}
+}
