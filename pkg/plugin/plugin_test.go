@@ -752,3 +752,41 @@ func TestPlainAddAndDelWarnOfNothing(t *testing.T) {
 		t.Errorf("a plain DEL warned: %q", h.stderr.String())
 	}
 }
+
+// A DEL of an ID with no record, naming the namespace and ifname of one
+// attached through the plugin (a runtime's stale cache), does not run
+// bridge, which would delete the live container's interface; host-local
+// is not run either, so the plugin itself releases the lease that names
+// the DELed ID, as host-local's DEL would have, and keeps the live one's.
+func TestDelOfAnotherIDInALiveAttachmentsPlaceReleasesItsLease(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	stdin := h.conf("1.0.0", "")
+	if err := h.plugin.Funcs().Add(h.args(stdin)); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	live := filepath.Join(h.dataDir, "nomad", "172.26.64.2")
+	mkdir(t, filepath.Dir(live))
+	if err := os.WriteFile(live, []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(h.dataDir, "nomad", "172.26.64.7")
+	if err := os.WriteFile(stray, []byte("stale\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.exec.calls = nil
+	args := h.args(stdin)
+	args.ContainerID = "stale"
+	if err := h.plugin.Funcs().Del(args); err != nil {
+		t.Fatalf("DEL of the stale ID: %v", err)
+	}
+	if len(h.exec.calls) != 0 {
+		t.Errorf("delegates run in the live container's namespace: %+v", h.exec.calls)
+	}
+	if !gone(stray) {
+		t.Error("the DELed ID's lease was kept")
+	}
+	if gone(live) {
+		t.Error("the live container's lease was released")
+	}
+}
