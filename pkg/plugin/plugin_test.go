@@ -790,3 +790,25 @@ func TestDelOfAnotherIDInALiveAttachmentsPlaceReleasesItsLease(t *testing.T) {
 		t.Error("the live container's lease was released")
 	}
 }
+
+// STATUS and CHECK with nothing wrong say nothing on stderr: Nomad asks
+// STATUS before every teardown and CHECK on every restore, and logs the
+// plugins' stderr; a "warning" there sends the operator after a fault that
+// is not there.
+func TestPlainStatusAndCheckWarnOfNothing(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.served()
+	if err := h.plugin.Funcs().Status(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")}); err != nil {
+		t.Fatalf("STATUS: %v", err)
+	}
+	if h.stderr.Len() != 0 {
+		t.Errorf("a STATUS on a usable data dir said %q", h.stderr.String())
+	}
+	h.stderr.Reset()
+	if err := h.plugin.Funcs().Check(h.args(h.conf("1.0.0", `,"prevResult":`+bridgeResult100))); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	if strings.Contains(h.stderr.String(), "warning") {
+		t.Errorf("a plain CHECK warned: %q", h.stderr.String())
+	}
+}
