@@ -812,3 +812,16 @@ func TestPlainStatusAndCheckWarnOfNothing(t *testing.T) {
 		t.Errorf("a plain CHECK warned: %q", h.stderr.String())
 	}
 }
+
+// GC's one failure keeps its CNI code (a runtime acts on it, e.g. 11: try
+// again later); only several fold into an internal error.
+func TestGCKeepsTheCodeOfItsOnlyFailure(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	h.served()
+	h.exec.fail["bridge GC"] = types.NewError(types.ErrTryAgainLater, "busy", "")
+	err := h.plugin.Funcs().GC(&skel.CmdArgs{StdinData: h.conf("1.1.0", "")})
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater {
+		t.Errorf("GC error = %#v, want bridge's, code %d", err, types.ErrTryAgainLater)
+	}
+}
