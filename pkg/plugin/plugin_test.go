@@ -825,3 +825,30 @@ func TestGCKeepsTheCodeOfItsOnlyFailure(t *testing.T) {
 		t.Errorf("GC error = %#v, want bridge's, code %d", err, types.ErrTryAgainLater)
 	}
 }
+
+// CNI_CONTAINERID and CNI_IFNAME may be maxKeyLength bytes together (with
+// the separator), not one more: the record's file name must fit.
+func TestAddTakesKeysUpToTheLimit(t *testing.T) {
+	for _, tc := range []struct {
+		idLen int
+		code  uint // 0: accepted
+	}{
+		{maxKeyLength - 1 - len("eth0"), 0},
+		{maxKeyLength - len("eth0"), types.ErrInvalidEnvironmentVariables},
+	} {
+		t.Run(fmt.Sprint(tc.idLen), func(t *testing.T) {
+			h := newHarness(t, "bridge")
+			h.exec.reply["bridge ADD"] = bridgeResult100
+			args := h.args(h.conf("1.0.0", ""))
+			args.ContainerID = strings.Repeat("c", tc.idLen)
+			err := h.plugin.Funcs().Add(args)
+			var cniErr *types.Error
+			switch {
+			case tc.code == 0 && err != nil:
+				t.Errorf("ADD of a %d-byte key refused: %v", tc.idLen+1+len("eth0"), err)
+			case tc.code != 0 && (!errors.As(err, &cniErr) || cniErr.Code != tc.code):
+				t.Errorf("ADD of a %d-byte key: %v, want code %d", tc.idLen+1+len("eth0"), err, tc.code)
+			}
+		})
+	}
+}
