@@ -852,3 +852,43 @@ func TestAddTakesKeysUpToTheLimit(t *testing.T) {
 		})
 	}
 }
+
+// The GC verb releases every attachment the runtime did not list, a live
+// one too (its namespace still there): the runtime's list is the verdict,
+// not the namespace (host-local's semantics). Its lease, NAT rules and
+// record go; a listed one keeps all of them.
+func TestGCReleasesALiveAttachmentTheRuntimeDidNotList(t *testing.T) {
+	h := newHarness(t, "bridge", "host-local")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	nat := fakenat.New()
+	h.plugin.Reclaim.Netfilter = &netfilter.Cleaner{Tables: []netfilter.Table{nat}}
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	nat.AddContainer("nomad", "c1", "172.26.64.2", 0)
+	lease := filepath.Join(h.dataDir, "nomad", "172.26.64.2")
+	mkdir(t, filepath.Dir(lease))
+	if err := os.WriteFile(lease, []byte("c1\r\neth0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listed := h.conf("1.1.0", `,"cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"}]`)
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: listed}); err != nil {
+		t.Fatalf("GC listing c1: %v", err)
+	}
+	if gone(lease) || !nat.Owns("nomad", "c1") || h.record() == nil {
+		t.Fatal("GC released an attachment the runtime listed")
+	}
+	unlisted := h.conf("1.1.0", `,"cni.dev/valid-attachments":[{"containerID":"other","ifname":"eth0"}]`)
+	if err := h.plugin.Funcs().GC(&skel.CmdArgs{Path: "/opt/cni/bin", StdinData: unlisted}); err != nil {
+		t.Fatalf("GC not listing c1: %v", err)
+	}
+	if !gone(lease) {
+		t.Error("GC kept the lease of an attachment the runtime did not list")
+	}
+	if nat.Owns("nomad", "c1") {
+		t.Errorf("GC kept the NAT rules of an attachment the runtime did not list: %v", nat.Chains)
+	}
+	if r := h.record(); r != nil {
+		t.Errorf("GC kept the record of an attachment the runtime did not list: %+v", r)
+	}
+}
