@@ -892,3 +892,28 @@ func TestGCReleasesALiveAttachmentTheRuntimeDidNotList(t *testing.T) {
 		t.Errorf("GC kept the record of an attachment the runtime did not list: %+v", r)
 	}
 }
+
+// An ADD that bridge refuses on a network the plugin never served leaves
+// nothing behind: not the data dir, nor the record directory and its marker
+// (which would make the network's NAT rules the plugin's to release). One
+// that succeeds keeps its record.
+func TestFailedAddOnANewNetworkLeavesNothing(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return true, 0x01021994, nil }
+	h.exec.fail["bridge ADD"] = types.NewError(types.ErrInvalidNetworkConfig, "invalid hairpinMode", "")
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err == nil {
+		t.Fatal("ADD succeeded although bridge failed")
+	}
+	if _, err := os.Lstat(h.dataDir); !os.IsNotExist(err) {
+		entries, _ := os.ReadDir(h.dataDir)
+		t.Errorf("the failed ADD left the data dir (%v): %v", err, entries)
+	}
+	delete(h.exec.fail, "bridge ADD")
+	h.exec.reply["bridge ADD"] = bridgeResult100
+	if err := h.plugin.Funcs().Add(h.args(h.conf("1.0.0", ""))); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if r := h.record(); r == nil || r.State != records.Complete {
+		t.Errorf("record after a successful ADD: %+v", r)
+	}
+}
