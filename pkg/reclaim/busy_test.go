@@ -155,3 +155,24 @@ func TestOrphanChainLeftEmptiedIsFoundAgain(t *testing.T) {
 		t.Fatalf("the next sweep: orphans %v, chains %v", rep.OrphanRules, w.nat.Chains)
 	}
 }
+
+// A running CNI command of a stale container keeps only what portmap's
+// teardown could trip over: a container that maps no port (no portmap
+// chain, no portmap nftables rule) is released whole at once, whatever
+// runs for it.
+func TestARunningCommandKeepsNothingOfAContainerWithoutPortmapRules(t *testing.T) {
+	w := newWorld(t)
+	w.env.Netfilter.Running = w.host.CNIProcesses
+	w.host.CNIRunning = map[string]int{"dead": 4242}
+	w.container("dead", "10.0.0.2")
+	delete(w.host.Namespaces, "/run/netns/dead")
+
+	rep := w.sweep(Request{})
+	if len(rep.Releases) != 1 || rep.Releases[0].Key.ContainerID != "dead" || !slices.Contains(rep.Releases[0].What, "record") {
+		t.Fatalf("releases %v, want dead's, record included (kept %q)", rep.Releases, keptLines(rep))
+	}
+	equal(t, "leases left", w.leases(), nil)
+	if w.hasRecord("dead") || w.nat.Owns(net1, "dead") {
+		t.Errorf("dead not released whole: record %v, chains %v", w.hasRecord("dead"), w.nat.Chains)
+	}
+}
