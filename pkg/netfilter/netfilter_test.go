@@ -220,3 +220,26 @@ func TestParseComment(t *testing.T) {
 		}
 	}
 }
+
+// A release deletes only rules that carry a comment (bridge's, portmap's,
+// even cut): a rule without one is nobody's the plugin knows, and stays,
+// even when it jumps to a released container's portmap chain (which then
+// stays too, and the release says so).
+func TestReleaseLeavesAnUncommentedJump(t *testing.T) {
+	f := fakenat.New()
+	f.AddContainer("nomad", "dead", "10.0.0.2", 8080)
+	dn := utils.MustFormatChainNameWithPrefix("nomad", "dead", "DN-")
+	foreign := "-p udp -m udp --dport 9090 -j " + dn
+	f.Add("CNI-HOSTPORT-DNAT", foreign)
+	c := &netfilter.Cleaner{Tables: []netfilter.Table{f}}
+	s, err := c.Backends()[0].List("nomad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := release(s, "dead"); err == nil {
+		t.Error("Release succeeded with a chain still referenced")
+	}
+	if !slices.Contains(f.Chains["CNI-HOSTPORT-DNAT"], "-A CNI-HOSTPORT-DNAT "+foreign) {
+		t.Errorf("the uncommented jump was deleted: CNI-HOSTPORT-DNAT %q", f.Chains["CNI-HOSTPORT-DNAT"])
+	}
+}
