@@ -174,6 +174,16 @@ func TestNFTablesIPMasqAgainstBridge(t *testing.T) {
 		if got, w := left(), want([2]any{network, 3}, [2]any{network, 7}, [2]any{"other", 5}); !slices.Equal(got, w) {
 			t.Fatalf("after the orphan's release:\n got %q\nwant %q", got, w)
 		}
+
+		// A DEL of one attachment of a container whose other attachment
+		// lives keeps the rules they share (iptables'), not bridge's
+		// nftables rules: those are the attachment's own, and go.
+		if _, err := (&Cleaner{NFTables: nft}).ReleaseAttachment(network, "eth0", cid(3), false); err != nil {
+			t.Fatalf("release of 3's attachment: %v", err)
+		}
+		if got, w := left(), want([2]any{network, 7}, [2]any{"other", 5}); !slices.Equal(got, w) {
+			t.Fatalf("after the release of 3's attachment, another of its attachments alive:\n got %q\nwant %q", got, w)
+		}
 		return nil
 	})
 	if err != nil {
