@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -180,5 +181,31 @@ func TestDelOfABareBridgeContainerAfterTheSwitchReleasesItsLegacyLease(t *testin
 		if b, err := os.ReadFile(path); err == nil && string(b) == "c1\r\neth0" {
 			t.Errorf("the DELeted container's lease %s is still held\nstderr:\n%s", path, h.stderr.String())
 		}
+	}
+}
+
+// An ADD whose legacy-lease migration fails is refused with an I/O error
+// (code 5) that says so, bridge never run, and nothing else on stderr: the
+// refusal is the operator's one line to act on.
+func TestAddRefusedForAFailedMigrationSaysOnlyThat(t *testing.T) {
+	h := newHarness(t, "bridge")
+	h.plugin.onTmpfs = func(ipamdir.Dir) (bool, int64, error) { return true, 0x01021994, nil }
+	legacy := t.TempDir()
+	// A legacy network directory that is a symlink: the migration opens
+	// no link, and fails.
+	if err := os.Symlink(t.TempDir(), filepath.Join(legacy, "nomad")); err != nil {
+		t.Fatal(err)
+	}
+	conf := bytes.Replace(h.conf("1.0.0", ""), []byte(`"type":"host-local"`), []byte(`"type":"host-local","dataDir":"`+legacy+`"`), 1)
+	err := h.plugin.Funcs().Add(h.args(conf))
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrIOFailure || !strings.Contains(cniErr.Msg, "migrate") {
+		t.Fatalf("ADD = %#v, want code %d naming the migration", err, types.ErrIOFailure)
+	}
+	if len(h.exec.calls) != 0 {
+		t.Errorf("bridge run after a failed migration: %+v", h.exec.calls)
+	}
+	if h.stderr.Len() != 0 {
+		t.Errorf("stderr = %q, want nothing besides the refusal", h.stderr.String())
 	}
 }
