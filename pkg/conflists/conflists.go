@@ -281,22 +281,40 @@ func describe(file, name string, e map[string]any, ranges []hostLocalRange) *Net
 }
 
 // hostLocalRanges are an entry's ranges as host-local reads them
-// (plugins/ipam/host-local/backend/allocator): the old single-range keys
-// first, then "ranges", each range set's in order. A key of the wrong
-// type is an error, and the others are still read.
+// (plugins/ipam/host-local/backend/allocator): the runtime's ipRanges
+// first, then the old single-range keys, then "ranges", each range set's
+// in order. A key of the wrong type is an error, and the others are still
+// read.
 func hostLocalRanges(entry []byte) ([]hostLocalRange, error) {
 	var conf struct {
 		IPAM struct {
 			hostLocalRange
 			Ranges [][]hostLocalRange `json:"ranges"`
 		} `json:"ipam"`
+		RuntimeConfig struct {
+			IPRanges [][]hostLocalRange `json:"ipRanges"`
+		} `json:"runtimeConfig"`
 	}
 	err := json.Unmarshal(entry, &conf)
-	var ranges []hostLocalRange
+	ranges := slices.Concat(conf.RuntimeConfig.IPRanges...)
 	if conf.IPAM.Subnet != "" {
 		ranges = append(ranges, conf.IPAM.hostLocalRange)
 	}
 	return append(ranges, slices.Concat(conf.IPAM.Ranges...)...), err
+}
+
+// InRanges are those of addrs (without prefix) that one of entry's ranges
+// holds, as host-local reads them: asked for an address outside them,
+// host-local refuses the whole request, the addresses still in range too.
+func InRanges(entry []byte, addrs []string) []string {
+	ranges, _ := hostLocalRanges(entry) // a key of the wrong type: host-local refuses the ADD anyway
+	return slices.DeleteFunc(slices.Clone(addrs), func(s string) bool {
+		a, err := netip.ParseAddr(s)
+		return err != nil || !slices.ContainsFunc(ranges, func(r hostLocalRange) bool {
+			start, end, ok := r.bounds()
+			return ok && start.Is4() == a.Is4() && start.Compare(a) <= 0 && a.Compare(end) <= 0
+		})
+	})
 }
 
 // rangeAddresses counts the addresses of an entry's ranges as host-local

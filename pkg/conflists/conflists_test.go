@@ -283,3 +283,20 @@ func TestEntryOfAVersionThePluginRefusesIsRefused(t *testing.T) {
 		t.Errorf("networks =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// InRanges keeps the addresses host-local would hand out under the entry's
+// ranges as it reads them: the runtime's ipRanges, the single-range keys,
+// "ranges" with their bounds.
+func TestInRanges(t *testing.T) {
+	addrs := []string{"10.0.0.5", "fd00::5", "10.9.0.5", "garbage"}
+	for entry, want := range map[string][]string{
+		`{"ipam":{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64","rangeStart":"fd00::10"}]]}}`: {"10.0.0.5"},
+		`{"ipam":{"subnet":"10.0.0.0/24","rangeEnd":"10.0.0.4"}}`:                                           nil,
+		`{"ipam":{"subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":[[{"subnet":"fd00::/64"}]]}}`:         {"10.0.0.5", "fd00::5"},
+		`{"ipam":{"ranges":"x"}}`: nil,
+	} {
+		if got := InRanges([]byte(entry), addrs); !slices.Equal(got, want) {
+			t.Errorf("InRanges(%s) = %q, want %q", entry, got, want)
+		}
+	}
+}

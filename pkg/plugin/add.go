@@ -15,6 +15,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/internal/statefile"
+	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/conflists"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/netconf"
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/reclaim"
@@ -127,12 +128,13 @@ func (p *Plugin) warnIfPersistent(conf *netconf.Config) {
 // attachment of the same container ID and ifname (a restore in place:
 // Nomad re-created the namespace and ADDs again), its addresses are asked
 // for again where no lease holds them, so the restored container keeps
-// its address; if bridge fails with them (taken since the check, or
-// outside the ranges now), what it made is undone and the ADD is made
+// its address (those the ranges still hold); if bridge fails with them
+// (taken since the check), what it made is undone and the ADD is made
 // asking for nothing. One context bounds all of it, as one delegate call.
 func (p *Plugin) delegateAdd(ctx context.Context, args *skel.CmdArgs, conf *netconf.Config, delegateConf []byte, attach *reclaim.PendingAdd) (types.Result, error) {
 	exec := p.Exec.Inheriting(attach.LockFile)
-	free := freeAddresses(conf.Dir(), attach.Previous)
+	// Only those the ranges hold now: host-local would refuse them all.
+	free := conflists.InRanges(delegateConf, freeAddresses(conf.Dir(), attach.Previous))
 	requesting, ok, err := conf.DelegateConfigRequesting(free)
 	if err != nil || !ok || asksForIP(args.Args) {
 		return invoke.DelegateAdd(ctx, conf.Delegate, delegateConf, exec)

@@ -163,3 +163,41 @@ func TestRestoreAfterAnotherCHECKSweptKeepsTheAddress(t *testing.T) {
 	}
 	e.assertNetworkEmpty(t, e.leaseDir())
 }
+
+// A dual-stack container restored in place after its IPv6 range changed
+// in the conflist keeps its IPv4 address, still free and in range: only
+// the address outside the ranges now is given up (regression: host-local
+// refused the whole request, and the fallback asking for nothing gave the
+// container the next free IPv4 address too).
+func TestRestoreInPlaceKeepsTheAddressStillInRange(t *testing.T) {
+	e := newEnv(t)
+	e.requirePlugin(t)
+	conf := e.confFor(t, "dual-stack.conflist")
+	e.writeConflist(t, conf)
+	ns := e.addNetns(t, "dual")
+	addrs := func(out string) (netip.Prefix, netip.Prefix) {
+		res := parseResult(t, out)
+		a4, _ := res.addrIn(t, e.subnet4)
+		a6, _ := res.addrIn(t, e.subnet6)
+		return a4, a6
+	}
+	first4, first6 := addrs(e.mustCNI(t, "add", ns, ""))
+
+	e.restoreNetns(t, ns)
+	// The IPv6 range no longer holds the first IPv6 address.
+	for _, set := range entryOfType(t, conf, pluginType)["ipam"].(map[string]any)["ranges"].([]any) {
+		r := set.([]any)[0].(map[string]any)
+		if p := netip.MustParsePrefix(r["subnet"].(string)); p.Addr().Is6() {
+			start := first6.Addr().Next().Next().Next()
+			r["rangeStart"], r["rangeEnd"] = start.String(), start.Next().Next().String()
+		}
+	}
+	e.writeConflist(t, conf)
+	again4, again6 := addrs(e.mustCNI(t, "add", ns, ""))
+	if again4 != first4 || again6 == first6 {
+		t.Errorf("restored with %s %s, first %s %s: want the IPv4 address kept, a new IPv6 one", again4, again6, first4, first6)
+	}
+	assertLeases(t, e.leaseDir(), map[netip.Addr]string{again4.Addr(): leaseContent(ns.cid), again6.Addr(): leaseContent(ns.cid)})
+	e.mustCNI(t, "del", ns, "")
+	e.assertNetworkEmpty(t, e.leaseDir())
+}
