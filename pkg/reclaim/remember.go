@@ -56,10 +56,10 @@ func rememberIn(entries map[string]remembered, key records.Key, ips []string, no
 }
 
 // remember adds entries to what d remembers, with the caller holding
-// host-local's lock. A sweep gathers its releases' entries and writes
-// them once, at its end: a rewrite of the marker per release made a gc
-// of 3000 stale leases take 4 s. A sweep killed before then loses its
-// entries: they are hints.
+// host-local's lock. A sweep writes a batch's entries once, before the
+// batch's files go (sweep.rememberReleases): a rewrite of the marker per
+// release made a gc of 3000 stale leases take 4 s, and one at the sweep's
+// end came after an ADD that found the record gone had looked.
 func (s *Env) remember(d ipamdir.Dir, entries map[string]remembered) error {
 	all := readRemembered(d)
 	maps.Copy(all, entries)

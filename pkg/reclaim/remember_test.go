@@ -148,3 +148,38 @@ func TestASweepWritesTheRememberedAddressesOnce(t *testing.T) {
 		}
 	}
 }
+
+// An ADD of a container a sweep just released, made while that sweep still
+// runs (a `gc` timer's, another runtime's CHECK), asks for the address the
+// container had: the ADD reads no lock, so the addresses are remembered
+// before the record goes (regression: they were written at the sweep's
+// end, and an ADD in between got the next free address).
+func TestARestoreDuringTheSweepAsksForTheAddressItHad(t *testing.T) {
+	w := newWorld(t)
+	w.container("lost", "10.0.0.3")
+	w.container("later", "10.0.0.4")
+	for _, cid := range []string{"lost", "later"} {
+		w.host.Namespaces["/run/netns/"+cid] = sysinfo.NetnsID{Dev: 4, Ino: 9999} // re-created
+	}
+	key := records.Key{ContainerID: "lost", IfName: "eth0"}
+	var previous []string
+	released := 0
+	rep, err := w.sweeper.Sweep(Request{Dir: w.dir(), Released: func(rel Release) {
+		released++
+		if rel.Key != key {
+			return
+		}
+		att, err := w.attach.BeginAdd(w.dir(), key, "/run/netns/lost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer att.Close()
+		previous = att.Previous
+	}})
+	if err != nil || rep.Released != 2 || released != 2 {
+		t.Fatalf("released %+v (%d shown), %v; want 2", rep, released, err)
+	}
+	if strings.Join(previous, ",") != "10.0.0.3/24" {
+		t.Errorf("the restore during the sweep asks for %v, want 10.0.0.3/24", previous)
+	}
+}

@@ -163,11 +163,6 @@ func (s *Sweeper) Sweep(req Request) (*Report, error) {
 	if err == nil && !req.DryRun {
 		w.noteNATChecked()
 	}
-	if len(w.remembered) > 0 {
-		if rerr := s.remember(req.Dir, w.remembered); rerr != nil {
-			s.Logf("%s: remembering released addresses for their restores: %v", req.Dir.Network, rerr)
-		}
-	}
 	if err != nil {
 		return nil, err
 	}
@@ -220,9 +215,6 @@ type sweep struct {
 	causes               map[string]int
 	errs                 []error
 	problems             int
-	// remembered are the addresses of the attachments released because
-	// their namespace or boot died, written once at the end (remember).
-	remembered map[string]remembered
 	// natState is the NAT ruleset's state when a CHECK's sweep began;
 	// listedForOrphans: the rules are listed for orphans (startNAT);
 	// orphanKept: an orphan's rules were left to a running CNI command.
@@ -444,10 +436,26 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 	// releases it.
 	w.causes[p.a.Verdict.Cause]++
 	w.causes[ForwardKeptCount] += len(p.rel.Kept)
-	if r := p.a.Record; !w.req.DryRun && r != nil && len(r.IPs) > 0 && remembersCause(p.a.Verdict.Cause) {
-		w.remembered = rememberIn(w.remembered, p.a.Key, r.IPs, w.Host.Now())
-	}
 	w.released(p.rel)
+}
+
+// rememberReleases writes what ps's releases of a container that may be
+// restored in place remember (remember), once for them all and before
+// their files go: the restore's ADD reads them, without host-local's
+// lock, as soon as it finds no record. One whose files then stay
+// remembers a hint its record overrides.
+func (w *sweep) rememberReleases(ps []pendingRelease) {
+	var entries map[string]remembered
+	for _, p := range ps {
+		if r := p.a.Record; !w.req.DryRun && !p.failed && r != nil && len(r.IPs) > 0 && remembersCause(p.a.Verdict.Cause) {
+			entries = rememberIn(entries, p.a.Key, r.IPs, w.Host.Now())
+		}
+	}
+	if len(entries) > 0 {
+		if err := w.remember(w.req.Dir, entries); err != nil {
+			w.Logf("%s: remembering released addresses for their restores: %v", w.req.Dir.Network, err)
+		}
+	}
 }
 
 // cniCommand tells whether a CNI command of container cid runs

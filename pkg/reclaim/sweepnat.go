@@ -145,6 +145,7 @@ func (w *sweep) releaseStale() {
 	}
 	w.stale = w.stale[:0]
 	w.releaseRulesOf(own, false)
+	w.rememberReleases(own)
 	for _, p := range own {
 		w.releaseFiles(p)
 	}
@@ -226,6 +227,7 @@ func (w *sweep) releaseNAT() {
 	if len(w.natWait) > 0 && !w.natUnknown {
 		w.releaseRulesOf(w.natWait, true)
 		w.releaseRulesOf(w.natWait, false)
+		w.rememberReleases(w.natWait)
 		for _, p := range w.natWait {
 			w.releaseFiles(p)
 		}
