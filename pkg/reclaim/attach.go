@@ -242,6 +242,7 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 		}
 		s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: len(p.rel.Kept)})
 		s.Logf("%s: released %s", d.Network, p.rel)
+		old.IPs = addressesOf(a) // what the ADD asks for again (BeginAdd)
 		return err
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"maps"
+	"net/netip"
 	"time"
 
 	"github.com/nomad-bridge-cni/nomad-bridge-cni/pkg/ipamdir"
@@ -108,6 +109,22 @@ func (s *Env) forget(d ipamdir.Dir, key records.Key) {
 	if err != nil {
 		s.Logf("%s: forgetting %s's remembered addresses: %v", d.Network, key, err)
 	}
+}
+
+// addressesOf are the addresses a released attachment had, as records keep
+// them: its record's or, where its ADD never completed the record (killed
+// after bridge returned, or a full data dir), its leases'.
+func addressesOf(a *Attachment) []string {
+	if a.Record != nil && len(a.Record.IPs) > 0 {
+		return a.Record.IPs
+	}
+	var ips []string
+	for _, l := range a.Leases {
+		if addr, ok := netip.AddrFromSlice(l.IP); ok {
+			ips = append(ips, netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()).String())
+		}
+	}
+	return ips
 }
 
 // rememberedKey names key's entry without naming its container.

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -181,5 +182,35 @@ func TestARestoreDuringTheSweepAsksForTheAddressItHad(t *testing.T) {
 	}
 	if strings.Join(previous, ",") != "10.0.0.3/24" {
 		t.Errorf("the restore during the sweep asks for %v, want 10.0.0.3/24", previous)
+	}
+}
+
+// An attachment whose ADD got its address but never completed its record
+// (the plugin killed after bridge returned, or a full data dir refused the
+// record's last write) keeps that address when restored in place: its
+// lease says what it had (regression: only a complete record's addresses
+// were asked for again, by the ADD that released it and after a sweep).
+func TestARestoreOfAnUnfinishedRecordAsksForItsLeasedAddress(t *testing.T) {
+	for _, sweptFirst := range []bool{false, true} {
+		w := newWorld(t)
+		w.host.Namespaces["/run/netns/lost"] = sysinfo.NetnsID{Dev: 4, Ino: 9999} // re-created
+		w.record(&records.Record{ContainerID: "lost", IfName: "eth0", Netns: "/run/netns/lost", NetnsID: sysinfo.NetnsID{Dev: 4, Ino: 5}, BootID: w.host.ID, State: records.Started, PID: 31337, PIDStart: 1})
+		w.lease("10.0.0.3", "lost\r\neth0", bootTime.Add(time.Minute))
+		if sweptFirst {
+			if v := verdicts(w.sweep(Request{}))["lost"]; v != Stale || w.hasRecord("lost") {
+				t.Fatalf("lost: %s, record kept %v; want it released", v, w.hasRecord("lost"))
+			}
+		}
+		att, err := w.attach.BeginAdd(w.dir(), records.Key{ContainerID: "lost", IfName: "eth0"}, "/run/netns/lost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		att.Close()
+		if len(att.Previous) != 1 || !strings.HasPrefix(att.Previous[0], "10.0.0.3/") {
+			t.Errorf("swept first %v: the restore asks for %v, want 10.0.0.3", sweptFirst, att.Previous)
+		}
+		if got := w.leases(); len(got) != 0 {
+			t.Errorf("swept first %v: leases left %v", sweptFirst, got)
+		}
 	}
 }

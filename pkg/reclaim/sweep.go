@@ -447,8 +447,8 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 func (w *sweep) rememberReleases(ps []pendingRelease) {
 	var entries map[string]remembered
 	for _, p := range ps {
-		if r := p.a.Record; !w.req.DryRun && !p.failed && r != nil && len(r.IPs) > 0 && remembersCause(p.a.Verdict.Cause) {
-			entries = rememberIn(entries, p.a.Key, r.IPs, w.Host.Now())
+		if ips := addressesOf(p.a); !w.req.DryRun && !p.failed && p.a.Record != nil && len(ips) > 0 && remembersCause(p.a.Verdict.Cause) {
+			entries = rememberIn(entries, p.a.Key, ips, w.Host.Now())
 		}
 	}
 	if len(entries) > 0 {
