@@ -229,6 +229,14 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 			return err
 		}
 		sortLeases(a.Leases)
+		// Remembered before anything goes, for the runtime's next try if
+		// this ADD fails: Nomad tries three times, with no DEL between.
+		// Complete forgets it.
+		if ips := addressesOf(a); len(ips) > 0 && remembersCause(v.Cause) {
+			if rerr := s.remember(d, rememberIn(nil, a.Key, ips, s.Host.Now())); rerr != nil {
+				s.Logf("%s: remembering %s's addresses for its restore: %v", d.Network, a.Key, rerr)
+			}
+		}
 		p := pendingRelease{a: a, rel: releaseOf(a)}
 		removed, err := s.ReleaseNAT(d, old.Key())
 		p.rel.What = append(p.rel.What, removed...)

@@ -214,3 +214,36 @@ func TestARestoreOfAnUnfinishedRecordAsksForItsLeasedAddress(t *testing.T) {
 		}
 	}
 }
+
+// A restore in place whose first ADD fails (Nomad tries three times, with
+// no DEL between: bridge's race creating the bridge, an iptables lock)
+// still asks for the address the container had on the next try, though
+// the first one released the record that named it (regression: the retry
+// got the next free address).
+func TestARetriedRestoreAsksForTheAddressItHad(t *testing.T) {
+	w := newWorld(t)
+	w.container("lost", "10.0.0.3")
+	w.host.Namespaces["/run/netns/lost"] = sysinfo.NetnsID{Dev: 4, Ino: 9999} // re-created
+	key := records.Key{ContainerID: "lost", IfName: "eth0"}
+	for try := 1; try <= 2; try++ {
+		att, err := w.attach.BeginAdd(w.dir(), key, "/run/netns/lost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(att.Previous, ",") != "10.0.0.3/24" {
+			t.Errorf("try %d asks for %v, want 10.0.0.3/24", try, att.Previous)
+		}
+		if try == 2 {
+			if err := att.Complete([]string{"10.0.0.3/24"}); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if err := att.Abort(); err != nil { // its delegate failed
+			t.Fatal(err)
+		}
+	}
+	if got := Remembered(w.dir(), key); got != nil {
+		t.Errorf("still remembered after the ADD completed: %v", got)
+	}
+}
