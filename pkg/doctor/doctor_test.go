@@ -92,6 +92,22 @@ func conf(name, typ, bridge, subnet, ipam string) string {
 	return strings.NewReplacer("NAME", name, "TYPE", typ, "BRIDGE", bridge, "SUBNET", subnet, "IPAM", ipam).Replace(chain)
 }
 
+// frontCopy installs a copy of the plugin as bridge in dir, in front of
+// the host's reference bridge, printing with no arguments what such a copy
+// prints; it returns its path.
+func (h *host) frontCopy(dir string) string {
+	h.t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	path := filepath.Join(dir, "bridge")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	h.versions[path] = "CNI bridge plugin v1.10.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
+	return path
+}
+
 // version is what the plugin at path prints with no arguments: the
 // version set for its path, else for its file name.
 func (h *host) version(path string) (string, error) {
@@ -517,13 +533,7 @@ func TestDoctorOnPlantedAndHugeConflists(t *testing.T) {
 func TestFrontMode(t *testing.T) {
 	h := newHost(t)
 	front := filepath.Join(h.root, "front")
-	if err := os.MkdirAll(front, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	frontBridge := filepath.Join(front, "bridge")
-	if err := os.WriteFile(frontBridge, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	frontBridge := h.frontCopy(front)
 	// As it prints with no arguments: the reference bridge's lines first.
 	h.versions[frontBridge] = "CNI bridge plugin v1.10.0\nCNI protocol versions supported: 0.1.0, 1.1.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
 	h.front = []string{front}
@@ -690,16 +700,10 @@ func TestDoctorTextEscapesWhatATerminalWouldObey(t *testing.T) {
 func TestFrontServesOnlyTheDirsWhosePathItFronts(t *testing.T) {
 	h := newHost(t)
 	front, other := filepath.Join(h.root, "front"), filepath.Join(h.root, "containerd-net.d")
-	for _, d := range []string{front, other} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	frontBridge := filepath.Join(front, "bridge")
-	if err := os.WriteFile(frontBridge, []byte("#!/bin/sh\n"), 0o755); err != nil {
+	if err := os.MkdirAll(other, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	h.versions[frontBridge] = "CNI bridge plugin v1.10.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
+	h.frontCopy(front)
 	h.conflist("10-web.conflist", conf("web", "bridge", "web0", "172.26.80.0/20", "host-local"))
 	if err := os.WriteFile(filepath.Join(other, "10-ctr.conflist"), []byte(strings.ReplaceAll(conf("ctr", "bridge", "ctr0", "172.26.96.0/20", "host-local"), "DATA", h.data)), 0o644); err != nil {
 		t.Fatal(err)

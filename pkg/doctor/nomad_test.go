@@ -417,13 +417,7 @@ func TestDoctorFindsNomadsLeasesByItsVersion(t *testing.T) {
 	h := newHost(t)
 	h.conflist("10-web.conflist", conf("web", pluginName, "nbc0", "172.26.64.0/24", "host-local"))
 	frontDir := filepath.Join(h.root, "front")
-	if err := os.MkdirAll(frontDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(frontDir, "bridge"), []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h.versions[filepath.Join(frontDir, "bridge")] = "CNI bridge plugin v1.10.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
+	h.frontCopy(frontDir)
 	version := h.version
 	for _, front := range []bool{false, true} {
 		cniPath := []string{h.bin}

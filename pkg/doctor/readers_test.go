@@ -23,16 +23,12 @@ func TestEachConflistIsJudgedByItsRuntimesPluginPath(t *testing.T) {
 	podmanBin := filepath.Join(h.root, "usr-lib-cni")
 	nomadConf := filepath.Join(h.root, "nomad-cni")
 	other := filepath.Join(h.root, "elsewhere")
-	for _, d := range []string{front, podmanBin, nomadConf, other} {
+	for _, d := range []string{podmanBin, nomadConf, other} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	frontBridge := filepath.Join(front, "bridge")
-	if err := os.WriteFile(frontBridge, []byte("#!/bin/sh\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h.versions[frontBridge] = "CNI bridge plugin v1.10.0\nCNI nomad-bridge-cni plugin v0.1.0, in front of " + filepath.Join(h.bin, "bridge") + "\n"
+	h.frontCopy(front)
 	for _, p := range []string{"bridge", "host-local", "portmap", "firewall", "tuning"} {
 		if err := os.WriteFile(filepath.Join(podmanBin, p), []byte("#!/bin/sh\n"), 0o755); err != nil {
 			t.Fatal(err)
