@@ -64,12 +64,18 @@ func rememberIn(entries map[string]remembered, key records.Key, ips []string, no
 func (s *Env) remember(d ipamdir.Dir, entries map[string]remembered) error {
 	all := readRemembered(d)
 	maps.Copy(all, entries)
+	// The count first: a batch of a sweep adds up to maxRemembered entries
+	// to as many, and a marshal per entry dropped made a gc of 3000 stale
+	// leases 130 ms slower and its peak RSS 1 MiB higher.
+	for len(all) > maxRemembered {
+		dropOldest(all)
+	}
 	for {
 		b, err := json.Marshal(all)
 		if err != nil {
 			return err
 		}
-		if len(all) <= maxRemembered && len(b) <= maxRememberedBytes {
+		if len(b) <= maxRememberedBytes {
 			return writeMarker(d, ipamdir.RememberedMarker, b)
 		}
 		dropOldest(all)
