@@ -482,3 +482,31 @@ func TestMigratedAttachmentWithAnUnreadableLegacyLeaseIsKept(t *testing.T) {
 		t.Error("the sweep released the record")
 	}
 }
+
+// A legacy lease of this boot from before host-local recorded ifnames
+// (its content the container ID alone) can get no record, which is named
+// by both: its copy is made, and the legacy lease goes instead of staying
+// as a migrated attachment's sign of life, so that the address is held in
+// one directory only (the copy, which its runtime's DEL through the plugin
+// releases).
+func TestMigrateOfALeaseWithoutIfnameMovesItWithoutARecord(t *testing.T) {
+	w := newWorld(t)
+	legacy := t.TempDir()
+	running := bootTime.Add(10 * time.Minute)
+	legacyPath := w.legacyLease(legacy, "10.0.0.2", "oldstyle", running)
+
+	if err := w.migrate.Migrate(w.dir(), legacy); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	log := w.log.String()
+	w.migrated(1, 0, 0)
+	if b, err := os.ReadFile(filepath.Join(w.dataDir, net1, "10.0.0.2")); err != nil || string(b) != "oldstyle" {
+		t.Errorf("copy = %q, %v; want the lease moved", b, err)
+	}
+	if _, err := os.Stat(legacyPath); err == nil {
+		t.Errorf("the legacy lease of an attachment with no record stayed; log:\n%s", log)
+	}
+	if !strings.Contains(log, "its legacy lease is removed instead") {
+		t.Errorf("the log does not say why the legacy lease went:\n%s", log)
+	}
+}
