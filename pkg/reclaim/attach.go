@@ -232,7 +232,8 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 		// Remembered before anything goes, for the runtime's next try if
 		// this ADD fails: Nomad tries three times, with no DEL between.
 		// Complete forgets it.
-		if ips := addressesOf(a); len(ips) > 0 && remembersCause(v.Cause) {
+		ips := addressesOf(a)
+		if len(ips) > 0 && remembersCause(v.Cause) {
 			if rerr := s.remember(d, rememberIn(nil, a.Key, ips, s.Host.Now())); rerr != nil {
 				s.Logf("%s: remembering %s's addresses for its restore: %v", d.Network, a.Key, rerr)
 			}
@@ -250,7 +251,7 @@ func (s *Attacher) releaseOne(d ipamdir.Dir, old *records.Record, v Verdict) err
 		}
 		s.countReleases(d, map[string]int{v.Cause: 1, ForwardKeptCount: len(p.rel.Kept)})
 		s.Logf("%s: released %s", d.Network, p.rel)
-		old.IPs = addressesOf(a) // what the ADD asks for again (BeginAdd)
+		old.IPs = ips // what the ADD asks for again (BeginAdd)
 		return err
 	})
 }

@@ -445,9 +445,15 @@ func (w *sweep) releaseFiles(p pendingRelease) {
 // lock, as soon as it finds no record. One whose files then stay
 // remembers a hint its record overrides.
 func (w *sweep) rememberReleases(ps []pendingRelease) {
+	if w.req.DryRun {
+		return
+	}
 	var entries map[string]remembered
 	for _, p := range ps {
-		if ips := addressesOf(p.a); !w.req.DryRun && !p.failed && p.a.Record != nil && len(ips) > 0 && remembersCause(p.a.Verdict.Cause) {
+		if p.failed || p.a.Record == nil || !remembersCause(p.a.Verdict.Cause) {
+			continue
+		}
+		if ips := addressesOf(p.a); len(ips) > 0 {
 			entries = rememberIn(entries, p.a.Key, ips, w.Host.Now())
 		}
 	}
